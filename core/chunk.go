@@ -1,0 +1,180 @@
+package core
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Kind names the type of a chunk on the completions stream.
+type Kind string
+
+// The chunk kinds Core emits on the consumer-tool path (core-protocol.md A.1).
+// Any other type decodes as [KindUnknown] and keeps its raw JSON.
+const (
+	KindStatus    Kind = "status"
+	KindContent   Kind = "content"
+	KindReasoning Kind = "reasoning"
+	KindPlan      Kind = "plan"
+	KindDecision  Kind = "decision"
+	KindToolCall  Kind = "tool_call"
+	KindManifest  Kind = "tool_call_manifest"
+	KindError     Kind = "error"
+	KindUnknown   Kind = "unknown"
+)
+
+// Chunk is one decoded frame of the completions stream. Kind decides which
+// fields are set; Raw always holds the frame's JSON exactly as Core sent it.
+type Chunk struct {
+	Kind Kind
+	// Type is the wire "type" (or "stream_type" for envelopes) even when Kind
+	// is [KindUnknown].
+	Type  string
+	RunID string
+	// Status is set for [KindStatus]: started, processing, complete, ...
+	Status string
+	// Text is the text of content, reasoning, plan, decision and error
+	// chunks. For errors it comes from "content", "message" or "error",
+	// whichever is present (worker and router errors differ).
+	Text string
+	// Call is set for [KindToolCall], the informational pre-manifest chunk.
+	Call *ToolCall
+	// Manifest is set for [KindManifest].
+	Manifest *Manifest
+	Raw      json.RawMessage
+}
+
+// ToolCall is the informational tool_call chunk's content. Arguments is a
+// JSON string as the model produced it, not an object.
+type ToolCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// Manifest is a consumer tool call handed to the client. Raw keeps the frame
+// verbatim so that workers receive exactly what Core sent.
+type Manifest struct {
+	Type       string          `json:"type"`
+	RunID      string          `json:"run_id"`
+	ActionID   string          `json:"action_id"`
+	ToolCallID string          `json:"tool_call_id"`
+	Tool       string          `json:"tool"`
+	Args       json.RawMessage `json:"args"`
+	Raw        json.RawMessage `json:"-"`
+}
+
+// ErrFrame marks a frame that could not be decoded; the stream itself may go
+// on. Use errors.As with *FrameError for the details.
+var ErrFrame = errors.New("core: undecodable frame")
+
+// FrameError describes one undecodable frame: data that is not JSON, JSON
+// that is not an object, or a known type whose fields have the wrong shape.
+type FrameError struct {
+	Data   []byte // bounded excerpt of the frame
+	Reason string
+	Err    error
+}
+
+func (e *FrameError) Error() string {
+	return fmt.Sprintf("core: undecodable frame (%s): %q", e.Reason, e.Data)
+}
+
+// Unwrap lets errors.Is match both ErrFrame and the underlying cause.
+func (e *FrameError) Unwrap() []error { return []error{ErrFrame, e.Err} }
+
+const frameExcerpt = 256
+
+func frameError(data []byte, reason string, err error) *FrameError {
+	if len(data) > frameExcerpt {
+		data = data[:frameExcerpt]
+	}
+	return &FrameError{Data: bytes.Clone(data), Reason: reason, Err: err}
+}
+
+// wireChunk is the union of the fields any chunk type carries.
+type wireChunk struct {
+	Type       string          `json:"type"`
+	StreamType string          `json:"stream_type"`
+	RunID      string          `json:"run_id"`
+	Status     string          `json:"status"`
+	Content    json.RawMessage `json:"content"`
+	Message    json.RawMessage `json:"message"`
+	Error      json.RawMessage `json:"error"`
+	ActionID   string          `json:"action_id"`
+	ToolCallID string          `json:"tool_call_id"`
+	Tool       string          `json:"tool"`
+	Args       json.RawMessage `json:"args"`
+}
+
+// DecodeChunk decodes the data of one SSE frame. It never panics: every
+// input yields a chunk or a *FrameError.
+func DecodeChunk(data []byte) (Chunk, error) {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		if !json.Valid(trimmed) {
+			return Chunk{}, frameError(data, "not JSON", nil)
+		}
+		return Chunk{}, frameError(data, "JSON is not an object", nil)
+	}
+	var w wireChunk
+	if err := json.Unmarshal(trimmed, &w); err != nil {
+		if !json.Valid(trimmed) {
+			return Chunk{}, frameError(data, "not JSON", err)
+		}
+		return Chunk{}, frameError(data, "field of the wrong type", err)
+	}
+	c := Chunk{Type: w.Type, RunID: w.RunID, Raw: json.RawMessage(bytes.Clone(trimmed))}
+	if c.Type == "" {
+		c.Type = w.StreamType
+	}
+	switch Kind(w.Type) {
+	case KindStatus:
+		c.Kind, c.Status = KindStatus, w.Status
+	case KindContent, KindReasoning, KindPlan, KindDecision:
+		text, err := textField(w.Content)
+		if err != nil {
+			return Chunk{}, frameError(data, w.Type+" content is not a string", err)
+		}
+		c.Kind, c.Text = Kind(w.Type), text
+	case KindError:
+		c.Kind = KindError
+		for _, f := range []json.RawMessage{w.Content, w.Message, w.Error} {
+			if text, err := textField(f); err == nil && text != "" {
+				c.Text = text
+				break
+			} else if err != nil {
+				c.Text = string(f) // a structured error keeps its JSON
+				break
+			}
+		}
+	case KindToolCall:
+		var tc ToolCall
+		if err := json.Unmarshal(w.Content, &tc); err != nil || len(w.Content) == 0 {
+			return Chunk{}, frameError(data, "tool_call content is not {name, arguments}", err)
+		}
+		c.Kind, c.Call = KindToolCall, &tc
+	case KindManifest:
+		if w.ActionID == "" || w.Tool == "" {
+			return Chunk{}, frameError(data, "manifest without action_id or tool", nil)
+		}
+		c.Kind = KindManifest
+		c.Manifest = &Manifest{
+			Type: w.Type, RunID: w.RunID, ActionID: w.ActionID, ToolCallID: w.ToolCallID,
+			Tool: w.Tool, Args: w.Args, Raw: c.Raw,
+		}
+	default:
+		c.Kind = KindUnknown
+	}
+	return c, nil
+}
+
+// textField reads a JSON string field; an absent or null field is "".
+func textField(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
+}

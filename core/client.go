@@ -1,0 +1,393 @@
+// Package core is a typed client of Project David Core's HTTP API: the
+// completions SSE stream, tool output, actions, runs, and the set-up calls
+// (assistants, threads, messages) an end-to-end flow needs.
+//
+// Every call takes a context; bodies are bounded both ways; calls that are
+// safe to repeat (GET, PUT) are retried with jittered backoff, and a POST is
+// retried only when the request never reached Core (connection refused).
+package core
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Config is the client's configuration. Zero values mean the defaults.
+type Config struct {
+	// URL is Core's base URL, without the /v1 suffix.
+	URL string
+	// APIKey goes in X-API-Key. It is a secret: it is never logged and
+	// never part of an error.
+	APIKey string
+	// Timeout bounds each non-streaming call, retries included.
+	// default: 30s
+	Timeout time.Duration
+	// StreamIdleTimeout bounds the silence between two frames of a
+	// completions stream. Core sends no heartbeat.
+	// default: 280s (the SDK's timeout_per_chunk)
+	StreamIdleTimeout time.Duration
+	// MaxBodyBytes bounds every response body read whole.
+	// default: 8 MiB
+	MaxBodyBytes int64
+	// MaxFrameBytes bounds one SSE frame of the completions stream.
+	// default: 4 MiB
+	MaxFrameBytes int
+	// Retries is the number of extra attempts for a retryable failure.
+	// default: 3; negative disables retries
+	Retries int
+}
+
+// Observer is told of every HTTP exchange with Core: the endpoint template
+// (bounded cardinality), the status code (0 on a transport error) and the
+// duration. Metrics hang off it.
+type Observer func(endpoint string, status int, d time.Duration)
+
+// Option configures a [Client].
+type Option func(*Client) error
+
+// WithHTTPClient sets the HTTP client (transport, TLS). It must not set a
+// whole-request Timeout, which would cut long streams.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) error {
+		if hc == nil {
+			return errors.New("core: nil http client")
+		}
+		c.hc = hc
+		return nil
+	}
+}
+
+// WithObserver registers an [Observer].
+func WithObserver(o Observer) Option {
+	return func(c *Client) error { c.observe = o; return nil }
+}
+
+// Client talks to one Core. It is safe for concurrent use.
+type Client struct {
+	cfg     Config
+	base    *url.URL
+	hc      *http.Client
+	observe Observer
+}
+
+// New builds a client. It does no I/O.
+func New(cfg Config, opts ...Option) (*Client, error) {
+	u, err := url.Parse(strings.TrimRight(cfg.URL, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("core: url %q is not an http(s) URL", cfg.URL)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.StreamIdleTimeout == 0 {
+		cfg.StreamIdleTimeout = 280 * time.Second
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.MaxFrameBytes == 0 {
+		cfg.MaxFrameBytes = 4 << 20
+	}
+	if cfg.Retries == 0 {
+		cfg.Retries = 3
+	}
+	c := &Client{cfg: cfg, base: u, hc: &http.Client{}, observe: func(string, int, time.Duration) {}}
+	for _, o := range opts {
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// HTTPError is a non-2xx answer from Core. Body is a bounded excerpt.
+type HTTPError struct {
+	Method string
+	Path   string
+	Status int
+	Body   string
+}
+
+func (e *HTTPError) Error() string {
+	return fmt.Sprintf("core: %s %s: HTTP %d: %s", e.Method, e.Path, e.Status, e.Body)
+}
+
+// StatusCode returns the HTTP status of err when it is an *HTTPError, else 0.
+func StatusCode(err error) int {
+	var he *HTTPError
+	if errors.As(err, &he) {
+		return he.Status
+	}
+	return 0
+}
+
+const errorExcerpt = 512
+
+// Stream opens POST /v1/completions and returns the open stream. A non-2xx
+// answer before the stream is an *HTTPError. The stream is bound to ctx.
+func (c *Client) Stream(ctx context.Context, req CompletionRequest) (*Stream, error) {
+	req.Stream = true
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("core: encoding completion request: %w", err)
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	hreq, err := c.newRequest(sctx, http.MethodPost, "/v1/completions", body)
+	if err != nil {
+		cancel(err)
+		return nil, err
+	}
+	hreq.Header.Set("Accept", "text/event-stream")
+	start := time.Now()
+	resp, err := c.hc.Do(hreq)
+	if err != nil {
+		c.observe("completions", 0, time.Since(start))
+		cancel(err)
+		if cause := context.Cause(ctx); cause != nil {
+			return nil, fmt.Errorf("core: opening completions stream: %w", cause)
+		}
+		return nil, fmt.Errorf("core: opening completions stream: %w", err)
+	}
+	c.observe("completions", resp.StatusCode, time.Since(start))
+	if resp.StatusCode/100 != 2 {
+		herr := c.httpError(hreq, resp)
+		cancel(herr)
+		return nil, herr
+	}
+	return newStream(sctx, cancel, resp.Body, c.cfg.StreamIdleTimeout, c.cfg.MaxFrameBytes), nil
+}
+
+// SubmitToolOutput posts a tool result (POST /v1/messages/tools). Role,
+// meta_data and attachments are filled as the SDK fills them.
+func (c *Client) SubmitToolOutput(ctx context.Context, out ToolOutput) (Message, error) {
+	out.Role = "tool"
+	if out.MetaData == nil {
+		out.MetaData = map[string]any{}
+	}
+	if out.Attachments == nil {
+		out.Attachments = []any{}
+	}
+	var m Message
+	err := c.call(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", out, &m)
+	return m, err
+}
+
+// UpdateAction sets an Action's status and result (PUT /v1/actions/{id}).
+func (c *Client) UpdateAction(ctx context.Context, actionID string, upd ActionUpdate) (Action, error) {
+	var a Action
+	err := c.call(ctx, http.MethodPut, "/v1/actions/"+url.PathEscape(actionID), "actions_update", upd, &a)
+	return a, err
+}
+
+// GetAction reads one Action.
+func (c *Client) GetAction(ctx context.Context, actionID string) (Action, error) {
+	var a Action
+	err := c.call(ctx, http.MethodGet, "/v1/actions/"+url.PathEscape(actionID), "actions_get", nil, &a)
+	return a, err
+}
+
+// PendingActions lists a run's Actions still pending. Core leaves
+// "processing" Actions out of this list.
+func (c *Client) PendingActions(ctx context.Context, runID string) ([]PendingAction, error) {
+	var out []PendingAction
+	err := c.call(ctx, http.MethodGet, "/v1/actions/pending/"+url.PathEscape(runID), "actions_pending", nil, &out)
+	return out, err
+}
+
+// ActionsByStatus lists a run's Actions with exactly the given status.
+func (c *Client) ActionsByStatus(ctx context.Context, runID, status string) ([]Action, error) {
+	var out []Action
+	path := "/v1/runs/" + url.PathEscape(runID) + "/actions/status?status=" + url.QueryEscape(status)
+	err := c.call(ctx, http.MethodGet, path, "actions_by_status", nil, &out)
+	return out, err
+}
+
+// GetRun reads a run.
+func (c *Client) GetRun(ctx context.Context, runID string) (Run, error) {
+	var r Run
+	err := c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID), "runs_get", nil, &r)
+	return r, err
+}
+
+// CancelRun cancels a run. Core answers 400 when it is already finished.
+func (c *Client) CancelRun(ctx context.Context, runID string) (Run, error) {
+	var r Run
+	err := c.call(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/cancel", "runs_cancel", nil, &r)
+	return r, err
+}
+
+// CreateRun creates a run; use the returned ID, Core ignores a client one.
+func (c *Client) CreateRun(ctx context.Context, rc RunCreate) (Run, error) {
+	if rc.MetaData == nil {
+		rc.MetaData = map[string]any{}
+	}
+	var r Run
+	err := c.call(ctx, http.MethodPost, "/v1/runs", "runs_create", rc, &r)
+	return r, err
+}
+
+// CreateAssistant creates an assistant.
+func (c *Client) CreateAssistant(ctx context.Context, ac AssistantCreate) (Assistant, error) {
+	var a Assistant
+	err := c.call(ctx, http.MethodPost, "/v1/assistants", "assistants_create", ac, &a)
+	return a, err
+}
+
+// GetAssistant reads an assistant.
+func (c *Client) GetAssistant(ctx context.Context, id string) (Assistant, error) {
+	var a Assistant
+	err := c.call(ctx, http.MethodGet, "/v1/assistants/"+url.PathEscape(id), "assistants_get", nil, &a)
+	return a, err
+}
+
+// CreateThread creates a thread.
+func (c *Client) CreateThread(ctx context.Context) (Thread, error) {
+	var t Thread
+	err := c.call(ctx, http.MethodPost, "/v1/threads", "threads_create", map[string]any{"meta_data": map[string]any{}}, &t)
+	return t, err
+}
+
+// CreateMessage adds a user message to a thread.
+func (c *Client) CreateMessage(ctx context.Context, threadID, assistantID, content string) (Message, error) {
+	mc := MessageCreate{
+		Content: content, ThreadID: threadID, AssistantID: assistantID, Role: "user",
+		MetaData: map[string]any{}, Attachments: []any{},
+	}
+	var m Message
+	err := c.call(ctx, http.MethodPost, "/v1/messages", "messages_create", mc, &m)
+	return m, err
+}
+
+// call performs one JSON exchange with retries.
+func (c *Client) call(ctx context.Context, method, path, endpoint string, in, out any) error {
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return fmt.Errorf("core: encoding %s %s: %w", method, endpoint, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	idempotent := method == http.MethodGet || method == http.MethodPut
+	for attempt := 0; ; attempt++ {
+		err := c.once(ctx, method, path, endpoint, body, out)
+		if err == nil || attempt >= c.cfg.Retries || !retryable(err, idempotent) {
+			return err
+		}
+		if werr := sleep(ctx, backoff(attempt)); werr != nil {
+			return err
+		}
+	}
+}
+
+func (c *Client) once(ctx context.Context, method, path, endpoint string, body []byte, out any) error {
+	req, err := c.newRequest(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.observe(endpoint, 0, time.Since(start))
+		return fmt.Errorf("core: %s %s: %w", method, req.URL.Path, err)
+	}
+	defer resp.Body.Close()
+	c.observe(endpoint, resp.StatusCode, time.Since(start))
+	if resp.StatusCode/100 != 2 {
+		return c.httpError(req, resp)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxBodyBytes+1))
+	if err != nil {
+		return fmt.Errorf("core: %s %s: reading body: %w", method, req.URL.Path, err)
+	}
+	if int64(len(data)) > c.cfg.MaxBodyBytes {
+		return fmt.Errorf("core: %s %s: response body over %d bytes", method, req.URL.Path, c.cfg.MaxBodyBytes)
+	}
+	if out == nil || len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("core: %s %s: decoding response: %w", method, req.URL.Path, err)
+	}
+	return nil
+}
+
+func (c *Client) newRequest(ctx context.Context, method, path string, body []byte) (*http.Request, error) {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base.String()+path, r)
+	if err != nil {
+		return nil, fmt.Errorf("core: building %s %s: %w", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.cfg.APIKey != "" {
+		req.Header.Set("X-API-Key", c.cfg.APIKey)
+	}
+	return req, nil
+}
+
+func (c *Client) httpError(req *http.Request, resp *http.Response) *HTTPError {
+	excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, errorExcerpt))
+	resp.Body.Close()
+	return &HTTPError{Method: req.Method, Path: req.URL.Path, Status: resp.StatusCode, Body: strings.TrimSpace(string(excerpt))}
+}
+
+// retryable decides whether a failed call may be sent again. A request that
+// never reached Core (connection refused) is always safe to resend.
+func retryable(err error, idempotent bool) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return true
+	}
+	if !idempotent {
+		return false
+	}
+	switch StatusCode(err) {
+	case 0:
+		return true // transport error on an idempotent call
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// backoff is full-jitter exponential: up to 100ms·2^attempt, capped at 2s.
+func backoff(attempt int) time.Duration {
+	ceiling := min(100*time.Millisecond<<attempt, 2*time.Second)
+	return time.Duration(rand.Int64N(int64(ceiling)) + 1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,159 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"sync"
+	"time"
+
+	sse "github.com/tmaxmax/go-sse"
+)
+
+// Stream errors. A stream ends with io.EOF after [DONE]; every other end is
+// one of these (or a transport error) so that callers can tell a clean end
+// from a truncated one.
+var (
+	// ErrTruncated means the body ended without a [DONE] frame: the
+	// connection dropped, or Core's router raised after its last frame.
+	ErrTruncated = errors.New("core: stream ended without [DONE]")
+	// ErrStreamIdle means no bytes arrived for longer than the idle limit.
+	// Core sends no heartbeats, so the limit must exceed the slowest turn gap.
+	ErrStreamIdle = errors.New("core: stream idle timeout")
+)
+
+// Stream is one open completions response. It is not safe for concurrent
+// use; Close must be called once the caller is done with it.
+type Stream struct {
+	body   io.ReadCloser
+	cancel context.CancelCauseFunc
+	ctx    context.Context
+	next   func() (sse.Event, error, bool)
+	stop   func()
+	idle   *idleTimer
+	done   bool
+	err    error
+}
+
+// Next returns the next chunk. A *FrameError reports one undecodable frame
+// and the stream goes on; io.EOF reports the clean end ([DONE]); any other
+// error ends the stream.
+func (s *Stream) Next() (Chunk, error) {
+	if s.done {
+		return Chunk{}, s.err
+	}
+	for {
+		ev, err, ok := s.next()
+		if !ok {
+			return Chunk{}, s.finish(ErrTruncated)
+		}
+		if err != nil {
+			if cause := context.Cause(s.ctx); cause != nil {
+				err = cause
+			}
+			return Chunk{}, s.finish(fmt.Errorf("core: reading stream: %w", err))
+		}
+		if ev.Data == "" {
+			continue // event:/id:-only frames carry nothing Core uses
+		}
+		if ev.Data == "[DONE]" {
+			return Chunk{}, s.finish(io.EOF)
+		}
+		return DecodeChunk([]byte(ev.Data))
+	}
+}
+
+// Chunks ranges over the stream until its end. The final error (nil after
+// [DONE]) is yielded with a zero chunk; frame errors are yielded as they
+// come and iteration goes on.
+func (s *Stream) Chunks() iter.Seq2[Chunk, error] {
+	return func(yield func(Chunk, error) bool) {
+		for {
+			c, err := s.Next()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if !yield(c, err) || (err != nil && !errors.Is(err, ErrFrame)) {
+				return
+			}
+		}
+	}
+}
+
+func (s *Stream) finish(err error) error {
+	s.done, s.err = true, err
+	s.closeBody()
+	return err
+}
+
+func (s *Stream) closeBody() {
+	s.idle.stop()
+	s.stop()
+	s.body.Close()
+	s.cancel(context.Canceled)
+}
+
+// Close releases the connection. Closing before the end abandons the rest
+// of the turn.
+func (s *Stream) Close() error {
+	if !s.done {
+		s.done, s.err = true, errors.New("core: stream closed")
+		s.closeBody()
+	}
+	return nil
+}
+
+func newStream(ctx context.Context, cancel context.CancelCauseFunc, body io.ReadCloser, idle time.Duration, maxFrame int) *Stream {
+	s := &Stream{body: body, cancel: cancel, ctx: ctx}
+	s.idle = newIdleTimer(idle, func() { cancel(ErrStreamIdle) })
+	r := &idleReader{r: body, t: s.idle}
+	s.next, s.stop = iter.Pull2(iter.Seq2[sse.Event, error](sse.Read(r, &sse.ReadConfig{MaxEventSize: maxFrame})))
+	return s
+}
+
+// idleTimer fires once when reset is not called within d.
+type idleTimer struct {
+	mu sync.Mutex
+	t  *time.Timer
+	d  time.Duration
+}
+
+func newIdleTimer(d time.Duration, fire func()) *idleTimer {
+	it := &idleTimer{d: d}
+	if d > 0 {
+		it.t = time.AfterFunc(d, fire)
+	}
+	return it
+}
+
+func (it *idleTimer) reset() {
+	if it.t != nil {
+		it.mu.Lock()
+		it.t.Reset(it.d)
+		it.mu.Unlock()
+	}
+}
+
+func (it *idleTimer) stop() {
+	if it.t != nil {
+		it.mu.Lock()
+		it.t.Stop()
+		it.mu.Unlock()
+	}
+}
+
+// idleReader restarts the idle timer whenever bytes arrive.
+type idleReader struct {
+	r io.Reader
+	t *idleTimer
+}
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.t.reset()
+	}
+	return n, err
+}

@@ -1,0 +1,272 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// describe renders a chunk or error as one line of a .want file.
+func describe(c Chunk, err error) string {
+	var fe *FrameError
+	switch {
+	case errors.As(err, &fe):
+		return "frame_error " + fe.Reason
+	case errors.Is(err, io.EOF):
+		return "end done"
+	case errors.Is(err, ErrTruncated):
+		return "end truncated"
+	case errors.Is(err, ErrStreamIdle):
+		return "end idle"
+	case err != nil:
+		return "end error " + err.Error()
+	}
+	switch c.Kind {
+	case KindStatus:
+		return "status " + c.Status
+	case KindToolCall:
+		return "tool_call " + c.Call.Name + " " + c.Call.Arguments
+	case KindManifest:
+		m := c.Manifest
+		return fmt.Sprintf("manifest %s %s %s %s", m.ActionID, m.ToolCallID, m.Tool, m.Args)
+	case KindUnknown:
+		return "unknown " + c.Type
+	}
+	return fmt.Sprintf("%s %q", c.Kind, c.Text)
+}
+
+// serveBody answers every request with the given SSE body.
+func serveBody(t *testing.T, body []byte) *Client {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := New(Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func drain(s *Stream) []string {
+	var got []string
+	for {
+		c, err := s.Next()
+		got = append(got, describe(c, err))
+		if err != nil && !errors.Is(err, ErrFrame) {
+			return got
+		}
+	}
+}
+
+// TestGoldenFrames parses each recorded frame sequence in testdata/frames
+// through a real HTTP response and compares the typed chunks with the
+// hand-written expectation beside it.
+func TestGoldenFrames(t *testing.T) {
+	files, err := filepath.Glob("testdata/frames/*.sse")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden frames: %v", err)
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".sse")
+		t.Run(name, func(t *testing.T) {
+			body, _ := os.ReadFile(f)
+			wantData, err := os.ReadFile(strings.TrimSuffix(f, ".sse") + ".want")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := strings.Split(strings.TrimSpace(string(wantData)), "\n")
+			s, err := serveBody(t, body).Stream(context.Background(), CompletionRequest{RunID: "r"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			got := drain(s)
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Errorf("chunks:\n got: %s\nwant: %s", strings.Join(got, "\n      "), strings.Join(want, "\n      "))
+			}
+			// The end is sticky.
+			if _, err := s.Next(); err == nil || errors.Is(err, ErrFrame) {
+				t.Errorf("Next after end = %v, want the terminal error again", err)
+			}
+		})
+	}
+}
+
+// TestChunkedReads feeds the same frames through reads of many sizes: the
+// result must not depend on where the bytes are cut.
+func TestChunkedReads(t *testing.T) {
+	body, _ := os.ReadFile("testdata/frames/all_types.sse")
+	var ref []string
+	for _, size := range []int{1, 2, 3, 17, 4096} {
+		s := streamFrom(&slowReader{data: body, n: size}, 0)
+		got := drain(s)
+		s.Close()
+		if ref == nil {
+			ref = got
+			continue
+		}
+		if strings.Join(got, "|") != strings.Join(ref, "|") {
+			t.Errorf("read size %d: got %v, want %v", size, got, ref)
+		}
+	}
+	if len(ref) != 10 {
+		t.Fatalf("expected 10 results, got %d: %v", len(ref), ref)
+	}
+}
+
+type slowReader struct {
+	data []byte
+	n    int
+}
+
+func (r *slowReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := min(r.n, len(p), len(r.data))
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func streamFrom(r io.Reader, idle time.Duration) *Stream {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return newStream(ctx, cancel, io.NopCloser(r), idle, 1<<20)
+}
+
+func TestChunksIterator(t *testing.T) {
+	body, _ := os.ReadFile("testdata/frames/not_json.sse")
+	s := streamFrom(bytes.NewReader(body), 0)
+	defer s.Close()
+	var kinds []string
+	for c, err := range s.Chunks() {
+		kinds = append(kinds, describe(c, err))
+	}
+	want := "frame_error not JSON|content \"after\"|frame_error not JSON"
+	if got := strings.Join(kinds, "|"); got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+	trunc := streamFrom(strings.NewReader("data: {\"type\": \"content\", \"content\": \"a\"}\n\n"), 0)
+	defer trunc.Close()
+	var last error
+	for _, err := range trunc.Chunks() {
+		last = err
+	}
+	if !errors.Is(last, ErrTruncated) {
+		t.Errorf("last error %v, want ErrTruncated", last)
+	}
+}
+
+func TestIdleTimeout(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("data: {\"type\": \"status\", \"status\": \"started\", \"run_id\": \"r\"}\n\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	c, _ := New(Config{URL: srv.URL, StreamIdleTimeout: 100 * time.Millisecond})
+	s, err := c.Stream(context.Background(), CompletionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := drain(s)
+	if len(got) != 2 || got[0] != "status started" || got[1] != "end idle" {
+		t.Fatalf("got %v, want [status started, end idle]", got)
+	}
+}
+
+func TestStreamCallerCancel(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	c, _ := New(Config{URL: srv.URL})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	s, err := c.Stream(ctx, CompletionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	stop := errors.New("application gave up")
+	time.AfterFunc(20*time.Millisecond, func() { cancel(stop) })
+	if _, err := s.Next(); !errors.Is(err, stop) {
+		t.Fatalf("Next = %v, want the caller's cause", err)
+	}
+}
+
+func TestStreamHTTPErrorBeforeStream(t *testing.T) {
+	long := strings.Repeat("x", 10_000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"detail": "Thread ID does not match the run."}`+long, http.StatusForbidden)
+	}))
+	defer srv.Close()
+	c, _ := New(Config{URL: srv.URL})
+	_, err := c.Stream(context.Background(), CompletionRequest{})
+	var he *HTTPError
+	if !errors.As(err, &he) {
+		t.Fatalf("err = %v, want *HTTPError", err)
+	}
+	if he.Status != 403 || !strings.HasPrefix(he.Body, `{"detail": "Thread ID does not match the run."}`) || len(he.Body) > errorExcerpt {
+		t.Errorf("got status %d body len %d %.60q", he.Status, len(he.Body), he.Body)
+	}
+	if StatusCode(err) != 403 || StatusCode(io.EOF) != 0 {
+		t.Errorf("StatusCode mismatch")
+	}
+}
+
+func TestStreamConnectionRefused(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	c, _ := New(Config{URL: url})
+	if _, err := c.Stream(context.Background(), CompletionRequest{}); err == nil || StatusCode(err) != 0 {
+		t.Fatalf("err = %v, want a transport error", err)
+	}
+}
+
+func TestFrameTooLarge(t *testing.T) {
+	big := "data: {\"type\": \"content\", \"content\": \"" + strings.Repeat("a", 2048) + "\"}\n\ndata: [DONE]\n\n"
+	ctx, cancel := context.WithCancelCause(context.Background())
+	s := newStream(ctx, cancel, io.NopCloser(strings.NewReader(big)), 0, 1024)
+	defer s.Close()
+	_, err := s.Next()
+	if err == nil || errors.Is(err, ErrFrame) || errors.Is(err, io.EOF) {
+		t.Fatalf("err = %v, want a fatal size error", err)
+	}
+}
+
+func TestCloseEarly(t *testing.T) {
+	body, _ := os.ReadFile("testdata/frames/all_types.sse")
+	s := streamFrom(bytes.NewReader(body), time.Minute)
+	if _, err := s.Next(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s.Close()
+	if _, err := s.Next(); err == nil {
+		t.Fatal("Next after Close must fail")
+	}
+}

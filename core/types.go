@@ -1,0 +1,178 @@
+package core
+
+import "encoding/json"
+
+// Action statuses accepted by PUT /v1/actions/{id} (ActionStatus).
+const (
+	ActionPending    = "pending"
+	ActionProcessing = "processing"
+	ActionCompleted  = "completed"
+	ActionFailed     = "failed"
+	ActionExpired    = "expired"
+	ActionCancelled  = "cancelled"
+	ActionRetrying   = "retrying"
+)
+
+// Run statuses as they appear on the wire. "action_required" is the wire
+// value of the enum member pending_action.
+const (
+	RunQueued         = "queued"
+	RunInProgress     = "in_progress"
+	RunActionRequired = "action_required"
+	RunCompleted      = "completed"
+	RunFailed         = "failed"
+	RunCancelling     = "cancelling"
+	RunCancelled      = "cancelled"
+	RunExpired        = "expired"
+)
+
+// RunTerminal reports whether a run status is final: no further turn may be
+// requested for it.
+func RunTerminal(status string) bool {
+	switch status {
+	case RunCompleted, RunFailed, RunCancelled, RunExpired, "deleted":
+		return true
+	}
+	return false
+}
+
+// CompletionRequest is the body of POST /v1/completions, in the SDK's key
+// order. Every turn of a run re-sends the same body.
+type CompletionRequest struct {
+	Model       string         `json:"model"`
+	APIKey      *string        `json:"api_key"`
+	ThreadID    string         `json:"thread_id"`
+	MessageID   string         `json:"message_id"`
+	RunID       string         `json:"run_id"`
+	AssistantID string         `json:"assistant_id"`
+	Stream      bool           `json:"stream"`
+	MetaData    map[string]any `json:"meta_data,omitempty"`
+}
+
+// ToolOutput is the body of POST /v1/messages/tools. ToolID carries the
+// Action ID; ToolCallID the model's call id. They are never swapped.
+type ToolOutput struct {
+	Content     string         `json:"content"`
+	ThreadID    string         `json:"thread_id"`
+	SenderID    *string        `json:"sender_id"`
+	AssistantID string         `json:"assistant_id"`
+	Role        string         `json:"role"`
+	ToolID      string         `json:"tool_id"`
+	ToolCallID  string         `json:"tool_call_id"`
+	MetaData    map[string]any `json:"meta_data"`
+	IsLastChunk bool           `json:"is_last_chunk"`
+	Attachments []any          `json:"attachments"`
+}
+
+// ActionUpdate is the body of PUT /v1/actions/{id}. Core overwrites the
+// stored result with Result, to null when it is omitted.
+type ActionUpdate struct {
+	Status string         `json:"status"`
+	Result map[string]any `json:"result,omitempty"`
+}
+
+// Action is an ActionRead row.
+type Action struct {
+	ID           string          `json:"id"`
+	RunID        string          `json:"run_id"`
+	ToolName     string          `json:"tool_name"`
+	ToolCallID   string          `json:"tool_call_id"`
+	TurnIndex    int             `json:"turn_index"`
+	Status       string          `json:"status"`
+	FunctionArgs json.RawMessage `json:"function_args"`
+	Result       json.RawMessage `json:"result"`
+	IsProcessed  bool            `json:"is_processed"`
+	TriggeredAt  any             `json:"triggered_at,omitempty"`
+	ProcessedAt  any             `json:"processed_at,omitempty"`
+}
+
+// PendingAction is one item of GET /v1/actions/pending/{run_id}.
+type PendingAction struct {
+	ActionID          string          `json:"action_id"`
+	ToolCallID        string          `json:"tool_call_id"`
+	ActionStatus      string          `json:"action_status"`
+	FunctionArguments json.RawMessage `json:"function_arguments"`
+	ToolName          string          `json:"tool_name"`
+	RunID             string          `json:"run_id"`
+	RunStatus         string          `json:"run_status"`
+}
+
+// Run is the subset of RunReadDetailed the sidecar reads.
+type Run struct {
+	ID          string         `json:"id"`
+	AssistantID string         `json:"assistant_id"`
+	ThreadID    string         `json:"thread_id"`
+	Status      string         `json:"status"`
+	Model       string         `json:"model,omitempty"`
+	MetaData    map[string]any `json:"meta_data,omitempty"`
+	CurrentTurn int            `json:"current_turn,omitempty"`
+}
+
+// RunCreate is the body of POST /v1/runs. Core ignores a client id and
+// status, so only what it reads is sent.
+type RunCreate struct {
+	AssistantID  string         `json:"assistant_id"`
+	ThreadID     string         `json:"thread_id"`
+	Instructions string         `json:"instructions"`
+	Model        string         `json:"model,omitempty"`
+	MetaData     map[string]any `json:"meta_data"`
+}
+
+// FunctionTool is one entry of an assistant's tools array.
+type FunctionTool struct {
+	Type     string   `json:"type"`
+	Function Function `json:"function"`
+}
+
+// Function is the function part of a [FunctionTool].
+type Function struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
+// AssistantCreate is the body of POST /v1/assistants.
+type AssistantCreate struct {
+	Name         string         `json:"name"`
+	Model        string         `json:"model"`
+	Instructions string         `json:"instructions,omitempty"`
+	Tools        []FunctionTool `json:"tools"`
+}
+
+// Assistant is the subset of AssistantRead the sidecar reads.
+type Assistant struct {
+	ID    string         `json:"id"`
+	Name  string         `json:"name"`
+	Model string         `json:"model"`
+	Tools []FunctionTool `json:"tools"`
+}
+
+// Thread is a ThreadRead.
+type Thread struct {
+	ID       string         `json:"id"`
+	MetaData map[string]any `json:"meta_data"`
+}
+
+// MessageCreate is the body of POST /v1/messages.
+type MessageCreate struct {
+	Content     string         `json:"content"`
+	ThreadID    string         `json:"thread_id"`
+	SenderID    *string        `json:"sender_id"`
+	AssistantID string         `json:"assistant_id"`
+	Role        string         `json:"role"`
+	ToolID      *string        `json:"tool_id"`
+	ToolCallID  *string        `json:"tool_call_id"`
+	MetaData    map[string]any `json:"meta_data"`
+	IsLastChunk bool           `json:"is_last_chunk"`
+	Attachments []any          `json:"attachments"`
+}
+
+// Message is the subset of MessageRead the sidecar reads.
+type Message struct {
+	ID         string `json:"id"`
+	ThreadID   string `json:"thread_id"`
+	Role       string `json:"role"`
+	Content    string `json:"content"`
+	ToolID     string `json:"tool_id,omitempty"`
+	ToolCallID string `json:"tool_call_id,omitempty"`
+}

@@ -1,0 +1,345 @@
+package coresim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/projectdavid/toolsidecar/core"
+)
+
+func (s *Sim) routes() {
+	s.mux.HandleFunc("POST /v1/completions", s.completions)
+	s.mux.HandleFunc("POST /v1/assistants", s.auth(s.createAssistant))
+	s.mux.HandleFunc("GET /v1/assistants/{id}", s.auth(s.getAssistant))
+	s.mux.HandleFunc("POST /v1/threads", s.auth(s.createThread))
+	s.mux.HandleFunc("POST /v1/messages", s.auth(s.createMessage))
+	s.mux.HandleFunc("POST /v1/messages/tools", s.auth(s.submitToolOutput))
+	s.mux.HandleFunc("POST /v1/runs", s.auth(s.createRun))
+	s.mux.HandleFunc("GET /v1/runs/{id}", s.auth(s.getRun))
+	s.mux.HandleFunc("POST /v1/runs/{id}/cancel", s.auth(s.cancelRun))
+	s.mux.HandleFunc("GET /v1/runs/{id}/actions/status", s.auth(s.actionsByStatus))
+	s.mux.HandleFunc("GET /v1/actions/{id}", s.auth(s.getAction))
+	s.mux.HandleFunc("PUT /v1/actions/{id}", s.auth(s.updateAction))
+	s.mux.HandleFunc("GET /v1/actions/pending/{run_id}", s.auth(s.pendingActions))
+}
+
+// ServeHTTP records the request, bounds its body and routes it.
+func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	s.mu.Lock()
+	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Body: body, At: s.now()})
+	s.mu.Unlock()
+	if err != nil {
+		detail(w, http.StatusRequestEntityTooLarge, "request body too large")
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	s.mux.ServeHTTP(w, r)
+}
+
+// detail writes FastAPI's error shape.
+func detail(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"detail": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (s *Sim) auth(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.APIKey != "" && r.Header.Get("X-API-Key") != s.cfg.APIKey {
+			detail(w, http.StatusUnauthorized, "Invalid or missing API key")
+			return
+		}
+		h(w, r)
+	}
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		detail(w, http.StatusUnprocessableEntity, "invalid body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (s *Sim) createAssistant(w http.ResponseWriter, r *http.Request) {
+	var in core.AssistantCreate
+	if !decode(w, r, &in) {
+		return
+	}
+	s.mu.Lock()
+	a := &core.Assistant{ID: s.newID("asst_", 22), Name: in.Name, Model: in.Model, Tools: in.Tools}
+	s.assistants[a.ID] = a
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, a)
+}
+
+func (s *Sim) getAssistant(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	a, ok := s.assistants[r.PathValue("id")]
+	s.mu.Unlock()
+	if !ok {
+		detail(w, http.StatusNotFound, "Assistant not found")
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+func (s *Sim) createThread(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	t := &thread{id: s.newID("thread_", 22)}
+	s.threads[t.id] = t
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, core.Thread{ID: t.id, MetaData: map[string]any{}})
+}
+
+func (s *Sim) createMessage(w http.ResponseWriter, r *http.Request) {
+	var in core.MessageCreate
+	if !decode(w, r, &in) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.threads[in.ThreadID]
+	if !ok {
+		detail(w, http.StatusNotFound, "Thread not found")
+		return
+	}
+	m := message{id: s.newID("message_", 22), role: in.Role, content: in.Content}
+	t.messages = append(t.messages, m)
+	writeJSON(w, http.StatusOK, core.Message{ID: m.id, ThreadID: t.id, Role: m.role, Content: m.content})
+}
+
+// submitToolOutput stores a tool message, as Core does, without any
+// validation; the contract checks run beside it and only record.
+func (s *Sim) submitToolOutput(w http.ResponseWriter, r *http.Request) {
+	var in core.ToolOutput
+	if !decode(w, r, &in) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.threads[in.ThreadID]
+	if !ok {
+		detail(w, http.StatusNotFound, "Thread not found")
+		return
+	}
+	s.checkOutput(in)
+	m := message{id: s.newID("message_", 22), role: "tool", content: in.Content, toolID: in.ToolID, toolCallID: in.ToolCallID}
+	t.messages = append(t.messages, m)
+	writeJSON(w, http.StatusOK, core.Message{ID: m.id, ThreadID: t.id, Role: "tool", Content: m.content, ToolID: m.toolID, ToolCallID: m.toolCallID})
+}
+
+func (s *Sim) checkOutput(in core.ToolOutput) {
+	a := s.actions[in.ToolID]
+	runID := ""
+	if a != nil {
+		runID = a.RunID
+	}
+	if in.ToolCallID == "" {
+		s.violate(ViolationNoToolCallID, runID, "", "tool output for action "+in.ToolID+" has no tool_call_id")
+		return
+	}
+	byCall := s.actionByCallID(in.ThreadID, in.ToolCallID)
+	if byCall == nil {
+		s.violate(ViolationUnknownToolCallID, runID, in.ToolCallID, "no manifest carried this tool_call_id")
+		return
+	}
+	if a != byCall {
+		s.violate(ViolationToolIDMismatch, byCall.RunID, in.ToolCallID, fmt.Sprintf("tool_id %q, want action %q", in.ToolID, byCall.ID))
+	}
+	byCall.outputs++
+	if byCall.outputs > 1 {
+		s.violate(ViolationDuplicateOutput, byCall.RunID, in.ToolCallID, fmt.Sprintf("%d outputs", byCall.outputs))
+		return
+	}
+	for _, sib := range s.runs[byCall.RunID].batches[byCall.batch][byCall.index+1:] {
+		if sib.outputs > 0 {
+			s.violate(ViolationOutOfOrder, byCall.RunID, in.ToolCallID, "posted after later call "+sib.ToolCallID)
+			return
+		}
+	}
+}
+
+func (s *Sim) actionByCallID(threadID, callID string) *action {
+	for _, rn := range s.runs {
+		if rn.ThreadID != threadID {
+			continue
+		}
+		for _, b := range rn.batches {
+			for _, a := range b {
+				if a.ToolCallID == callID {
+					return a
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Sim) createRun(w http.ResponseWriter, r *http.Request) {
+	var in core.RunCreate
+	if !decode(w, r, &in) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.assistants[in.AssistantID]
+	if !ok {
+		detail(w, http.StatusNotFound, "Assistant not found")
+		return
+	}
+	if _, ok := s.threads[in.ThreadID]; !ok {
+		detail(w, http.StatusNotFound, "Thread not found")
+		return
+	}
+	model := in.Model
+	if model == "" {
+		model = a.Model
+	}
+	rn := &run{Run: core.Run{ID: s.newID("run_", 22), AssistantID: in.AssistantID, ThreadID: in.ThreadID, Status: core.RunQueued, Model: model, MetaData: in.MetaData}}
+	s.runs[rn.ID] = rn
+	writeJSON(w, http.StatusOK, rn.Run)
+}
+
+func (s *Sim) lookupRun(w http.ResponseWriter, id string) *run {
+	rn, ok := s.runs[id]
+	if !ok {
+		detail(w, http.StatusNotFound, "Run not found")
+	}
+	return rn
+}
+
+func (s *Sim) getRun(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rn := s.lookupRun(w, r.PathValue("id")); rn != nil {
+		out := rn.Run
+		writeJSON(w, http.StatusOK, struct {
+			core.Run
+			Actions []any `json:"actions"`
+		}{out, []any{}}) // Core always answers actions: []
+	}
+}
+
+func (s *Sim) cancelRun(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rn := s.lookupRun(w, r.PathValue("id"))
+	if rn == nil {
+		return
+	}
+	if rn.Status == core.RunCompleted || rn.Status == core.RunCancelled {
+		detail(w, http.StatusBadRequest, "Run is already finished")
+		return
+	}
+	rn.Status = core.RunCancelled
+	writeJSON(w, http.StatusOK, rn.Run)
+}
+
+// Cancel cancels a run as POST /v1/runs/{id}/cancel does, for tests.
+func (s *Sim) Cancel(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rn := s.runs[runID]; rn != nil && rn.Status != core.RunCompleted {
+		rn.Status = core.RunCancelled
+	}
+}
+
+func (s *Sim) getAction(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.actions[r.PathValue("id")]
+	if !ok {
+		detail(w, http.StatusNotFound, "Action not found")
+		return
+	}
+	writeJSON(w, http.StatusOK, a.Action)
+}
+
+var actionStatuses = []string{core.ActionPending, core.ActionProcessing, core.ActionCompleted, core.ActionFailed, core.ActionExpired, core.ActionCancelled, core.ActionRetrying}
+
+// updateAction sets the status and overwrites the result (to null when
+// omitted), as Core's ActionService does.
+func (s *Sim) updateAction(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Status string          `json:"status"`
+		Result json.RawMessage `json:"result"`
+	}
+	if !decode(w, r, &in) {
+		return
+	}
+	if !slices.Contains(actionStatuses, in.Status) {
+		detail(w, http.StatusUnprocessableEntity, "invalid action status "+in.Status)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.actions[r.PathValue("id")]
+	if !ok {
+		detail(w, http.StatusNotFound, "Action not found")
+		return
+	}
+	a.Status, a.Result = in.Status, in.Result
+	if len(a.Result) == 0 {
+		a.Result = json.RawMessage("null")
+	}
+	if in.Status == core.ActionCompleted {
+		a.IsProcessed, a.ProcessedAt = true, s.now().Format("2006-01-02T15:04:05")
+	}
+	writeJSON(w, http.StatusOK, a.Action)
+}
+
+func (s *Sim) pendingActions(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []core.PendingAction{}
+	if rn := s.runs[r.PathValue("run_id")]; rn != nil {
+		for _, b := range rn.batches {
+			for _, a := range b {
+				if a.Status == core.ActionPending { // Core leaves processing out
+					out = append(out, core.PendingAction{ActionID: a.ID, ToolCallID: a.ToolCallID, ActionStatus: a.Status,
+						FunctionArguments: a.FunctionArgs, ToolName: a.ToolName, RunID: rn.ID, RunStatus: rn.Status})
+				}
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Sim) actionsByStatus(w http.ResponseWriter, r *http.Request) {
+	status := r.URL.Query().Get("status")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []core.Action{}
+	if rn := s.runs[r.PathValue("id")]; rn != nil {
+		for _, b := range rn.batches {
+			for _, a := range b {
+				if a.Status == status {
+					out = append(out, a.Action)
+				}
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+var modelPrefixes = []string{"vllm/", "ollama/", "hyperbolic/", "together-ai/"}
+
+func validModel(m string) bool {
+	for _, p := range modelPrefixes {
+		if strings.HasPrefix(m, p) {
+			return true
+		}
+	}
+	return false
+}

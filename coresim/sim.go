@@ -1,0 +1,266 @@
+// Package coresim is an in-process simulator of Project David Core: the same
+// wire format and quirks as the real Core (reference/core-protocol.md), a
+// scripted model, and a contract checker that records what a client does
+// wrong. It imports only core's wire types.
+package coresim
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/core"
+)
+
+// Violation kinds recorded in the contract log.
+const (
+	// ViolationMissingOutput: a completions request while a manifest of
+	// the previous turn has no tool output.
+	ViolationMissingOutput = "missing_output"
+	// ViolationNoToolCallID: a tool output without tool_call_id.
+	ViolationNoToolCallID = "output_without_tool_call_id"
+	// ViolationUnknownToolCallID: a tool output for a call id never issued.
+	ViolationUnknownToolCallID = "unknown_tool_call_id"
+	// ViolationDuplicateOutput: two outputs for one tool_call_id.
+	ViolationDuplicateOutput = "duplicate_output"
+	// ViolationOutOfOrder: outputs posted out of the batch's call order.
+	ViolationOutOfOrder = "out_of_order"
+	// ViolationActionNotFinalised: an Action still pending or processing
+	// when its run ends.
+	ViolationActionNotFinalised = "action_not_finalised"
+	// ViolationToolIDMismatch: tool_id is not the Action of tool_call_id.
+	ViolationToolIDMismatch = "tool_id_mismatch"
+)
+
+// Violation is one entry of the contract log.
+type Violation struct {
+	Kind       string
+	RunID      string
+	ToolCallID string
+	Detail     string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("%s run=%s call=%s: %s", v.Kind, v.RunID, v.ToolCallID, v.Detail)
+}
+
+// Request is one request the simulator received, for assertions.
+type Request struct {
+	Method string
+	Path   string
+	Body   []byte
+	At     time.Time
+}
+
+// Config configures a [Sim].
+type Config struct {
+	// APIKey, when set, is required in X-API-Key on every endpoint but
+	// /v1/completions (which real Core does not authenticate).
+	APIKey   string
+	Scenario Scenario
+	// MaxBodyBytes bounds request bodies. default: 1 MiB
+	MaxBodyBytes int64
+}
+
+// Sim is the simulator state and its http.Handler. It is safe for
+// concurrent use.
+type Sim struct {
+	cfg Config
+	mux *http.ServeMux
+
+	mu         sync.Mutex
+	seq        int
+	assistants map[string]*core.Assistant
+	threads    map[string]*thread
+	runs       map[string]*run
+	actions    map[string]*action
+	violations []Violation
+	requests   []Request
+	now        func() time.Time
+}
+
+type thread struct {
+	id       string
+	messages []message
+}
+
+type message struct {
+	id, role, content, toolID, toolCallID string
+}
+
+type run struct {
+	core.Run
+	turns   int
+	batches [][]*action // actions per tool turn, in call order
+	ended   bool
+}
+
+type action struct {
+	core.Action
+	batch, index int
+	outputs      int
+	checked      bool // missing output already reported
+}
+
+// New builds a simulator.
+func New(cfg Config) *Sim {
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	s := &Sim{
+		cfg: cfg, mux: http.NewServeMux(),
+		assistants: map[string]*core.Assistant{}, threads: map[string]*thread{},
+		runs: map[string]*run{}, actions: map[string]*action{}, now: time.Now,
+	}
+	s.routes()
+	return s
+}
+
+// NewServer starts a simulator on a loopback httptest server. Close the
+// server when done.
+func NewServer(cfg Config) (*Sim, *httptest.Server) {
+	s := New(cfg)
+	return s, httptest.NewServer(s)
+}
+
+// SetScenario replaces the script for runs that have not started a turn yet
+// and for the next turns of those that have.
+func (s *Sim) SetScenario(sc Scenario) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.Scenario = sc
+}
+
+// Violations returns a copy of the contract log.
+func (s *Sim) Violations() []Violation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.violations)
+}
+
+// Requests returns every request received so far.
+func (s *Sim) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.requests)
+}
+
+// CountRequests counts requests with the given method and path prefix.
+func (s *Sim) CountRequests(method, pathPrefix string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.requests {
+		if r.Method == method && strings.HasPrefix(r.Path, pathPrefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// Actions returns a run's Actions in creation order.
+func (s *Sim) Actions(runID string) []core.Action {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []core.Action
+	if r := s.runs[runID]; r != nil {
+		for _, b := range r.batches {
+			for _, a := range b {
+				out = append(out, a.Action)
+			}
+		}
+	}
+	return out
+}
+
+// ToolMessages returns the tool messages of a thread in arrival order.
+func (s *Sim) ToolMessages(threadID string) []core.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []core.Message
+	if t := s.threads[threadID]; t != nil {
+		for _, m := range t.messages {
+			if m.role == "tool" {
+				out = append(out, core.Message{ID: m.id, ThreadID: threadID, Role: m.role, Content: m.content, ToolID: m.toolID, ToolCallID: m.toolCallID})
+			}
+		}
+	}
+	return out
+}
+
+// Context returns the history the model would see on the next turn of a
+// thread, after Core's merge of consecutive same-role messages.
+func (s *Sim) Context(threadID string) []core.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.contextLocked(threadID)
+}
+
+// EndRun checks, as when a run ends, that none of its Actions is still
+// pending or processing, and records a violation for each that is.
+func (s *Sim) EndRun(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.runs[runID]; r != nil {
+		s.endRunLocked(r)
+	}
+}
+
+func (s *Sim) endRunLocked(r *run) {
+	if r.ended {
+		return
+	}
+	r.ended = true
+	for _, b := range r.batches {
+		for _, a := range b {
+			if a.Status == core.ActionPending || a.Status == core.ActionProcessing {
+				s.violate(ViolationActionNotFinalised, r.ID, a.ToolCallID, "action "+a.ID+" is "+a.Status)
+			}
+		}
+	}
+}
+
+func (s *Sim) violate(kind, runID, callID, detail string) {
+	s.violations = append(s.violations, Violation{Kind: kind, RunID: runID, ToolCallID: callID, Detail: detail})
+}
+
+// newID makes deterministic ids so transcripts can be compared byte for
+// byte: prefix + a zero-padded counter.
+func (s *Sim) newID(prefix string, width int) string {
+	s.seq++
+	return fmt.Sprintf("%s%0*d", prefix, width, s.seq)
+}
+
+func (s *Sim) contextLocked(threadID string) []core.Message {
+	t := s.threads[threadID]
+	if t == nil {
+		return nil
+	}
+	var out []core.Message
+	for _, m := range t.messages {
+		if n := len(out); n > 0 && out[n-1].Role == m.role {
+			out[n-1].Content += "\n" + m.content // the first tool_call_id is kept
+			continue
+		}
+		out = append(out, core.Message{ID: m.id, ThreadID: threadID, Role: m.role, Content: m.content, ToolID: m.toolID, ToolCallID: m.toolCallID})
+	}
+	return out
+}
+
+// lastResults is the merged tool message the model sees last, or "".
+func (s *Sim) lastResults(threadID string) string {
+	ctx := s.contextLocked(threadID)
+	for i := len(ctx) - 1; i >= 0; i-- {
+		switch ctx[i].Role {
+		case "tool":
+			return ctx[i].Content
+		case "user":
+			return ""
+		}
+	}
+	return ""
+}
