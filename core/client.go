@@ -79,6 +79,7 @@ type Client struct {
 	base    *url.URL
 	hc      *http.Client
 	observe Observer
+	gap     func(time.Duration)
 }
 
 // New builds a client. It does no I/O.
@@ -102,7 +103,7 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.Retries == 0 {
 		cfg.Retries = 3
 	}
-	c := &Client{cfg: cfg, base: u, hc: &http.Client{}, observe: func(string, int, time.Duration) {}}
+	c := &Client{cfg: cfg, base: u, hc: &http.Client{}, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -165,7 +166,9 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) (*Stream, er
 		cancel(herr)
 		return nil, herr
 	}
-	return newStream(sctx, cancel, resp.Body, c.cfg.StreamIdleTimeout, c.cfg.MaxFrameBytes), nil
+	s := newStream(sctx, cancel, resp.Body, c.cfg.StreamIdleTimeout, c.cfg.MaxFrameBytes)
+	s.gap, s.last = c.gap, time.Now()
+	return s, nil
 }
 
 // SubmitToolOutput posts a tool result (POST /v1/messages/tools). Role,

@@ -99,7 +99,7 @@ func TestPostRetriedWhenNeverDelivered(t *testing.T) {
 func TestWireBodies(t *testing.T) {
 	type seen struct {
 		method, path, key string
-		body                map[string]any
+		body              map[string]any
 	}
 	var got []seen
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

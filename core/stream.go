@@ -35,6 +35,8 @@ type Stream struct {
 	idle   *idleTimer
 	done   bool
 	err    error
+	gap    func(time.Duration) // observes the silence before each frame
+	last   time.Time
 }
 
 // Next returns the next chunk. A *FrameError reports one undecodable frame
@@ -54,6 +56,11 @@ func (s *Stream) Next() (Chunk, error) {
 				err = cause
 			}
 			return Chunk{}, s.finish(fmt.Errorf("core: reading stream: %w", err))
+		}
+		if s.gap != nil {
+			now := time.Now()
+			s.gap(now.Sub(s.last))
+			s.last = now
 		}
 		if ev.Data == "" {
 			continue // event:/id:-only frames carry nothing Core uses

@@ -91,12 +91,15 @@ type player struct {
 	frames int
 }
 
-// emit writes one frame; it reports false when the turn must stop (client
-// gone, run cancelled, or the scripted drop point reached).
+// emit waits the frame delay, then writes one frame; it reports false when
+// the turn must stop (client gone, run cancelled, or the drop point).
 func (p *player) emit(chunk object) bool {
-	if p.turn.DropAfter > 0 && p.frames >= p.turn.DropAfter {
-		return false
-	}
+	return p.pause() && p.write(chunk)
+}
+
+// pause sleeps the frame delay; false when the client left or the run was
+// cancelled meanwhile.
+func (p *player) pause() bool {
 	if d := p.turn.FrameDelay; d > 0 {
 		t := time.NewTimer(d)
 		select {
@@ -106,7 +109,12 @@ func (p *player) emit(chunk object) bool {
 		case <-t.C:
 		}
 	}
-	if p.cancelled() {
+	return !p.cancelled()
+}
+
+// write sends one frame, unless the scripted drop point is reached.
+func (p *player) write(chunk object) bool {
+	if p.turn.DropAfter > 0 && p.frames >= p.turn.DropAfter {
 		return false
 	}
 	p.frames++
@@ -190,12 +198,14 @@ func (p *player) play() {
 	}
 	p.s.mu.Unlock()
 	for _, c := range calls {
-		if p.cancelled() {
+		if !p.pause() {
 			p.finish()
 			return
 		}
+		// The Action exists before its frame is written: a drop here
+		// leaves it pending in Core, as on the real server.
 		a := p.s.newAction(p.rn, c)
-		if !p.emit(object{{"type", "tool_call_manifest"}, {"run_id", id}, {"action_id", a.ID},
+		if !p.write(object{{"type", "tool_call_manifest"}, {"run_id", id}, {"action_id", a.ID},
 			{"tool_call_id", a.ToolCallID}, {"tool", c.Tool}, {"args", c.argsJSON()}}) {
 			p.finish()
 			return

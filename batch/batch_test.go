@@ -1,0 +1,144 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestOrderAndPipelining: tasks finish in reverse order, yet submissions
+// go out in index order; and result 0 is submitted while task 2 still runs.
+func TestOrderAndPipelining(t *testing.T) {
+	release := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
+	var mu sync.Mutex
+	var submitted []int
+	firstSubmitted := make(chan struct{})
+	b := New(context.Background(), 0, func(i int, v string) error {
+		mu.Lock()
+		submitted = append(submitted, i)
+		mu.Unlock()
+		if v != fmt.Sprint("r", i) {
+			t.Errorf("result %d = %q", i, v)
+		}
+		if i == 0 {
+			close(firstSubmitted)
+		}
+		return nil
+	})
+	for i := range 3 {
+		b.Go(func(ctx context.Context) string {
+			<-release[i]
+			return fmt.Sprint("r", i)
+		})
+	}
+	close(release[1])
+	time.Sleep(10 * time.Millisecond)
+	close(release[0])
+	<-firstSubmitted // task 2 has not finished: submission is pipelined
+	mu.Lock()
+	got := slices.Clone(submitted)
+	mu.Unlock()
+	if !slices.Equal(got, []int{0, 1}) && !slices.Equal(got, []int{0}) {
+		t.Errorf("submitted before task 2 finished: %v", got)
+	}
+	close(release[2])
+	res, err := b.Wait()
+	if err != nil || !slices.Equal(res, []string{"r0", "r1", "r2"}) || !slices.Equal(submitted, []int{0, 1, 2}) {
+		t.Fatalf("results %v submitted %v err %v", res, submitted, err)
+	}
+}
+
+func TestLimit(t *testing.T) {
+	for _, limit := range []int{1, 3, 8} {
+		var cur, peak atomic.Int32
+		b := New(context.Background(), limit, func(int, int) error { return nil })
+		for range 8 {
+			b.Go(func(ctx context.Context) int {
+				n := cur.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				time.Sleep(15 * time.Millisecond)
+				cur.Add(-1)
+				return 0
+			})
+		}
+		b.Wait()
+		if int(peak.Load()) != limit {
+			t.Errorf("limit %d: peak %d", limit, peak.Load())
+		}
+	}
+}
+
+// TestSubmitErrorsKeepGoing: a failed submission is reported, and the
+// results after it are still submitted.
+func TestSubmitErrorsKeepGoing(t *testing.T) {
+	var submitted atomic.Int32
+	boom := errors.New("core 500")
+	b := New(context.Background(), 2, func(i int, v int) error {
+		submitted.Add(1)
+		if i == 1 {
+			return boom
+		}
+		return nil
+	})
+	for i := range 4 {
+		b.Go(func(context.Context) int { return i })
+	}
+	_, err := b.Wait()
+	if !errors.Is(err, boom) || submitted.Load() != 4 {
+		t.Fatalf("err %v, submitted %d", err, submitted.Load())
+	}
+}
+
+func TestEmptyBatchAndContext(t *testing.T) {
+	b := New(context.Background(), 4, func(int, int) error { t.Error("nothing to submit"); return nil })
+	if res, err := b.Wait(); len(res) != 0 || err != nil {
+		t.Fatalf("%v %v", res, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b2 := New(ctx, 1, func(int, error) error { return nil })
+	b2.Go(func(ctx context.Context) error { return ctx.Err() })
+	if b2.Len() != 1 {
+		t.Error("Len")
+	}
+	res, _ := b2.Wait()
+	if !errors.Is(res[0], context.Canceled) {
+		t.Errorf("task did not see the batch context: %v", res[0])
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Go after Wait did not panic")
+		}
+	}()
+	b2.Go(func(context.Context) error { return nil })
+}
+
+// Example shows a batch whose tasks finish out of order and whose results
+// are still submitted in call order.
+func Example() {
+	b := New(context.Background(), 16, func(i int, v string) error {
+		fmt.Println("submit", i, v)
+		return nil
+	})
+	for i, d := range []time.Duration{30, 10, 20} {
+		b.Go(func(ctx context.Context) string {
+			time.Sleep(d * time.Millisecond)
+			return fmt.Sprint("call ", i)
+		})
+	}
+	b.Wait()
+	// Output:
+	// submit 0 call 0
+	// submit 1 call 1
+	// submit 2 call 2
+}

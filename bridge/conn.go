@@ -1,0 +1,59 @@
+package bridge
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// ConnectConfig says how to reach NATS.
+type ConnectConfig struct {
+	URL       string
+	Name      string
+	CredsFile string
+	CAFile    string
+	CertFile  string
+	KeyFile   string
+}
+
+// Connect dials NATS, reconnecting forever, and counts reconnections in
+// toolsidecar_nats_reconnects_total on reg (nil: not counted).
+func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger) (*nats.Conn, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	opts := []nats.Option{
+		nats.Name(cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+	}
+	if reg != nil {
+		reconnects := promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "nats", Name: "reconnects_total",
+			Help: "Reconnections to NATS."})
+		opts = append(opts, nats.ReconnectHandler(func(nc *nats.Conn) {
+			reconnects.Inc()
+			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+		}))
+	}
+	if cfg.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.CAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.CAFile))
+	}
+	if cfg.CertFile != "" || cfg.KeyFile != "" {
+		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: connecting to NATS: %w", err)
+	}
+	return nc, nil
+}

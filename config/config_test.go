@@ -1,0 +1,129 @@
+package config
+
+import (
+	"errors"
+	"github.com/knadh/koanf/providers/file"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestShippedConfig(t *testing.T) {
+	cfg, err := load(file.Provider("../config.yaml"), "../config.yaml", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := Default()
+	if cfg.Core != def.Core || cfg.Executor != def.Executor || cfg.Server != def.Server {
+		t.Errorf("config.yaml claims to show the defaults but differs:\n%+v\n%+v", cfg, def)
+	}
+	if len(cfg.Tools) != 3 || cfg.Tools[0].Name != "get_flight_times" || cfg.Tools[0].Retries != 2 || cfg.Tools[0].SideEffects != ReadOnly {
+		t.Errorf("tools %+v", cfg.Tools)
+	}
+	if cfg.Tools[1].Route != "nats" || cfg.Tools[1].Timeout != 10*time.Second {
+		t.Errorf("defaults not applied to book_flight: %+v", cfg.Tools[1])
+	}
+}
+
+func TestGoodConfig(t *testing.T) {
+	cfg, err := load(file.Provider("testdata/good.yaml"), "testdata/good.yaml", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Core.URL != "http://core:9000" || cfg.Core.Timeout != 5*time.Second || cfg.Core.StreamIdleTimeout != 280*time.Second {
+		t.Errorf("core %+v", cfg.Core)
+	}
+	if cfg.Executor.MaxParallel != 4 || cfg.Executor.MaxTurns != 10 || cfg.Executor.MissingTool != MissingToolFailRun {
+		t.Errorf("executor %+v", cfg.Executor)
+	}
+	a, b := cfg.Tools[0], cfg.Tools[1]
+	if a.Timeout != 30*time.Second || a.SideEffects != Unsafe || a.Route != "nats" || a.Parameters["type"] != "object" {
+		t.Errorf("tool a %+v", a)
+	}
+	if b.Timeout != time.Second || b.Retries != 3 || b.SideEffects != Idempotent {
+		t.Errorf("tool b %+v", b)
+	}
+}
+
+func TestInvalidConfigs(t *testing.T) {
+	cases := map[string]string{
+		"invalid-secret-in-yaml.yaml":   "api_key",
+		"invalid-duplicate-tool.yaml":   `tools[1].name: duplicate tool name "a"`,
+		"invalid-unknown-tool-key.yaml": "side_effect",
+		"invalid-missing-tool.yaml":     "executor.missing_tool",
+		"invalid-tool-name.yaml":        "tools[0].name",
+		"invalid-side-effects.yaml":     "tools[0].side_effects",
+		"invalid-max-turns.yaml":        "executor.max_turns",
+		"invalid-yaml.yaml":             "invalid-yaml.yaml",
+	}
+	files, _ := filepath.Glob("testdata/invalid-*.yaml")
+	if len(files) != len(cases) {
+		t.Fatalf("%d invalid fixtures, %d cases", len(files), len(cases))
+	}
+	for name, want := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := load(file.Provider(filepath.Join("testdata", name)), name, nil, nil)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("err = %v, want ErrInvalid naming %q", err, want)
+			}
+		})
+	}
+}
+
+func TestPrecedence(t *testing.T) {
+	env := []string{"TOOLSIDECAR_CORE_URL=http://env:1", "TOOLSIDECAR_EXECUTOR_MAX_TURNS=3", "TOOLSIDECAR_CORE_STREAM_IDLE_TIMEOUT=9s", "TOOLSIDECAR_UNRELATED=x", "HOME=/root"}
+	cfg, err := load(file.Provider("testdata/good.yaml"), "testdata/good.yaml", env, []string{"core.url=http://flag:2", "nats.url=nats://n:4222"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Core.URL != "http://flag:2" || cfg.Executor.MaxTurns != 3 || cfg.Core.StreamIdleTimeout != 9*time.Second || cfg.NATS.URL != "nats://n:4222" {
+		t.Errorf("precedence: %+v %+v %+v", cfg.Core, cfg.Executor, cfg.NATS)
+	}
+	if cfg.Core.Timeout != 5*time.Second {
+		t.Errorf("file value lost: %v", cfg.Core.Timeout)
+	}
+	if _, err := load(nil, "", nil, []string{"core.nope=1"}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "core.nope") {
+		t.Errorf("unknown flag key: %v", err)
+	}
+	if _, err := load(nil, "", []string{"TOOLSIDECAR_EXECUTOR_MAX_TURNS=many"}, nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad env value accepted: %v", err)
+	}
+}
+
+func TestAPIKey(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "key")
+	os.WriteFile(p, []byte("s3cret\n"), 0o600)
+	c := Default()
+	c.Core.APIKeyFile = p
+	if k, err := c.APIKey(); err != nil || k != "s3cret" {
+		t.Fatalf("key %q %v", k, err)
+	}
+	t.Setenv(APIKeyEnv, "from-env")
+	c.Core.APIKeyFile = ""
+	if k, _ := c.APIKey(); k != "from-env" {
+		t.Fatalf("env key %q", k)
+	}
+	c.Core.APIKeyFile = filepath.Join(dir, "missing")
+	if _, err := c.APIKey(); err == nil {
+		t.Fatal("missing key file accepted")
+	}
+	// The key is never a config key, so it cannot leak through the file.
+	cfg, err := load(nil, "", []string{APIKeyEnv + "=x"}, nil)
+	if err != nil || cfg.Core.APIKeyFile != "" {
+		t.Fatalf("%+v %v", cfg.Core, err)
+	}
+}
+
+func TestParseEmbedded(t *testing.T) {
+	data, _ := os.ReadFile("../config.yaml")
+	cfg, err := Parse(data)
+	if err != nil || len(cfg.Tools) != 3 {
+		t.Fatalf("%+v %v", cfg.Tools, err)
+	}
+	if _, err := Parse([]byte("nats: {urll: x}")); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "urll") {
+		t.Fatalf("unknown nested key: %v", err)
+	}
+}

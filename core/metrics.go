@@ -1,0 +1,30 @@
+package core
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// WithMetrics registers the client's metrics on reg: request durations by
+// endpoint template and status, and the gaps between frames of completions
+// streams (Core sends no heartbeat, so long gaps are worth seeing).
+func WithMetrics(reg prometheus.Registerer) Option {
+	return func(c *Client) error {
+		f := promauto.With(reg)
+		req := f.NewHistogramVec(prometheus.HistogramOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "request_duration_seconds",
+			Help:    "Requests to Core by endpoint and status (0: transport error); for completions, until the stream opened.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}, []string{"endpoint", "status"})
+		gap := f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "stream_idle_gap_seconds",
+			Help: "Silence between two frames of a completions stream.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 12)})
+		prev := c.observe
+		c.observe = func(endpoint string, status int, d time.Duration) {
+			prev(endpoint, status, d)
+			req.WithLabelValues(endpoint, strconv.Itoa(status)).Observe(d.Seconds())
+		}
+		c.gap = func(d time.Duration) { gap.Observe(d.Seconds()) }
+		return nil
+	}
+}

@@ -1,0 +1,242 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+)
+
+// cancelHarness: a batch of a fast call and two calls that block until the
+// sidecar cancels them; ready is closed when both slow calls run and the
+// fast call's outcome is submitted.
+func cancelHarness(t *testing.T) (*harness, chan error, chan struct{}) {
+	causes := make(chan error, 2)
+	started := make(chan struct{})
+	var n atomic.Int32
+	slow := func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		if n.Add(1) == 2 {
+			close(started)
+		}
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return nil, ctx.Err()
+	}
+	h := newHarness(t, twoTurns(calls("fast", "slow", "slow")...), config.Executor{},
+		tool{config.Tool{Name: "fast"}, echo},
+		tool{config.Tool{Name: "slow", Timeout: 30 * time.Second}, slow})
+	fastDone := make(chan struct{})
+	h.onEvent = func(e Event) {
+		if e.Type == EventToolResult && e.Call.Tool == "fast" {
+			close(fastDone)
+		}
+	}
+	ready := make(chan struct{})
+	go func() {
+		<-started
+		<-fastDone
+		close(ready)
+	}()
+	return h, causes, ready
+}
+
+func (h *harness) assertCancelled(t *testing.T, sum Summary, causes chan error) {
+	t.Helper()
+	if sum.Status != StatusCancelled {
+		t.Fatalf("status %q (%s), want cancelled", sum.Status, sum.Error)
+	}
+	for range 2 {
+		select {
+		case err := <-causes:
+			if !errors.Is(err, bridge.ErrCancelledBySidecar) {
+				t.Errorf("worker stopped by %v, want the cancel subject", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("in-flight call was not cancelled at the worker")
+		}
+	}
+	if n := h.sim.CountRequests("POST", "/v1/completions"); n != 1 {
+		t.Errorf("%d completions requests, want 1: no turn after a cancellation", n)
+	}
+	acts := h.sim.Actions(h.req.RunID)
+	if len(acts) != 3 || acts[0].Status != core.ActionCompleted || acts[1].Status != core.ActionCancelled || acts[2].Status != core.ActionCancelled {
+		t.Fatalf("actions %+v, want completed, cancelled, cancelled", acts)
+	}
+	if msgs := h.sim.ToolMessages(h.req.ThreadID); len(msgs) != 3 {
+		t.Errorf("%d tool messages, want 3 (cancelled calls still get an outcome)", len(msgs))
+	}
+	if v := h.sim.Violations(); len(v) != 0 {
+		t.Errorf("violations %v", v)
+	}
+}
+
+func TestCancelThroughCore(t *testing.T) {
+	h, causes, started := cancelHarness(t)
+	go func() {
+		<-started
+		h.core.CancelRun(context.Background(), h.req.RunID)
+	}()
+	sum, err := h.drive(context.Background())
+	if err != nil {
+		t.Fatalf("a cancellation is not a failure: %v", err)
+	}
+	h.assertCancelled(t, sum, causes)
+	if !strings.Contains(sum.Error, "cancelled in Core") {
+		t.Errorf("error %q", sum.Error)
+	}
+}
+
+func TestCancelThroughContext(t *testing.T) {
+	h, causes, started := cancelHarness(t)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() {
+		<-started
+		cancel(errors.New("application disconnected"))
+	}()
+	sum, err := h.drive(ctx)
+	if err != nil {
+		t.Fatalf("a cancellation is not a failure: %v", err)
+	}
+	h.assertCancelled(t, sum, causes)
+	if sum.Error != "application disconnected" {
+		t.Errorf("error %q, want the caller's cause", sum.Error)
+	}
+}
+
+// TestCancelledBeforeTurn: a run already cancelled in Core gets no
+// completions request at all.
+func TestCancelledBeforeTurn(t *testing.T) {
+	h := newHarness(t, twoTurns(calls("echo")...), config.Executor{}, tool{config.Tool{Name: "echo"}, echo})
+	h.core.CancelRun(context.Background(), h.req.RunID)
+	sum, _ := h.drive(context.Background())
+	if sum.Status != StatusCancelled || h.sim.CountRequests("POST", "/v1/completions") != 0 {
+		t.Fatalf("status %s, completions %d", sum.Status, h.sim.CountRequests("POST", "/v1/completions"))
+	}
+}
+
+// TestDroppedStreamRecovered: the connection drops after the first
+// manifest, while Core has already created the second call's Action. The
+// loop recovers it from the pending Actions instead of asking again.
+func TestDroppedStreamRecovered(t *testing.T) {
+	sc := twoTurns(calls("echo", "echo", "echo")...)
+	sc.Turns[0].DropAfter = 1 + 3 + 1 + 1 // started, 3 tool_call, processing, first manifest
+	h := newHarness(t, sc, config.Executor{}, tool{config.Tool{Name: "echo"}, echo})
+	sum, err := h.drive(context.Background())
+	if err != nil || sum.Status != StatusCompleted || sum.Turns != 2 {
+		t.Fatalf("summary %+v err %v", sum, err)
+	}
+	h.assertWholeBatches(2)
+	if len(sum.Calls) != 2 || !sum.Calls[1].OK {
+		t.Errorf("calls %+v", sum.Calls)
+	}
+}
+
+// TestTruncatedTextTurn: a text turn that drops has nothing to recover;
+// the run fails instead of asking the model to answer twice.
+func TestTruncatedTextTurn(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{{Content: "The answer is", DropAfter: 2}}}
+	h := newHarness(t, sc, config.Executor{})
+	sum, err := h.drive(context.Background())
+	if !errors.Is(err, ErrTruncatedTurn) || !errors.Is(err, core.ErrTruncated) || sum.Status != StatusFailed {
+		t.Fatalf("err %v summary %+v", err, sum)
+	}
+	if sum.Content != "The answer is" || h.sim.CountRequests("POST", "/v1/completions") != 1 {
+		t.Errorf("content %q, completions %d", sum.Content, h.sim.CountRequests("POST", "/v1/completions"))
+	}
+}
+
+func TestUpstreamFailures(t *testing.T) {
+	cases := []struct {
+		name string
+		turn coresim.Turn
+		want func(error) bool
+	}{
+		{"HTTP 500 before the stream", coresim.Turn{HTTPStatus: 500}, func(err error) bool { return core.StatusCode(err) == 500 }},
+		{"in-band error", coresim.Turn{Error: "Maximum conversation turns exceeded"}, func(err error) bool {
+			return errors.Is(err, ErrUpstream) && strings.Contains(err.Error(), "Maximum conversation turns exceeded")
+		}},
+		{"router exception", coresim.Turn{RouterError: "boom"}, func(err error) bool { return errors.Is(err, ErrTruncatedTurn) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, coresim.Scenario{Turns: []coresim.Turn{tc.turn}}, config.Executor{})
+			sum, err := h.drive(context.Background())
+			if sum.Status != StatusFailed || !tc.want(err) {
+				t.Fatalf("status %s err %v", sum.Status, err)
+			}
+		})
+	}
+}
+
+// TestFailRun: under missing_tool: fail_run an unknown tool fails the run,
+// after every call of the batch, itself included, got its outcome.
+func TestFailRun(t *testing.T) {
+	h := newHarness(t, twoTurns(calls("echo", "ghost", "echo")...), config.Executor{MissingTool: config.MissingToolFailRun},
+		tool{config.Tool{Name: "echo"}, echo})
+	sum, err := h.drive(context.Background())
+	if !errors.Is(err, ErrUnknownToolFailRun) || sum.Status != StatusFailed {
+		t.Fatalf("status %s err %v", sum.Status, err)
+	}
+	h.assertWholeBatches(3)
+	if h.sim.CountRequests("POST", "/v1/completions") != 1 {
+		t.Error("a failed run requested another turn")
+	}
+}
+
+func TestMaxTurns(t *testing.T) {
+	loop := coresim.Turn{Calls: calls("echo")}
+	h := newHarness(t, coresim.Scenario{Turns: []coresim.Turn{loop, loop, loop, loop}}, config.Executor{MaxTurns: 3},
+		tool{config.Tool{Name: "echo"}, echo})
+	sum, err := h.drive(context.Background())
+	if err != nil || sum.Status != StatusMaxTurns || sum.Turns != 3 || len(sum.Calls) != 3 {
+		t.Fatalf("summary %+v err %v", sum, err)
+	}
+	h.req.MaxTurns = 1
+	h2 := h.setupRun()
+	h.req = h2
+	h.req.MaxTurns = 1
+	sum, _ = h.drive(context.Background())
+	if sum.Turns != 1 || sum.Status != StatusMaxTurns {
+		t.Errorf("per-request max_turns: %+v", sum)
+	}
+}
+
+// TestEvents: the sink sees the turn, the text, each call dispatched and
+// each result in call order, then done.
+func TestEvents(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Reasoning: "think", Content: "checking", Calls: calls("echo", "echo")},
+		{Content: "done"},
+	}}
+	h := newHarness(t, sc, config.Executor{}, tool{config.Tool{Name: "echo"}, echo})
+	if _, err := h.drive(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range h.events {
+		switch e.Type {
+		case EventToolCall, EventToolResult:
+			got = append(got, string(e.Type)+":"+e.Call.ToolCallID[len(e.Call.ToolCallID)-2:])
+		case EventChunk:
+		default:
+			got = append(got, string(e.Type))
+		}
+	}
+	joined := strings.Join(got, " ")
+	acts := h.sim.Actions(h.req.RunID)
+	a, b := acts[0].ToolCallID[len(acts[0].ToolCallID)-2:], acts[1].ToolCallID[len(acts[1].ToolCallID)-2:]
+	want := "turn reasoning content tool_call:" + a + " tool_call:" + b
+	if !strings.HasPrefix(joined, want) || !strings.HasSuffix(joined, "tool_result:"+a+" tool_result:"+b+" turn content done") {
+		t.Errorf("events %s", joined)
+	}
+	if last := h.events[len(h.events)-1]; last.Summary == nil || last.Summary.Content != "done" {
+		t.Errorf("done event %+v", last)
+	}
+}

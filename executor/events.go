@@ -1,0 +1,73 @@
+package executor
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+)
+
+// EventType names an event of a drive.
+type EventType string
+
+// The events a drive emits, in the order they happen.
+const (
+	EventTurn       EventType = "turn"        // a turn starts
+	EventContent    EventType = "content"     // model text
+	EventReasoning  EventType = "reasoning"   // model reasoning
+	EventChunk      EventType = "chunk"       // any other upstream chunk, raw
+	EventToolCall   EventType = "tool_call"   // a call was dispatched
+	EventToolResult EventType = "tool_result" // a call's outcome was submitted
+	EventError      EventType = "error"       // an upstream error chunk or a bad frame
+	EventDone       EventType = "done"        // the drive ended; Summary is set
+)
+
+// Event is one thing that happened during a drive.
+type Event struct {
+	Type EventType `json:"type"`
+	Turn int       `json:"turn"`
+	Text string    `json:"text,omitempty"`
+	// Raw is the upstream chunk as Core sent it, for content, reasoning,
+	// chunk and error events that came from the stream.
+	Raw     json.RawMessage `json:"-"`
+	Call    *CallResult     `json:"call,omitempty"`
+	Summary *Summary        `json:"summary,omitempty"`
+}
+
+// Sink receives events. Calls are serialised by the executor: a sink needs
+// no lock of its own. It must not block for long: the stream waits.
+type Sink func(Event)
+
+// serial wraps a sink so that the stream reader and the submitter never
+// call it at once.
+func serial(s Sink) Sink {
+	if s == nil {
+		return func(Event) {}
+	}
+	var mu sync.Mutex
+	return func(e Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		s(e)
+	}
+}
+
+// Observer receives measurements; metrics implement it.
+type Observer interface {
+	// CallDone: one call's outcome ("ok" or an error type) and duration.
+	CallDone(tool, outcome string, d time.Duration)
+	// BatchDone: a batch's size and its join wait, first outcome to last.
+	BatchDone(size int, joinWait time.Duration)
+	// RunStarted and RunDone bracket a drive.
+	RunStarted()
+	RunDone(status string, turns int)
+	// CallsInFlight changes by delta.
+	CallsInFlight(delta int)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) CallDone(string, string, time.Duration) {}
+func (nopObserver) BatchDone(int, time.Duration)           {}
+func (nopObserver) RunStarted()                            {}
+func (nopObserver) RunDone(string, int)                    {}
+func (nopObserver) CallsInFlight(int)                      {}

@@ -1,0 +1,189 @@
+// Package executor drives the consumer-tool continuation loop of one run.
+//
+// Per turn it streams POST /v1/completions, routes chunks to a [Sink],
+// dispatches each tool_call_manifest the moment it arrives, and joins the
+// whole batch: every call gets an outcome, success or error, which is
+// submitted with its tool_call_id and whose Action is finalised, in the
+// batch's call order. Only then is the next turn requested. The loop stops
+// when a turn has no tool call, at the turn limit, on cancellation (the
+// caller's context or the run cancelled in Core), or on a fatal upstream
+// error.
+package executor
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/registry"
+)
+
+// Dispatcher runs one attempt of one call on a route. The bridge's NATS
+// client satisfies it; in-process route kinds (exec, http) do too.
+type Dispatcher interface {
+	Dispatch(ctx context.Context, req bridge.Request) bridge.Reply
+}
+
+// Core is the part of Core's API the loop uses.
+type Core interface {
+	Stream(ctx context.Context, req core.CompletionRequest) (*core.Stream, error)
+	SubmitToolOutput(ctx context.Context, out core.ToolOutput) (core.Message, error)
+	UpdateAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
+	PendingActions(ctx context.Context, runID string) ([]core.PendingAction, error)
+	GetRun(ctx context.Context, runID string) (core.Run, error)
+}
+
+// Tools gives the registry in force; *registry.Live satisfies it.
+type Tools interface{ Load() *registry.Registry }
+
+// Errors that end a run. They are causes: context.Cause tells them apart.
+var (
+	// ErrRunCancelled: the run was cancelled in Core.
+	ErrRunCancelled = errors.New("executor: run cancelled in Core")
+	// ErrTruncatedTurn: a turn's stream ended without [DONE] and Core had
+	// no pending Action to recover; asking again would make the model
+	// answer twice.
+	ErrTruncatedTurn = errors.New("executor: turn stream ended without [DONE] and no tool call to recover")
+	// ErrSubmit: an outcome could not be recorded in Core, so the batch is
+	// incomplete and no further turn is requested.
+	ErrSubmit = errors.New("executor: tool outcome not recorded in Core")
+	// ErrUpstream: Core ended a turn with an error chunk and no tool call.
+	ErrUpstream = errors.New("executor: Core reported an error")
+	// ErrUnknownToolFailRun: the model called an unregistered tool under
+	// missing_tool: fail_run.
+	ErrUnknownToolFailRun = errors.New("executor: unknown tool (missing_tool: fail_run)")
+)
+
+// Final statuses of a drive.
+const (
+	StatusCompleted = "completed"
+	StatusMaxTurns  = "max_turns"
+	StatusCancelled = "cancelled"
+	StatusFailed    = "failed"
+	// StatusInterrupted: the sidecar was shutting down; the last batch was
+	// joined and submitted, and no further turn was requested.
+	StatusInterrupted = "interrupted"
+)
+
+// Option configures an [Executor].
+type Option func(*Executor)
+
+// WithLogger sets the logger; default: discard.
+func WithLogger(l *slog.Logger) Option {
+	return func(e *Executor) {
+		if l != nil {
+			e.log = l
+		}
+	}
+}
+
+// WithRoute serves tools of a route kind through d. "nats" is set by New.
+func WithRoute(kind string, d Dispatcher) Option {
+	return func(e *Executor) { e.routes[kind] = d }
+}
+
+// WithObserver receives measurements; default: none.
+func WithObserver(o Observer) Option {
+	return func(e *Executor) {
+		if o != nil {
+			e.obs = o
+		}
+	}
+}
+
+// Executor drives runs. It is safe for concurrent use: each Drive owns its
+// goroutines and waits for them.
+type Executor struct {
+	cfg    config.Executor
+	core   Core
+	tools  Tools
+	routes map[string]Dispatcher
+	log    *slog.Logger
+	obs    Observer
+	// finaliseTimeout bounds the submissions made after a cancellation.
+	finaliseTimeout time.Duration
+	stopping        atomic.Bool
+}
+
+// Stop makes every drive end after its current batch is joined and
+// submitted, with status "interrupted": the first step of a graceful
+// shutdown.
+func (e *Executor) Stop() { e.stopping.Store(true) }
+
+// New builds an executor. nats serves the "nats" route. No I/O.
+func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Option) *Executor {
+	def := config.Default().Executor
+	if cfg.MaxTurns < 1 {
+		cfg.MaxTurns = def.MaxTurns
+	}
+	if cfg.MaxParallel < 1 {
+		cfg.MaxParallel = def.MaxParallel
+	}
+	if cfg.MissingTool == "" {
+		cfg.MissingTool = def.MissingTool
+	}
+	if cfg.MaxArgsBytes < 1 {
+		cfg.MaxArgsBytes = def.MaxArgsBytes
+	}
+	if cfg.MaxResultBytes < 1 {
+		cfg.MaxResultBytes = def.MaxResultBytes
+	}
+	if cfg.CancelPoll <= 0 {
+		cfg.CancelPoll = def.CancelPoll
+	}
+	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
+		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, finaliseTimeout: 30 * time.Second}
+	for _, o := range opts {
+		o(e)
+	}
+	return e
+}
+
+// Request names the run to drive; the body of every completions request
+// is built from it.
+type Request struct {
+	RunID       string         `json:"run_id"`
+	ThreadID    string         `json:"thread_id"`
+	AssistantID string         `json:"assistant_id"`
+	MessageID   string         `json:"message_id"`
+	Model       string         `json:"model"`
+	MaxTurns    int            `json:"max_turns,omitempty"`
+	MetaData    map[string]any `json:"meta_data,omitempty"`
+	// APIKey is the LLM provider key Core forwards; not the Core key.
+	APIKey *string `json:"api_key,omitempty"`
+	// Traceparent is the caller's W3C trace context, forwarded to workers.
+	Traceparent string `json:"-"`
+}
+
+// CallResult is the outcome of one call as the application sees it.
+type CallResult struct {
+	Turn       int    `json:"turn"`
+	ToolCallID string `json:"tool_call_id"`
+	ActionID   string `json:"action_id"`
+	Tool       string `json:"tool"`
+	OK         bool   `json:"ok"`
+	ErrorType  string `json:"error_type,omitempty"`
+	Error      string `json:"error,omitempty"`
+	Attempts   int    `json:"attempts"`
+	DurationMS int64  `json:"duration_ms"`
+	// Output is the content submitted as the tool message.
+	Output string `json:"-"`
+	// Submitted reports that the tool message and the Action's final
+	// status reached Core.
+	Submitted bool `json:"submitted"`
+}
+
+// Summary is the result of a drive.
+type Summary struct {
+	RunID   string       `json:"run_id"`
+	Status  string       `json:"status"`
+	Turns   int          `json:"turns"`
+	Content string       `json:"content"`
+	Calls   []CallResult `json:"calls"`
+	Error   string       `json:"error,omitempty"`
+}

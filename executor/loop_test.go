@@ -1,0 +1,192 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+)
+
+// TestLegacyBugGone: in a batch of N calls whose last call fails, times
+// out, or has nobody to run it, all N outcomes are submitted and every
+// Action finalised before turn 2 is requested; the contract log is empty.
+func TestLegacyBugGone(t *testing.T) {
+	cases := []struct {
+		name     string
+		last     tool
+		wantType string
+	}{
+		{"last call fails", tool{config.Tool{Name: "last"}, func(context.Context, *bridge.Call) ([]byte, error) {
+			return nil, errors.New("upstream API down")
+		}}, "tool_error"},
+		{"last call times out", tool{config.Tool{Name: "last", Timeout: 150 * time.Millisecond}, hang}, "timeout"},
+		{"last call has no worker", tool{config.Tool{Name: "last"}, nil}, "not_found"},
+		{"last call is an unknown tool", tool{config.Tool{Name: "other"}, echo}, "not_found"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, twoTurns(calls("echo", "echo", "echo", "last")...), config.Executor{},
+				tool{config.Tool{Name: "echo"}, echo}, tc.last)
+			sum, err := h.drive(context.Background())
+			if err != nil || sum.Status != StatusCompleted || sum.Turns != 2 {
+				t.Fatalf("summary %+v err %v", sum, err)
+			}
+			acts := h.assertWholeBatches(4)
+			// Every submission of turn 1 precedes the second completions request.
+			var completions, submissionsBefore int
+			for _, r := range h.sim.Requests() {
+				switch {
+				case r.Path == "/v1/completions":
+					completions++
+				case completions == 1 && (r.Path == "/v1/messages/tools" || (r.Method == "PUT" && strings.Contains(string(r.Body), `"result"`))):
+					submissionsBefore++
+				}
+			}
+			if submissionsBefore != 8 {
+				t.Errorf("%d submissions (tool message + final PUT) before turn 2, want 8", submissionsBefore)
+			}
+			if acts[3].Status != core.ActionFailed {
+				t.Errorf("last action %s, want failed", acts[3].Status)
+			}
+			msgs := h.sim.ToolMessages(h.req.ThreadID)
+			if typ, _ := errorOf(t, msgs[3].Content); typ != tc.wantType {
+				t.Errorf("last outcome %q, want error type %s", msgs[3].Content, tc.wantType)
+			}
+			if got := sum.Calls[3]; got.OK || got.ErrorType != tc.wantType || !got.Submitted || got.ToolCallID != acts[3].ToolCallID {
+				t.Errorf("summary of last call %+v", got)
+			}
+			if !strings.HasPrefix(sum.Content, "final: {\"echo\": {\"q\": \"x\"}}") {
+				t.Errorf("final content %q", sum.Content)
+			}
+		})
+	}
+}
+
+// TestMixedBatch: duplicate tool names, invalid arguments in the middle,
+// an unknown tool, a panicking worker, a worker that never replies (timeout,
+// retry, then an error outcome) and a tool with no worker each give exactly
+// one outcome per tool_call_id, in call order, with every Action finalised.
+func TestMixedBatch(t *testing.T) {
+	var hangAttempts atomic.Int32
+	h := newHarness(t, twoTurns(calls(
+		`flights {"from": "LAX", "to": "JFK"}`,
+		`flights {"from": "SFO"}`, // invalid: "to" is required
+		`flights {"from": "SEA", "to": "BOS"}`,
+		`teleport {"to": "Mars"}`, // unknown
+		`crash`,
+		`hang`,
+		`absent`,
+	)...), config.Executor{},
+		tool{config.Tool{Name: "flights", Parameters: schema("from", "to")}, echo},
+		tool{config.Tool{Name: "crash"}, func(context.Context, *bridge.Call) ([]byte, error) { panic("nil map") }},
+		tool{config.Tool{Name: "hang", Timeout: 100 * time.Millisecond, Retries: 1, SideEffects: config.Idempotent},
+			func(ctx context.Context, c *bridge.Call) ([]byte, error) { hangAttempts.Add(1); return hang(ctx, c) }},
+		tool{config.Tool{Name: "absent"}, nil},
+	)
+	sum, err := h.drive(context.Background())
+	if err != nil || sum.Status != StatusCompleted {
+		t.Fatalf("summary %+v err %v", sum, err)
+	}
+	acts := h.assertWholeBatches(7)
+	msgs := h.sim.ToolMessages(h.req.ThreadID)
+	want := []struct{ typ, contains string }{
+		{"", `{"echo": {"from": "LAX", "to": "JFK"}}`},
+		{"invalid_args", "missing property 'to'"},
+		{"", `{"echo": {"from": "SEA", "to": "BOS"}}`},
+		{"not_found", `unknown tool "teleport"; the registered tools are: flights, crash, hang, absent`},
+		{"worker_crash", "worker panicked: nil map"},
+		{"timeout", ""}, // the sidecar or the worker may notice the deadline first
+		{"not_found", "no worker is serving tool \"absent\""},
+	}
+	for i, w := range want {
+		typ, msg := errorOf(t, msgs[i].Content)
+		if typ != w.typ || (w.typ == "" && msgs[i].Content != w.contains) || (w.typ != "" && !strings.Contains(msg, w.contains)) {
+			t.Errorf("call %d (%s): type %q content %q; want %q containing %q", i, acts[i].ToolName, typ, msgs[i].Content, w.typ, w.contains)
+		}
+	}
+	if hangAttempts.Load() != 2 || sum.Calls[5].Attempts != 2 {
+		t.Errorf("hang attempts: worker saw %d, summary %d; want 2 (timeout, retry)", hangAttempts.Load(), sum.Calls[5].Attempts)
+	}
+	if sum.Calls[6].Attempts != 1 {
+		t.Errorf("absent tool without retries made %d attempts", sum.Calls[6].Attempts)
+	}
+	if acts[0].Status != core.ActionCompleted || acts[1].Status != core.ActionFailed {
+		t.Errorf("statuses %s %s", acts[0].Status, acts[1].Status)
+	}
+}
+
+// TestUnsafeNeverResent: an unsafe tool that timed out after being sent is
+// not retried, even with retries configured; one with no responders is.
+func TestUnsafeNeverResent(t *testing.T) {
+	var sent atomic.Int32
+	h := newHarness(t, twoTurns(calls("pay")...), config.Executor{},
+		tool{config.Tool{Name: "pay", Timeout: 100 * time.Millisecond, Retries: 3, SideEffects: config.Unsafe},
+			func(ctx context.Context, c *bridge.Call) ([]byte, error) { sent.Add(1); return hang(ctx, c) }})
+	sum, _ := h.drive(context.Background())
+	if sent.Load() != 1 || sum.Calls[0].Attempts != 1 || sum.Calls[0].ErrorType != "timeout" {
+		t.Fatalf("unsafe tool sent %d times, summary %+v", sent.Load(), sum.Calls[0])
+	}
+	h2 := newHarness(t, twoTurns(calls("pay")...), config.Executor{},
+		tool{config.Tool{Name: "pay", Retries: 2, SideEffects: config.Unsafe}, nil})
+	sum2, _ := h2.drive(context.Background())
+	if sum2.Calls[0].Attempts != 3 {
+		t.Errorf("no-responders attempts %d, want 3 (never sent, so safe to retry)", sum2.Calls[0].Attempts)
+	}
+}
+
+// barrier counts calls in flight at the worker and records the peak.
+type barrier struct {
+	cur, peak atomic.Int32
+	want      int32
+	reached   chan struct{}
+}
+
+func (b *barrier) handler(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	n := b.cur.Add(1)
+	defer b.cur.Add(-1)
+	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+	}
+	if n == b.want {
+		close(b.reached)
+	}
+	select {
+	case <-b.reached:
+	case <-time.After(300 * time.Millisecond):
+	case <-ctx.Done():
+	}
+	time.Sleep(5 * time.Millisecond)
+	return []byte(`"ok"`), nil
+}
+
+// TestParallelism: the worker sees all 8 calls of a batch in flight at
+// once; with max_parallel 1 it never sees two.
+func TestParallelism(t *testing.T) {
+	specs := make([]string, 8)
+	for i := range specs {
+		specs[i] = "par"
+	}
+	for _, tc := range []struct {
+		maxParallel int
+		want        int32
+	}{{16, 8}, {1, 1}} {
+		t.Run(fmt.Sprint("max_parallel ", tc.maxParallel), func(t *testing.T) {
+			b := &barrier{want: 8, reached: make(chan struct{})}
+			h := newHarness(t, twoTurns(calls(specs...)...), config.Executor{MaxParallel: tc.maxParallel},
+				tool{config.Tool{Name: "par"}, b.handler})
+			if _, err := h.drive(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			h.assertWholeBatches(8)
+			if b.peak.Load() != tc.want {
+				t.Errorf("peak in flight %d, want %d", b.peak.Load(), tc.want)
+			}
+		})
+	}
+}

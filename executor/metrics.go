@@ -1,0 +1,81 @@
+package executor
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Metrics is the Prometheus [Observer] of the loop. Labels are bounded:
+// tool names come from the registry (an unregistered name counts as
+// "_unknown") and outcomes from the error taxonomy.
+type Metrics struct {
+	calls       *prometheus.CounterVec
+	callSeconds *prometheus.HistogramVec
+	batchSize   prometheus.Histogram
+	joinWait    prometheus.Histogram
+	turns       prometheus.Histogram
+	runs        *prometheus.CounterVec
+	runsFlight  prometheus.Gauge
+	callsFlight prometheus.Gauge
+	known       func(tool string) bool
+}
+
+// NewMetrics registers the loop's metrics on reg. known tells registered
+// tool names from the model's inventions.
+func NewMetrics(reg prometheus.Registerer, known func(tool string) bool) *Metrics {
+	f := promauto.With(reg)
+	return &Metrics{
+		calls: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "calls_total",
+			Help: "Tool calls by tool and outcome (ok or an error type)."}, []string{"tool", "outcome"}),
+		callSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "call_duration_seconds",
+			Help: "Duration of a call, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}, []string{"tool"}),
+		batchSize: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "batch_size",
+			Help: "Calls per batch.", Buckets: []float64{1, 2, 4, 8, 16, 32, 64}}),
+		joinWait: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "batch_join_wait_seconds",
+			Help: "Time from a batch's first outcome to its last.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}),
+		turns: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "run_turns",
+			Help: "Completions requests per drive.", Buckets: []float64{1, 2, 3, 4, 5, 7, 10, 15, 20}}),
+		runs: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "runs_total",
+			Help: "Drives by final status."}, []string{"status"}),
+		runsFlight: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "runs_in_flight",
+			Help: "Drives in progress."}),
+		callsFlight: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "calls_in_flight",
+			Help: "Calls in progress."}),
+		known: known,
+	}
+}
+
+func (m *Metrics) label(tool string) string {
+	if m.known != nil && !m.known(tool) {
+		return "_unknown"
+	}
+	return tool
+}
+
+// CallDone implements [Observer].
+func (m *Metrics) CallDone(tool, outcome string, d time.Duration) {
+	tool = m.label(tool)
+	m.calls.WithLabelValues(tool, outcome).Inc()
+	m.callSeconds.WithLabelValues(tool).Observe(d.Seconds())
+}
+
+// BatchDone implements [Observer].
+func (m *Metrics) BatchDone(size int, wait time.Duration) {
+	m.batchSize.Observe(float64(size))
+	m.joinWait.Observe(wait.Seconds())
+}
+
+// RunStarted implements [Observer].
+func (m *Metrics) RunStarted() { m.runsFlight.Inc() }
+
+// RunDone implements [Observer].
+func (m *Metrics) RunDone(status string, turns int) {
+	m.runsFlight.Dec()
+	m.runs.WithLabelValues(status).Inc()
+	m.turns.Observe(float64(turns))
+}
+
+// CallsInFlight implements [Observer].
+func (m *Metrics) CallsInFlight(delta int) { m.callsFlight.Add(float64(delta)) }

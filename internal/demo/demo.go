@@ -1,0 +1,258 @@
+// Package demo runs toolsidecar end to end on one machine: the embedded
+// NATS server, the Core simulator, Go demo workers, and one scripted run
+// whose first turn is a parallel batch with an invalid-arguments call, an
+// unknown tool, a failing tool and a slow tool that sends progress. It
+// prints a transcript with per-call and per-batch timings.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar"
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/registry"
+)
+
+// Scenario is the demo conversation.
+func Scenario() coresim.Scenario {
+	return coresim.Scenario{Name: "trip", Turns: []coresim.Turn{
+		{
+			Reasoning: "The user wants a New York trip: flights, a booking and a hotel.",
+			Content:   "Let me look that up.",
+			Calls: []coresim.Call{
+				{Tool: "get_flight_times", ArgsJSON: `{"departure": "LAX", "arrival": "JFK"}`},
+				{Tool: "get_flight_times", ArgsJSON: `{"departure": "SFO", "arrival": "JFK"}`},
+				{Tool: "book_flight", ArgsJSON: `{"flight": "UA 512", "passenger": "A. Lovelace"}`},
+				{Tool: "search_hotels", ArgsJSON: `{"city": "New York", "nights": 3}`},
+				{Tool: "get_flight_times", ArgsJSON: `{"departure": "LAX"}`},
+				{Tool: "get_weather", ArgsJSON: `{"city": "New York"}`},
+			},
+		},
+		{Content: "Here is what I found:\n{{results}}"},
+	}}
+}
+
+// Workers registers the demo tools on w: get_flight_times with a realistic
+// delay, book_flight that always fails, search_hotels that is slower than
+// its timeout but stays alive by sending progress.
+func Workers(w *bridge.Worker) {
+	w.Handle("get_flight_times", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		if err := sleep(ctx, 300*time.Millisecond); err != nil {
+			return nil, err
+		}
+		return []byte(fmt.Sprintf(`{"route": "%s", "duration": "5h 35m", "departures": ["07:00", "12:30", "18:45"]}`, route(c))), nil
+	})
+	w.Handle("book_flight", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return nil, err
+		}
+		return nil, bridge.NewError(bridge.ToolFailed, "no seats left on UA 512")
+	})
+	w.Handle("search_hotels", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		for range 5 { // 1.5s in all, longer than its timeout: progress keeps it alive
+			if err := sleep(ctx, 300*time.Millisecond); err != nil {
+				return nil, err
+			}
+			if err := c.Progress(); err != nil {
+				return nil, err
+			}
+		}
+		return []byte(`{"hotels": ["The Plaza", "Pod 51"], "nights": 3}`), nil
+	})
+}
+
+func route(c *bridge.Call) string {
+	a := string(c.Args)
+	pick := func(key string) string {
+		_, rest, ok := strings.Cut(a, `"`+key+`": "`)
+		if !ok {
+			return "?"
+		}
+		v, _, _ := strings.Cut(rest, `"`)
+		return v
+	}
+	return pick("departure") + "-" + pick("arrival")
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// ErrContract is returned when the simulator recorded a violation.
+var ErrContract = errors.New("demo: contract violations recorded")
+
+// Run performs the demo and writes the transcript to out.
+func Run(ctx context.Context, out io.Writer) error {
+	start := time.Now()
+	cfg, err := config.Parse(toolsidecar.ExampleConfig)
+	if err != nil {
+		return err
+	}
+	// search_hotels runs 1.5s; a 500ms budget, restarted by each progress
+	// message, shows progress keeping a long call alive.
+	for i := range cfg.Tools {
+		if cfg.Tools[i].Name == "search_hotels" {
+			cfg.Tools[i].Timeout = 500 * time.Millisecond
+		}
+	}
+	ns, err := bridge.StartEmbedded("127.0.0.1:-1")
+	if err != nil {
+		return err
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	side, err := nats.Connect(ns.ClientURL(), nats.Name("toolsidecar-demo"))
+	if err != nil {
+		return err
+	}
+	defer side.Close()
+	work, err := nats.Connect(ns.ClientURL(), nats.Name("demo-workers"))
+	if err != nil {
+		return err
+	}
+	defer work.Close()
+
+	w := bridge.NewWorker(work, cfg.NATS.SubjectPrefix)
+	Workers(w)
+	if err := w.Start(); err != nil {
+		return err
+	}
+	defer w.Stop(context.Background())
+
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: "demo-key", Scenario: Scenario()})
+	defer srv.Close()
+	cc, err := core.New(core.Config{URL: srv.URL, APIKey: "demo-key"})
+	if err != nil {
+		return err
+	}
+	reg, err := registry.New(cfg.Tools, cfg.NATS.SubjectPrefix)
+	if err != nil {
+		return err
+	}
+	client, err := bridge.Open(side, cfg.NATS.SubjectPrefix)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	ex := executor.New(cfg.Executor, cc, registry.NewLive(reg), client)
+
+	asst, err := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "travel", Model: "vllm/demo", Tools: reg.FunctionTools()})
+	if err != nil {
+		return err
+	}
+	th, _ := cc.CreateThread(ctx)
+	msg, _ := cc.CreateMessage(ctx, th.ID, asst.ID, "Plan my trip to New York.")
+	run, err := cc.CreateRun(ctx, core.RunCreate{AssistantID: asst.ID, ThreadID: th.ID})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "toolsidecar demo: embedded NATS at %s, Core simulator at %s, %d tools, set up in %s\n",
+		ns.ClientURL(), srv.URL, len(reg.Names()), ms(time.Since(start)))
+	fmt.Fprintf(out, "run %s\n\n", run.ID)
+
+	t := &transcript{out: out, t0: time.Now()}
+	sum, derr := ex.Drive(ctx, executor.Request{RunID: run.ID, ThreadID: th.ID, AssistantID: asst.ID, MessageID: msg.ID, Model: "vllm/demo"}, t.event)
+	t.summary(sum)
+	v := sim.Violations()
+	fmt.Fprintf(out, "contract log: %d violations\n", len(v))
+	for _, x := range v {
+		fmt.Fprintf(out, "  %s\n", x)
+	}
+	switch {
+	case derr != nil:
+		return derr
+	case sum.Status != executor.StatusCompleted:
+		return fmt.Errorf("demo: run ended %s: %s", sum.Status, sum.Error)
+	case len(v) > 0:
+		return ErrContract
+	}
+	return nil
+}
+
+// transcript prints events as they happen, with times from the start.
+type transcript struct {
+	out io.Writer
+	t0  time.Time
+	mu  sync.Mutex
+}
+
+func (t *transcript) at() string { return fmt.Sprintf("[%7s]", ms(time.Since(t.t0))) }
+
+func (t *transcript) event(e executor.Event) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch e.Type {
+	case executor.EventTurn:
+		fmt.Fprintf(t.out, "%s turn %d\n", t.at(), e.Turn)
+	case executor.EventReasoning:
+		fmt.Fprintf(t.out, "%s   reasoning: %s\n", t.at(), e.Text)
+	case executor.EventContent:
+		fmt.Fprintf(t.out, "%s   content:   %s\n", t.at(), strings.ReplaceAll(e.Text, "\n", "\n                       "))
+	case executor.EventError:
+		fmt.Fprintf(t.out, "%s   error:     %s\n", t.at(), e.Text)
+	case executor.EventToolCall:
+		fmt.Fprintf(t.out, "%s   → %-17s %s dispatched\n", t.at(), e.Call.Tool, e.Call.ToolCallID)
+	case executor.EventToolResult:
+		c := e.Call
+		status := "ok"
+		if !c.OK {
+			status = c.ErrorType + ": " + firstLine(c.Error)
+		}
+		fmt.Fprintf(t.out, "%s   ← %-17s %s %6dms attempts=%d  %s\n", t.at(), c.Tool, c.ToolCallID, c.DurationMS, c.Attempts, status)
+		if c.OK {
+			fmt.Fprintf(t.out, "%s                       %s\n", strings.Repeat(" ", 9), c.Output)
+		}
+	}
+}
+
+func (t *transcript) summary(s executor.Summary) {
+	byTurn := map[int][]executor.CallResult{}
+	for _, c := range s.Calls {
+		byTurn[c.Turn] = append(byTurn[c.Turn], c)
+	}
+	fmt.Fprintf(t.out, "\n%s run %s: %s after %d turns\n", t.at(), s.RunID, s.Status, s.Turns)
+	for turn := 1; turn <= s.Turns; turn++ {
+		cs := byTurn[turn]
+		if len(cs) == 0 {
+			continue
+		}
+		var sum, longest int64
+		var failed int
+		for _, c := range cs {
+			sum += c.DurationMS
+			longest = max(longest, c.DurationMS)
+			if !c.OK {
+				failed++
+			}
+		}
+		fmt.Fprintf(t.out, "batch of turn %d: %d calls (%d ok, %d error outcomes), all submitted in call order; "+
+			"longest call %dms, calls add up to %dms (run one by one they would take that long)\n",
+			turn, len(cs), len(cs)-failed, failed, longest, sum)
+	}
+	fmt.Fprintf(t.out, "final answer:\n  %s\n", strings.ReplaceAll(s.Content, "\n", "\n  "))
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3fs", d.Seconds()) }

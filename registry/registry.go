@@ -1,0 +1,246 @@
+// Package registry holds the tools a sidecar serves: their definitions from
+// the configuration, compiled JSON Schemas, NATS subjects, timeouts, retry
+// and side-effect policy. Argument validation errors are written for the
+// model to read: one line per problem, with the JSON path and the reason.
+//
+// A Registry is immutable once built; a reload builds a new one and swaps
+// it in a [Live], so a bad file never replaces a good registry.
+package registry
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+)
+
+// Errors a caller decides on.
+var (
+	// ErrUnknownTool: no tool of that name is registered.
+	ErrUnknownTool = errors.New("registry: unknown tool")
+	// ErrInvalidArgs: arguments do not satisfy the tool's schema.
+	ErrInvalidArgs = errors.New("registry: invalid arguments")
+	// ErrInvalidTool: a tool definition cannot be compiled.
+	ErrInvalidTool = errors.New("registry: invalid tool")
+)
+
+// Tool is one compiled tool definition.
+type Tool struct {
+	Name        string
+	Description string
+	// Parameters is the JSON Schema as JSON.
+	Parameters  json.RawMessage
+	Subject     string
+	Timeout     time.Duration
+	Retries     int
+	SideEffects string
+	Route       string
+	// Config is the tool's configuration, for route kinds that need more.
+	Config config.Tool
+	schema *jsonschema.Schema
+}
+
+// Registry maps tool names to tools. It is safe for concurrent reads.
+type Registry struct {
+	tools map[string]*Tool
+	names []string // in configuration order
+}
+
+// routes are the route kinds a tool may name; plugins add theirs.
+var (
+	routesMu sync.RWMutex
+	routes   = map[string]bool{"nats": true}
+)
+
+// RegisterRoute declares a route kind. It panics on an empty or duplicate
+// kind, which is a programming error.
+func RegisterRoute(kind string) {
+	routesMu.Lock()
+	defer routesMu.Unlock()
+	if kind == "" || routes[kind] {
+		panic(fmt.Sprintf("registry: route kind %q registered twice or empty", kind))
+	}
+	routes[kind] = true
+}
+
+func knownRoute(kind string) bool {
+	routesMu.RLock()
+	defer routesMu.RUnlock()
+	return routes[kind]
+}
+
+// New compiles the tools of a configuration. Subjects are
+// <subjectPrefix>.<name>. Errors name the offending key.
+func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
+	r := &Registry{tools: make(map[string]*Tool, len(tools))}
+	var errs []error
+	for i, tc := range tools {
+		key := fmt.Sprintf("tools[%d]", i)
+		if _, dup := r.tools[tc.Name]; dup {
+			errs = append(errs, fmt.Errorf("%w: %s.name: duplicate tool name %q", ErrInvalidTool, key, tc.Name))
+			continue
+		}
+		if !knownRoute(tc.Route) {
+			errs = append(errs, fmt.Errorf("%w: %s.route: unknown route %q", ErrInvalidTool, key, tc.Route))
+			continue
+		}
+		t, err := compile(tc, subjectPrefix)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s.parameters: %w", ErrInvalidTool, key, err))
+			continue
+		}
+		r.tools[t.Name] = t
+		r.names = append(r.names, t.Name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func compile(tc config.Tool, prefix string) (*Tool, error) {
+	params := tc.Parameters
+	if params == nil {
+		params = map[string]any{"type": "object"}
+	}
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	c := jsonschema.NewCompiler()
+	url := "toolsidecar:///" + tc.Name + ".json"
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, err
+	}
+	sch, err := c.Compile(url)
+	if err != nil {
+		return nil, err
+	}
+	return &Tool{
+		Name: tc.Name, Description: tc.Description, Parameters: raw,
+		Subject: prefix + "." + tc.Name, Timeout: tc.Timeout, Retries: tc.Retries,
+		SideEffects: tc.SideEffects, Route: tc.Route, Config: tc, schema: sch,
+	}, nil
+}
+
+// Lookup returns the named tool.
+func (r *Registry) Lookup(name string) (*Tool, bool) {
+	t, ok := r.tools[name]
+	return t, ok
+}
+
+// Names lists the tools in configuration order.
+func (r *Registry) Names() []string { return slices.Clone(r.names) }
+
+// Tools lists the tools in configuration order.
+func (r *Registry) Tools() []*Tool {
+	out := make([]*Tool, len(r.names))
+	for i, n := range r.names {
+		out[i] = r.tools[n]
+	}
+	return out
+}
+
+// FunctionTools renders the tools as Core's assistant tools array.
+func (r *Registry) FunctionTools() []core.FunctionTool {
+	out := make([]core.FunctionTool, 0, len(r.names))
+	for _, t := range r.Tools() {
+		out = append(out, core.FunctionTool{Type: "function", Function: core.Function{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
+	}
+	return out
+}
+
+// ArgsError lists every problem found in a call's arguments.
+type ArgsError struct {
+	Tool     string
+	Problems []Problem
+}
+
+// Problem is one failed constraint: the JSON pointer into the arguments and
+// the reason.
+type Problem struct {
+	Path   string
+	Reason string
+}
+
+func (e *ArgsError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "invalid arguments for tool %q:", e.Tool)
+	for _, p := range e.Problems {
+		fmt.Fprintf(&b, "\n- at %s: %s", p.Path, p.Reason)
+	}
+	return b.String()
+}
+
+// Is lets errors.Is match ErrInvalidArgs.
+func (e *ArgsError) Is(target error) bool { return target == ErrInvalidArgs }
+
+var printer = message.NewPrinter(language.English)
+
+// Validate checks arguments against the tool's schema. Arguments must be a
+// JSON object; Core coerces non-JSON text to {"raw": text}.
+func (t *Tool) Validate(args json.RawMessage) error {
+	trimmed := bytes.TrimSpace(args)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return &ArgsError{Tool: t.Name, Problems: []Problem{{Path: "/", Reason: "arguments must be a JSON object"}}}
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(trimmed))
+	if err != nil {
+		return &ArgsError{Tool: t.Name, Problems: []Problem{{Path: "/", Reason: "arguments are not valid JSON: " + err.Error()}}}
+	}
+	err = t.schema.Validate(v)
+	if err == nil {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return &ArgsError{Tool: t.Name, Problems: []Problem{{Path: "/", Reason: err.Error()}}}
+	}
+	ae := &ArgsError{Tool: t.Name}
+	collect(ve, &ae.Problems)
+	return ae
+}
+
+// collect keeps the leaves of the cause tree: they name the failed
+// constraints; inner nodes only say "validation failed".
+func collect(ve *jsonschema.ValidationError, out *[]Problem) {
+	if len(ve.Causes) == 0 {
+		*out = append(*out, Problem{Path: "/" + strings.Join(ve.InstanceLocation, "/"), Reason: ve.ErrorKind.LocalizedString(printer)})
+		return
+	}
+	for _, c := range ve.Causes {
+		collect(c, out)
+	}
+}
+
+// Live holds the registry in force; a reload swaps it atomically.
+type Live struct{ p atomic.Pointer[Registry] }
+
+// NewLive holds r.
+func NewLive(r *Registry) *Live {
+	l := &Live{}
+	l.p.Store(r)
+	return l
+}
+
+// Load returns the registry in force.
+func (l *Live) Load() *Registry { return l.p.Load() }
+
+// Store puts r in force.
+func (l *Live) Store(r *Registry) { l.p.Store(r) }

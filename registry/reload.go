@@ -1,0 +1,92 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/projectdavid/toolsidecar/config"
+)
+
+// Reloader re-reads the configuration file and puts its tools in force.
+// A file that does not load or compile is rejected with a logged error, and
+// the registry in force stays. Only the tools are reloaded; other keys need
+// a restart.
+type Reloader struct {
+	path      string
+	overrides []string
+	live      *Live
+	log       *slog.Logger
+	sum       [32]byte
+	total     *prometheus.CounterVec
+	lastOK    prometheus.Gauge
+}
+
+// NewReloader watches path for live. Metrics go on reg.
+func NewReloader(path string, overrides []string, live *Live, reg prometheus.Registerer, log *slog.Logger) *Reloader {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	f := promauto.With(reg)
+	r := &Reloader{path: path, overrides: overrides, live: live, log: log,
+		total: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "reloads_total",
+			Help: "Configuration reloads by result."}, []string{"result"}),
+		lastOK: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "last_reload_successful",
+			Help: "Whether the last configuration reload succeeded."}),
+	}
+	r.lastOK.Set(1)
+	if data, err := os.ReadFile(path); err == nil {
+		r.sum = sha256.Sum256(data)
+	}
+	return r
+}
+
+// Reload loads the file now.
+func (r *Reloader) Reload() error {
+	cfg, err := config.Load(r.path, r.overrides)
+	if err == nil {
+		var reg *Registry
+		if reg, err = New(cfg.Tools, cfg.NATS.SubjectPrefix); err == nil {
+			r.live.Store(reg)
+			r.total.WithLabelValues("success").Inc()
+			r.lastOK.Set(1)
+			r.log.Info("tools reloaded", "tools", len(reg.Names()))
+			return nil
+		}
+	}
+	r.total.WithLabelValues("failure").Inc()
+	r.lastOK.Set(0)
+	r.log.Error("config reload rejected; the previous tools stay in force", "path", r.path, "err", err)
+	return err
+}
+
+// Run reloads whenever the file's content changes (checked every
+// interval), and on every value received from trigger (SIGHUP), until ctx
+// ends.
+func (r *Reloader) Run(ctx context.Context, interval time.Duration, trigger <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-trigger:
+			_ = r.Reload()
+		case <-t.C:
+			data, err := os.ReadFile(r.path)
+			if err != nil {
+				continue
+			}
+			if sum := sha256.Sum256(data); !bytes.Equal(sum[:], r.sum[:]) {
+				r.sum = sum
+				_ = r.Reload()
+			}
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package registry
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/projectdavid/toolsidecar/config"
+)
+
+func TestReloader(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("tools:\n  - name: a\n")
+	cfg, _ := config.Load(path, nil)
+	reg, _ := New(cfg.Tools, cfg.NATS.SubjectPrefix)
+	live := NewLive(reg)
+	preg := prometheus.NewRegistry()
+	r := NewReloader(path, nil, live, preg, nil)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	trigger := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { r.Run(ctx, 10*time.Millisecond, trigger) })
+	defer func() { cancel(); wg.Wait() }()
+
+	waitFor := func(cond func() bool, what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	write("tools:\n  - name: a\n  - name: b\n")
+	waitFor(func() bool { return len(live.Load().Names()) == 2 }, "the new tool")
+
+	// A bad file is rejected: the registry in force stays.
+	write("tools:\n  - name: a\n  - name: a\n")
+	waitFor(func() bool { return testutil.ToFloat64(r.lastOK) == 0 }, "the rejection")
+	if got := live.Load().Names(); len(got) != 2 {
+		t.Fatalf("bad file replaced the registry: %v", got)
+	}
+	if testutil.ToFloat64(r.total.WithLabelValues("failure")) != 1 || testutil.ToFloat64(r.total.WithLabelValues("success")) != 1 {
+		t.Errorf("reload counters wrong")
+	}
+	write("tools:\n  - name: c\n")
+	trigger <- struct{}{}
+	waitFor(func() bool { n := live.Load().Names(); return len(n) == 1 && n[0] == "c" }, "the fixed file")
+	if testutil.ToFloat64(r.lastOK) != 1 {
+		t.Error("last_reload_successful not restored")
+	}
+}

@@ -1,0 +1,231 @@
+// Package server is the application-facing HTTP API of the sidecar: the
+// drive endpoint (SSE or JSON), proxy mode (Core's own API, with
+// /v1/completions driven by the loop so that an unmodified SDK gets a
+// tool-resolved stream), the tool list, health, readiness and metrics.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/executor"
+)
+
+// Driver drives one run; *executor.Executor satisfies it.
+type Driver interface {
+	Drive(ctx context.Context, req executor.Request, sink executor.Sink) (executor.Summary, error)
+}
+
+// Tools lists the tools in force, in Core's assistant tools shape, and
+// which of them have a live worker.
+type Tools interface {
+	FunctionTools() []core.FunctionTool
+	Live(ctx context.Context) (map[string]bool, error)
+}
+
+// Config configures the server.
+type Config struct {
+	// CoreURL is where proxied requests go; empty disables proxy mode.
+	CoreURL string
+	// Token, when set, is required as "Authorization: Bearer <token>" on
+	// every route but /healthz and /readyz.
+	Token string
+	// MaxBodyBytes bounds request bodies. default: 1 MiB
+	MaxBodyBytes int64
+	// Ready reports whether the sidecar can serve: Core reachable, NATS
+	// connected.
+	Ready func(ctx context.Context) error
+	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
+	Gatherer prometheus.Gatherer
+	Logger   *slog.Logger
+}
+
+// Server is the HTTP handler.
+type Server struct {
+	cfg   Config
+	drv   Driver
+	tools Tools
+	log   *slog.Logger
+	mux   *http.ServeMux
+	proxy *httputil.ReverseProxy
+	// active counts requests being served, so shutdown can wait for drives
+	// that outlive http.Server.Shutdown's deadline.
+	active sync.WaitGroup
+}
+
+// Wait blocks until no request is being served.
+func (s *Server) Wait() { s.active.Wait() }
+
+// New builds the server. No I/O.
+func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = prometheus.DefaultGatherer
+	}
+	if cfg.Ready == nil {
+		cfg.Ready = func(context.Context) error { return nil }
+	}
+	s := &Server{cfg: cfg, drv: drv, tools: tools, log: cfg.Logger, mux: http.NewServeMux()}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.CoreURL != "" {
+		u, err := url.Parse(cfg.CoreURL)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("server: core url %q: %v", cfg.CoreURL, err)
+		}
+		s.proxy = &httputil.ReverseProxy{
+			Rewrite: func(r *httputil.ProxyRequest) {
+				r.SetURL(u)
+				r.Out.Host = u.Host
+				r.Out.Header.Del("Authorization") // the sidecar's token is not Core's
+			},
+			FlushInterval: -1, // stream bodies as they come
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				s.log.Warn("proxy to Core failed", "path", r.URL.Path, "err", err)
+				writeError(w, http.StatusBadGateway, "Core unreachable: "+err.Error())
+			},
+		}
+		s.mux.HandleFunc("POST /v1/completions", s.completions)
+		s.mux.Handle("/v1/", s.proxy)
+	}
+	s.mux.HandleFunc("POST /v1/runs/{run_id}/drive", s.drive)
+	s.mux.HandleFunc("GET /v1/tools", s.listTools)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.ready)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	return s, nil
+}
+
+// ServeHTTP authenticates, bounds the body and routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.active.Add(1)
+	defer s.active.Done()
+	if s.cfg.Token != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="toolsidecar"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+			return
+		}
+	}
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Ready(r.Context()); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
+	tools := s.tools.FunctionTools()
+	if r.URL.Query().Get("live") == "1" {
+		live, err := s.tools.Live(r.Context())
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "liveness unknown: "+err.Error())
+			return
+		}
+		kept := tools[:0]
+		for _, t := range tools {
+			if live[t.Function.Name] {
+				kept = append(kept, t)
+			}
+		}
+		tools = kept
+	}
+	writeJSON(w, http.StatusOK, tools)
+}
+
+// DriveBody is the body of POST /v1/runs/{run_id}/drive.
+type DriveBody struct {
+	ThreadID    string         `json:"thread_id"`
+	AssistantID string         `json:"assistant_id"`
+	MessageID   string         `json:"message_id"`
+	Model       string         `json:"model"`
+	MaxTurns    int            `json:"max_turns,omitempty"`
+	MetaData    map[string]any `json:"meta_data,omitempty"`
+}
+
+func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
+	var body DriveBody
+	if !decodeStrict(w, r, &body) {
+		return
+	}
+	var missing []string
+	for name, v := range map[string]string{"thread_id": body.ThreadID, "assistant_id": body.AssistantID, "message_id": body.MessageID, "model": body.Model} {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	slices.Sort(missing)
+	if len(missing) > 0 {
+		writeError(w, http.StatusBadRequest, "missing fields: "+strings.Join(missing, ", "))
+		return
+	}
+	req := executor.Request{RunID: r.PathValue("run_id"), ThreadID: body.ThreadID, AssistantID: body.AssistantID,
+		MessageID: body.MessageID, Model: body.Model, MaxTurns: body.MaxTurns, MetaData: body.MetaData,
+		Traceparent: r.Header.Get("traceparent")}
+	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		s.driveSSE(w, r, req)
+		return
+	}
+	// The request context ends when the client goes away: that cancels
+	// the drive under the loop's cancellation rule.
+	sum, _ := s.drv.Drive(r.Context(), req, nil)
+	writeJSON(w, http.StatusOK, sum)
+}
+
+func decodeStrict(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		status := http.StatusBadRequest
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		writeError(w, status, "invalid body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+func readBody(r *http.Request) ([]byte, error) {
+	defer r.Body.Close()
+	return io.ReadAll(r.Body)
+}

@@ -1,0 +1,131 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	sse "github.com/tmaxmax/go-sse"
+
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/executor"
+)
+
+// driveSSE streams the drive's events with go-sse: event types content,
+// reasoning, tool_call, tool_result, turn, error and done, each with a JSON
+// payload.
+func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.Request) {
+	sess, err := sse.Upgrade(w, r)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	send := func(typ string, v any) {
+		data, err := json.Marshal(v)
+		if err != nil {
+			return
+		}
+		m := &sse.Message{Type: sse.Type(typ)}
+		m.AppendData(string(data))
+		if sess.Send(m) == nil {
+			_ = sess.Flush()
+		}
+	}
+	s.drv.Drive(r.Context(), req, func(e executor.Event) {
+		switch e.Type {
+		case executor.EventContent, executor.EventReasoning, executor.EventError:
+			send(string(e.Type), map[string]any{"turn": e.Turn, "text": e.Text})
+		case executor.EventToolCall, executor.EventToolResult:
+			send(string(e.Type), e.Call)
+		case executor.EventTurn:
+			send("turn", map[string]int{"turn": e.Turn})
+		case executor.EventDone:
+			send("done", e.Summary)
+		}
+	})
+}
+
+// completions answers Core's POST /v1/completions in proxy mode. The loop
+// drives the run; the client receives Core's own frames ("data: <chunk>"),
+// without the manifests the sidecar handled, and one [DONE] after the last
+// turn. A buffered request (stream: false) goes to Core unchanged.
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		core.CompletionRequest
+		Stream  *bool  `json:"stream"`
+		Content string `json:"content,omitempty"`
+	}
+	raw, err := readBody(r)
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, err.Error())
+		return
+	}
+	if err := json.Unmarshal(raw, &body); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, "invalid body: "+err.Error())
+		return
+	}
+	if body.Stream != nil && !*body.Stream {
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		r.ContentLength = int64(len(raw))
+		s.proxy.ServeHTTP(w, r)
+		return
+	}
+	c := body.CompletionRequest
+	req := executor.Request{RunID: c.RunID, ThreadID: c.ThreadID, AssistantID: c.AssistantID, MessageID: c.MessageID,
+		Model: c.Model, MetaData: c.MetaData, APIKey: c.APIKey, Traceparent: r.Header.Get("traceparent")}
+
+	f := &coreFramer{w: w}
+	sum, derr := s.drv.Drive(r.Context(), req, func(e executor.Event) {
+		switch e.Type {
+		case executor.EventContent, executor.EventReasoning, executor.EventChunk, executor.EventError:
+			if len(e.Raw) > 0 {
+				f.frame(e.Raw)
+			}
+		}
+	})
+	if derr != nil {
+		var he *core.HTTPError
+		if !f.started && errors.As(derr, &he) {
+			// Nothing streamed yet: answer as Core answered.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(he.Status)
+			fmt.Fprint(w, he.Body)
+			return
+		}
+		msg, _ := json.Marshal(map[string]string{"type": "error", "run_id": c.RunID, "message": sum.Error})
+		f.frame(msg)
+	}
+	f.done()
+}
+
+// coreFramer writes frames exactly as Core does.
+type coreFramer struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (f *coreFramer) start() {
+	if f.started {
+		return
+	}
+	f.started = true
+	h := f.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	f.w.WriteHeader(http.StatusOK)
+}
+
+func (f *coreFramer) frame(data []byte) {
+	f.start()
+	fmt.Fprintf(f.w, "data: %s\n\n", data)
+	if fl, ok := f.w.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+func (f *coreFramer) done() { f.frame([]byte("[DONE]")) }
