@@ -229,12 +229,28 @@ func TestEvents(t *testing.T) {
 			got = append(got, string(e.Type))
 		}
 	}
-	joined := strings.Join(got, " ")
 	acts := h.sim.Actions(h.req.RunID)
 	a, b := acts[0].ToolCallID[len(acts[0].ToolCallID)-2:], acts[1].ToolCallID[len(acts[1].ToolCallID)-2:]
-	want := "turn reasoning content tool_call:" + a + " tool_call:" + b
-	if !strings.HasPrefix(joined, want) || !strings.HasSuffix(joined, "tool_result:"+a+" tool_result:"+b+" turn content done") {
-		t.Errorf("events %s", joined)
+	// Results may interleave with later dispatches (they are pipelined),
+	// but calls and results each keep call order, a result follows its
+	// call, and turn 2 starts only after the last result.
+	pos := map[string]int{}
+	for i, g := range got {
+		if _, seen := pos[g]; !seen {
+			pos[g] = i // first occurrence
+		}
+	}
+	order := []string{"turn", "reasoning", "content", "tool_call:" + a, "tool_result:" + a}
+	for i := 1; i < len(order); i++ {
+		if pos[order[i-1]] > pos[order[i]] {
+			t.Errorf("%s after %s in %v", order[i-1], order[i], got)
+		}
+	}
+	if !(pos["tool_call:"+a] < pos["tool_call:"+b] && pos["tool_call:"+b] < pos["tool_result:"+b] && pos["tool_result:"+a] < pos["tool_result:"+b]) {
+		t.Errorf("call order lost: %v", got)
+	}
+	if tail := strings.Join(got[len(got)-4:], " "); tail != "tool_result:"+b+" turn content done" {
+		t.Errorf("events end %q", tail)
 	}
 	if last := h.events[len(h.events)-1]; last.Summary == nil || last.Summary.Content != "done" {
 		t.Errorf("done event %+v", last)

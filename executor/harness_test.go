@@ -8,132 +8,60 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/registry"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// harness is a whole sidecar on real parts: an embedded NATS server, the
-// Core simulator on a loopback HTTP server, Go workers, and an executor.
+// harness is a whole sidecar on real parts (testenv) plus an executor.
 type harness struct {
-	t      *testing.T
-	sim    *coresim.Sim
-	core   *core.Client
-	worker *bridge.Worker
-	exec   *Executor
-	req    Request
-	events []Event
-	mu     sync.Mutex
-	// onEvent, when set, sees each event as it happens.
+	t    *testing.T
+	env  *testenv.Env
+	sim  *coresim.Sim
+	core *core.Client
+	exec *Executor
+	req  Request
+	run  testenv.Run
+	mu   sync.Mutex
+	// events are the drive's events; onEvent, when set, sees each as it
+	// happens.
+	events  []Event
 	onEvent func(Event)
 }
 
+// tool is a local shorthand for testenv.Tool, written unkeyed in tables.
 type tool struct {
 	cfg     config.Tool
-	handler bridge.Handler // nil: no worker serves it
-}
-
-func schema(required ...string) map[string]any {
-	props := map[string]any{}
-	for _, r := range required {
-		props[r] = map[string]any{"type": "string"}
-	}
-	req := make([]any, len(required))
-	for i, r := range required {
-		req[i] = r
-	}
-	return map[string]any{"type": "object", "required": req, "properties": props}
+	handler bridge.Handler
 }
 
 func newHarness(t *testing.T, sc coresim.Scenario, ecfg config.Executor, tools ...tool) *harness {
 	t.Helper()
-	ns, err := bridge.StartEmbedded("127.0.0.1:-1")
-	if err != nil {
-		t.Fatal(err)
+	envTools := make([]testenv.Tool, len(tools))
+	for i, tl := range tools {
+		envTools[i] = testenv.Tool{Config: tl.cfg, Handler: tl.handler}
 	}
-	sideNC, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	workNC, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim, srv := coresim.NewServer(coresim.Config{APIKey: "key", Scenario: sc})
-	cc, err := core.New(core.Config{URL: srv.URL, APIKey: "key", Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfgs []config.Tool
-	w := bridge.NewWorker(workNC, "test")
-	for _, tl := range tools {
-		c := tl.cfg
-		if c.Route == "" {
-			c.Route = "nats"
-		}
-		if c.SideEffects == "" {
-			c.SideEffects = config.ReadOnly
-		}
-		if c.Timeout == 0 {
-			c.Timeout = 5 * time.Second
-		}
-		cfgs = append(cfgs, c)
-		if tl.handler != nil {
-			w.Handle(c.Name, tl.handler)
-		}
-	}
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := registry.New(cfgs, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := bridge.Open(sideNC, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := testenv.New(t, sc, envTools...)
 	if ecfg.CancelPoll == 0 {
 		ecfg.CancelPoll = 20 * time.Millisecond
 	}
-	h := &harness{t: t, sim: sim, core: cc, worker: w}
-	h.exec = New(ecfg, cc, registry.NewLive(reg), client)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		w.Stop(ctx)
-		client.Close()
-		sideNC.Close()
-		workNC.Close()
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		srv.Close()
-	})
+	h := &harness{t: t, env: env, sim: env.Sim, core: env.Core}
+	h.exec = New(ecfg, env.Core, registry.NewLive(env.Registry), env.Client)
 	h.req = h.setupRun()
 	return h
 }
 
 func (h *harness) setupRun() Request {
-	t := h.t
-	ctx := context.Background()
-	a, err := h.core.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	th, _ := h.core.CreateThread(ctx)
-	msg, _ := h.core.CreateMessage(ctx, th.ID, a.ID, "hello")
-	run, err := h.core.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return Request{RunID: run.ID, ThreadID: th.ID, AssistantID: a.ID, MessageID: msg.ID, Model: "vllm/test"}
+	h.run = h.env.NewRun()
+	r := h.run
+	return Request{RunID: r.RunID, ThreadID: r.ThreadID, AssistantID: r.AssistantID, MessageID: r.MessageID, Model: r.Model}
 }
 
 func (h *harness) drive(ctx context.Context) (Summary, error) {
@@ -147,31 +75,9 @@ func (h *harness) drive(ctx context.Context) (Summary, error) {
 	})
 }
 
-// assertWholeBatches checks the contract for every batch of the run: one
-// tool message per call, in call order, with the right ids, every Action
-// finalised, and the contract log empty.
 func (h *harness) assertWholeBatches(wantCalls int) []core.Action {
-	t := h.t
-	t.Helper()
-	if v := h.sim.Violations(); len(v) != 0 {
-		t.Errorf("contract violations: %v", v)
-	}
-	acts := h.sim.Actions(h.req.RunID)
-	msgs := h.sim.ToolMessages(h.req.ThreadID)
-	if len(acts) != wantCalls || len(msgs) != wantCalls {
-		t.Fatalf("%d actions and %d tool messages, want %d of each", len(acts), len(msgs), wantCalls)
-	}
-	for i, a := range acts {
-		if msgs[i].ToolCallID != a.ToolCallID || msgs[i].ToolID != a.ID {
-			t.Errorf("tool message %d has (tool_call_id %s, tool_id %s), want (%s, %s)", i, msgs[i].ToolCallID, msgs[i].ToolID, a.ToolCallID, a.ID)
-		}
-		switch a.Status {
-		case core.ActionCompleted, core.ActionFailed, core.ActionCancelled:
-		default:
-			t.Errorf("action %s (%s) left %s", a.ID, a.ToolName, a.Status)
-		}
-	}
-	return acts
+	h.t.Helper()
+	return h.env.AssertWholeBatches(h.run, wantCalls)
 }
 
 // errorOf decodes a tool message written for a failed call.
@@ -187,14 +93,10 @@ func errorOf(t *testing.T, content string) (typ, msg string) {
 	return e.ErrorType, e.Error
 }
 
-func echo(ctx context.Context, c *bridge.Call) ([]byte, error) {
-	return []byte(`{"echo": ` + string(c.Args) + `}`), nil
-}
-
-func hang(ctx context.Context, c *bridge.Call) ([]byte, error) {
-	<-ctx.Done()
-	return nil, ctx.Err()
-}
+var (
+	echo = testenv.Echo
+	hang = testenv.Hang
+)
 
 func calls(specs ...string) []coresim.Call {
 	out := make([]coresim.Call, len(specs))
@@ -210,4 +112,15 @@ func calls(specs ...string) []coresim.Call {
 
 func twoTurns(batch ...coresim.Call) coresim.Scenario {
 	return coresim.Scenario{Turns: []coresim.Turn{{Calls: batch}, {Content: "final: {{results}}"}}}
+}
+
+// schema is an object schema whose listed properties are required strings.
+func schema(required ...string) map[string]any {
+	props := map[string]any{}
+	req := make([]any, len(required))
+	for i, r := range required {
+		props[r] = map[string]any{"type": "string"}
+		req[i] = r
+	}
+	return map[string]any{"type": "object", "required": req, "properties": props}
 }

@@ -252,16 +252,8 @@ func (e *Executor) recoverPending(ctx context.Context, runID string, seen map[st
 		if seen[p.ActionID] {
 			continue
 		}
-		m := &core.Manifest{Type: string(core.KindManifest), RunID: runID, ActionID: p.ActionID, ToolCallID: p.ToolCallID, Tool: p.ToolName, Args: p.FunctionArguments}
-		raw, _ := json.Marshal(struct {
-			Type       string          `json:"type"`
-			RunID      string          `json:"run_id"`
-			ActionID   string          `json:"action_id"`
-			ToolCallID string          `json:"tool_call_id"`
-			Tool       string          `json:"tool"`
-			Args       json.RawMessage `json:"args"`
-		}{m.Type, m.RunID, m.ActionID, m.ToolCallID, m.Tool, argsOrEmpty(m.Args)})
-		m.Raw = raw
+		m := &core.Manifest{Type: string(core.KindManifest), RunID: runID, ActionID: p.ActionID, ToolCallID: p.ToolCallID, Tool: p.ToolName, Args: argsOrEmpty(p.FunctionArguments)}
+		m.Raw, _ = json.Marshal(m) // the manifest as Core would have framed it
 		log.Info("recovered pending action", "action_id", p.ActionID, "tool_call_id", p.ToolCallID, "tool", p.ToolName)
 		add(m)
 	}

@@ -161,23 +161,20 @@ func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, tools)
 }
 
-// DriveBody is the body of POST /v1/runs/{run_id}/drive.
-type DriveBody struct {
-	ThreadID    string         `json:"thread_id"`
-	AssistantID string         `json:"assistant_id"`
-	MessageID   string         `json:"message_id"`
-	Model       string         `json:"model"`
-	MaxTurns    int            `json:"max_turns,omitempty"`
-	MetaData    map[string]any `json:"meta_data,omitempty"`
-}
-
 func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
-	var body DriveBody
-	if !decodeStrict(w, r, &body) {
+	// The body is an executor.Request without run_id, which the path gives.
+	var req executor.Request
+	if !decodeStrict(w, r, &req) {
 		return
 	}
+	if req.RunID != "" && req.RunID != r.PathValue("run_id") {
+		writeError(w, http.StatusBadRequest, "run_id in the body differs from the path")
+		return
+	}
+	req.RunID = r.PathValue("run_id")
+	req.Traceparent = r.Header.Get("traceparent")
 	var missing []string
-	for name, v := range map[string]string{"thread_id": body.ThreadID, "assistant_id": body.AssistantID, "message_id": body.MessageID, "model": body.Model} {
+	for name, v := range map[string]string{"thread_id": req.ThreadID, "assistant_id": req.AssistantID, "message_id": req.MessageID, "model": req.Model} {
 		if v == "" {
 			missing = append(missing, name)
 		}
@@ -187,9 +184,6 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "missing fields: "+strings.Join(missing, ", "))
 		return
 	}
-	req := executor.Request{RunID: r.PathValue("run_id"), ThreadID: body.ThreadID, AssistantID: body.AssistantID,
-		MessageID: body.MessageID, Model: body.Model, MaxTurns: body.MaxTurns, MetaData: body.MetaData,
-		Traceparent: r.Header.Get("traceparent")}
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
 		s.driveSSE(w, r, req)
 		return

@@ -1,0 +1,491 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	sse "github.com/tmaxmax/go-sse"
+	"go.uber.org/goleak"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/registry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// sidecar is the server on real parts, with its own metrics registry.
+type sidecar struct {
+	env     *testenv.Env
+	url     string
+	metrics *prometheus.Registry
+}
+
+type liveTools struct {
+	live   *registry.Live
+	client *bridge.Client
+}
+
+func (l liveTools) FunctionTools() []core.FunctionTool { return l.live.Load().FunctionTools() }
+func (l liveTools) Live(ctx context.Context) (map[string]bool, error) {
+	return l.client.Live(ctx, 200*time.Millisecond)
+}
+
+func newSidecar(t *testing.T, sc coresim.Scenario, token string, tools ...testenv.Tool) *sidecar {
+	t.Helper()
+	env := testenv.New(t, sc, tools...)
+	reg := prometheus.NewRegistry()
+	live := registry.NewLive(env.Registry)
+	cc, err := core.New(core.Config{URL: env.SimURL, APIKey: testenv.APIKey}, core.WithMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := executor.New(config.Executor{CancelPoll: 20 * time.Millisecond}, cc, live, env.Client,
+		executor.WithObserver(executor.NewMetrics(reg, func(n string) bool { _, ok := live.Load().Lookup(n); return ok })))
+	srv, err := New(Config{CoreURL: env.SimURL, Token: token, MaxBodyBytes: 4096, Gatherer: reg}, ex, liveTools{live, env.Client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	return &sidecar{env: env, url: hs.URL, metrics: reg}
+}
+
+func threeCalls() coresim.Scenario {
+	return coresim.Scenario{Turns: []coresim.Turn{
+		{Content: "Checking.", Calls: []coresim.Call{
+			{Tool: "echo", ArgsJSON: `{"q": "a"}`},
+			{Tool: "fail", ArgsJSON: `{}`},
+			{Tool: "echo", ArgsJSON: `{"q": "b"}`},
+		}},
+		{Content: "Answer: {{results}}"},
+	}}
+}
+
+func standardTools() []testenv.Tool {
+	return []testenv.Tool{
+		{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo},
+		{Config: config.Tool{Name: "fail"}, Handler: func(context.Context, *bridge.Call) ([]byte, error) {
+			return nil, errors.New("upstream down")
+		}},
+		{Config: config.Tool{Name: "idle"}}, // registered, but no worker serves it
+	}
+}
+
+const wantAnswer = "Answer: {\"echo\": {\"q\": \"a\"}}\n{\"error\":\"upstream down\",\"error_type\":\"tool_error\",\"tool\":\"fail\"}\n{\"echo\": {\"q\": \"b\"}}"
+
+// sdk is a test client that follows the Python SDK's wire behaviour
+// (sdk-protocol.md sections 1-5): X-API-Key on every call, its SSE line
+// rules, and its continuation loop.
+type sdk struct {
+	t    *testing.T
+	base string
+	key  string
+}
+
+func (c sdk) call(method, path string, body any, out any) {
+	c.t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, c.base+path, r)
+	req.Header.Set("X-API-Key", c.key)
+	req.Header.Set("Accept", "*/*")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(resp.Body)
+		c.t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+	}
+	if out != nil {
+		json.NewDecoder(resp.Body).Decode(out)
+	}
+}
+
+// streamEvents is SynchronousInferenceStream.stream_events: it returns the
+// content seen and the manifests (ToolCallRequestEvents) it would yield.
+func (c sdk) streamEvents(payload map[string]any) (content string, manifests []map[string]any, requests int) {
+	for turn := 0; turn < 10; turn++ {
+		requests++
+		b, _ := json.Marshal(payload)
+		req, _ := http.NewRequest("POST", c.base+"/v1/completions", bytes.NewReader(b))
+		req.Header.Set("X-API-Key", c.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if resp.StatusCode/100 != 2 { // raise_for_status, swallowed: the turn ends
+			resp.Body.Close()
+			return
+		}
+		var last map[string]any
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if line == "" || !strings.HasPrefix(line, "data:") {
+				continue
+			}
+			data := strings.TrimSpace(line[len("data:"):])
+			if data == "[DONE]" {
+				break
+			}
+			var v any
+			if json.Unmarshal([]byte(data), &v) != nil {
+				continue
+			}
+			chunk, ok := v.(map[string]any)
+			if !ok {
+				break // chunk["run_id"] = … raises TypeError: the turn ends
+			}
+			switch chunk["type"] {
+			case "tool_call_manifest":
+				manifests = append(manifests, chunk)
+				last = chunk
+			case "content":
+				s, _ := chunk["content"].(string)
+				content += s
+			}
+		}
+		resp.Body.Close()
+		if last == nil { // no tool call: the generator ends
+			return
+		}
+		return // a manifest reached the app: the test fails on it
+	}
+	return
+}
+
+// TestProxyModeWithSDKClient: an unmodified SDK whose base URL is the
+// sidecar gets the final content of a 2-turn, 3-call run; no tool call
+// reaches it, and set-up calls are proxied to Core.
+func TestProxyModeWithSDKClient(t *testing.T) {
+	sc := newSidecar(t, threeCalls(), "", standardTools()...)
+	c := sdk{t: t, base: sc.url, key: testenv.APIKey}
+	var asst, th, msg, run struct{ ID string }
+	c.call("POST", "/v1/assistants", map[string]any{"name": "a", "model": "vllm/x", "tools": sc.env.Registry.FunctionTools()}, &asst)
+	c.call("POST", "/v1/threads", map[string]any{"meta_data": map[string]any{}}, &th)
+	c.call("POST", "/v1/messages", map[string]any{"content": "hi", "thread_id": th.ID, "assistant_id": asst.ID, "role": "user"}, &msg)
+	c.call("POST", "/v1/runs", map[string]any{"assistant_id": asst.ID, "thread_id": th.ID, "instructions": ""}, &run)
+	var got struct {
+		Tools []core.FunctionTool `json:"tools"`
+	}
+	c.call("GET", "/v1/assistants/"+asst.ID, nil, &got)
+	if len(got.Tools) != 3 {
+		t.Fatalf("assistant through the proxy: %+v", got)
+	}
+	content, manifests, requests := c.streamEvents(map[string]any{"model": "vllm/x", "api_key": nil, "thread_id": th.ID,
+		"message_id": msg.ID, "run_id": run.ID, "assistant_id": asst.ID, "stream": true})
+	if len(manifests) != 0 {
+		t.Fatalf("a tool call reached the SDK: %v", manifests)
+	}
+	if requests != 1 || sc.env.Sim.CountRequests("POST", "/v1/completions") != 2 {
+		t.Errorf("SDK made %d requests, Core saw %d; want 1 and 2", requests, sc.env.Sim.CountRequests("POST", "/v1/completions"))
+	}
+	if content != "Checking."+wantAnswer {
+		t.Errorf("content %q", content)
+	}
+	sc.env.AssertWholeBatches(testenv.Run{RunID: run.ID, ThreadID: th.ID}, 3)
+}
+
+// TestProxyFraming: the bytes are Core's: data lines, no manifest, one
+// [DONE] at the very end; a pre-stream error is Core's own answer.
+func TestProxyFraming(t *testing.T) {
+	sc := newSidecar(t, threeCalls(), "", standardTools()...)
+	r := sc.env.NewRun()
+	body := `{"model": "vllm/x", "api_key": null, "thread_id": "` + r.ThreadID + `", "message_id": "` + r.MessageID + `", "run_id": "` + r.RunID + `", "assistant_id": "` + r.AssistantID + `", "stream": true}`
+	resp, err := http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	s := string(raw)
+	if resp.Header.Get("Content-Type") != "text/event-stream" || strings.Count(s, "data: [DONE]\n\n") != 1 || !strings.HasSuffix(s, "data: [DONE]\n\n") {
+		t.Errorf("framing: %q", s)
+	}
+	if strings.Contains(s, "tool_call_manifest") {
+		t.Error("a handled manifest was forwarded")
+	}
+	for _, frame := range strings.Split(strings.TrimSuffix(s, "\n\n"), "\n\n") {
+		if !strings.HasPrefix(frame, "data: ") {
+			t.Errorf("frame %q is not a data line", frame)
+		}
+	}
+	if !strings.Contains(s, `data: {"type": "content", "content": "Checking.", "run_id": "`+r.RunID+`"}`) {
+		t.Errorf("Core's own content frame is not passed verbatim: %q", s)
+	}
+	bad := strings.Replace(body, r.RunID, "run_missing", 1)
+	resp, _ = http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(bad))
+	raw, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || !strings.Contains(string(raw), "Run not found.") {
+		t.Errorf("unknown run: %d %s", resp.StatusCode, raw)
+	}
+}
+
+func (sc *sidecar) driveBody(r testenv.Run) string {
+	b, _ := json.Marshal(executor.Request{ThreadID: r.ThreadID, AssistantID: r.AssistantID, MessageID: r.MessageID, Model: r.Model})
+	return string(b)
+}
+
+func TestDriveJSON(t *testing.T) {
+	sc := newSidecar(t, threeCalls(), "", standardTools()...)
+	r := sc.env.NewRun()
+	resp, err := http.Post(sc.url+"/v1/runs/"+r.RunID+"/drive", "application/json", strings.NewReader(sc.driveBody(r)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum executor.Summary
+	json.NewDecoder(resp.Body).Decode(&sum)
+	if resp.StatusCode != 200 || sum.Status != "completed" || sum.Turns != 2 || len(sum.Calls) != 3 || sum.Content != wantAnswer {
+		t.Fatalf("%d %+v", resp.StatusCode, sum)
+	}
+	acts := sc.env.AssertWholeBatches(r, 3)
+	c := sum.Calls[1]
+	if c.OK || c.ErrorType != "tool_error" || c.ToolCallID != acts[1].ToolCallID || c.ActionID != acts[1].ID || c.Attempts != 1 {
+		t.Errorf("call summary %+v", c)
+	}
+
+	// /metrics matches the run: 3 calls, 1 error outcome, 2 turns.
+	mresp, err := http.Get(sc.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mresp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(mresp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sumOf := func(name string, labels map[string]string) float64 {
+		var total float64
+		for _, m := range fams[name].GetMetric() {
+			match := true
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					match = false
+				}
+			}
+			if !match {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				total += m.Counter.GetValue()
+			case m.Histogram != nil:
+				total += m.Histogram.GetSampleSum()
+			case m.Gauge != nil:
+				total += m.Gauge.GetValue()
+			}
+		}
+		return total
+	}
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"toolsidecar_calls_total", nil, 3},
+		{"toolsidecar_calls_total", map[string]string{"outcome": "tool_error", "tool": "fail"}, 1},
+		{"toolsidecar_calls_total", map[string]string{"outcome": "ok", "tool": "echo"}, 2},
+		{"toolsidecar_run_turns", nil, 2},
+		{"toolsidecar_runs_total", map[string]string{"status": "completed"}, 1},
+		{"toolsidecar_batch_size", nil, 3},
+		{"toolsidecar_runs_in_flight", nil, 0},
+		{"toolsidecar_calls_in_flight", nil, 0},
+	}
+	for _, c := range checks {
+		if got := sumOf(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	var toolPosts uint64
+	for _, m := range fams["toolsidecar_core_request_duration_seconds"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "endpoint" && l.GetValue() == "messages_tools" {
+				toolPosts += m.Histogram.GetSampleCount()
+			}
+		}
+	}
+	if toolPosts != 3 {
+		t.Errorf("core request series count %d tool outputs, want 3", toolPosts)
+	}
+	if fams["toolsidecar_core_stream_idle_gap_seconds"].GetMetric()[0].Histogram.GetSampleCount() == 0 {
+		t.Error("no stream gaps observed")
+	}
+}
+
+func TestDriveSSE(t *testing.T) {
+	sc := newSidecar(t, threeCalls(), "", standardTools()...)
+	r := sc.env.NewRun()
+	req, _ := http.NewRequest("POST", sc.url+"/v1/runs/"+r.RunID+"/drive", strings.NewReader(sc.driveBody(r)))
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var types []string
+	var done executor.Summary
+	var results []executor.CallResult
+	for ev, err := range sse.Read(resp.Body, nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type)
+		switch ev.Type {
+		case "done":
+			json.Unmarshal([]byte(ev.Data), &done)
+		case "tool_result":
+			var c executor.CallResult
+			json.Unmarshal([]byte(ev.Data), &c)
+			results = append(results, c)
+		}
+	}
+	got := strings.Join(types, " ")
+	want := "turn content tool_call tool_call tool_call tool_result tool_result tool_result turn content done"
+	if got != want {
+		t.Errorf("events %s\nwant   %s", got, want)
+	}
+	acts := sc.env.AssertWholeBatches(r, 3)
+	for i, c := range results {
+		if c.ToolCallID != acts[i].ToolCallID || !c.Submitted {
+			t.Errorf("result %d %+v", i, c)
+		}
+	}
+	if done.Status != "completed" || done.Content != wantAnswer {
+		t.Errorf("done %+v", done)
+	}
+}
+
+// TestClientDisconnectCancels: a client that goes away mid-batch cancels
+// its drive: calls cancelled, Actions cancelled, no further turn.
+func TestClientDisconnectCancels(t *testing.T) {
+	started := make(chan struct{}, 1)
+	sc := newSidecar(t, coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "slow"}}}, {Content: "never"}}}, "",
+		testenv.Tool{Config: config.Tool{Name: "slow", Timeout: time.Minute}, Handler: func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+			started <- struct{}{}
+			return testenv.Hang(ctx, c)
+		}})
+	r := sc.env.NewRun()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", sc.url+"/v1/runs/"+r.RunID+"/drive", strings.NewReader(sc.driveBody(r)))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-started
+	cancel()
+	<-errc
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		acts := sc.env.Sim.Actions(r.RunID)
+		if len(acts) == 1 && acts[0].Status == core.ActionCancelled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("action not cancelled: %+v", acts)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := sc.env.Sim.CountRequests("POST", "/v1/completions"); n != 1 {
+		t.Errorf("%d completions requests after a disconnect, want 1", n)
+	}
+}
+
+func TestAuthLimitsAndTools(t *testing.T) {
+	sc := newSidecar(t, threeCalls(), "s3cret", standardTools()...)
+	do := func(method, path, token, body string) (int, string) {
+		req, _ := http.NewRequest(method, sc.url+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code, _ := do("GET", path, "", ""); code != 200 {
+			t.Errorf("%s without token: %d", path, code)
+		}
+	}
+	for _, path := range []string{"/metrics", "/v1/tools", "/v1/threads"} {
+		if code, _ := do("GET", path, "", ""); code != 401 {
+			t.Errorf("%s without token: %d, want 401", path, code)
+		}
+		if code, _ := do("GET", path, "wrong", ""); code != 401 {
+			t.Errorf("%s with a wrong token: %d, want 401", path, code)
+		}
+	}
+	code, body := do("GET", "/v1/tools", "s3cret", "")
+	var tools []core.FunctionTool
+	json.Unmarshal([]byte(body), &tools)
+	if code != 200 || len(tools) != 3 {
+		t.Errorf("tools %d %s", code, body)
+	}
+	code, body = do("GET", "/v1/tools?live=1", "s3cret", "")
+	tools = nil
+	json.Unmarshal([]byte(body), &tools)
+	if code != 200 || len(tools) != 2 || tools[0].Function.Name != "echo" || tools[1].Function.Name != "fail" {
+		t.Errorf("live tools %d %s (idle has no worker)", code, body)
+	}
+	if code, body := do("POST", "/v1/runs/run_x/drive", "s3cret", `{"model": "vllm/x"}`); code != 400 || !strings.Contains(body, "missing fields: assistant_id, message_id, thread_id") {
+		t.Errorf("bad drive body: %d %s", code, body)
+	}
+	if code, _ := do("POST", "/v1/runs/run_x/drive", "s3cret", `{"thread_id": "`+strings.Repeat("x", 5000)+`"}`); code != 413 {
+		t.Errorf("oversized body: %d, want 413", code)
+	}
+	if code, body := do("POST", "/v1/runs/run_x/drive", "s3cret", `{"thread_id": "t", "extra": 1}`); code != 400 || !strings.Contains(body, "extra") {
+		t.Errorf("unknown field: %d %s", code, body)
+	}
+}
+
+func TestReadinessAndBadConfig(t *testing.T) {
+	down := errors.New("NATS not connected")
+	srv, err := New(Config{Ready: func(context.Context) error { return down }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "NATS not connected") {
+		t.Errorf("readyz %d %s", rec.Code, rec.Body)
+	}
+	if _, err := New(Config{CoreURL: "::bad"}, nil, nil); err == nil {
+		t.Error("bad core url accepted")
+	}
+}
