@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test test-go vet fmt-check fuzz cover coresim clean
+.PHONY: all build demo test test-go test-node test-python node-build vet fmt-check fuzz cover coresim clean
 
 all: build
 
@@ -15,10 +15,27 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet test-go
+test: fmt-check vet node-build test-python test-node test-go
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
+
+## node-build: install the Node worker's locked dependencies and compile it
+## (the Go end-to-end test runs its example worker).
+node-build: plugins/node/node_modules/.package-lock.json
+	cd plugins/node && npm run build
+
+plugins/node/node_modules/.package-lock.json: plugins/node/package-lock.json plugins/node/package.json
+	cd plugins/node && npm ci --no-audit --no-fund
+
+## test-node: the Node worker's tests against a real NATS server.
+test-node: node-build
+	cd plugins/node && npm test
+
+## test-python: the Python worker's tests; they need nats-py, and skip
+## themselves (saying so) where it cannot be imported.
+test-python:
+	scripts/with-nats.sh python3 -m unittest discover -v -s plugins/python/tests
 
 vet:
 	$(GO) vet $(PKGS)
@@ -41,4 +58,4 @@ coresim:
 	$(GO) run ./cmd/coresim --listen 127.0.0.1:9000
 
 clean:
-	rm -rf bin coverage.out
+	rm -rf bin coverage.out plugins/node/dist plugins/node/node_modules

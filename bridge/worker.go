@@ -196,12 +196,12 @@ func (w *Worker) serve(tool string, h Handler) nats.MsgHandler {
 }
 
 func (w *Worker) run(tool string, h Handler, m *nats.Msg) {
-	call := &Call{Tool: tool, Manifest: m.Data, nc: w.nc, reply: m.Reply}
-	if err := json.Unmarshal(m.Data, call); err != nil {
-		w.respond(m, nil, NewError(InvalidArgs, "request body is not a manifest: %v", err))
+	call, err := ParseCall(tool, m.Data)
+	if err != nil {
+		w.respond(m, nil, err)
 		return
 	}
-	call.Tool = tool
+	call.nc, call.reply = w.nc, m.Reply
 	call.Attempt, _ = strconv.Atoi(m.Header.Get(HeaderAttempt))
 	call.IdempotencyKey = m.Header.Get(HeaderIdempotencyKey)
 	call.Traceparent = m.Header.Get(HeaderTraceparent)
@@ -225,17 +225,31 @@ func (w *Worker) run(tool string, h Handler, m *nats.Msg) {
 			w.mu.Unlock()
 		}()
 	}
-	data, err := w.invoke(ctx, h, call)
+	data, err := Invoke(ctx, h, call, w.log)
 	if errors.Is(context.Cause(ctx), ErrCancelledBySidecar) {
 		return // the sidecar stopped waiting; nobody reads a reply
 	}
 	w.respond(m, data, err)
 }
 
-func (w *Worker) invoke(ctx context.Context, h Handler, call *Call) (data []byte, err error) {
+// ParseCall reads a request body (the manifest) into a Call for tool.
+func ParseCall(tool string, body []byte) (*Call, error) {
+	call := &Call{Manifest: body}
+	if err := json.Unmarshal(body, call); err != nil {
+		return nil, NewError(InvalidArgs, "request body is not a manifest: %v", err)
+	}
+	call.Tool = tool
+	return call, nil
+}
+
+// Invoke runs a handler at the tool-call boundary: a panic becomes a
+// worker_crash error (logged with its stack), and an untyped error after
+// ctx ended becomes timeout or cancelled. Workers and in-process routes
+// share it.
+func Invoke(ctx context.Context, h Handler, call *Call, log *slog.Logger) (data []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			w.log.Error("tool handler panicked", "tool", call.Tool, "action_id", call.ActionID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			log.Error("tool handler panicked", "tool", call.Tool, "action_id", call.ActionID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			data, err = nil, NewError(WorkerCrash, "worker panicked: %v", p)
 		}
 	}()

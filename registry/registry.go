@@ -58,27 +58,30 @@ type Registry struct {
 	names []string // in configuration order
 }
 
-// routes are the route kinds a tool may name; plugins add theirs.
+// routes are the route kinds a tool may name, each with the check of its
+// own configuration; plugins add theirs.
 var (
 	routesMu sync.RWMutex
-	routes   = map[string]bool{"nats": true}
+	routes   = map[string]func(config.Tool) error{"nats": func(config.Tool) error { return nil }}
 )
 
-// RegisterRoute declares a route kind. It panics on an empty or duplicate
-// kind, which is a programming error.
-func RegisterRoute(kind string) {
+// RegisterRoute declares a route kind and how to check a tool's settings
+// for it. It panics on an empty or duplicate kind or a nil check, which are
+// programming errors.
+func RegisterRoute(kind string, check func(config.Tool) error) {
 	routesMu.Lock()
 	defer routesMu.Unlock()
-	if kind == "" || routes[kind] {
-		panic(fmt.Sprintf("registry: route kind %q registered twice or empty", kind))
+	if _, dup := routes[kind]; kind == "" || dup || check == nil {
+		panic(fmt.Sprintf("registry: route kind %q registered twice, empty or without a check", kind))
 	}
-	routes[kind] = true
+	routes[kind] = check
 }
 
-func knownRoute(kind string) bool {
+func routeCheck(kind string) (func(config.Tool) error, bool) {
 	routesMu.RLock()
 	defer routesMu.RUnlock()
-	return routes[kind]
+	c, ok := routes[kind]
+	return c, ok
 }
 
 // New compiles the tools of a configuration. Subjects are
@@ -92,8 +95,13 @@ func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
 			errs = append(errs, fmt.Errorf("%w: %s.name: duplicate tool name %q", ErrInvalidTool, key, tc.Name))
 			continue
 		}
-		if !knownRoute(tc.Route) {
+		check, ok := routeCheck(tc.Route)
+		if !ok {
 			errs = append(errs, fmt.Errorf("%w: %s.route: unknown route %q", ErrInvalidTool, key, tc.Route))
+			continue
+		}
+		if err := check(tc); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))
 			continue
 		}
 		t, err := compile(tc, subjectPrefix)

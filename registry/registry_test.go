@@ -110,14 +110,22 @@ func TestListsAndLive(t *testing.T) {
 }
 
 func TestRegisterRoute(t *testing.T) {
-	RegisterRoute("test-kind")
-	if _, err := New([]config.Tool{{Name: "x", Route: "test-kind"}}, "p"); err != nil {
+	RegisterRoute("test-kind", func(tc config.Tool) error {
+		if tc.Exec["command"] == nil {
+			return errors.New("exec.command: must be set")
+		}
+		return nil
+	})
+	if _, err := New([]config.Tool{{Name: "x", Route: "test-kind", Exec: map[string]any{"command": "ls"}}}, "p"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := New([]config.Tool{{Name: "x", Route: "test-kind"}}, "p"); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), "tools[0].exec.command: must be set") {
+		t.Fatalf("route check: %v", err)
 	}
 	defer func() {
 		if recover() == nil {
 			t.Error("duplicate kind did not panic")
 		}
 	}()
-	RegisterRoute("test-kind")
+	RegisterRoute("test-kind", func(config.Tool) error { return nil })
 }

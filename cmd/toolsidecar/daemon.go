@@ -21,6 +21,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	httpserver "github.com/projectdavid/toolsidecar/server"
 )
@@ -71,9 +72,13 @@ func daemon(cfg config.Config, cfgPath string, sets []string, reg *registry.Regi
 		return err
 	}
 	live := registry.NewLive(reg)
-	ex := executor.New(cfg.Executor, cc, live, client,
-		executor.WithLogger(log.With("component", "executor")),
-		executor.WithObserver(executor.NewMetrics(metrics, func(t string) bool { _, ok := live.Load().Lookup(t); return ok })))
+	local := plugins.NewLocal(live, log.With("component", "plugins"))
+	opts := []executor.Option{executor.WithLogger(log.With("component", "executor"))}
+	for _, kind := range plugins.Kinds() {
+		opts = append(opts, executor.WithRoute(kind, local))
+	}
+	ex := executor.New(cfg.Executor, cc, live, client, append(opts,
+		executor.WithObserver(executor.NewMetrics(metrics, func(t string) bool { _, ok := live.Load().Lookup(t); return ok })))...)
 
 	scfg := httpserver.Config{Token: token, MaxBodyBytes: cfg.Server.MaxBodyBytes, Gatherer: metrics,
 		Logger: log.With("component", "server"), Ready: readiness(cfg.Core.URL, nc.IsConnected)}

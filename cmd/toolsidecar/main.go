@@ -1,6 +1,6 @@
 // Command toolsidecar executes LLM tool calls for Project David
-// applications: see the README. Subcommands: run (default), demo, check,
-// tools.
+// applications: see the README. Subcommands: run (default), demo, worker,
+// check, tools.
 package main
 
 import (
@@ -59,9 +59,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
-	case "run", "check", "tools":
+	case "run", "worker", "check", "tools":
 	default:
-		fmt.Fprintf(stderr, "toolsidecar: unknown command %q (run, demo, check, tools)\n", cmd)
+		fmt.Fprintf(stderr, "toolsidecar: unknown command %q (run, demo, worker, check, tools)\n", cmd)
 		return 2
 	}
 	cfg, err := config.Load(*cfgPath, sets)
@@ -80,6 +80,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "tools":
 		return printTools(stdout, reg)
+	case "worker":
+		if err := worker(cfg, reg, log); err != nil {
+			log.Error("toolsidecar worker stopped", "err", err)
+			return 1
+		}
+		return 0
 	}
 	if err := daemon(cfg, *cfgPath, sets, reg, log); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("toolsidecar stopped", "err", err)

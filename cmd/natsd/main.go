@@ -1,0 +1,38 @@
+// Command natsd runs the same embedded NATS server the sidecar uses, on its
+// own: for worker authors and for the Node and Python worker tests, which
+// need a real server and must not download one.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:4222", "host:port; port -1 picks a free one")
+	urlFile := flag.String("url-file", "", "write the client URL to this file once ready")
+	flag.Parse()
+	ns, err := bridge.StartEmbedded(*listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "natsd:", err)
+		os.Exit(1)
+	}
+	if *urlFile != "" {
+		if err := os.WriteFile(*urlFile, []byte(ns.ClientURL()), 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, "natsd:", err)
+			ns.Shutdown()
+			os.Exit(1)
+		}
+	}
+	fmt.Println(ns.ClientURL())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	<-sigs
+	ns.Shutdown()
+	ns.WaitForShutdown()
+}

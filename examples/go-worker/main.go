@@ -1,0 +1,72 @@
+// Command go-worker is an example toolsidecar worker in Go: it serves
+// get_flight_times on the sidecar's NATS bus with the bridge package.
+//
+//	NATS_URL=nats://127.0.0.1:4222 go run ./examples/go-worker
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+)
+
+type flightArgs struct {
+	Departure string `json:"departure"`
+	Arrival   string `json:"arrival"`
+}
+
+// getFlightTimes is a handler: arguments in, result bytes or an error out.
+// A *bridge.Error picks the error type the model sees; any other error is a
+// tool_error; a panic is reported as worker_crash.
+func getFlightTimes(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	var a flightArgs
+	if err := json.Unmarshal(c.Args, &a); err != nil || a.Departure == "" || a.Arrival == "" {
+		return nil, bridge.NewError(bridge.InvalidArgs, "departure and arrival are required")
+	}
+	for range 3 { // a slow lookup: report progress so the sidecar keeps waiting
+		select {
+		case <-ctx.Done(): // cancelled by the sidecar, or past the deadline
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		if err := c.Progress(); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(map[string]any{"route": a.Departure + "-" + a.Arrival, "duration": "5h 35m"})
+}
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	url := os.Getenv("NATS_URL")
+	if url == "" {
+		url = nats.DefaultURL
+	}
+	nc, err := nats.Connect(url, nats.Name("example-go-worker"), nats.MaxReconnects(-1))
+	if err != nil {
+		log.Error("connect", "err", err)
+		os.Exit(1)
+	}
+	w := bridge.NewWorker(nc, "toolsidecar.tools", bridge.WithConcurrency(32), bridge.WithLogger(log))
+	w.Handle("get_flight_times", getFlightTimes)
+	if err := w.Start(); err != nil {
+		log.Error("start", "err", err)
+		os.Exit(1)
+	}
+	log.Info("serving", "tool", "get_flight_times", "nats", url)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = w.Stop(sctx) // finish calls in flight
+	_ = nc.Drain()
+}

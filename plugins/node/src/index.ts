@@ -1,0 +1,249 @@
+/**
+ * toolsidecar worker library for Node.js.
+ *
+ * Serves tools over NATS by the toolsidecar worker protocol
+ * (docs/worker-protocol.md): each tool is a NATS micro endpoint on
+ * `<prefix>.<tool>` in queue group `toolsidecar`; the request body is the
+ * manifest exactly as Core sent it; a success reply is the result bytes;
+ * an error reply carries `Nats-Service-Error`, `Nats-Service-Error-Code` and
+ * `Tool-Error-Type`. Progress messages (`Tool-Progress: 1`) keep a long call
+ * alive; `<prefix>.cancel.<action_id>` aborts the call's signal.
+ */
+import { headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
+import { Svcm, type Service, type ServiceMsg } from "@nats-io/services";
+
+/** The error taxonomy every worker language shares. */
+export type ErrorType =
+  | "invalid_args"
+  | "not_found"
+  | "timeout"
+  | "worker_crash"
+  | "rate_limited"
+  | "cancelled"
+  | "tool_error";
+
+/** micro's numeric codes for each type. */
+export const ERROR_CODES: Record<ErrorType, number> = {
+  invalid_args: 400,
+  not_found: 404,
+  timeout: 504,
+  worker_crash: 500,
+  rate_limited: 429,
+  cancelled: 499,
+  tool_error: 422,
+};
+
+/** Throw a ToolError from a handler to choose the error type the model sees. */
+export class ToolError extends Error {
+  constructor(
+    readonly type: ErrorType,
+    message: string,
+  ) {
+    super(message);
+    this.name = "ToolError";
+  }
+}
+
+/** One call, as a handler receives it. */
+export interface Call {
+  tool: string;
+  runId: string;
+  actionId: string;
+  toolCallId: string;
+  /** The model's arguments, parsed. */
+  args: unknown;
+  /** The request body, the manifest as Core sent it. */
+  manifest: Uint8Array;
+  attempt: number;
+  /** Absolute deadline from Tool-Deadline, restarted by progress(). */
+  deadline?: Date;
+  /** The Action ID: stable across retries, for de-duplication. */
+  idempotencyKey: string;
+  traceparent: string;
+  /** Aborted on cancellation by the sidecar or at the deadline. */
+  signal: AbortSignal;
+  /** Tell the sidecar the call is alive; restarts both deadlines. */
+  progress(): void;
+}
+
+/** A handler returns the result: a string or bytes as is, anything else as JSON. */
+export type Handler = (call: Call) => unknown | Promise<unknown>;
+
+export interface ServeOptions {
+  /** Subject prefix; default "toolsidecar.tools". */
+  prefix?: string;
+  /** micro service name; default "toolsidecar-node-worker". */
+  name?: string;
+  version?: string;
+  /** Calls run at once across tools; default 64. */
+  concurrency?: number;
+}
+
+/** A running worker. */
+export interface Worker {
+  service: Service;
+  /** Stop taking calls and wait for those in flight. */
+  stop(): Promise<void>;
+}
+
+const HEADER = {
+  deadline: "Tool-Deadline",
+  attempt: "Tool-Attempt",
+  idempotencyKey: "Tool-Idempotency-Key",
+  traceparent: "traceparent",
+  progress: "Tool-Progress",
+  errorType: "Tool-Error-Type",
+  serviceError: "Nats-Service-Error",
+  serviceCode: "Nats-Service-Error-Code",
+} as const;
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** Serve the given tools until stop() is called. */
+export async function serve(nc: NatsConnection, tools: Record<string, Handler>, opts: ServeOptions = {}): Promise<Worker> {
+  const prefix = opts.prefix ?? "toolsidecar.tools";
+  const limit = opts.concurrency ?? 64;
+  const inflight = new Map<string, AbortController>();
+  const running = new Set<Promise<void>>();
+  const waiting: Array<() => void> = [];
+  let active = 0;
+
+  const acquire = async () => {
+    if (active >= limit) await new Promise<void>((resolve) => waiting.push(resolve));
+    active++;
+  };
+  const release = () => {
+    active--;
+    waiting.shift()?.();
+  };
+
+  const cancelSub: Subscription = nc.subscribe(`${prefix}.cancel.*`, {
+    callback: (_err, m) => {
+      const id = m.subject.slice(`${prefix}.cancel.`.length);
+      inflight.get(id)?.abort(new ToolError("cancelled", "cancelled by the sidecar"));
+    },
+  });
+
+  const service = await new Svcm(nc).add({
+    name: opts.name ?? "toolsidecar-node-worker",
+    version: opts.version ?? "0.1.0",
+    queue: "toolsidecar",
+  });
+  for (const [tool, handler] of Object.entries(tools)) {
+    service.addEndpoint(tool, {
+      subject: `${prefix}.${tool}`,
+      handler: (_err, msg) => {
+        const p = (async () => {
+          await acquire();
+          try {
+            await handle(nc, tool, handler, msg, inflight);
+          } finally {
+            release();
+          }
+        })();
+        running.add(p);
+        void p.finally(() => running.delete(p));
+      },
+    });
+  }
+
+  return {
+    service,
+    async stop() {
+      await service.stop();
+      cancelSub.unsubscribe();
+      await Promise.allSettled([...running]);
+    },
+  };
+}
+
+async function handle(
+  nc: NatsConnection,
+  tool: string,
+  handler: Handler,
+  msg: ServiceMsg,
+  inflight: Map<string, AbortController>,
+): Promise<void> {
+  let manifest: { run_id?: string; action_id?: string; tool_call_id?: string; args?: unknown };
+  try {
+    manifest = JSON.parse(decoder.decode(msg.data));
+  } catch (e) {
+    replyError(msg, new ToolError("invalid_args", `request body is not a manifest: ${(e as Error).message}`));
+    return;
+  }
+  const h = msg.headers;
+  const controller = new AbortController();
+  const actionId = manifest.action_id ?? "";
+  if (actionId) inflight.set(actionId, controller);
+
+  const deadlineMs = Number(h?.get(HEADER.deadline) ?? "");
+  const budget = Number.isFinite(deadlineMs) && deadlineMs > 0 ? deadlineMs - Date.now() : 0;
+  let timer: NodeJS.Timeout | undefined;
+  const arm = () => {
+    if (budget <= 0) return;
+    clearTimeout(timer);
+    timer = setTimeout(() => controller.abort(new ToolError("timeout", "deadline passed")), budget);
+  };
+  arm();
+
+  const call: Call = {
+    tool,
+    runId: manifest.run_id ?? "",
+    actionId,
+    toolCallId: manifest.tool_call_id ?? "",
+    args: manifest.args,
+    manifest: msg.data,
+    attempt: Number(h?.get(HEADER.attempt) ?? "1") || 1,
+    deadline: budget > 0 ? new Date(deadlineMs) : undefined,
+    idempotencyKey: h?.get(HEADER.idempotencyKey) ?? "",
+    traceparent: h?.get(HEADER.traceparent) ?? "",
+    signal: controller.signal,
+    progress() {
+      if (!msg.reply) return;
+      const ph = headers();
+      ph.set(HEADER.progress, "1");
+      nc.publish(msg.reply, undefined, { headers: ph });
+      arm();
+    },
+  };
+
+  try {
+    const result = await Promise.race([
+      Promise.resolve().then(() => handler(call)),
+      new Promise<never>((_, reject) => {
+        controller.signal.addEventListener("abort", () => reject(controller.signal.reason), { once: true });
+      }),
+    ]);
+    msg.respond(encode(result));
+  } catch (e) {
+    const reason = controller.signal.reason;
+    if (reason instanceof ToolError && reason.type === "cancelled" && reason.message === "cancelled by the sidecar") {
+      return; // the sidecar stopped waiting; nobody reads a reply
+    }
+    replyError(msg, e);
+  } finally {
+    clearTimeout(timer);
+    if (actionId) inflight.delete(actionId);
+  }
+}
+
+function encode(result: unknown): Uint8Array {
+  if (result instanceof Uint8Array) return result;
+  if (typeof result === "string") return encoder.encode(result);
+  return encoder.encode(JSON.stringify(result ?? null));
+}
+
+function replyError(msg: Msg, e: unknown): void {
+  const err = e instanceof ToolError ? e : new ToolError(e instanceof Error ? "tool_error" : "worker_crash", describe(e));
+  const h = headers();
+  h.set(HEADER.serviceError, err.message);
+  h.set(HEADER.serviceCode, String(ERROR_CODES[err.type]));
+  h.set(HEADER.errorType, err.type);
+  msg.respond(undefined, { headers: h });
+}
+
+function describe(e: unknown): string {
+  if (e instanceof Error) return e.message;
+  return `worker threw ${String(e)}`;
+}

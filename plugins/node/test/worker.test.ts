@@ -1,0 +1,141 @@
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import { createInbox, headers, type NatsConnection } from "@nats-io/nats-core";
+import { serve, ToolError, type Worker } from "../src/index.js";
+
+// A real NATS server is started by scripts/with-nats.sh (npm run test:nats).
+const url = process.env.NATS_URL;
+if (!url) throw new Error("NATS_URL is not set: run the tests through scripts/with-nats.sh");
+
+const prefix = "nodetest";
+const decoder = new TextDecoder();
+let nc: NatsConnection;
+let side: NatsConnection;
+let worker: Worker;
+let cancelled: Promise<unknown>;
+let resolveCancelled: (reason: unknown) => void;
+
+const manifest = (tool: string, actionId: string, args: unknown) =>
+  JSON.stringify({ type: "tool_call_manifest", run_id: "run_1", action_id: actionId, tool_call_id: "call_" + actionId, tool, args });
+
+function sidecarHeaders(actionId: string, timeoutMs: number) {
+  const h = headers();
+  h.set("Tool-Deadline", String(Date.now() + timeoutMs));
+  h.set("Tool-Attempt", "2");
+  h.set("Tool-Idempotency-Key", actionId);
+  h.set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+  return h;
+}
+
+before(async () => {
+  nc = await connect({ servers: url });
+  side = await connect({ servers: url });
+  cancelled = new Promise((resolve) => (resolveCancelled = resolve));
+  worker = await serve(
+    nc,
+    {
+      echo: (call) => ({ args: call.args, attempt: call.attempt, key: call.idempotencyKey, trace: call.traceparent, callId: call.toolCallId }),
+      text: () => "plain text",
+      typed: () => {
+        throw new ToolError("rate_limited", "slow down");
+      },
+      plain: async () => {
+        throw new Error("disk full");
+      },
+      slow: async (call) => {
+        for (let i = 0; i < 6; i++) {
+          await new Promise((r) => setTimeout(r, 50));
+          call.progress();
+        }
+        return { done: true };
+      },
+      hang: (call) =>
+        new Promise((_, reject) => {
+          call.signal.addEventListener("abort", () => {
+            resolveCancelled(call.signal.reason);
+            reject(call.signal.reason);
+          });
+        }),
+    },
+    { prefix },
+  );
+  await nc.flush();
+});
+
+after(async () => {
+  await worker.stop();
+  await nc.drain();
+  await side.drain();
+});
+
+test("success carries the manifest and the headers", async () => {
+  const r = await side.request(`${prefix}.echo`, manifest("echo", "act_1", { x: 1 }), { timeout: 2000, headers: sidecarHeaders("act_1", 2000) });
+  assert.equal(r.headers?.get("Nats-Service-Error-Code") ?? "", "");
+  assert.deepEqual(JSON.parse(decoder.decode(r.data)), {
+    args: { x: 1 },
+    attempt: 2,
+    key: "act_1",
+    trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    callId: "call_act_1",
+  });
+  const t = await side.request(`${prefix}.text`, manifest("text", "act_2", {}), { timeout: 2000 });
+  assert.equal(decoder.decode(t.data), "plain text");
+});
+
+test("errors become micro error headers with the taxonomy", async () => {
+  const cases: Array<[string, string, string, string]> = [
+    ["typed", "rate_limited", "429", "slow down"],
+    ["plain", "tool_error", "422", "disk full"],
+  ];
+  for (const [tool, type, code, message] of cases) {
+    const r = await side.request(`${prefix}.${tool}`, manifest(tool, "act_" + tool, {}), { timeout: 2000 });
+    assert.equal(r.headers?.get("Tool-Error-Type"), type, tool);
+    assert.equal(r.headers?.get("Nats-Service-Error-Code"), code, tool);
+    assert.equal(r.headers?.get("Nats-Service-Error"), message, tool);
+  }
+  const bad = await side.request(`${prefix}.echo`, "not json", { timeout: 2000 });
+  assert.equal(bad.headers?.get("Tool-Error-Type"), "invalid_args");
+});
+
+test("progress messages reach the reply subject before the result", async () => {
+  const inbox = createInbox();
+  const seen: string[] = [];
+  const done = new Promise<void>((resolve) => {
+    side.subscribe(inbox, {
+      callback: (_e, m) => {
+        if (m.headers?.get("Tool-Progress") === "1") seen.push("progress");
+        else {
+          seen.push("result:" + decoder.decode(m.data));
+          resolve();
+        }
+      },
+    });
+  });
+  side.publish(`${prefix}.slow`, manifest("slow", "act_slow", {}), { reply: inbox, headers: sidecarHeaders("act_slow", 120) });
+  await done;
+  assert.ok(seen.filter((s) => s === "progress").length >= 3, seen.join(","));
+  assert.equal(seen.at(-1), 'result:{"done":true}');
+});
+
+test("the cancel subject aborts the call and no reply is sent", async () => {
+  const inbox = createInbox();
+  let replies = 0;
+  side.subscribe(inbox, { callback: () => replies++ });
+  side.publish(`${prefix}.hang`, manifest("hang", "act_hang", {}), { reply: inbox, headers: sidecarHeaders("act_hang", 10000) });
+  await side.flush();
+  await new Promise((r) => setTimeout(r, 100));
+  side.publish(`${prefix}.cancel.act_hang`);
+  const reason = await cancelled;
+  assert.ok(reason instanceof ToolError && reason.type === "cancelled");
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(replies, 0);
+});
+
+test("endpoints are micro endpoints found through $SRV.INFO", async () => {
+  const r = await side.request("$SRV.INFO", undefined, { timeout: 2000 });
+  const info = JSON.parse(decoder.decode(r.data));
+  const subjects = info.endpoints.map((e: { subject: string }) => e.subject).sort();
+  assert.ok(subjects.includes(`${prefix}.echo`) && subjects.includes(`${prefix}.hang`), subjects.join(","));
+  assert.equal(info.endpoints[0].queue_group, "toolsidecar");
+});

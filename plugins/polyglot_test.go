@@ -1,0 +1,114 @@
+package plugins_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/plugins"
+	"github.com/projectdavid/toolsidecar/registry"
+)
+
+// startNodeWorker runs the Node example worker against the test's NATS.
+func startNodeWorker(t *testing.T, natsURL string) {
+	t.Helper()
+	script, _ := filepath.Abs("node/dist/examples/worker.js")
+	if _, err := os.Stat(script); err != nil {
+		t.Fatalf("%s missing: build the Node worker first (make node-build): %v", script, err)
+	}
+	cmd := exec.Command("node", script)
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "TOOLSIDECAR_PREFIX="+testenv.Prefix)
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	ready := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		ready <- strings.TrimSpace(line)
+		io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case line := <-ready:
+		if line != "ready" {
+			t.Fatalf("node worker said %q", line)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("node worker did not start")
+	}
+}
+
+// TestPolyglotBatch: one batch served at once by a Go worker, a Node
+// worker, an exec tool (Python, standard library) and an http tool; every
+// outcome is submitted in call order.
+func TestPolyglotBatch(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var m struct {
+			Args struct{ City string } `json:"args"`
+		}
+		json.NewDecoder(r.Body).Decode(&m)
+		io.WriteString(w, `{"forecast": "sunny", "city": "`+m.Args.City+`", "served_by": "http"}`)
+	}))
+	defer api.Close()
+	script, _ := filepath.Abs("python/examples/exec_tool.py")
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{
+			{Tool: "convert_currency", ArgsJSON: `{"usd": 100}`},
+			{Tool: "get_hotel_rates", ArgsJSON: `{"city": "New York", "nights": 2}`},
+			{Tool: "get_flight_times", ArgsJSON: `{"departure": "SFO", "arrival": "ORD"}`},
+			{Tool: "get_weather", ArgsJSON: `{"city": "Boston"}`},
+		}},
+		{Content: "{{results}}"},
+	}}
+	env := testenv.New(t, sc,
+		testenv.Tool{Config: config.Tool{Name: "convert_currency"}, Handler: func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+			return []byte(`{"eur": 92, "served_by": "go"}`), nil
+		}},
+		testenv.Tool{Config: config.Tool{Name: "get_hotel_rates"}}, // served by the Node worker
+		testenv.Tool{Config: config.Tool{Name: "get_flight_times", Route: "exec", Exec: map[string]any{"command": []any{"python3", script}}}},
+		testenv.Tool{Config: config.Tool{Name: "get_weather", Route: "http", HTTP: map[string]any{"url": api.URL}}},
+	)
+	startNodeWorker(t, env.NATS.ClientURL())
+	live := registry.NewLive(env.Registry)
+	local := plugins.NewLocal(live, nil)
+	ex := executor.New(config.Executor{}, env.Core, live, env.Client, executor.WithRoute("exec", local), executor.WithRoute("http", local))
+	run := env.NewRun()
+	sum, err := ex.Drive(context.Background(), executor.Request{RunID: run.RunID, ThreadID: run.ThreadID, AssistantID: run.AssistantID, MessageID: run.MessageID, Model: run.Model}, nil)
+	if err != nil || sum.Status != executor.StatusCompleted {
+		t.Fatalf("summary %+v err %v", sum, err)
+	}
+	env.AssertWholeBatches(run, 4)
+	msgs := env.Sim.ToolMessages(run.ThreadID)
+	want := []string{`"served_by": "go"`, `"served_by":"node"`, `"route": "SFO-ORD"`, `"served_by": "http"`}
+	for i, w := range want {
+		if !strings.Contains(msgs[i].Content, w) {
+			t.Errorf("outcome %d = %s, want it to contain %s", i, msgs[i].Content, w)
+		}
+	}
+}

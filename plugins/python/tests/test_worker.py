@@ -1,0 +1,86 @@
+"""Tests of the Python worker against a real NATS server.
+
+They need nats-py and NATS_URL (scripts/with-nats.sh starts a server). Where
+nats-py cannot be imported the module is skipped as a whole, and says so.
+"""
+import asyncio
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+try:
+    import nats  # noqa: F401
+except ImportError:  # pragma: no cover
+    raise unittest.SkipTest("nats-py is not importable here")
+
+from toolsidecar_worker import ToolError, serve  # noqa: E402
+
+PREFIX = "pytest"
+
+
+def manifest(tool, action_id, args):
+    return json.dumps({"type": "tool_call_manifest", "run_id": "run_1", "action_id": action_id,
+                       "tool_call_id": "call_" + action_id, "tool": tool, "args": args}).encode()
+
+
+class WorkerTest(unittest.IsolatedAsyncioTestCase):
+    async def asyncSetUp(self):
+        self.nc = await nats.connect(os.environ["NATS_URL"])
+        self.side = await nats.connect(os.environ["NATS_URL"])
+        self.cancelled = asyncio.Event()
+
+        async def echo(call):
+            return {"args": call.args, "attempt": call.attempt, "key": call.idempotency_key}
+
+        async def typed(call):
+            raise ToolError("rate_limited", "slow down")
+
+        async def hang(call):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+
+        self.worker = await serve(self.nc, {"echo": echo, "typed": typed, "hang": hang}, prefix=PREFIX)
+
+    async def asyncTearDown(self):
+        await self.worker.stop()
+        await self.nc.close()
+        await self.side.close()
+
+    async def test_success(self):
+        headers = {"Tool-Attempt": "2", "Tool-Idempotency-Key": "act_1", "Tool-Deadline": str(int(time.time() * 1000) + 2000)}
+        r = await self.side.request(f"{PREFIX}.echo", manifest("echo", "act_1", {"x": 1}), timeout=2, headers=headers)
+        self.assertEqual(json.loads(r.data), {"args": {"x": 1}, "attempt": 2, "key": "act_1"})
+
+    async def test_typed_error(self):
+        r = await self.side.request(f"{PREFIX}.typed", manifest("typed", "act_2", {}), timeout=2)
+        self.assertEqual(r.headers["Tool-Error-Type"], "rate_limited")
+        self.assertEqual(r.headers["Nats-Service-Error-Code"], "429")
+        self.assertEqual(r.headers["Nats-Service-Error"], "slow down")
+
+    async def test_cancel_subject(self):
+        inbox = self.side.new_inbox()
+        replies = []
+        await self.side.subscribe(inbox, cb=lambda m: replies.append(m))
+        await self.side.publish(f"{PREFIX}.hang", manifest("hang", "act_h", {}), reply=inbox)
+        await self.side.flush()
+        await asyncio.sleep(0.1)
+        await self.side.publish(f"{PREFIX}.cancel.act_h", b"")
+        await asyncio.wait_for(self.cancelled.wait(), 5)
+        await asyncio.sleep(0.1)
+        self.assertEqual(replies, [])
+
+    async def test_info(self):
+        r = await self.side.request("$SRV.INFO", b"", timeout=2)
+        subjects = sorted(e["subject"] for e in json.loads(r.data)["endpoints"])
+        self.assertEqual(subjects, [f"{PREFIX}.echo", f"{PREFIX}.hang", f"{PREFIX}.typed"])
+
+
+if __name__ == "__main__":
+    unittest.main()
