@@ -3,7 +3,8 @@ GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test test-go test-node test-python node-build vet fmt-check fuzz cover coresim clean
+.PHONY: all build demo test test-go test-node test-python node-build vet fmt-check fuzz cover coresim clean \
+	chart-lint chart-test static-build image
 
 all: build
 
@@ -15,7 +16,7 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet node-build test-python test-node test-go
+test: fmt-check vet static-build node-build test-python test-node chart-test test-go
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -43,6 +44,37 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+## Helm: a project-local helm from the Go module proxy (no download site is
+## needed), always with an explicit Kubernetes version.
+HELM_VERSION ?= v4.3.2
+KUBE_VERSION ?= 1.31.0
+CHART        := deploy/helm/toolsidecar
+
+bin/helm:
+	GOBIN=$(CURDIR)/bin $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+
+chart-lint: bin/helm
+	bin/helm lint $(CHART) --strict --kube-version $(KUBE_VERSION)
+	for f in deploy/helm/examples/*.yaml; do \
+		bin/helm lint $(CHART) --strict --kube-version $(KUBE_VERSION) -f $$f || exit 1; \
+		bin/helm template rel $(CHART) --kube-version $(KUBE_VERSION) -f $$f > /dev/null || exit 1; \
+	done
+
+## chart-test: render every mode and decode it strictly into the Kubernetes
+## API types (a Go module of its own under deploy/).
+chart-test: chart-lint
+	cd deploy && HELM=$(CURDIR)/bin/helm $(GO) test -count=1 ./...
+
+## static-build: the binary exactly as the Dockerfile builds it.
+static-build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/toolsidecar-static ./cmd/toolsidecar
+
+## image: needs a Docker engine, which these machines do not run.
+image:
+	@docker info >/dev/null 2>&1 || { echo "make image: no Docker engine is running here (docker info failed)."; \
+		echo "Build the image where one runs: docker build -t toolsidecar:dev ."; exit 1; }
+	docker build -t toolsidecar:dev .
 
 ## fuzz: run the chunk decoder fuzzers for a while (CI runs only their seeds).
 fuzz:

@@ -1,0 +1,320 @@
+// Package charttest renders the Helm chart offline in every mode and
+// decodes each document strictly into the Kubernetes API types: an unknown
+// or misspelt field fails. It lives in its own module so that the daemon's
+// go.mod stays small.
+package charttest
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	chart       = "../helm/toolsidecar"
+	kubeVersion = "1.31.0"
+)
+
+// helm runs the project-local helm binary (make helm installs it).
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
+	bin := os.Getenv("HELM")
+	if bin == "" {
+		bin, _ = filepath.Abs("../../bin/helm")
+	}
+	var out, errb bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+func render(t *testing.T, valuesFile string, set ...string) string {
+	args := []string{"template", "rel", chart, "--namespace", "ai", "--kube-version", kubeVersion}
+	if valuesFile != "" {
+		args = append(args, "-f", valuesFile)
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return helm(t, args...)
+}
+
+// objects decodes every document strictly into its typed API object.
+type objects struct {
+	deployments []*appsv1.Deployment
+	configMaps  []*corev1.ConfigMap
+	services    []*corev1.Service
+	hpas        []*autoscalingv2.HorizontalPodAutoscaler
+	policies    []*networkingv1.NetworkPolicy
+	svcMonitors []*monitoringv1.ServiceMonitor
+	podMonitors []*monitoringv1.PodMonitor
+}
+
+func decode(t *testing.T, manifest string) objects {
+	t.Helper()
+	var o objects
+	for _, doc := range strings.Split(manifest, "\n---") {
+		if strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(doc), "---")) == "" {
+			continue
+		}
+		var meta struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("not YAML: %v\n%s", err, doc)
+		}
+		var target any
+		switch meta.Kind {
+		case "Deployment":
+			v := &appsv1.Deployment{}
+			o.deployments, target = append(o.deployments, v), v
+		case "ConfigMap":
+			v := &corev1.ConfigMap{}
+			o.configMaps, target = append(o.configMaps, v), v
+		case "Service":
+			v := &corev1.Service{}
+			o.services, target = append(o.services, v), v
+		case "HorizontalPodAutoscaler":
+			v := &autoscalingv2.HorizontalPodAutoscaler{}
+			o.hpas, target = append(o.hpas, v), v
+		case "NetworkPolicy":
+			v := &networkingv1.NetworkPolicy{}
+			o.policies, target = append(o.policies, v), v
+		case "ServiceMonitor":
+			v := &monitoringv1.ServiceMonitor{}
+			o.svcMonitors, target = append(o.svcMonitors, v), v
+		case "PodMonitor":
+			v := &monitoringv1.PodMonitor{}
+			o.podMonitors, target = append(o.podMonitors, v), v
+		default:
+			t.Fatalf("unexpected kind %q: add it to the strict decoder", meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), target); err != nil {
+			t.Fatalf("strict decode of %s: %v\n%s", meta.Kind, err, doc)
+		}
+	}
+	return o
+}
+
+func TestLint(t *testing.T) {
+	for _, f := range append([]string{""}, examples(t)...) {
+		args := []string{"lint", chart, "--strict", "--kube-version", kubeVersion}
+		if f != "" {
+			args = append(args, "-f", f)
+		}
+		out := helm(t, args...)
+		if !strings.Contains(out, "0 chart(s) failed") {
+			t.Errorf("lint %s:\n%s", f, out)
+		}
+	}
+}
+
+func examples(t *testing.T) []string {
+	files, err := filepath.Glob("../helm/examples/*.yaml")
+	if err != nil || len(files) != 3 {
+		t.Fatalf("example values: %v %v", files, err)
+	}
+	return files
+}
+
+func sidecar(t *testing.T, d *appsv1.Deployment) corev1.Container {
+	t.Helper()
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if c.Name == "toolsidecar" {
+			return c
+		}
+	}
+	t.Fatalf("deployment %s has no toolsidecar container", d.Name)
+	return corev1.Container{}
+}
+
+// TestDefaultValues asserts the fields that matter on the default render.
+func TestDefaultValues(t *testing.T) {
+	o := decode(t, render(t, ""))
+	if len(o.deployments) != 1 || len(o.configMaps) != 1 || len(o.services) != 1 {
+		t.Fatalf("objects: %d deployments, %d configmaps, %d services", len(o.deployments), len(o.configMaps), len(o.services))
+	}
+	d := o.deployments[0]
+	pod := d.Spec.Template.Spec
+	if len(pod.Containers) != 2 || pod.Containers[0].Name != "assistant-app" {
+		t.Fatalf("the example pod must hold the app and the sidecar: %v", pod.Containers)
+	}
+	c := sidecar(t, d)
+	if got := strings.Join(c.Args, " "); got != "run --config /etc/toolsidecar/config.yaml --log-level info" {
+		t.Errorf("args %q", got)
+	}
+	if c.Image != "ghcr.io/projectdavid/toolsidecar:0.1.0" {
+		t.Errorf("image %q (tag defaults to appVersion)", c.Image)
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" ||
+		c.ReadinessProbe.HTTPGet.Port.String() != "http" {
+		t.Errorf("probes %+v %+v", c.LivenessProbe, c.ReadinessProbe)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || fmt.Sprint(sc.Capabilities.Drop) != "[ALL]" {
+		t.Errorf("container securityContext %+v", sc)
+	}
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v", psc)
+	}
+	if c.Resources.Requests.Memory().String() != "32Mi" || c.Resources.Limits.Memory().String() != "128Mi" {
+		t.Errorf("resources %+v", c.Resources)
+	}
+	if pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds != 45 {
+		t.Errorf("grace period %v, want shutdownTimeout + 15", pod.TerminationGracePeriodSeconds)
+	}
+	cfg := o.configMaps[0].Data["config.yaml"]
+	for _, want := range []string{`listen: "0.0.0.0:8080"`, `url: ""`, "name: get_flight_times", "max_parallel: 16"} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("config.yaml lacks %q:\n%s", want, cfg)
+		}
+	}
+	if strings.Contains(cfg, "api_key_file") {
+		t.Error("no Secret configured, yet an api_key_file is set")
+	}
+}
+
+// TestChecksumRollsPods: changing the configuration changes the pod template.
+func TestChecksumRollsPods(t *testing.T) {
+	sum := func(set ...string) string {
+		o := decode(t, render(t, "", set...))
+		return o.deployments[0].Spec.Template.Annotations["checksum/config"]
+	}
+	a, b := sum(), sum("executor.maxParallel=8")
+	if len(a) != 64 || a == b {
+		t.Fatalf("checksum/config %q then %q: a config change must change it", a, b)
+	}
+	if a != sum() {
+		t.Error("checksum is not stable")
+	}
+}
+
+// TestSecretReferences: the API key comes from an existing Secret as a
+// file, never from values.
+func TestSecretReferences(t *testing.T) {
+	o := decode(t, render(t, "../helm/examples/external-nats.yaml"))
+	d := o.deployments[0]
+	var found bool
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == "core-api-key" {
+			found = v.Secret != nil && v.Secret.SecretName == "projectdavid-core" && v.Secret.Items[0].Key == "api-key"
+		}
+	}
+	if !found {
+		t.Fatalf("no core-api-key volume from Secret projectdavid-core: %+v", d.Spec.Template.Spec.Volumes)
+	}
+	c := sidecar(t, d)
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		mounted = mounted || (m.Name == "core-api-key" && m.ReadOnly && m.MountPath == "/var/run/secrets/toolsidecar/core")
+	}
+	if !mounted {
+		t.Errorf("secret not mounted read-only: %+v", c.VolumeMounts)
+	}
+	for _, e := range c.Env {
+		if strings.Contains(strings.ToLower(e.Name), "key") && e.Value != "" {
+			t.Errorf("a key in clear in env: %s", e.Name)
+		}
+	}
+	cfg := o.configMaps[0].Data["config.yaml"]
+	for _, want := range []string{"api_key_file: /var/run/secrets/toolsidecar/core/api-key", `url: "nats://nats.nats.svc:4222"`,
+		"creds_file: /var/run/secrets/toolsidecar/nats/nats.creds", "auth_token_file: /var/run/secrets/toolsidecar/token/token"} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("config.yaml lacks %q:\n%s", want, cfg)
+		}
+	}
+	if len(o.svcMonitors) != 1 || o.svcMonitors[0].Spec.Endpoints[0].Path != "/metrics" || o.svcMonitors[0].Labels["release"] != "prometheus" {
+		t.Errorf("service monitor %+v", o.svcMonitors)
+	}
+	if len(o.policies) != 1 || o.policies[0].Spec.Ingress[0].Ports[0].Port.String() != "http" {
+		t.Errorf("network policy %+v", o.policies)
+	}
+}
+
+func TestEmbeddedMode(t *testing.T) {
+	o := decode(t, render(t, "../helm/examples/embedded.yaml"))
+	cfg := o.configMaps[0].Data["config.yaml"]
+	if !strings.Contains(cfg, `url: ""`) || !strings.Contains(cfg, `listen: "127.0.0.1:4222"`) || !strings.Contains(cfg, "route: http") {
+		t.Errorf("embedded config:\n%s", cfg)
+	}
+}
+
+func TestWorkersWithHPA(t *testing.T) {
+	o := decode(t, render(t, "../helm/examples/workers-hpa.yaml"))
+	if len(o.deployments) != 2 || len(o.hpas) != 1 || len(o.podMonitors) != 1 {
+		t.Fatalf("%d deployments, %d hpas, %d pod monitors", len(o.deployments), len(o.hpas), len(o.podMonitors))
+	}
+	var w *appsv1.Deployment
+	for _, d := range o.deployments {
+		if strings.HasSuffix(d.Name, "-worker") {
+			w = d
+		}
+	}
+	if w == nil || w.Spec.Replicas != nil {
+		t.Fatalf("worker deployment %v: replicas must be left to the HPA", w)
+	}
+	c := w.Spec.Template.Spec.Containers[0]
+	if strings.Join(c.Args[:3], " ") != "worker --config /etc/toolsidecar/config.yaml" || c.SecurityContext == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
+		t.Errorf("worker container %+v", c)
+	}
+	h := o.hpas[0]
+	if h.Spec.ScaleTargetRef.Name != w.Name || h.Spec.MaxReplicas != 8 || *h.Spec.MinReplicas != 2 {
+		t.Errorf("hpa %+v", h.Spec)
+	}
+}
+
+// TestSchemaRejects: values.schema.json catches bad values before render.
+func TestSchemaRejects(t *testing.T) {
+	for _, set := range []string{"executor.missingTool=ignore", "sidecar.port=0", "tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x"} {
+		cmd := exec.Command(helmPath(), "template", "rel", chart, "--kube-version", kubeVersion, "--set", set)
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			t.Errorf("--set %s rendered:\n%.200s", set, out)
+		}
+	}
+	cmd := exec.Command(helmPath(), "template", "rel", chart, "--kube-version", kubeVersion, "--set", "workers.enabled=true")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "workers.enabled needs nats.url") {
+		t.Errorf("workers without NATS: %v %s", err, out)
+	}
+}
+
+func helmPath() string {
+	if bin := os.Getenv("HELM"); bin != "" {
+		return bin
+	}
+	bin, _ := filepath.Abs("../../bin/helm")
+	return bin
+}
+
+// TestRenderedConfigLoads: the config.yaml the chart renders passes the
+// daemon's own strict loader, in every mode.
+func TestRenderedConfigLoads(t *testing.T) {
+	for _, f := range append([]string{""}, examples(t)...) {
+		o := decode(t, render(t, f))
+		for _, cm := range o.configMaps {
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600)
+			cmd := exec.Command("go", "run", "./cmd/toolsidecar", "check", "--config", path)
+			cmd.Dir = "../.."
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("%s %s: the daemon rejects the rendered config: %v\n%s\n%s", f, cm.Name, err, out, cm.Data["config.yaml"])
+			}
+		}
+	}
+}
