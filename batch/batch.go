@@ -1,7 +1,7 @@
 // Package batch joins a batch of calls as a whole. Tasks are added while
 // the batch is open (as manifests stream in) and run at once, at most
-// limit at a time; their results are values, so one failure never cancels
-// a sibling. Results are handed to the submit function strictly in index
+// limit at a time (queued in order beyond it); their results are values,
+// so one failure never cancels a sibling. Results are handed to the submit function strictly in index
 // order and pipelined: result i is submitted as soon as results 0..i are
 // all in. Wait returns only when every task has run and every result has
 // been submitted.
@@ -18,7 +18,8 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Batch is one batch. Use it once: Go while open, then Wait.
+// Batch is one batch. Use it once: Go while open, then Close and wait on
+// Done, or just Wait.
 type Batch[T any] struct {
 	ctx    context.Context
 	submit func(i int, v T) error
@@ -28,11 +29,14 @@ type Batch[T any] struct {
 	results []T
 	ready   []chan struct{}
 	closed  bool
-	added   chan struct{} // signalled on Go and on close
+	added   chan struct{} // signalled on Go and on Close
+	queue   []func()      // tasks waiting for a slot under the limit
+	running int           // goroutines running tasks, at most limit
+	limit   int
+	errs    []error
 
-	queue chan func() // tasks waiting for the group's limit
-	owner sync.WaitGroup
-	errs  []error
+	submitter sync.WaitGroup
+	done      chan struct{} // closed when every result is submitted
 }
 
 // New opens a batch whose tasks receive ctx and run at most limit at a
@@ -40,18 +44,11 @@ type Batch[T any] struct {
 // in index order; its errors are collected and returned by Wait, and the
 // remaining results are still submitted.
 func New[T any](ctx context.Context, limit int, submit func(i int, v T) error) *Batch[T] {
-	b := &Batch[T]{ctx: ctx, submit: submit, added: make(chan struct{}, 1), queue: make(chan func(), 1024)}
-	if limit > 0 {
-		b.group.SetLimit(limit)
-	}
-	// feeder: the group's Go blocks at the limit; the caller adding tasks
-	// (a stream reader) must not.
-	b.owner.Go(func() {
-		for task := range b.queue {
-			b.group.Go(func() error { task(); return nil })
-		}
+	b := &Batch[T]{ctx: ctx, submit: submit, limit: limit, added: make(chan struct{}, 1), done: make(chan struct{})}
+	b.submitter.Go(func() {
+		defer close(b.done)
+		b.submitInOrder()
 	})
-	b.owner.Go(b.submitInOrder)
 	return b
 }
 
@@ -61,32 +58,53 @@ func (b *Batch[T]) Go(task func(ctx context.Context) T) int {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		panic("batch: Go after Wait")
+		panic("batch: Go after Close")
 	}
 	i := len(b.results)
 	var zero T
 	b.results = append(b.results, zero)
 	done := make(chan struct{})
 	b.ready = append(b.ready, done)
-	b.mu.Unlock()
-	b.signal()
-	b.enqueue(func() {
+	run := func() {
 		v := task(b.ctx)
 		b.mu.Lock()
 		b.results[i] = v
 		b.mu.Unlock()
 		close(done)
-	})
+	}
+	// At the limit the task waits in the queue and a finishing task picks
+	// it up on its own goroutine: no goroutine exists only to feed others,
+	// and the caller (a stream reader) never blocks. The count is kept
+	// here, under the same lock as the queue, rather than with the group's
+	// SetLimit, whose slot is freed only after a goroutine has returned:
+	// a task queued in that gap would wait forever.
+	start := b.limit < 1 || b.running < b.limit
+	if start {
+		b.running++
+	} else {
+		b.queue = append(b.queue, run)
+	}
+	b.mu.Unlock()
+	if start {
+		b.group.Go(func() error { b.drain(run); return nil })
+	}
+	b.signal()
 	return i
 }
 
-// enqueue hands a task to the feeder. The queue is large; when it is full
-// the task runs on its own goroutine, still owned by the group.
-func (b *Batch[T]) enqueue(task func()) {
-	select {
-	case b.queue <- task:
-	default:
-		b.owner.Go(func() { b.group.Go(func() error { task(); return nil }) })
+// drain runs task, then every task queued meanwhile, until the queue is
+// empty; it holds one of the limit's slots the whole time.
+func (b *Batch[T]) drain(task func()) {
+	for task != nil {
+		task()
+		b.mu.Lock()
+		task = nil
+		if len(b.queue) > 0 {
+			task, b.queue = b.queue[0], b.queue[1:]
+		} else {
+			b.running--
+		}
+		b.mu.Unlock()
 	}
 }
 
@@ -104,15 +122,22 @@ func (b *Batch[T]) Len() int {
 	return len(b.results)
 }
 
-// Wait closes the batch, waits for every task and submission, and returns
-// the results in index order with the joined submission errors.
-func (b *Batch[T]) Wait() ([]T, error) {
+// Close ends intake: no task may be added after it.
+func (b *Batch[T]) Close() {
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
 	b.signal()
-	close(b.queue)
-	b.owner.Wait()
+}
+
+// Done is closed once the batch is closed and every result is submitted.
+func (b *Batch[T]) Done() <-chan struct{} { return b.done }
+
+// Wait closes the batch, waits for every task and submission, and returns
+// the results in index order with the joined submission errors.
+func (b *Batch[T]) Wait() ([]T, error) {
+	b.Close()
+	b.submitter.Wait()
 	b.group.Wait()
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -78,6 +78,22 @@ func TestLimit(t *testing.T) {
 	}
 }
 
+// TestManySmallTasks: tasks that finish while others are being added never
+// strand a queued task (the slot handover is under one lock).
+func TestManySmallTasks(t *testing.T) {
+	for _, limit := range []int{1, 2, 3} {
+		var sum atomic.Int64
+		b := New(context.Background(), limit, func(i int, v int) error { sum.Add(int64(v)); return nil })
+		for i := range 2000 {
+			b.Go(func(context.Context) int { return i })
+		}
+		res, err := b.Wait()
+		if err != nil || len(res) != 2000 || sum.Load() != 1999*2000/2 {
+			t.Fatalf("limit %d: %d results, sum %d, %v", limit, len(res), sum.Load(), err)
+		}
+	}
+}
+
 // TestSubmitErrorsKeepGoing: a failed submission is reported, and the
 // results after it are still submitted.
 func TestSubmitErrorsKeepGoing(t *testing.T) {
@@ -114,6 +130,11 @@ func TestEmptyBatchAndContext(t *testing.T) {
 	res, _ := b2.Wait()
 	if !errors.Is(res[0], context.Canceled) {
 		t.Errorf("task did not see the batch context: %v", res[0])
+	}
+	select {
+	case <-b2.Done():
+	default:
+		t.Error("Done not closed after Wait")
 	}
 	defer func() {
 		if recover() == nil {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"golang.org/x/sync/errgroup"
 )
 
 // Call is what a handler receives: the manifest's fields, the raw manifest,
@@ -93,8 +92,11 @@ type Worker struct {
 	log      *slog.Logger
 	handlers map[string]Handler
 
-	group *errgroup.Group
-	subs  []*nats.Subscription
+	jobs     chan job      // unbuffered: a call waits for a free runner
+	stop     chan struct{} // closed by Stop once the subscriptions drained
+	stopOnce sync.Once
+	runners  sync.WaitGroup
+	subs     []*nats.Subscription
 
 	mu       sync.Mutex
 	inflight map[string]context.CancelCauseFunc
@@ -112,16 +114,27 @@ func NewWorker(nc *nats.Conn, subjectPrefix string, opts ...WorkerOption) *Worke
 	for _, o := range opts {
 		o(w)
 	}
-	w.group = &errgroup.Group{}
-	w.group.SetLimit(w.limit)
+	w.jobs, w.stop = make(chan job), make(chan struct{})
 	return w
 }
 
 // Handle registers the handler of a tool. It must be called before Start.
 func (w *Worker) Handle(tool string, h Handler) { w.handlers[tool] = h }
 
-// Start subscribes every registered tool and the cancel subject.
+type job struct {
+	tool string
+	h    Handler
+	m    *nats.Msg
+}
+
+// Start starts the runners, then subscribes every registered tool, the
+// cancel subject and micro's discovery subjects.
 func (w *Worker) Start() error {
+	// A fixed set of long-lived runners, not a goroutine per call: their
+	// stacks stay grown, which matters on the hot path (JSON decoding).
+	for range w.limit {
+		w.runners.Go(w.runLoop)
+	}
 	for tool, h := range w.handlers {
 		sub, err := w.nc.QueueSubscribe(w.prefix+"."+tool, w.queue, w.serve(tool, h))
 		if err != nil {
@@ -143,8 +156,9 @@ func (w *Worker) Start() error {
 	return w.nc.Flush()
 }
 
-// Stop drains the subscriptions (no new calls), then waits for running
-// handlers until ctx ends, when their contexts are cancelled.
+// Stop drains the subscriptions (no new calls), waits for the calls in
+// flight to finish, and, when ctx ends first, cancels them and waits for
+// their handlers to return.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	w.stopped = true
@@ -152,18 +166,39 @@ func (w *Worker) Stop(ctx context.Context) error {
 	for _, s := range w.subs {
 		_ = s.Drain()
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.group.Wait() }()
+	// Drain is asynchronous: wait until every subscription has delivered
+	// what it had, so that no callback hands a call over after the stop.
+	for _, s := range w.subs {
+		for s.IsValid() && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	w.stopOnce.Do(func() { close(w.stop) })
+	done := make(chan struct{})
+	go func() { w.runners.Wait(); close(done) }()
 	select {
-	case err := <-done:
-		return err
+	case <-done:
+		return nil
 	case <-ctx.Done():
 		w.mu.Lock()
 		for _, cancel := range w.inflight {
 			cancel(context.Cause(ctx))
 		}
 		w.mu.Unlock()
-		return <-done
+		<-done
+		return nil
+	}
+}
+
+// runLoop runs calls until the worker stops.
+func (w *Worker) runLoop() {
+	for {
+		select {
+		case j := <-w.jobs:
+			w.run(j.tool, j.h, j.m)
+		case <-w.stop:
+			return
+		}
 	}
 }
 
@@ -184,14 +219,15 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	}
 }
 
-// serve runs each message in the worker's group; Go blocks when the
-// concurrency limit is reached, which holds back this subscription only.
+// serve hands each message to a runner; it blocks while all runners are
+// busy, which holds back this subscription only.
 func (w *Worker) serve(tool string, h Handler) nats.MsgHandler {
 	return func(m *nats.Msg) {
-		w.group.Go(func() error {
-			w.run(tool, h, m)
-			return nil
-		})
+		select {
+		case w.jobs <- job{tool, h, m}:
+		case <-w.stop:
+			w.respond(m, nil, NewError(WorkerCrash, "worker stopping"))
+		}
 	}
 }
 
@@ -267,14 +303,13 @@ func (w *Worker) respond(m *nats.Msg, data []byte, err error) {
 	if m.Reply == "" {
 		return
 	}
-	out := nats.NewMsg(m.Reply)
+	out := &nats.Msg{Subject: m.Reply, Data: data} // success: no header to encode
 	if err != nil {
 		e := AsError(err)
+		out = nats.NewMsg(m.Reply)
 		out.Header.Set(HeaderServiceError, e.Message)
 		out.Header.Set(HeaderServiceCode, itoa(e.Code))
 		out.Header.Set(HeaderErrorType, string(e.Type))
-	} else {
-		out.Data = data
 	}
 	if perr := w.nc.PublishMsg(out); perr != nil {
 		w.log.Error("reply failed", "subject", m.Subject, "err", perr)

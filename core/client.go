@@ -56,14 +56,14 @@ type Observer func(endpoint string, status int, d time.Duration)
 // Option configures a [Client].
 type Option func(*Client) error
 
-// WithHTTPClient sets the HTTP client (transport, TLS). It must not set a
-// whole-request Timeout, which would cut long streams.
+// WithHTTPClient sets the HTTP client (transport, TLS) of every call. It
+// must not set a whole-request Timeout, which would cut long streams.
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) error {
 		if hc == nil {
 			return errors.New("core: nil http client")
 		}
-		c.hc = hc
+		c.hc, c.streamHC = hc, hc
 		return nil
 	}
 }
@@ -75,11 +75,12 @@ func WithObserver(o Observer) Option {
 
 // Client talks to one Core. It is safe for concurrent use.
 type Client struct {
-	cfg     Config
-	base    *url.URL
-	hc      *http.Client
-	observe Observer
-	gap     func(time.Duration)
+	cfg      Config
+	base     *url.URL
+	hc       *http.Client // short calls: connections pooled and bounded
+	streamHC *http.Client // completions streams: one connection each
+	observe  Observer
+	gap      func(time.Duration)
 }
 
 // New builds a client. It does no I/O.
@@ -103,13 +104,27 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.Retries == 0 {
 		cfg.Retries = 3
 	}
-	c := &Client{cfg: cfg, base: u, hc: &http.Client{}, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {}}
+	c := &Client{cfg: cfg, base: u, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
+		hc: &http.Client{Transport: newTransport(maxConnsPerHost)}, streamHC: &http.Client{Transport: newTransport(0)}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// maxConnsPerHost bounds the connections of short calls. A batch of
+// thousands of calls then queues for a connection instead of opening
+// thousands (each with its buffers, in the sidecar and in Core). Streams
+// have their own transport: one long-lived connection per open turn.
+const maxConnsPerHost = 64
+
+func newTransport(maxConns int) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxConnsPerHost = maxConns
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 64
+	return t
 }
 
 // HTTPError is a non-2xx answer from Core. Body is a bounded excerpt.
@@ -151,7 +166,7 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) (*Stream, er
 	}
 	hreq.Header.Set("Accept", "text/event-stream")
 	start := time.Now()
-	resp, err := c.hc.Do(hreq)
+	resp, err := c.streamHC.Do(hreq)
 	if err != nil {
 		c.observe("completions", 0, time.Since(start))
 		cancel(err)

@@ -25,12 +25,15 @@ var (
 )
 
 // Stream is one open completions response. It is not safe for concurrent
-// use; Close must be called once the caller is done with it.
+// use; Close must be called once the caller is done with it. Read it with
+// either Next or Chunks: Chunks reads without the extra goroutine that the
+// pull-style Next needs.
 type Stream struct {
 	body   io.ReadCloser
 	cancel context.CancelCauseFunc
 	ctx    context.Context
-	next   func() (sse.Event, error, bool)
+	events iter.Seq2[sse.Event, error]
+	next   func() (sse.Event, error, bool) // set on the first Next
 	stop   func()
 	idle   *idleTimer
 	done   bool
@@ -46,47 +49,73 @@ func (s *Stream) Next() (Chunk, error) {
 	if s.done {
 		return Chunk{}, s.err
 	}
+	if s.next == nil {
+		s.next, s.stop = iter.Pull2(s.events)
+	}
 	for {
 		ev, err, ok := s.next()
-		if !ok {
-			return Chunk{}, s.finish(ErrTruncated)
+		if c, cerr, skip := s.step(ev, err, ok); !skip {
+			return c, cerr
 		}
-		if err != nil {
-			if cause := context.Cause(s.ctx); cause != nil {
-				err = cause
-			}
-			return Chunk{}, s.finish(fmt.Errorf("core: reading stream: %w", err))
-		}
-		if s.gap != nil {
-			now := time.Now()
-			s.gap(now.Sub(s.last))
-			s.last = now
-		}
-		if ev.Data == "" {
-			continue // event:/id:-only frames carry nothing Core uses
-		}
-		if ev.Data == "[DONE]" {
-			return Chunk{}, s.finish(io.EOF)
-		}
-		return DecodeChunk([]byte(ev.Data))
 	}
 }
 
-// Chunks ranges over the stream until its end. The final error (nil after
-// [DONE]) is yielded with a zero chunk; frame errors are yielded as they
-// come and iteration goes on.
+// Chunks ranges over the stream until its end. Frame errors are yielded as
+// they come and iteration goes on; a clean end ([DONE]) yields nothing
+// more; any other end is yielded last, as an error with a zero chunk.
 func (s *Stream) Chunks() iter.Seq2[Chunk, error] {
 	return func(yield func(Chunk, error) bool) {
-		for {
-			c, err := s.Next()
-			if errors.Is(err, io.EOF) {
-				return
+		if s.next != nil || s.done { // already read with Next: go on that way
+			for {
+				c, err := s.Next()
+				if errors.Is(err, io.EOF) || !yield(c, err) || (err != nil && !errors.Is(err, ErrFrame)) {
+					return
+				}
 			}
-			if !yield(c, err) || (err != nil && !errors.Is(err, ErrFrame)) {
+		}
+		for ev, err := range s.events {
+			c, cerr, skip := s.step(ev, err, true)
+			switch {
+			case skip:
+				continue
+			case errors.Is(cerr, io.EOF):
+				return
+			case !yield(c, cerr) || (cerr != nil && !errors.Is(cerr, ErrFrame)):
 				return
 			}
 		}
+		if !s.done { // the body ended without [DONE]
+			c, cerr, _ := s.step(sse.Event{}, nil, false)
+			yield(c, cerr)
+		}
 	}
+}
+
+// step turns one read result into a chunk or an error; skip reports a
+// frame that carries nothing (id:- or event:-only).
+func (s *Stream) step(ev sse.Event, err error, ok bool) (c Chunk, cerr error, skip bool) {
+	if !ok {
+		return Chunk{}, s.finish(ErrTruncated), false
+	}
+	if err != nil {
+		if cause := context.Cause(s.ctx); cause != nil {
+			err = cause
+		}
+		return Chunk{}, s.finish(fmt.Errorf("core: reading stream: %w", err)), false
+	}
+	if s.gap != nil {
+		now := time.Now()
+		s.gap(now.Sub(s.last))
+		s.last = now
+	}
+	if ev.Data == "" {
+		return Chunk{}, nil, true
+	}
+	if ev.Data == "[DONE]" {
+		return Chunk{}, s.finish(io.EOF), false
+	}
+	c, cerr = DecodeChunk([]byte(ev.Data))
+	return c, cerr, false
 }
 
 func (s *Stream) finish(err error) error {
@@ -97,7 +126,9 @@ func (s *Stream) finish(err error) error {
 
 func (s *Stream) closeBody() {
 	s.idle.stop()
-	s.stop()
+	if s.stop != nil {
+		s.stop()
+	}
 	s.body.Close()
 	s.cancel(context.Canceled)
 }
@@ -116,7 +147,7 @@ func newStream(ctx context.Context, cancel context.CancelCauseFunc, body io.Read
 	s := &Stream{body: body, cancel: cancel, ctx: ctx}
 	s.idle = newIdleTimer(idle, func() { cancel(ErrStreamIdle) })
 	r := &idleReader{r: body, t: s.idle}
-	s.next, s.stop = iter.Pull2(iter.Seq2[sse.Event, error](sse.Read(r, &sse.ReadConfig{MaxEventSize: maxFrame})))
+	s.events = iter.Seq2[sse.Event, error](sse.Read(r, &sse.ReadConfig{MaxEventSize: maxFrame}))
 	return s
 }
 

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // harness is a whole sidecar on real parts (testenv) plus an executor.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	env  *testenv.Env
 	sim  *coresim.Sim
 	core *core.Client
@@ -42,7 +42,7 @@ type tool struct {
 	handler bridge.Handler
 }
 
-func newHarness(t *testing.T, sc coresim.Scenario, ecfg config.Executor, tools ...tool) *harness {
+func newHarness(t testing.TB, sc coresim.Scenario, ecfg config.Executor, tools ...tool) *harness {
 	t.Helper()
 	envTools := make([]testenv.Tool, len(tools))
 	for i, tl := range tools {

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/batch"
@@ -124,12 +122,6 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 	}
 	defer stream.Close()
 
-	var watch sync.WaitGroup
-	stopWatch := make(chan struct{})
-	watch.Go(func() { e.watchRun(tctx, req.RunID, stopWatch, cancelTurn) })
-	defer watch.Wait()
-	defer close(stopWatch)
-
 	b := batch.New(tctx, e.cfg.MaxParallel, func(i int, o *outcome) error {
 		return e.submit(ctx, req, o, emit, log)
 	})
@@ -152,46 +144,48 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 		b.Go(func(ctx context.Context) *outcome { return e.call(ctx, n, m, tool, pre, req.Traceparent, log) })
 	}
 
-	for {
-		c, err := stream.Next()
-		if err == nil {
-			switch c.Kind {
-			case core.KindManifest:
-				add(c.Manifest)
-			case core.KindContent:
-				content.WriteString(c.Text)
-				emit(Event{Type: EventContent, Turn: n, Text: c.Text, Raw: c.Raw})
-			case core.KindReasoning:
-				emit(Event{Type: EventReasoning, Turn: n, Text: c.Text, Raw: c.Raw})
-			case core.KindError:
-				log.Warn("error chunk from Core", "text", c.Text)
-				upstreamErr = c.Text
-				emit(Event{Type: EventError, Turn: n, Text: c.Text, Raw: c.Raw})
-			default:
-				emit(Event{Type: EventChunk, Turn: n, Raw: c.Raw})
-			}
-			continue
-		}
-		if errors.Is(err, core.ErrFrame) {
+	var endErr error
+	for c, err := range stream.Chunks() {
+		switch {
+		case err == nil:
+		case errors.Is(err, core.ErrFrame):
 			// One bad frame never abandons the rest of the stream.
 			log.Warn("undecodable frame skipped", "err", err)
 			emit(Event{Type: EventError, Turn: n, Text: err.Error()})
 			continue
+		default:
+			endErr = err // the stream ended without [DONE]; nothing follows
+			continue
 		}
-		if errors.Is(err, io.EOF) || tctx.Err() != nil {
-			break
+		switch c.Kind {
+		case core.KindManifest:
+			add(c.Manifest)
+		case core.KindContent:
+			content.WriteString(c.Text)
+			emit(Event{Type: EventContent, Turn: n, Text: c.Text, Raw: c.Raw})
+		case core.KindReasoning:
+			emit(Event{Type: EventReasoning, Turn: n, Text: c.Text, Raw: c.Raw})
+		case core.KindError:
+			log.Warn("error chunk from Core", "text", c.Text)
+			upstreamErr = c.Text
+			emit(Event{Type: EventError, Turn: n, Text: c.Text, Raw: c.Raw})
+		default:
+			emit(Event{Type: EventChunk, Turn: n, Raw: c.Raw})
 		}
+	}
+	if endErr != nil && tctx.Err() == nil {
 		// The stream dropped before [DONE]. Asking again would make the
 		// model answer twice: recover the turn's calls from Core instead.
-		log.Warn("stream ended early; recovering from pending actions", "err", err)
-		emit(Event{Type: EventError, Turn: n, Text: err.Error()})
+		log.Warn("stream ended early; recovering from pending actions", "err", endErr)
+		emit(Event{Type: EventError, Turn: n, Text: endErr.Error()})
 		e.recoverPending(ctx, req.RunID, seen, add, log)
 		if b.Len() == 0 {
-			tr.err = fmt.Errorf("%w: %w", ErrTruncatedTurn, err)
+			tr.err = fmt.Errorf("%w: %w", ErrTruncatedTurn, endErr)
 		}
-		break
 	}
 
+	b.Close()
+	e.awaitBatch(tctx, req.RunID, b.Done(), cancelTurn)
 	outs, serr := b.Wait()
 	tr.content = content.String()
 	for _, o := range outs {
@@ -219,23 +213,26 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 	return tr
 }
 
-// watchRun polls the run while the turn lasts and cancels the turn when
-// Core says the run was cancelled.
-func (e *Executor) watchRun(ctx context.Context, runID string, stop <-chan struct{}, cancel context.CancelCauseFunc) {
+// awaitBatch waits for the batch to be joined and submitted, asking Core
+// every cancel_poll whether the run was cancelled meanwhile; if so it
+// cancels the turn (the calls in flight) with ErrRunCancelled. It runs on
+// the turn's own goroutine: while the stream is open, Core itself ends the
+// stream of a cancelled run.
+func (e *Executor) awaitBatch(ctx context.Context, runID string, done <-chan struct{}, cancel context.CancelCauseFunc) {
 	t := time.NewTicker(e.cfg.CancelPoll)
 	defer t.Stop()
 	for {
 		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
+		case <-done:
 			return
 		case <-t.C:
+		}
+		if ctx.Err() != nil {
+			continue // already cancelled: wait for the outcomes to be submitted
 		}
 		run, err := e.core.GetRun(ctx, runID)
 		if err == nil && (run.Status == core.RunCancelled || run.Status == core.RunCancelling) {
 			cancel(ErrRunCancelled)
-			return
 		}
 	}
 }

@@ -1,0 +1,122 @@
+package bridge
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// The overhead benchmarks compare, in one run on one server, a raw NATS
+// request-reply round trip (nats.go Request to a bare responder) with a
+// sidecar dispatch (Client.Dispatch to a Worker: headers, deadline,
+// progress-aware wait, manifest parsing on the worker). Both echo the
+// manifest, so tool time is zero.
+//
+//	go test ./bridge -run '^$' -bench 'Raw|Dispatch' -benchtime 20000x
+
+func benchConns(b *testing.B) (side, work *nats.Conn) {
+	b.Helper()
+	ns, err := StartEmbedded("127.0.0.1:-1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	side, _ = nats.Connect(ns.ClientURL())
+	work, _ = nats.Connect(ns.ClientURL())
+	b.Cleanup(func() { side.Close(); work.Close(); ns.Shutdown(); ns.WaitForShutdown() })
+	return side, work
+}
+
+// reportLatency adds p50 and p99 in microseconds.
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+func BenchmarkRawRequest(b *testing.B) {
+	side, work := benchConns(b)
+	sub, _ := work.Subscribe("raw.echo", func(m *nats.Msg) { m.Respond(m.Data) })
+	defer sub.Unsubscribe()
+	work.Flush()
+	body := []byte(manifest)
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if _, err := side.Request("raw.echo", body, time.Second); err != nil {
+			b.Fatal(err)
+		}
+		lat[i] = time.Since(start)
+	}
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
+func BenchmarkDispatch(b *testing.B) {
+	side, work := benchConns(b)
+	w := NewWorker(work, "t")
+	w.Handle("echo", func(ctx context.Context, c *Call) ([]byte, error) { return c.Manifest, nil })
+	if err := w.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop(context.Background())
+	c, _ := Open(side, "t")
+	defer c.Close()
+	r := req("echo", time.Second)
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if rep := c.Dispatch(context.Background(), r); rep.Err != nil {
+			b.Fatal(rep.Err)
+		}
+		lat[i] = time.Since(start)
+	}
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
+// The throughput pair: many calls in flight at once.
+func BenchmarkRawRequestParallel(b *testing.B) {
+	side, work := benchConns(b)
+	sub, _ := work.Subscribe("raw.echo", func(m *nats.Msg) { m.Respond(m.Data) })
+	defer sub.Unsubscribe()
+	work.Flush()
+	body := []byte(manifest)
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := side.Request("raw.echo", body, 5*time.Second); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkDispatchParallel(b *testing.B) {
+	side, work := benchConns(b)
+	w := NewWorker(work, "t", WithConcurrency(256))
+	w.Handle("echo", func(ctx context.Context, c *Call) ([]byte, error) { return c.Manifest, nil })
+	if err := w.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop(context.Background())
+	c, _ := Open(side, "t")
+	defer c.Close()
+	r := req("echo", 5*time.Second)
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if rep := c.Dispatch(context.Background(), r); rep.Err != nil {
+				b.Error(rep.Err)
+				return
+			}
+		}
+	})
+}

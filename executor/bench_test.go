@@ -1,0 +1,56 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+)
+
+// BenchmarkBatch drives whole runs end to end (Core simulator over HTTP,
+// embedded NATS, a Go worker whose tool takes 200 ms): one batch of N
+// calls, then the final answer. The design target: N=16 within 1.10× of
+// N=1. "sequential" runs the same batch one call at a time, as the legacy
+// SDK loop does.
+//
+//	go test ./executor -run '^$' -bench BenchmarkBatch -benchtime 20x
+func BenchmarkBatch(b *testing.B) {
+	sleep200 := func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		return []byte(`{"ok": true}`), nil
+	}
+	for _, bc := range []struct {
+		name        string
+		calls       int
+		maxParallel int
+	}{{"calls=1", 1, 16}, {"calls=16", 16, 16}, {"calls=16/sequential", 16, 1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			specs := make([]string, bc.calls)
+			for i := range specs {
+				specs[i] = fmt.Sprintf(`slow {"i": "%d"}`, i)
+			}
+			sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls(specs...)}, {Content: "done"}}}
+			h := newHarness(b, sc, config.Executor{MaxParallel: bc.maxParallel}, tool{config.Tool{Name: "slow"}, sleep200})
+			reqs := make([]Request, b.N)
+			for i := range reqs {
+				reqs[i] = h.setupRun()
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				sum, err := h.exec.Drive(context.Background(), reqs[i], nil)
+				if err != nil || sum.Status != StatusCompleted || len(sum.Calls) != bc.calls {
+					b.Fatalf("drive: %+v %v", sum, err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/run")
+		})
+	}
+}
