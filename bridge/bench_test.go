@@ -29,6 +29,24 @@ func benchConns(b *testing.B) (side, work *nats.Conn) {
 	return side, work
 }
 
+// echoClient starts a Worker that echoes the manifest and returns a Client
+// dispatching to it.
+func echoClient(b *testing.B, concurrency int) *Client {
+	b.Helper()
+	side, work := benchConns(b)
+	w := NewWorker(work, "t", WithConcurrency(concurrency))
+	w.Handle("echo", func(ctx context.Context, c *Call) ([]byte, error) { return c.Manifest, nil })
+	if err := w.Start(); err != nil {
+		b.Fatal(err)
+	}
+	c, err := Open(side, "t")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(); w.Stop(context.Background()) })
+	return c
+}
+
 // reportLatency adds p50 and p99 in microseconds.
 func reportLatency(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
@@ -56,15 +74,7 @@ func BenchmarkRawRequest(b *testing.B) {
 }
 
 func BenchmarkDispatch(b *testing.B) {
-	side, work := benchConns(b)
-	w := NewWorker(work, "t")
-	w.Handle("echo", func(ctx context.Context, c *Call) ([]byte, error) { return c.Manifest, nil })
-	if err := w.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer w.Stop(context.Background())
-	c, _ := Open(side, "t")
-	defer c.Close()
+	c := echoClient(b, 64)
 	r := req("echo", time.Second)
 	lat := make([]time.Duration, b.N)
 	b.ResetTimer()
@@ -99,15 +109,7 @@ func BenchmarkRawRequestParallel(b *testing.B) {
 }
 
 func BenchmarkDispatchParallel(b *testing.B) {
-	side, work := benchConns(b)
-	w := NewWorker(work, "t", WithConcurrency(256))
-	w.Handle("echo", func(ctx context.Context, c *Call) ([]byte, error) { return c.Manifest, nil })
-	if err := w.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer w.Stop(context.Background())
-	c, _ := Open(side, "t")
-	defer c.Close()
+	c := echoClient(b, 256)
 	r := req("echo", 5*time.Second)
 	b.SetParallelism(32)
 	b.ResetTimer()

@@ -134,12 +134,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
+// ready answers 503 unless Core is reachable and NATS connected. With
+// ?live=1 it also lists the tools that have a live worker ($SRV.INFO), so
+// an operator sees at once which tools would fail with no responders.
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	if err := s.cfg.Ready(r.Context()); err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	out := map[string]any{"status": "ready"}
+	if r.URL.Query().Get("live") == "1" && s.tools != nil {
+		live, err := s.tools.Live(r.Context())
+		if err != nil {
+			out["live_error"] = err.Error()
+		}
+		var up, down []string
+		for _, t := range s.tools.FunctionTools() {
+			if live[t.Function.Name] {
+				up = append(up, t.Function.Name)
+			} else {
+				down = append(down, t.Function.Name)
+			}
+		}
+		out["tools_live"], out["tools_without_worker"] = up, down
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {

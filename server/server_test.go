@@ -451,7 +451,11 @@ func TestAuthLimitsAndTools(t *testing.T) {
 			t.Errorf("%s with a wrong token: %d, want 401", path, code)
 		}
 	}
-	code, body := do("GET", "/v1/tools", "s3cret", "")
+	code, body := do("GET", "/readyz?live=1", "", "")
+	if code != 200 || !strings.Contains(body, `"tools_live":["echo","fail"]`) || !strings.Contains(body, `"tools_without_worker":["idle"]`) {
+		t.Errorf("readyz?live=1: %d %s", code, body)
+	}
+	code, body = do("GET", "/v1/tools", "s3cret", "")
 	var tools []core.FunctionTool
 	json.Unmarshal([]byte(body), &tools)
 	if code != 200 || len(tools) != 3 {
