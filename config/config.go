@@ -37,7 +37,21 @@ type Config struct {
 	NATS     NATS     `koanf:"nats"`
 	Server   Server   `koanf:"server"`
 	Executor Executor `koanf:"executor"`
+	Tracing  Tracing  `koanf:"tracing"`
 	Tools    []Tool   `koanf:"tools"`
+}
+
+// Tracing configures OpenTelemetry tracing, off unless an endpoint is set.
+type Tracing struct {
+	// OTLPEndpoint is an OTLP/HTTP collector, host:port. Empty: no tracing.
+	OTLPEndpoint string `koanf:"otlp_endpoint"`
+	// Insecure sends to the collector over plain HTTP. default: false
+	Insecure bool `koanf:"insecure"`
+	// ServiceName is the service.name resource. default: toolsidecar
+	ServiceName string `koanf:"service_name"`
+	// SampleRatio of new traces (a caller's sampled trace is always
+	// followed). default: 1
+	SampleRatio float64 `koanf:"sample_ratio"`
 }
 
 // Core is the upstream Core API.
@@ -154,6 +168,7 @@ func Default() Config {
 			MaxBodyBytes: 1 << 20},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, CancelPoll: 500 * time.Millisecond},
+		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }
 
@@ -258,6 +273,9 @@ func (c Config) Validate() error {
 	}
 	if c.Executor.MissingTool != MissingToolError && c.Executor.MissingTool != MissingToolFailRun {
 		bad("executor.missing_tool", "must be error or fail_run, got %q", c.Executor.MissingTool)
+	}
+	if c.Tracing.SampleRatio < 0 || c.Tracing.SampleRatio > 1 {
+		bad("tracing.sample_ratio", "must be between 0 and 1, got %v", c.Tracing.SampleRatio)
 	}
 	if c.NATS.SubjectPrefix == "" || strings.ContainsAny(c.NATS.SubjectPrefix, " *>") {
 		bad("nats.subject_prefix", "must be a literal subject, got %q", c.NATS.SubjectPrefix)

@@ -16,7 +16,7 @@ func TestShippedConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := Default()
-	if cfg.Core != def.Core || cfg.Executor != def.Executor || cfg.Server != def.Server {
+	if cfg.Core != def.Core || cfg.Executor != def.Executor || cfg.Server != def.Server || cfg.Tracing != def.Tracing {
 		t.Errorf("config.yaml claims to show the defaults but differs:\n%+v\n%+v", cfg, def)
 	}
 	if len(cfg.Tools) != 3 || cfg.Tools[0].Name != "get_flight_times" || cfg.Tools[0].Retries != 2 || cfg.Tools[0].SideEffects != ReadOnly {
@@ -57,6 +57,7 @@ func TestInvalidConfigs(t *testing.T) {
 		"invalid-side-effects.yaml":     "tools[0].side_effects",
 		"invalid-max-turns.yaml":        "executor.max_turns",
 		"invalid-yaml.yaml":             "invalid-yaml.yaml",
+		"invalid-sample-ratio.yaml":     "tracing.sample_ratio",
 	}
 	files, _ := filepath.Glob("testdata/invalid-*.yaml")
 	if len(files) != len(cases) {

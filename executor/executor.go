@@ -17,6 +17,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
@@ -96,6 +99,17 @@ func WithObserver(o Observer) Option {
 	}
 }
 
+// WithTracer records drives, turns and calls as OpenTelemetry spans, and
+// sends each call's span context to the worker as its traceparent.
+// default: no tracing
+func WithTracer(t trace.Tracer) Option {
+	return func(e *Executor) {
+		if t != nil {
+			e.tracer = t
+		}
+	}
+}
+
 // Executor drives runs. It is safe for concurrent use: each Drive owns its
 // goroutines and waits for them.
 type Executor struct {
@@ -105,6 +119,7 @@ type Executor struct {
 	routes map[string]Dispatcher
 	log    *slog.Logger
 	obs    Observer
+	tracer trace.Tracer
 	// finaliseTimeout bounds the submissions made after a cancellation.
 	finaliseTimeout time.Duration
 	stopping        atomic.Bool
@@ -137,7 +152,7 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 		cfg.CancelPoll = def.CancelPoll
 	}
 	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
-		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, finaliseTimeout: 30 * time.Second}
+		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second}
 	for _, o := range opts {
 		o(e)
 	}

@@ -10,6 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/projectdavid/toolsidecar/batch"
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
@@ -22,6 +26,8 @@ import (
 // tool is a value in Summary.Calls, a cancelled drive is Status
 // "cancelled". No goroutine started by Drive outlives it.
 func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, error) {
+	ctx, span := e.tracer.Start(ctx, "toolsidecar.drive", trace.WithAttributes(attribute.String("run_id", req.RunID)))
+	defer span.End()
 	emit := serial(sink)
 	log := e.log.With("run_id", req.RunID)
 	maxTurns := e.cfg.MaxTurns
@@ -66,6 +72,10 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 		}
 	}
 	log.Info("drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
+	span.SetAttributes(attribute.String("status", sum.Status), attribute.Int("turns", sum.Turns), attribute.Int("calls", len(sum.Calls)))
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
 	e.obs.RunDone(sum.Status, sum.Turns)
 	emit(Event{Type: EventDone, Turn: sum.Turns, Summary: &sum})
 	return sum, err
@@ -105,6 +115,8 @@ type outcome struct {
 }
 
 func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log *slog.Logger) turnResult {
+	ctx, span := e.tracer.Start(ctx, "toolsidecar.turn", trace.WithAttributes(attribute.Int("turn", n)))
+	defer span.End()
 	var tr turnResult
 	tctx, cancelTurn := context.WithCancelCause(ctx)
 	defer cancelTurn(nil)
@@ -286,6 +298,12 @@ func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry
 // final error, or the retry budget. It never returns an error: a failed
 // call is an outcome.
 func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, tool *registry.Tool, pre *bridge.Error, traceparent string, log *slog.Logger) *outcome {
+	ctx, span := e.tracer.Start(ctx, "toolsidecar.call", trace.WithAttributes(attribute.String("tool", m.Tool),
+		attribute.String("action_id", m.ActionID), attribute.String("tool_call_id", m.ToolCallID)))
+	defer span.End()
+	if sc := span.SpanContext(); sc.IsValid() {
+		traceparent = formatTraceparent(sc) // the worker continues this call's trace
+	}
 	start := time.Now()
 	e.obs.CallsInFlight(1)
 	defer e.obs.CallsInFlight(-1)
@@ -316,6 +334,7 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, tool *r
 			o.status = core.ActionCancelled
 		}
 		log.Info("call failed", "error_type", reply.Err.Type, "err", reply.Err.Message, "attempts", o.res.Attempts)
+		span.SetStatus(codes.Error, string(reply.Err.Type))
 		e.obs.CallDone(m.Tool, string(reply.Err.Type), time.Since(start))
 	} else {
 		o.res.OK = true
@@ -325,7 +344,13 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, tool *r
 	}
 	o.res.Output = o.content
 	o.done = time.Now()
+	span.SetAttributes(attribute.Int("attempts", o.res.Attempts), attribute.Bool("ok", o.res.OK))
 	return o
+}
+
+// formatTraceparent renders a span context as a W3C traceparent.
+func formatTraceparent(sc trace.SpanContext) string {
+	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
 }
 
 // attempts dispatches with the tool's retry policy: retry a timeout, no

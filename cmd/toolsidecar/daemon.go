@@ -71,9 +71,20 @@ func daemon(cfg config.Config, cfgPath string, sets []string, reg *registry.Regi
 	if err != nil {
 		return err
 	}
+	tr, stopTracing, err := tracer(cfg.Tracing)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(ctx); err != nil {
+			log.Warn("flushing traces", "err", err)
+		}
+	}()
 	live := registry.NewLive(reg)
 	local := plugins.NewLocal(live, log.With("component", "plugins"))
-	opts := []executor.Option{executor.WithLogger(log.With("component", "executor"))}
+	opts := []executor.Option{executor.WithLogger(log.With("component", "executor")), executor.WithTracer(tr)}
 	for _, kind := range plugins.Kinds() {
 		opts = append(opts, executor.WithRoute(kind, local))
 	}

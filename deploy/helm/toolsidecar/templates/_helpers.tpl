@@ -57,6 +57,10 @@ executor:
   max_turns: {{ .Values.executor.maxTurns }}
   max_parallel: {{ .Values.executor.maxParallel }}
   missing_tool: {{ .Values.executor.missingTool }}
+tracing:
+  otlp_endpoint: {{ .Values.tracing.otlpEndpoint | quote }}
+  insecure: {{ .Values.tracing.insecure }}
+  sample_ratio: {{ .Values.tracing.sampleRatio }}
 tools:
 {{- toYaml .Values.tools | nindent 2 }}
 {{- end -}}
