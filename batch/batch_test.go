@@ -66,7 +66,7 @@ func TestLimit(t *testing.T) {
 				n := cur.Add(1)
 				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 				}
-				time.Sleep(15 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond)
 				cur.Add(-1)
 				return 0
 			})

@@ -197,12 +197,12 @@ func TestContextCancelPublishesCancel(t *testing.T) {
 	}
 }
 
-// TestProgressExtendsDeadline: a tool that runs 4× its timeout but sends
+// TestProgressExtendsDeadline: a tool that runs twice its timeout but sends
 // progress in between succeeds.
 func TestProgressExtendsDeadline(t *testing.T) {
 	side, work := connect(t)
 	startWorker(t, work, map[string]Handler{"slow": func(ctx context.Context, c *Call) ([]byte, error) {
-		for range 8 {
+		for range 12 {
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
@@ -214,7 +214,7 @@ func TestProgressExtendsDeadline(t *testing.T) {
 		}
 		return []byte("done"), nil
 	}})
-	r := open(t, side).Dispatch(context.Background(), req("slow", 150*time.Millisecond))
+	r := open(t, side).Dispatch(context.Background(), req("slow", 300*time.Millisecond))
 	if r.Err != nil || string(r.Data) != "done" || r.Progress == 0 {
 		t.Fatalf("reply %+v", r)
 	}
@@ -231,7 +231,7 @@ func TestWorkerConcurrencyLimit(t *testing.T) {
 				break
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 		cur.Add(-1)
 		return []byte("ok"), nil
 	}}, WithConcurrency(2))

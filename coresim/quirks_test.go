@@ -184,7 +184,7 @@ func TestNotFoundAndCancel(t *testing.T) {
 // with [DONE]; manifests not yet sent are never created.
 func TestCancelDuringStream(t *testing.T) {
 	sc := threeCalls()
-	sc.Turns[0].FrameDelay = 30 * time.Millisecond
+	sc.Turns[0].FrameDelay = 150 * time.Millisecond
 	f := setup(t, sc)
 	s, err := f.c.Stream(context.Background(), f.req)
 	if err != nil {

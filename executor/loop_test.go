@@ -145,6 +145,7 @@ func TestUnsafeNeverResent(t *testing.T) {
 type barrier struct {
 	cur, peak atomic.Int32
 	want      int32
+	wait      time.Duration // how long a call waits for the others
 	reached   chan struct{}
 }
 
@@ -158,7 +159,7 @@ func (b *barrier) handler(ctx context.Context, c *bridge.Call) ([]byte, error) {
 	}
 	select {
 	case <-b.reached:
-	case <-time.After(300 * time.Millisecond):
+	case <-time.After(b.wait):
 	case <-ctx.Done():
 	}
 	time.Sleep(5 * time.Millisecond)
@@ -175,9 +176,10 @@ func TestParallelism(t *testing.T) {
 	for _, tc := range []struct {
 		maxParallel int
 		want        int32
-	}{{16, 8}, {1, 1}} {
+		wait        time.Duration
+	}{{16, 8, 5 * time.Second}, {1, 1, 30 * time.Millisecond}} {
 		t.Run(fmt.Sprint("max_parallel ", tc.maxParallel), func(t *testing.T) {
-			b := &barrier{want: 8, reached: make(chan struct{})}
+			b := &barrier{want: 8, wait: tc.wait, reached: make(chan struct{})}
 			h := newHarness(t, twoTurns(calls(specs...)...), config.Executor{MaxParallel: tc.maxParallel},
 				tool{config.Tool{Name: "par"}, b.handler})
 			if _, err := h.drive(context.Background()); err != nil {

@@ -89,7 +89,7 @@ func TestExecTimeoutKillsGroup(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "child.pid")
 	tool := sh(`sleep 30 & echo $! > `+pidFile+`; wait`, nil)
 	start := time.Now()
-	r := dispatch(local(t, tool), 300*time.Millisecond)
+	r := dispatch(local(t, tool), time.Second)
 	if r.Err == nil || r.Err.Type != bridge.Timeout {
 		t.Fatalf("reply %+v, want timeout", r.Err)
 	}

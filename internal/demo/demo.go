@@ -107,11 +107,11 @@ func Run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// search_hotels runs 1.5s; a 500ms budget, restarted by each progress
+	// search_hotels runs 1.5s; a 1s budget, restarted by each progress
 	// message, shows progress keeping a long call alive.
 	for i := range cfg.Tools {
 		if cfg.Tools[i].Name == "search_hotels" {
-			cfg.Tools[i].Timeout = 500 * time.Millisecond
+			cfg.Tools[i].Timeout = time.Second
 		}
 	}
 	ns, err := bridge.StartEmbedded("127.0.0.1:-1")

@@ -34,7 +34,7 @@ func TestDemo(t *testing.T) {
 			t.Errorf("transcript lacks %q:\n%s", want, s)
 		}
 	}
-	// The hotel search outlives its 500ms timeout thanks to progress.
+	// The hotel search outlives its 1s timeout thanks to progress.
 	m := regexp.MustCompile(`← search_hotels\s+\S+\s+(\d+)ms attempts=1  ok`).FindStringSubmatch(s)
 	if m == nil || len(m[1]) < 4 {
 		t.Errorf("search_hotels did not succeed past its timeout:\n%s", s)

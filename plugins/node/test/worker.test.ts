@@ -44,7 +44,7 @@ before(async () => {
         throw new Error("disk full");
       },
       slow: async (call) => {
-        for (let i = 0; i < 6; i++) {
+        for (let i = 0; i < 12; i++) {
           await new Promise((r) => setTimeout(r, 50));
           call.progress();
         }
@@ -112,7 +112,7 @@ test("progress messages reach the reply subject before the result", async () => 
       },
     });
   });
-  side.publish(`${prefix}.slow`, manifest("slow", "act_slow", {}), { reply: inbox, headers: sidecarHeaders("act_slow", 120) });
+  side.publish(`${prefix}.slow`, manifest("slow", "act_slow", {}), { reply: inbox, headers: sidecarHeaders("act_slow", 400) });
   await done;
   assert.ok(seen.filter((s) => s === "progress").length >= 3, seen.join(","));
   assert.equal(seen.at(-1), 'result:{"done":true}');
