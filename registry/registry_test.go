@@ -3,6 +3,7 @@ package registry
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,16 +111,17 @@ func TestListsAndLive(t *testing.T) {
 }
 
 func TestRegisterRoute(t *testing.T) {
-	RegisterRoute("test-kind", func(tc config.Tool) error {
+	kind := fmt.Sprintf("test-kind-%d", time.Now().UnixNano()) // kinds are global: unique per run
+	RegisterRoute(kind, func(tc config.Tool) error {
 		if tc.Exec["command"] == nil {
 			return errors.New("exec.command: must be set")
 		}
 		return nil
 	})
-	if _, err := New([]config.Tool{{Name: "x", Route: "test-kind", Exec: map[string]any{"command": "ls"}}}, "p"); err != nil {
+	if _, err := New([]config.Tool{{Name: "x", Route: kind, Exec: map[string]any{"command": "ls"}}}, "p"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New([]config.Tool{{Name: "x", Route: "test-kind"}}, "p"); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), "tools[0].exec.command: must be set") {
+	if _, err := New([]config.Tool{{Name: "x", Route: kind}}, "p"); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), "tools[0].exec.command: must be set") {
 		t.Fatalf("route check: %v", err)
 	}
 	defer func() {
@@ -127,5 +129,5 @@ func TestRegisterRoute(t *testing.T) {
 			t.Error("duplicate kind did not panic")
 		}
 	}()
-	RegisterRoute("test-kind", func(config.Tool) error { return nil })
+	RegisterRoute(kind, func(config.Tool) error { return nil })
 }
