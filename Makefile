@@ -4,7 +4,7 @@ PKGS    ?= ./...
 FUZZTIME ?= 10s
 
 .PHONY: all build demo test test-go test-node test-python node-build vet fmt-check fuzz cover coresim clean \
-	chart-lint chart-test static-build image
+	chart-lint chart-test static-build image bench
 
 all: build
 
@@ -75,6 +75,11 @@ image:
 	@docker info >/dev/null 2>&1 || { echo "make image: no Docker engine is running here (docker info failed)."; \
 		echo "Build the image where one runs: docker build -t toolsidecar:dev ."; exit 1; }
 	docker build -t toolsidecar:dev .
+
+## bench: the benchmarks of BENCHMARKS.md (not part of make test).
+bench:
+	$(GO) test ./executor -run '^$$' -bench BenchmarkBatch -benchtime 20x
+	$(GO) test ./bridge -run '^$$' -bench 'Raw|Dispatch' -benchtime 20000x -count 3
 
 ## fuzz: run the chunk decoder fuzzers for a while (CI runs only their seeds).
 fuzz:

@@ -1,0 +1,56 @@
+package bridge_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+)
+
+// Example serves a tool with the Go worker library and calls it the way
+// the sidecar does, over a real (embedded) NATS server.
+func Example() {
+	ns, _ := bridge.StartEmbedded("127.0.0.1:-1")
+	defer ns.Shutdown()
+	workerConn, _ := nats.Connect(ns.ClientURL())
+	defer workerConn.Close()
+	sidecarConn, _ := nats.Connect(ns.ClientURL())
+	defer sidecarConn.Close()
+
+	// The worker side: a handler per tool.
+	w := bridge.NewWorker(workerConn, "toolsidecar.tools")
+	w.Handle("get_flight_times", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		var args struct{ Departure, Arrival string }
+		if err := json.Unmarshal(c.Args, &args); err != nil || args.Arrival == "" {
+			return nil, bridge.NewError(bridge.InvalidArgs, "arrival is required")
+		}
+		return []byte(`{"route": "` + args.Departure + "-" + args.Arrival + `"}`), nil
+	})
+	if err := w.Start(); err != nil {
+		panic(err)
+	}
+	defer w.Stop(context.Background())
+
+	// The sidecar side: one attempt of one call.
+	client, _ := bridge.Open(sidecarConn, "toolsidecar.tools")
+	defer client.Close()
+	for _, args := range []string{`{"departure": "LAX", "arrival": "JFK"}`, `{"departure": "LAX"}`} {
+		manifest := `{"type": "tool_call_manifest", "run_id": "run_1", "action_id": "act_1", "tool_call_id": "call_1", "tool": "get_flight_times", "args": ` + args + `}`
+		reply := client.Dispatch(context.Background(), bridge.Request{
+			Tool: "get_flight_times", Subject: "toolsidecar.tools.get_flight_times",
+			Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: 5 * time.Second,
+		})
+		if reply.Err != nil {
+			fmt.Println("error:", reply.Err.Type, reply.Err.Message)
+			continue
+		}
+		fmt.Println("result:", string(reply.Data))
+	}
+	// Output:
+	// result: {"route": "LAX-JFK"}
+	// error: invalid_args arrival is required
+}
