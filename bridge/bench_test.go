@@ -122,3 +122,28 @@ func BenchmarkDispatchParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkDispatchBareResponderParallel isolates the sidecar side: the
+// sidecar's Dispatch against a bare responder (no worker library).
+func BenchmarkDispatchBareResponderParallel(b *testing.B) {
+	side, work := benchConns(b)
+	sub, _ := work.Subscribe("t.echo", func(m *nats.Msg) { m.Respond(m.Data) })
+	defer sub.Unsubscribe()
+	work.Flush()
+	c, err := Open(side, "t")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	r := req("echo", 5*time.Second)
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if rep := c.Dispatch(context.Background(), r); rep.Err != nil {
+				b.Error(rep.Err)
+				return
+			}
+		}
+	})
+}

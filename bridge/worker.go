@@ -270,12 +270,11 @@ func (w *Worker) run(tool string, h Handler, m *nats.Msg) {
 
 // ParseCall reads a request body (the manifest) into a Call for tool.
 func ParseCall(tool string, body []byte) (*Call, error) {
-	call := &Call{Manifest: body}
-	if err := json.Unmarshal(body, call); err != nil {
+	m, err := parseManifest(body)
+	if err != nil {
 		return nil, NewError(InvalidArgs, "request body is not a manifest: %v", err)
 	}
-	call.Tool = tool
-	return call, nil
+	return &Call{Tool: tool, RunID: m.runID, ActionID: m.actionID, ToolCallID: m.toolCallID, Args: m.args, Manifest: body}, nil
 }
 
 // Invoke runs a handler at the tool-call boundary: a panic becomes a

@@ -1,0 +1,113 @@
+package bridge
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"unicode/utf8"
+)
+
+// manifestFields are the fields a worker reads from a manifest.
+type manifestFields struct {
+	runID, actionID, toolCallID string
+	args                        json.RawMessage
+}
+
+var errNotObject = errors.New("manifest is not a JSON object")
+
+// parseManifest reads the manifest's fields without reflection: on the
+// worker's hot path encoding/json's reflective decoding cost more than the
+// whole sidecar side of a call. The input is checked with json.Valid first,
+// so the scan below may assume well-formed JSON. Keys match exactly (Core's
+// keys are lowercase) and, as with encoding/json, the last duplicate wins.
+func parseManifest(data []byte) (manifestFields, error) {
+	var f manifestFields
+	if !json.Valid(data) {
+		return f, errors.New("manifest is not valid JSON")
+	}
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return f, errNotObject
+	}
+	i++
+	for {
+		i = skipSpace(data, i)
+		if data[i] == '}' {
+			return f, nil
+		}
+		if data[i] == ',' {
+			i = skipSpace(data, i+1)
+		}
+		keyEnd := skipValue(data, i)
+		key := data[i:keyEnd]
+		i = skipSpace(data, keyEnd)
+		i = skipSpace(data, i+1) // the colon
+		end := skipValue(data, i)
+		value := data[i:end]
+		switch string(key) {
+		case `"run_id"`:
+			f.runID = stringValue(value)
+		case `"action_id"`:
+			f.actionID = stringValue(value)
+		case `"tool_call_id"`:
+			f.toolCallID = stringValue(value)
+		case `"args"`:
+			f.args = json.RawMessage(value)
+		}
+		i = end
+	}
+}
+
+// stringValue decodes a JSON string; any other value reads as "", as
+// encoding/json would reject it for a string field.
+func stringValue(v []byte) string {
+	if len(v) < 2 || v[0] != '"' {
+		return ""
+	}
+	if inner := v[1 : len(v)-1]; bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		return string(inner)
+	}
+	// Escapes or invalid UTF-8 (which encoding/json turns into U+FFFD).
+	var s string
+	_ = json.Unmarshal(v, &s)
+	return s
+}
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the well-formed JSON value starting at i.
+func skipValue(data []byte, i int) int {
+	switch data[i] {
+	case '"':
+		for i++; data[i] != '"'; i++ {
+			if data[i] == '\\' {
+				i++
+			}
+		}
+		return i + 1
+	case '{', '[':
+		depth := 0
+		for ; ; i++ {
+			switch data[i] {
+			case '"':
+				i = skipValue(data, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+	default: // number, true, false, null
+		for i < len(data) && !bytes.ContainsRune([]byte(",}] \t\n\r"), rune(data[i])) {
+			i++
+		}
+		return i
+	}
+}
