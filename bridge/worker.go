@@ -169,9 +169,11 @@ func (w *Worker) Stop(ctx context.Context) error {
 	// Drain is asynchronous: wait until every subscription has delivered
 	// what it had, so that no callback hands a call over after the stop.
 	for _, s := range w.subs {
-		for s.IsValid() && ctx.Err() == nil {
+		for s.IsValid() && ctx.Err() == nil && w.nc.IsConnected() {
 			time.Sleep(5 * time.Millisecond)
 		}
+		// Disconnected, a drain cannot finish: drop the subscription here.
+		_ = s.Unsubscribe()
 	}
 	w.stopOnce.Do(func() { close(w.stop) })
 	done := make(chan struct{})
