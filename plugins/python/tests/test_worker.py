@@ -67,7 +67,11 @@ class WorkerTest(unittest.IsolatedAsyncioTestCase):
     async def test_cancel_subject(self):
         inbox = self.side.new_inbox()
         replies = []
-        await self.side.subscribe(inbox, cb=lambda m: replies.append(m))
+
+        async def on_reply(m):  # nats-py takes coroutine callbacks only
+            replies.append(m)
+
+        await self.side.subscribe(inbox, cb=on_reply)
         await self.side.publish(f"{PREFIX}.hang", manifest("hang", "act_h", {}), reply=inbox)
         await self.side.flush()
         await asyncio.sleep(0.1)
