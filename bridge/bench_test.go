@@ -89,18 +89,13 @@ func BenchmarkDispatch(b *testing.B) {
 	reportLatency(b, lat)
 }
 
-// The throughput pair: many calls in flight at once.
-func BenchmarkRawRequestParallel(b *testing.B) {
-	side, work := benchConns(b)
-	sub, _ := work.Subscribe("raw.echo", func(m *nats.Msg) { m.Respond(m.Data) })
-	defer sub.Unsubscribe()
-	work.Flush()
-	body := []byte(manifest)
+// parallel runs call from 32 goroutines per CPU until b.N calls are done.
+func parallel(b *testing.B, call func() error) {
 	b.SetParallelism(32)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := side.Request("raw.echo", body, 5*time.Second); err != nil {
+			if err := call(); err != nil {
 				b.Error(err)
 				return
 			}
@@ -108,19 +103,28 @@ func BenchmarkRawRequestParallel(b *testing.B) {
 	})
 }
 
-func BenchmarkDispatchParallel(b *testing.B) {
-	c := echoClient(b, 256)
-	r := req("echo", 5*time.Second)
-	b.SetParallelism(32)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if rep := c.Dispatch(context.Background(), r); rep.Err != nil {
-				b.Error(rep.Err)
-				return
-			}
+// dispatch adapts Dispatch to parallel.
+func dispatch(c *Client, r Request) func() error {
+	return func() error {
+		if rep := c.Dispatch(context.Background(), r); rep.Err != nil {
+			return rep.Err
 		}
-	})
+		return nil
+	}
+}
+
+// The throughput pair: many calls in flight at once.
+func BenchmarkRawRequestParallel(b *testing.B) {
+	side, work := benchConns(b)
+	sub, _ := work.Subscribe("raw.echo", func(m *nats.Msg) { m.Respond(m.Data) })
+	defer sub.Unsubscribe()
+	work.Flush()
+	body := []byte(manifest)
+	parallel(b, func() error { _, err := side.Request("raw.echo", body, 5*time.Second); return err })
+}
+
+func BenchmarkDispatchParallel(b *testing.B) {
+	parallel(b, dispatch(echoClient(b, 256), req("echo", 5*time.Second)))
 }
 
 // BenchmarkDispatchBareResponderParallel isolates the sidecar side: the
@@ -135,15 +139,5 @@ func BenchmarkDispatchBareResponderParallel(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	r := req("echo", 5*time.Second)
-	b.SetParallelism(32)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if rep := c.Dispatch(context.Background(), r); rep.Err != nil {
-				b.Error(rep.Err)
-				return
-			}
-		}
-	})
+	parallel(b, dispatch(c, req("echo", 5*time.Second)))
 }

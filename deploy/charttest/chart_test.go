@@ -80,26 +80,19 @@ func decode(t *testing.T, manifest string) objects {
 		var target any
 		switch meta.Kind {
 		case "Deployment":
-			v := &appsv1.Deployment{}
-			o.deployments, target = append(o.deployments, v), v
+			target = add(&o.deployments)
 		case "ConfigMap":
-			v := &corev1.ConfigMap{}
-			o.configMaps, target = append(o.configMaps, v), v
+			target = add(&o.configMaps)
 		case "Service":
-			v := &corev1.Service{}
-			o.services, target = append(o.services, v), v
+			target = add(&o.services)
 		case "HorizontalPodAutoscaler":
-			v := &autoscalingv2.HorizontalPodAutoscaler{}
-			o.hpas, target = append(o.hpas, v), v
+			target = add(&o.hpas)
 		case "NetworkPolicy":
-			v := &networkingv1.NetworkPolicy{}
-			o.policies, target = append(o.policies, v), v
+			target = add(&o.policies)
 		case "ServiceMonitor":
-			v := &monitoringv1.ServiceMonitor{}
-			o.svcMonitors, target = append(o.svcMonitors, v), v
+			target = add(&o.svcMonitors)
 		case "PodMonitor":
-			v := &monitoringv1.PodMonitor{}
-			o.podMonitors, target = append(o.podMonitors, v), v
+			target = add(&o.podMonitors)
 		default:
 			t.Fatalf("unexpected kind %q: add it to the strict decoder", meta.Kind)
 		}
@@ -108,6 +101,13 @@ func decode(t *testing.T, manifest string) objects {
 		}
 	}
 	return o
+}
+
+// add appends a new zero object to list and returns it to decode into.
+func add[T any](list *[]*T) *T {
+	v := new(T)
+	*list = append(*list, v)
+	return v
 }
 
 func TestLint(t *testing.T) {
