@@ -217,7 +217,7 @@ func TestProxyModeWithSDKClient(t *testing.T) {
 func TestProxyFraming(t *testing.T) {
 	sc := newSidecar(t, threeCalls(), "", standardTools()...)
 	r := sc.env.NewRun()
-	body := `{"model": "vllm/x", "api_key": null, "thread_id": "` + r.ThreadID + `", "message_id": "` + r.MessageID + `", "run_id": "` + r.RunID + `", "assistant_id": "` + r.AssistantID + `", "stream": true}`
+	body := completionBody(r)
 	resp, err := http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -239,6 +239,15 @@ func TestProxyFraming(t *testing.T) {
 	if !strings.Contains(s, `data: {"type": "content", "content": "Checking.", "run_id": "`+r.RunID+`"}`) {
 		t.Errorf("Core's own content frame is not passed verbatim: %q", s)
 	}
+	// A run that stops short of an answer ends with an error frame, then [DONE].
+	r2 := sc.env.NewRun()
+	sc.env.Core.CancelRun(context.Background(), r2.RunID)
+	resp, _ = http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(completionBody(r2)))
+	raw, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `"message":"toolsidecar: run cancelled: executor: run cancelled in Core (status cancelled)"`; !strings.Contains(string(raw), want) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
+		t.Errorf("cancelled run: %q", raw)
+	}
 	bad := strings.Replace(body, r.RunID, "run_missing", 1)
 	resp, _ = http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(bad))
 	raw, _ = io.ReadAll(resp.Body)
@@ -246,6 +255,12 @@ func TestProxyFraming(t *testing.T) {
 	if resp.StatusCode != 404 || !strings.Contains(string(raw), "Run not found.") {
 		t.Errorf("unknown run: %d %s", resp.StatusCode, raw)
 	}
+}
+
+// completionBody is the SDK's POST /v1/completions body for a run.
+func completionBody(r testenv.Run) string {
+	return `{"model": "vllm/x", "api_key": null, "thread_id": "` + r.ThreadID + `", "message_id": "` + r.MessageID +
+		`", "run_id": "` + r.RunID + `", "assistant_id": "` + r.AssistantID + `", "stream": true}`
 }
 
 func (sc *sidecar) driveBody(r testenv.Run) string {

@@ -95,7 +95,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprint(w, he.Body)
 			return
 		}
-		msg, _ := json.Marshal(map[string]string{"type": "error", "run_id": c.RunID, "message": sum.Error})
+	}
+	if sum.Status != executor.StatusCompleted {
+		// The run did not reach an answer (failed, cancelled, turn limit,
+		// shutdown): say so in Core's router-error shape, which the SDK
+		// reads, rather than end as if the answer were complete.
+		msg, _ := json.Marshal(map[string]string{"type": "error", "run_id": c.RunID,
+			"message": "toolsidecar: run " + sum.Status + ": " + sum.Error})
 		f.frame(msg)
 	}
 	f.done()
