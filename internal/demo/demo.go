@@ -7,6 +7,7 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -74,16 +75,9 @@ func Workers(w *bridge.Worker) {
 }
 
 func route(c *bridge.Call) string {
-	a := string(c.Args)
-	pick := func(key string) string {
-		_, rest, ok := strings.Cut(a, `"`+key+`": "`)
-		if !ok {
-			return "?"
-		}
-		v, _, _ := strings.Cut(rest, `"`)
-		return v
-	}
-	return pick("departure") + "-" + pick("arrival")
+	var a struct{ Departure, Arrival string }
+	_ = json.Unmarshal(c.Args, &a) // the sidecar validated the arguments
+	return a.Departure + "-" + a.Arrival
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
