@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test test-go test-node test-python node-build vet fmt-check fuzz cover coresim clean \
+.PHONY: all build demo test test-go test-node test-python node-build vet staticcheck fmt-check fuzz cover coresim clean \
 	chart-lint chart-test static-build image bench
 
 all: build
@@ -16,7 +16,7 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet static-build node-build test-python test-node chart-test test-go
+test: fmt-check vet staticcheck static-build node-build test-python test-node chart-test test-go
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -40,6 +40,15 @@ test-python:
 
 vet:
 	$(GO) vet $(PKGS)
+
+## staticcheck: a project-local staticcheck from the Go module proxy.
+STATICCHECK_VERSION ?= v0.8.2
+
+bin/staticcheck:
+	GOBIN=$(CURDIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+staticcheck: bin/staticcheck
+	bin/staticcheck $(PKGS)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -81,10 +90,12 @@ bench:
 	$(GO) test ./executor -run '^$$' -bench BenchmarkBatch -benchtime 20x
 	$(GO) test ./bridge -run '^$$' -bench 'Raw|Dispatch' -benchtime 20000x -count 3
 
-## fuzz: run the chunk decoder fuzzers for a while (CI runs only their seeds).
+## fuzz: run the chunk decoder and manifest parser fuzzers for a while (CI
+## runs only their seeds).
 fuzz:
 	$(GO) test ./core -run '^$$' -fuzz FuzzDecodeChunk -fuzztime $(FUZZTIME)
 	$(GO) test ./core -run '^$$' -fuzz FuzzStream -fuzztime $(FUZZTIME)
+	$(GO) test ./tool -run '^$$' -fuzz FuzzParseManifest -fuzztime $(FUZZTIME)
 
 cover:
 	$(GO) test -coverprofile=coverage.out ./core/... ./coresim/...

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -15,9 +16,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestOrderAndPipelining: tasks finish in reverse order, yet submissions
-// go out in index order; and result 0 is submitted while task 2 still runs.
-func TestOrderAndPipelining(t *testing.T) {
+// TestOrderAndPipelining: tasks finish out of order, yet submissions go
+// out in index order; and results 0 and 1 are submitted while task 2 still
+// runs. synctest.Wait makes "every goroutine is blocked" an exact point.
+func TestOrderAndPipelining(t *testing.T) { synctest.Test(t, testOrderAndPipelining) }
+
+func testOrderAndPipelining(t *testing.T) {
 	release := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
 	var mu sync.Mutex
 	var submitted []int
@@ -41,14 +45,20 @@ func TestOrderAndPipelining(t *testing.T) {
 		})
 	}
 	close(release[1])
-	time.Sleep(10 * time.Millisecond)
+	synctest.Wait() // task 1 is done; its result waits for result 0
+	mu.Lock()
+	if len(submitted) != 0 {
+		t.Errorf("submitted %v before result 0 was in", submitted)
+	}
+	mu.Unlock()
 	close(release[0])
-	<-firstSubmitted // task 2 has not finished: submission is pipelined
+	<-firstSubmitted
+	synctest.Wait() // task 2 has not finished: submission is pipelined
 	mu.Lock()
 	got := slices.Clone(submitted)
 	mu.Unlock()
-	if !slices.Equal(got, []int{0, 1}) && !slices.Equal(got, []int{0}) {
-		t.Errorf("submitted before task 2 finished: %v", got)
+	if !slices.Equal(got, []int{0, 1}) {
+		t.Errorf("submitted before task 2 finished: %v, want [0 1]", got)
 	}
 	close(release[2])
 	res, err := b.Wait()
@@ -57,7 +67,11 @@ func TestOrderAndPipelining(t *testing.T) {
 	}
 }
 
-func TestLimit(t *testing.T) {
+// TestLimit runs in a synctest bubble: the tasks' sleeps pass on the
+// bubble's clock, so they overlap exactly and the peak is exact.
+func TestLimit(t *testing.T) { synctest.Test(t, testLimit) }
+
+func testLimit(t *testing.T) {
 	for _, limit := range []int{1, 3, 8} {
 		var cur, peak atomic.Int32
 		b := New(context.Background(), limit, func(int, int) error { return nil })

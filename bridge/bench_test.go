@@ -1,4 +1,4 @@
-package bridge
+package bridge_test
 
 import (
 	"context"
@@ -7,6 +7,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/internal/natstest"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // The overhead benchmarks compare, in one run on one server, a raw NATS
@@ -17,34 +22,14 @@ import (
 //
 //	go test ./bridge -run '^$' -bench 'Raw|Dispatch' -benchtime 20000x
 
-func benchConns(b *testing.B) (side, work *nats.Conn) {
-	b.Helper()
-	ns, err := StartEmbedded("127.0.0.1:-1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	side, _ = nats.Connect(ns.ClientURL())
-	work, _ = nats.Connect(ns.ClientURL())
-	b.Cleanup(func() { side.Close(); work.Close(); ns.Shutdown(); ns.WaitForShutdown() })
-	return side, work
-}
-
 // echoClient starts a Worker that echoes the manifest and returns a Client
 // dispatching to it.
-func echoClient(b *testing.B, concurrency int) *Client {
+func echoClient(b *testing.B, concurrency int) *bridge.Client {
 	b.Helper()
-	side, work := benchConns(b)
-	w := NewWorker(work, "t", WithConcurrency(concurrency))
-	w.Handle("echo", func(ctx context.Context, c *Call) ([]byte, error) { return c.Manifest, nil })
-	if err := w.Start(); err != nil {
-		b.Fatal(err)
-	}
-	c, err := Open(side, "t")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close(); w.Stop(context.Background()) })
-	return c
+	side, work := natstest.Connect(b)
+	natstest.Worker(b, work, map[string]tool.Handler{"echo": func(ctx context.Context, c *tool.Call) ([]byte, error) { return c.Manifest, nil }},
+		worker.WithConcurrency(concurrency))
+	return open(b, side)
 }
 
 // reportLatency adds p50 and p99 in microseconds.
@@ -55,11 +40,11 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 }
 
 func BenchmarkRawRequest(b *testing.B) {
-	side, work := benchConns(b)
+	side, work := natstest.Connect(b)
 	sub, _ := work.Subscribe("raw.echo", func(m *nats.Msg) { m.Respond(m.Data) })
 	defer sub.Unsubscribe()
 	work.Flush()
-	body := []byte(manifest)
+	body := []byte(natstest.Manifest)
 	lat := make([]time.Duration, b.N)
 	b.ResetTimer()
 	for i := range b.N {
@@ -75,7 +60,7 @@ func BenchmarkRawRequest(b *testing.B) {
 
 func BenchmarkDispatch(b *testing.B) {
 	c := echoClient(b, 64)
-	r := req("echo", time.Second)
+	r := natstest.Request("echo", time.Second)
 	lat := make([]time.Duration, b.N)
 	b.ResetTimer()
 	for i := range b.N {
@@ -104,7 +89,7 @@ func parallel(b *testing.B, call func() error) {
 }
 
 // dispatch adapts Dispatch to parallel.
-func dispatch(c *Client, r Request) func() error {
+func dispatch(c *bridge.Client, r tool.Request) func() error {
 	return func() error {
 		if rep := c.Dispatch(context.Background(), r); rep.Err != nil {
 			return rep.Err
@@ -115,29 +100,24 @@ func dispatch(c *Client, r Request) func() error {
 
 // The throughput pair: many calls in flight at once.
 func BenchmarkRawRequestParallel(b *testing.B) {
-	side, work := benchConns(b)
+	side, work := natstest.Connect(b)
 	sub, _ := work.Subscribe("raw.echo", func(m *nats.Msg) { m.Respond(m.Data) })
 	defer sub.Unsubscribe()
 	work.Flush()
-	body := []byte(manifest)
+	body := []byte(natstest.Manifest)
 	parallel(b, func() error { _, err := side.Request("raw.echo", body, 5*time.Second); return err })
 }
 
 func BenchmarkDispatchParallel(b *testing.B) {
-	parallel(b, dispatch(echoClient(b, 256), req("echo", 5*time.Second)))
+	parallel(b, dispatch(echoClient(b, 256), natstest.Request("echo", 5*time.Second)))
 }
 
 // BenchmarkDispatchBareResponderParallel isolates the sidecar side: the
 // sidecar's Dispatch against a bare responder (no worker library).
 func BenchmarkDispatchBareResponderParallel(b *testing.B) {
-	side, work := benchConns(b)
+	side, work := natstest.Connect(b)
 	sub, _ := work.Subscribe("t.echo", func(m *nats.Msg) { m.Respond(m.Data) })
 	defer sub.Unsubscribe()
 	work.Flush()
-	c, err := Open(side, "t")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	parallel(b, dispatch(c, req("echo", 5*time.Second)))
+	parallel(b, dispatch(open(b, side), natstest.Request("echo", 5*time.Second)))
 }

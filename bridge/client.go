@@ -1,3 +1,9 @@
+// Package bridge is the sidecar's NATS client: it publishes one attempt of
+// a call to <prefix>.<tool> with a reply subject of its own, waits for the
+// outcome, lets progress messages extend the deadline, and publishes
+// <prefix>.cancel.<action_id> when it gives up. It satisfies the executor's
+// Dispatcher. The worker side is package worker; the protocol they share is
+// package wire.
 package bridge
 
 import (
@@ -13,37 +19,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/wire"
 )
 
 // ErrClosed is returned by Dispatch after Close.
 var ErrClosed = errors.New("bridge: client closed")
-
-// Request is one attempt of one call.
-type Request struct {
-	// Tool names the tool, for messages; Subject is where it is served.
-	Tool    string
-	Subject string
-	// Body is the manifest exactly as Core sent it.
-	Body []byte
-	// ActionID is the idempotency key and names the cancel subject.
-	ActionID string
-	Attempt  int
-	// Timeout bounds the wait for the reply; each progress message
-	// restarts it.
-	Timeout time.Duration
-	// Traceparent is forwarded; a new one is made when empty.
-	Traceparent string
-}
-
-// Reply is the outcome of one attempt: Data on success, Err otherwise.
-type Reply struct {
-	Data     []byte
-	Err      *Error
-	Progress int // progress messages seen
-	// Sent is false when the request never reached a worker (no
-	// responders), so even an unsafe tool may be retried.
-	Sent bool
-}
 
 // Client dispatches calls from the sidecar. It multiplexes every reply on
 // one wildcard inbox subscription, as nats.go's own requests do. It is safe
@@ -97,7 +79,7 @@ func (c *Client) route(m *nats.Msg) {
 	if w == nil {
 		return
 	}
-	if m.Header.Get(HeaderProgress) != "" {
+	if wire.IsProgress(m) {
 		select {
 		case w.progress <- struct{}{}:
 		default:
@@ -110,22 +92,19 @@ func (c *Client) route(m *nats.Msg) {
 	}
 }
 
-// CancelSubject is where the cancellation of an action is published.
-func CancelSubject(prefix, actionID string) string { return prefix + ".cancel." + actionID }
-
 // Dispatch sends one attempt and waits for its outcome, the timeout, or
 // ctx. On timeout or cancellation the worker is told on the cancel subject.
 // The failure of a call is a value in Reply.Err, never an error return.
-func (c *Client) Dispatch(ctx context.Context, req Request) Reply {
+func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	if err := ctx.Err(); err != nil {
-		return Reply{Err: NewError(Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}
+		return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}
 	}
 	token := strconv.FormatUint(c.seq.Add(1), 36)
 	w := &waiter{final: make(chan *nats.Msg, 1), progress: make(chan struct{}, 1)}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return Reply{Err: NewError(WorkerCrash, "%v", ErrClosed)}
+		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", ErrClosed)}
 	}
 	c.pending[token] = w
 	c.mu.Unlock()
@@ -135,23 +114,21 @@ func (c *Client) Dispatch(ctx context.Context, req Request) Reply {
 		c.mu.Unlock()
 	}()
 
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
-	msg := nats.NewMsg(req.Subject)
+	timeout := req.TimeoutOrDefault()
+	subject := wire.Subject(c.prefix, req.Tool)
+	msg := nats.NewMsg(subject)
 	msg.Reply = c.inbox + "." + token
 	msg.Data = req.Body
-	msg.Header.Set(HeaderDeadline, strconv.FormatInt(time.Now().Add(timeout).UnixMilli(), 10))
-	msg.Header.Set(HeaderAttempt, itoa(max(req.Attempt, 1)))
-	msg.Header.Set(HeaderIdempotencyKey, req.ActionID)
+	msg.Header.Set(tool.HeaderDeadline, strconv.FormatInt(time.Now().Add(timeout).UnixMilli(), 10))
+	msg.Header.Set(tool.HeaderAttempt, strconv.Itoa(max(req.Attempt, 1)))
+	msg.Header.Set(tool.HeaderIdempotencyKey, req.ActionID)
 	tp := req.Traceparent
 	if tp == "" {
 		tp = NewTraceparent()
 	}
-	msg.Header.Set(HeaderTraceparent, tp)
+	msg.Header.Set(tool.HeaderTraceparent, tp)
 	if err := c.nc.PublishMsg(msg); err != nil {
-		return Reply{Err: NewError(WorkerCrash, "publishing to %s: %v", req.Subject, err)}
+		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "publishing to %s: %v", subject, err)}
 	}
 
 	timer := time.NewTimer(timeout)
@@ -160,19 +137,19 @@ func (c *Client) Dispatch(ctx context.Context, req Request) Reply {
 	for {
 		select {
 		case m := <-w.final:
-			if isNoResponders(m) {
-				return Reply{Err: NewError(NotFound, "no worker is serving tool %q (no responders on %s)", req.Tool, req.Subject)}
+			if wire.IsNoResponders(m) {
+				return tool.Outcome{Err: tool.NewError(tool.NotFound, "no worker is serving tool %q (no responders on %s)", req.Tool, subject)}
 			}
-			return decodeReply(m, progress)
+			return wire.DecodeOutcome(m, progress)
 		case <-w.progress:
 			progress++
 			timer.Reset(timeout)
 		case <-timer.C:
 			c.cancel(req.ActionID)
-			return Reply{Sent: true, Progress: progress, Err: NewError(Timeout, "tool %q did not answer within %s", req.Tool, timeout)}
+			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Timeout, "tool %q did not answer within %s", req.Tool, timeout)}
 		case <-ctx.Done():
 			c.cancel(req.ActionID)
-			return Reply{Sent: true, Progress: progress, Err: NewError(Cancelled, "call cancelled: %v", context.Cause(ctx))}
+			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Cancelled, "call cancelled: %v", context.Cause(ctx))}
 		}
 	}
 }
@@ -180,32 +157,8 @@ func (c *Client) Dispatch(ctx context.Context, req Request) Reply {
 func (c *Client) cancel(actionID string) {
 	if actionID != "" {
 		// Best effort: a worker that missed it still hits its deadline.
-		_ = c.nc.Publish(CancelSubject(c.prefix, actionID), nil)
+		_ = c.nc.Publish(wire.CancelSubject(c.prefix, actionID), nil)
 	}
-}
-
-func isNoResponders(m *nats.Msg) bool {
-	return len(m.Data) == 0 && m.Header.Get("Status") == "503" // the server's no-responders status
-}
-
-func decodeReply(m *nats.Msg, progress int) Reply {
-	codeStr := m.Header.Get(HeaderServiceCode)
-	if codeStr == "" && m.Header.Get(HeaderErrorType) == "" {
-		return Reply{Data: m.Data, Progress: progress, Sent: true}
-	}
-	code, _ := strconv.Atoi(codeStr)
-	t := ErrorType(m.Header.Get(HeaderErrorType))
-	if _, known := codes[t]; !known {
-		t = typeOfCode(code)
-	}
-	if code == 0 {
-		code = codes[t]
-	}
-	msg := m.Header.Get(HeaderServiceError)
-	if msg == "" {
-		msg = string(m.Data)
-	}
-	return Reply{Progress: progress, Sent: true, Err: &Error{Type: t, Code: code, Message: msg}}
 }
 
 // NewTraceparent makes a W3C traceparent with a random trace and span id.

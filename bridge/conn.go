@@ -10,7 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-// ConnectConfig says how to reach NATS.
+// ConnectConfig says how to reach NATS: the one place where connection
+// options are built, for the sidecar and for `toolsidecar worker`.
 type ConnectConfig struct {
 	URL       string
 	Name      string
@@ -21,13 +22,15 @@ type ConnectConfig struct {
 }
 
 // Connect dials NATS, reconnecting forever, and counts reconnections in
-// toolsidecar_nats_reconnects_total on reg (nil: not counted).
-func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger) (*nats.Conn, error) {
+// toolsidecar_nats_reconnects_total on reg (nil: not counted). extra
+// options are applied last.
+func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	opts := []nats.Option{
 		nats.Name(cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond),
+		nats.DrainTimeout(10 * time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)
@@ -51,7 +54,7 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger) (*n
 	if cfg.CertFile != "" || cfg.KeyFile != "" {
 		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
 	}
-	nc, err := nats.Connect(cfg.URL, opts...)
+	nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: connecting to NATS: %w", err)
 	}

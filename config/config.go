@@ -7,6 +7,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -19,6 +20,8 @@ import (
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/providers/structs"
 	"github.com/knadh/koanf/v2"
+
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // ErrInvalid wraps every configuration error.
@@ -152,11 +155,13 @@ type Tool struct {
 	// SideEffects: read_only, idempotent or unsafe (never retried once
 	// sent). default: unsafe
 	SideEffects string `koanf:"side_effects"`
-	// Route: nats (default), or a kind registered by a plugin.
+	// Route: nats (default), or another registered route kind.
 	Route string `koanf:"route"`
-	// Exec and HTTP configure the exec and http routes.
-	Exec map[string]any `koanf:"exec"`
-	HTTP map[string]any `koanf:"http"`
+	// Settings holds every other key of the tool: the settings of its route
+	// kind, under the kind's name (exec: {...}). Any other key is an error
+	// here; the registry hands the settings to the kind, which decodes and
+	// checks them.
+	Settings map[string]any `koanf:",remain"`
 }
 
 // Default returns the configuration with every default filled in.
@@ -172,10 +177,10 @@ func Default() Config {
 	}
 }
 
-// ToolDefaults fills a tool's zero fields.
+// applyDefaults fills a tool's zero fields.
 func (t *Tool) applyDefaults() {
 	if t.Timeout == 0 {
-		t.Timeout = 30 * time.Second
+		t.Timeout = tool.DefaultTimeout
 	}
 	if t.SideEffects == "" {
 		t.SideEffects = Unsafe
@@ -297,6 +302,11 @@ func (c Config) Validate() error {
 		}
 		if t.Timeout < 0 {
 			bad(key+".timeout", "must not be negative")
+		}
+		for _, k := range slices.Sorted(maps.Keys(t.Settings)) {
+			if k != t.Route {
+				bad(key+"."+k, "unknown key (a tool's own settings go under its route's name, here %q)", t.Route)
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -14,13 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
 // Config is the client's configuration. Zero values mean the defaults.
@@ -299,12 +300,15 @@ func (c *Client) call(ctx context.Context, method, path, endpoint string, in, ou
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	idempotent := method == http.MethodGet || method == http.MethodPut
+	// Jittered exponential backoff from 100ms, capped at 2s.
+	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: 2 * time.Second}
+	b.Reset()
 	for attempt := 0; ; attempt++ {
 		err := c.once(ctx, method, path, endpoint, body, out)
 		if err == nil || attempt >= c.cfg.Retries || !retryable(err, idempotent) {
 			return err
 		}
-		if werr := sleep(ctx, backoff(attempt)); werr != nil {
+		if werr := sleep(ctx, b.NextBackOff()); werr != nil {
 			return err
 		}
 	}
@@ -393,12 +397,7 @@ func retryable(err error, idempotent bool) bool {
 	return false
 }
 
-// backoff is full-jitter exponential: up to 100ms·2^attempt, capped at 2s.
-func backoff(attempt int) time.Duration {
-	ceiling := min(100*time.Millisecond<<attempt, 2*time.Second)
-	return time.Duration(rand.Int64N(int64(ceiling)) + 1)
-}
-
+// sleep waits for d or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -6,8 +6,8 @@ package coresim
 
 import (
 	"fmt"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -120,11 +120,44 @@ func New(cfg Config) *Sim {
 	return s
 }
 
-// NewServer starts a simulator on a loopback httptest server. Close the
-// server when done.
-func NewServer(cfg Config) (*Sim, *httptest.Server) {
+// Server is a simulator served over HTTP on a loopback port.
+type Server struct {
+	// URL is the base URL, http://127.0.0.1:<port>.
+	URL    string
+	hs     *http.Server
+	done   chan struct{}
+	active sync.WaitGroup // handlers running
+}
+
+// NewServer starts a simulator on a random loopback port. Close the server
+// when done. It panics when no port can be had, as httptest does: it is
+// for tests and demos.
+func NewServer(cfg Config) (*Sim, *Server) {
 	s := New(cfg)
-	return s, httptest.NewServer(s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(fmt.Sprintf("coresim: listening on loopback: %v", err))
+	}
+	srv := &Server{URL: "http://" + ln.Addr().String(), done: make(chan struct{})}
+	srv.hs = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		srv.active.Add(1)
+		defer srv.active.Done()
+		s.ServeHTTP(w, r)
+	})}
+	go func() {
+		defer close(srv.done)
+		_ = srv.hs.Serve(ln)
+	}()
+	return s, srv
+}
+
+// Close stops the server at once, closing open connections (streams
+// included), and waits until every handler has returned, as httptest's
+// Close does.
+func (srv *Server) Close() {
+	_ = srv.hs.Close()
+	<-srv.done
+	srv.active.Wait()
 }
 
 // SetScenario replaces the script for runs that have not started a turn yet

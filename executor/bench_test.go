@@ -1,4 +1,4 @@
-package executor
+package executor_test
 
 import (
 	"context"
@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // BenchmarkBatch drives whole runs end to end (Core simulator over HTTP,
@@ -19,7 +20,7 @@ import (
 //
 //	go test ./executor -run '^$' -bench BenchmarkBatch -benchtime 20x
 func BenchmarkBatch(b *testing.B) {
-	sleep200 := func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	sleep200 := func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -38,15 +39,15 @@ func BenchmarkBatch(b *testing.B) {
 				specs[i] = fmt.Sprintf(`slow {"i": "%d"}`, i)
 			}
 			sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls(specs...)}, {Content: "done"}}}
-			h := newHarness(b, sc, config.Executor{MaxParallel: bc.maxParallel}, tool{config.Tool{Name: "slow"}, sleep200})
-			reqs := make([]Request, b.N)
+			h := newHarness(b, sc, config.Executor{MaxParallel: bc.maxParallel}, spec{config.Tool{Name: "slow"}, sleep200})
+			reqs := make([]executor.Request, b.N)
 			for i := range reqs {
 				reqs[i] = h.setupRun()
 			}
 			b.ResetTimer()
 			for i := range b.N {
 				sum, err := h.exec.Drive(context.Background(), reqs[i], nil)
-				if err != nil || sum.Status != StatusCompleted || len(sum.Calls) != bc.calls {
+				if err != nil || sum.Status != executor.StatusCompleted || len(sum.Calls) != bc.calls {
 					b.Fatalf("drive: %+v %v", sum, err)
 				}
 			}

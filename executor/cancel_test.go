@@ -1,4 +1,4 @@
-package executor
+package executor_test
 
 import (
 	"context"
@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // cancelHarness: a batch of a fast call and two calls that block until the
@@ -21,7 +23,7 @@ func cancelHarness(t *testing.T) (*harness, chan error, chan struct{}) {
 	causes := make(chan error, 2)
 	started := make(chan struct{})
 	var n atomic.Int32
-	slow := func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	slow := func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		if n.Add(1) == 2 {
 			close(started)
 		}
@@ -30,11 +32,11 @@ func cancelHarness(t *testing.T) (*harness, chan error, chan struct{}) {
 		return nil, ctx.Err()
 	}
 	h := newHarness(t, twoTurns(calls("fast", "slow", "slow")...), config.Executor{},
-		tool{config.Tool{Name: "fast"}, echo},
-		tool{config.Tool{Name: "slow", Timeout: 30 * time.Second}, slow})
+		spec{config.Tool{Name: "fast"}, echo},
+		spec{config.Tool{Name: "slow", Timeout: 30 * time.Second}, slow})
 	fastDone := make(chan struct{})
-	h.onEvent = func(e Event) {
-		if e.Type == EventToolResult && e.Call.Tool == "fast" {
+	h.onEvent = func(e executor.Event) {
+		if e.Type == executor.EventToolResult && e.Call.Tool == "fast" {
 			close(fastDone)
 		}
 	}
@@ -47,15 +49,15 @@ func cancelHarness(t *testing.T) (*harness, chan error, chan struct{}) {
 	return h, causes, ready
 }
 
-func (h *harness) assertCancelled(t *testing.T, sum Summary, causes chan error) {
+func (h *harness) assertCancelled(t *testing.T, sum executor.Summary, causes chan error) {
 	t.Helper()
-	if sum.Status != StatusCancelled {
+	if sum.Status != executor.StatusCancelled {
 		t.Fatalf("status %q (%s), want cancelled", sum.Status, sum.Error)
 	}
 	for range 2 {
 		select {
 		case err := <-causes:
-			if !errors.Is(err, bridge.ErrCancelledBySidecar) {
+			if !errors.Is(err, worker.ErrCancelledBySidecar) {
 				t.Errorf("worker stopped by %v, want the cancel subject", err)
 			}
 		case <-time.After(5 * time.Second):
@@ -113,10 +115,10 @@ func TestCancelThroughContext(t *testing.T) {
 // TestCancelledBeforeTurn: a run already cancelled in Core gets no
 // completions request at all.
 func TestCancelledBeforeTurn(t *testing.T) {
-	h := newHarness(t, twoTurns(calls("echo")...), config.Executor{}, tool{config.Tool{Name: "echo"}, echo})
+	h := newHarness(t, twoTurns(calls("echo")...), config.Executor{}, spec{config.Tool{Name: "echo"}, echo})
 	h.core.CancelRun(context.Background(), h.req.RunID)
 	sum, _ := h.drive(context.Background())
-	if sum.Status != StatusCancelled || h.sim.CountRequests("POST", "/v1/completions") != 0 {
+	if sum.Status != executor.StatusCancelled || h.sim.CountRequests("POST", "/v1/completions") != 0 {
 		t.Fatalf("status %s, completions %d", sum.Status, h.sim.CountRequests("POST", "/v1/completions"))
 	}
 }
@@ -127,9 +129,9 @@ func TestCancelledBeforeTurn(t *testing.T) {
 func TestDroppedStreamRecovered(t *testing.T) {
 	sc := twoTurns(calls("echo", "echo", "echo")...)
 	sc.Turns[0].DropAfter = 1 + 3 + 1 + 1 // started, 3 tool_call, processing, first manifest
-	h := newHarness(t, sc, config.Executor{}, tool{config.Tool{Name: "echo"}, echo})
+	h := newHarness(t, sc, config.Executor{}, spec{config.Tool{Name: "echo"}, echo})
 	sum, err := h.drive(context.Background())
-	if err != nil || sum.Status != StatusCompleted || sum.Turns != 2 {
+	if err != nil || sum.Status != executor.StatusCompleted || sum.Turns != 2 {
 		t.Fatalf("summary %+v err %v", sum, err)
 	}
 	h.assertWholeBatches(2)
@@ -144,7 +146,7 @@ func TestTruncatedTextTurn(t *testing.T) {
 	sc := coresim.Scenario{Turns: []coresim.Turn{{Content: "The answer is", DropAfter: 2}}}
 	h := newHarness(t, sc, config.Executor{})
 	sum, err := h.drive(context.Background())
-	if !errors.Is(err, ErrTruncatedTurn) || !errors.Is(err, core.ErrTruncated) || sum.Status != StatusFailed {
+	if !errors.Is(err, executor.ErrTruncatedTurn) || !errors.Is(err, core.ErrTruncated) || sum.Status != executor.StatusFailed {
 		t.Fatalf("err %v summary %+v", err, sum)
 	}
 	if sum.Content != "The answer is" || h.sim.CountRequests("POST", "/v1/completions") != 1 {
@@ -160,15 +162,15 @@ func TestUpstreamFailures(t *testing.T) {
 	}{
 		{"HTTP 500 before the stream", coresim.Turn{HTTPStatus: 500}, func(err error) bool { return core.StatusCode(err) == 500 }},
 		{"in-band error", coresim.Turn{Error: "Maximum conversation turns exceeded"}, func(err error) bool {
-			return errors.Is(err, ErrUpstream) && strings.Contains(err.Error(), "Maximum conversation turns exceeded")
+			return errors.Is(err, executor.ErrUpstream) && strings.Contains(err.Error(), "Maximum conversation turns exceeded")
 		}},
-		{"router exception", coresim.Turn{RouterError: "boom"}, func(err error) bool { return errors.Is(err, ErrTruncatedTurn) }},
+		{"router exception", coresim.Turn{RouterError: "boom"}, func(err error) bool { return errors.Is(err, executor.ErrTruncatedTurn) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, coresim.Scenario{Turns: []coresim.Turn{tc.turn}}, config.Executor{})
 			sum, err := h.drive(context.Background())
-			if sum.Status != StatusFailed || !tc.want(err) {
+			if sum.Status != executor.StatusFailed || !tc.want(err) {
 				t.Fatalf("status %s err %v", sum.Status, err)
 			}
 		})
@@ -179,9 +181,9 @@ func TestUpstreamFailures(t *testing.T) {
 // after every call of the batch, itself included, got its outcome.
 func TestFailRun(t *testing.T) {
 	h := newHarness(t, twoTurns(calls("echo", "ghost", "echo")...), config.Executor{MissingTool: config.MissingToolFailRun},
-		tool{config.Tool{Name: "echo"}, echo})
+		spec{config.Tool{Name: "echo"}, echo})
 	sum, err := h.drive(context.Background())
-	if !errors.Is(err, ErrUnknownToolFailRun) || sum.Status != StatusFailed {
+	if !errors.Is(err, executor.ErrUnknownToolFailRun) || sum.Status != executor.StatusFailed {
 		t.Fatalf("status %s err %v", sum.Status, err)
 	}
 	h.assertWholeBatches(3)
@@ -193,9 +195,9 @@ func TestFailRun(t *testing.T) {
 func TestMaxTurns(t *testing.T) {
 	loop := coresim.Turn{Calls: calls("echo")}
 	h := newHarness(t, coresim.Scenario{Turns: []coresim.Turn{loop, loop, loop, loop}}, config.Executor{MaxTurns: 3},
-		tool{config.Tool{Name: "echo"}, echo})
+		spec{config.Tool{Name: "echo"}, echo})
 	sum, err := h.drive(context.Background())
-	if err != nil || sum.Status != StatusMaxTurns || sum.Turns != 3 || len(sum.Calls) != 3 {
+	if err != nil || sum.Status != executor.StatusMaxTurns || sum.Turns != 3 || len(sum.Calls) != 3 {
 		t.Fatalf("summary %+v err %v", sum, err)
 	}
 	h.req.MaxTurns = 1
@@ -203,7 +205,7 @@ func TestMaxTurns(t *testing.T) {
 	h.req = h2
 	h.req.MaxTurns = 1
 	sum, _ = h.drive(context.Background())
-	if sum.Turns != 1 || sum.Status != StatusMaxTurns {
+	if sum.Turns != 1 || sum.Status != executor.StatusMaxTurns {
 		t.Errorf("per-request max_turns: %+v", sum)
 	}
 }
@@ -215,16 +217,16 @@ func TestEvents(t *testing.T) {
 		{Reasoning: "think", Content: "checking", Calls: calls("echo", "echo")},
 		{Content: "done"},
 	}}
-	h := newHarness(t, sc, config.Executor{}, tool{config.Tool{Name: "echo"}, echo})
+	h := newHarness(t, sc, config.Executor{}, spec{config.Tool{Name: "echo"}, echo})
 	if _, err := h.drive(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	for _, e := range h.events {
 		switch e.Type {
-		case EventToolCall, EventToolResult:
+		case executor.EventToolCall, executor.EventToolResult:
 			got = append(got, string(e.Type)+":"+e.Call.ToolCallID[len(e.Call.ToolCallID)-2:])
-		case EventChunk:
+		case executor.EventChunk:
 		default:
 			got = append(got, string(e.Type))
 		}

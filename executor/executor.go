@@ -20,16 +20,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// Dispatcher runs one attempt of one call on a route. The bridge's NATS
-// client satisfies it; in-process route kinds (exec, http) do too.
+// Dispatcher runs one attempt of one call on a route and returns its
+// outcome; a failed call is a value in the outcome. The NATS client
+// (package bridge) and the in-process routes (package plugins) satisfy it.
 type Dispatcher interface {
-	Dispatch(ctx context.Context, req bridge.Request) bridge.Reply
+	Dispatch(ctx context.Context, req tool.Request) tool.Outcome
 }
 
 // Core is the part of Core's API the loop uses.

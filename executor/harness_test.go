@@ -1,4 +1,4 @@
-package executor
+package executor_test
 
 import (
 	"context"
@@ -6,66 +6,66 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
-	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// harness is a whole sidecar on real parts (testenv) plus an executor.
+// harness is a whole sidecar on real parts (testenv), driven in process.
 type harness struct {
 	t    testing.TB
 	env  *testenv.Env
 	sim  *coresim.Sim
 	core *core.Client
-	exec *Executor
-	req  Request
+	exec *sidecar.Sidecar
+	req  executor.Request
 	run  testenv.Run
 	mu   sync.Mutex
 	// events are the drive's events; onEvent, when set, sees each as it
 	// happens.
-	events  []Event
-	onEvent func(Event)
+	events  []executor.Event
+	onEvent func(executor.Event)
 }
 
-// tool is a local shorthand for testenv.Tool, written unkeyed in tables.
-type tool struct {
+// spec is a local shorthand for testenv.Tool, written unkeyed in tables.
+type spec struct {
 	cfg     config.Tool
-	handler bridge.Handler
+	handler tool.Handler
 }
 
-func newHarness(t testing.TB, sc coresim.Scenario, ecfg config.Executor, tools ...tool) *harness {
+func newHarness(t testing.TB, sc coresim.Scenario, ecfg config.Executor, tools ...spec) *harness {
+	t.Helper()
+	return newHarnessWith(t, sc, testenv.Options{Executor: ecfg}, tools...)
+}
+
+func newHarnessWith(t testing.TB, sc coresim.Scenario, opts testenv.Options, tools ...spec) *harness {
 	t.Helper()
 	envTools := make([]testenv.Tool, len(tools))
 	for i, tl := range tools {
 		envTools[i] = testenv.Tool{Config: tl.cfg, Handler: tl.handler}
 	}
-	env := testenv.New(t, sc, envTools...)
-	if ecfg.CancelPoll == 0 {
-		ecfg.CancelPoll = 20 * time.Millisecond
-	}
-	h := &harness{t: t, env: env, sim: env.Sim, core: env.Core}
-	h.exec = New(ecfg, env.Core, registry.NewLive(env.Registry), env.Client)
+	env := testenv.Start(t, sc, opts, envTools...)
+	h := &harness{t: t, env: env, sim: env.Sim, core: env.Core, exec: env.Sidecar}
 	h.req = h.setupRun()
 	return h
 }
 
-func (h *harness) setupRun() Request {
+func (h *harness) setupRun() executor.Request {
 	h.run = h.env.NewRun()
-	r := h.run
-	return Request{RunID: r.RunID, ThreadID: r.ThreadID, AssistantID: r.AssistantID, MessageID: r.MessageID, Model: r.Model}
+	return h.run.Request()
 }
 
-func (h *harness) drive(ctx context.Context) (Summary, error) {
-	return h.exec.Drive(ctx, h.req, func(e Event) {
+func (h *harness) drive(ctx context.Context) (executor.Summary, error) {
+	return h.exec.Drive(ctx, h.req, func(e executor.Event) {
 		h.mu.Lock()
 		h.events = append(h.events, e)
 		h.mu.Unlock()

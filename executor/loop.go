@@ -6,19 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectdavid/toolsidecar/batch"
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Drive runs the loop for one run until it stops, and returns its summary.
@@ -148,12 +148,12 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 			return
 		}
 		seen[m.ActionID] = true
-		tool, pre := e.precheck(reg, m)
-		if pre != nil && pre.Type == bridge.NotFound && e.cfg.MissingTool == config.MissingToolFailRun && failRun == nil {
+		def, pre := e.precheck(reg, m)
+		if pre != nil && pre.Type == tool.NotFound && e.cfg.MissingTool == config.MissingToolFailRun && failRun == nil {
 			failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
 		}
 		emit(Event{Type: EventToolCall, Turn: n, Call: &CallResult{Turn: n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}})
-		b.Go(func(ctx context.Context) *outcome { return e.call(ctx, n, m, tool, pre, req.Traceparent, log) })
+		b.Go(func(ctx context.Context) *outcome { return e.call(ctx, n, m, def, pre, req.Traceparent, log) })
 	}
 
 	var endErr error
@@ -277,27 +277,27 @@ func argsOrEmpty(a json.RawMessage) json.RawMessage {
 
 // precheck resolves the tool and validates the arguments. The error, if
 // any, becomes the call's outcome; the stream goes on.
-func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry.Tool, *bridge.Error) {
-	tool, ok := reg.Lookup(m.Tool)
+func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry.Tool, *tool.Error) {
+	def, ok := reg.Lookup(m.Tool)
 	if !ok {
-		return nil, bridge.NewError(bridge.NotFound, "unknown tool %q; the registered tools are: %s", m.Tool, strings.Join(reg.Names(), ", "))
+		return nil, tool.NewError(tool.NotFound, "unknown tool %q; the registered tools are: %s", m.Tool, strings.Join(reg.Names(), ", "))
 	}
 	if len(m.Args) > e.cfg.MaxArgsBytes {
-		return tool, bridge.NewError(bridge.InvalidArgs, "arguments of %d bytes exceed the limit of %d bytes", len(m.Args), e.cfg.MaxArgsBytes)
+		return def, tool.NewError(tool.InvalidArgs, "arguments of %d bytes exceed the limit of %d bytes", len(m.Args), e.cfg.MaxArgsBytes)
 	}
-	if err := tool.Validate(m.Args); err != nil {
-		return tool, bridge.NewError(bridge.InvalidArgs, "%s", err.Error())
+	if err := def.Validate(m.Args); err != nil {
+		return def, tool.NewError(tool.InvalidArgs, "%s", err.Error())
 	}
-	if _, ok := e.routes[tool.Route]; !ok {
-		return tool, bridge.NewError(bridge.NotFound, "tool %q has route %q, which this sidecar does not serve", tool.Name, tool.Route)
+	if _, ok := e.routes[def.Route]; !ok {
+		return def, tool.NewError(tool.NotFound, "tool %q has route %q, which this sidecar does not serve", def.Name, def.Route)
 	}
-	return tool, nil
+	return def, nil
 }
 
 // call runs one call: Action processing, then attempts until success, a
 // final error, or the retry budget. It never returns an error: a failed
 // call is an outcome.
-func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, tool *registry.Tool, pre *bridge.Error, traceparent string, log *slog.Logger) *outcome {
+func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *registry.Tool, pre *tool.Error, traceparent string, log *slog.Logger) *outcome {
 	ctx, span := e.tracer.Start(ctx, "toolsidecar.call", trace.WithAttributes(attribute.String("tool", m.Tool),
 		attribute.String("action_id", m.ActionID), attribute.String("tool_call_id", m.ToolCallID)))
 	defer span.End()
@@ -316,21 +316,21 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, tool *r
 	}
 	cancel()
 
-	var reply bridge.Reply
+	var reply tool.Outcome
 	if pre != nil {
 		reply.Err = pre
 	} else {
-		reply = e.attempts(ctx, m, tool, traceparent, &o.res)
+		reply = e.attempts(ctx, m, def, traceparent, &o.res)
 	}
 	if reply.Err == nil && len(reply.Data) > e.cfg.MaxResultBytes {
-		reply.Err = bridge.NewError(bridge.ToolFailed, "result of %d bytes exceeds the limit of %d bytes", len(reply.Data), e.cfg.MaxResultBytes)
+		reply.Err = tool.NewError(tool.ToolFailed, "result of %d bytes exceeds the limit of %d bytes", len(reply.Data), e.cfg.MaxResultBytes)
 	}
 	o.res.DurationMS = time.Since(start).Milliseconds()
 	if reply.Err != nil {
 		o.res.ErrorType, o.res.Error = string(reply.Err.Type), reply.Err.Message
 		o.content = errorContent(m.Tool, reply.Err)
 		o.status = core.ActionFailed
-		if reply.Err.Type == bridge.Cancelled {
+		if reply.Err.Type == tool.Cancelled {
 			o.status = core.ActionCancelled
 		}
 		log.Info("call failed", "error_type", reply.Err.Type, "err", reply.Err.Message, "attempts", o.res.Attempts)
@@ -356,34 +356,38 @@ func formatTraceparent(sc trace.SpanContext) string {
 // attempts dispatches with the tool's retry policy: retry a timeout, no
 // responders or a retryable worker error, but never resend an unsafe tool
 // once a worker may have received it.
-func (e *Executor) attempts(ctx context.Context, m *core.Manifest, tool *registry.Tool, traceparent string, res *CallResult) bridge.Reply {
-	d := e.routes[tool.Route]
+func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry.Tool, traceparent string, res *CallResult) tool.Outcome {
+	d := e.routes[def.Route]
 	body := m.Raw
+	// Jittered exponential backoff between attempts, from 50ms, capped at 1s.
+	b := &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: time.Second}
+	b.Reset()
 	for attempt := 1; ; attempt++ {
 		res.Attempts = attempt
-		reply := d.Dispatch(ctx, bridge.Request{Tool: tool.Name, Subject: tool.Subject, Body: body, ActionID: m.ActionID, Attempt: attempt, Timeout: tool.Timeout, Traceparent: traceparent})
-		if reply.Err == nil || attempt > tool.Retries || ctx.Err() != nil || !reply.Err.Retryable() {
+		reply := d.Dispatch(ctx, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, Attempt: attempt, Timeout: def.Timeout, Traceparent: traceparent})
+		if reply.Err == nil || attempt > def.Retries || ctx.Err() != nil || !reply.Err.Retryable() {
 			return reply
 		}
-		if reply.Sent && tool.SideEffects == config.Unsafe {
+		if reply.Sent && def.SideEffects == config.Unsafe {
 			return reply
 		}
-		backoff := time.Duration(rand.Int64N(int64(min(50*time.Millisecond<<attempt, time.Second)))) + 1
+		wait := time.NewTimer(b.NextBackOff())
 		select {
 		case <-ctx.Done():
-			return bridge.Reply{Err: bridge.NewError(bridge.Cancelled, "call cancelled between attempts: %v", context.Cause(ctx))}
-		case <-time.After(backoff):
+			wait.Stop()
+			return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled between attempts: %v", context.Cause(ctx))}
+		case <-wait.C:
 		}
 	}
 }
 
 // errorContent is the tool message the model reads for a failed call.
-func errorContent(tool string, err *bridge.Error) string {
+func errorContent(name string, err *tool.Error) string {
 	b, _ := json.Marshal(struct {
 		Error     string `json:"error"`
 		ErrorType string `json:"error_type"`
 		Tool      string `json:"tool"`
-	}{err.Message, string(err.Type), tool})
+	}{err.Message, string(err.Type), name})
 	return string(b)
 }
 

@@ -1,4 +1,4 @@
-package executor
+package executor_test
 
 import (
 	"context"
@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // TestLegacyBugGone: in a batch of N calls whose last call fails, times
@@ -20,22 +21,22 @@ import (
 func TestLegacyBugGone(t *testing.T) {
 	cases := []struct {
 		name     string
-		last     tool
+		last     spec
 		wantType string
 	}{
-		{"last call fails", tool{config.Tool{Name: "last"}, func(context.Context, *bridge.Call) ([]byte, error) {
+		{"last call fails", spec{config.Tool{Name: "last"}, func(context.Context, *tool.Call) ([]byte, error) {
 			return nil, errors.New("upstream API down")
 		}}, "tool_error"},
-		{"last call times out", tool{config.Tool{Name: "last", Timeout: 150 * time.Millisecond}, hang}, "timeout"},
-		{"last call has no worker", tool{config.Tool{Name: "last"}, nil}, "not_found"},
-		{"last call is an unknown tool", tool{config.Tool{Name: "other"}, echo}, "not_found"},
+		{"last call times out", spec{config.Tool{Name: "last", Timeout: 150 * time.Millisecond}, hang}, "timeout"},
+		{"last call has no worker", spec{config.Tool{Name: "last"}, nil}, "not_found"},
+		{"last call is an unknown tool", spec{config.Tool{Name: "other"}, echo}, "not_found"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, twoTurns(calls("echo", "echo", "echo", "last")...), config.Executor{},
-				tool{config.Tool{Name: "echo"}, echo}, tc.last)
+				spec{config.Tool{Name: "echo"}, echo}, tc.last)
 			sum, err := h.drive(context.Background())
-			if err != nil || sum.Status != StatusCompleted || sum.Turns != 2 {
+			if err != nil || sum.Status != executor.StatusCompleted || sum.Turns != 2 {
 				t.Fatalf("summary %+v err %v", sum, err)
 			}
 			acts := h.assertWholeBatches(4)
@@ -84,14 +85,14 @@ func TestMixedBatch(t *testing.T) {
 		`hang`,
 		`absent`,
 	)...), config.Executor{},
-		tool{config.Tool{Name: "flights", Parameters: schema("from", "to")}, echo},
-		tool{config.Tool{Name: "crash"}, func(context.Context, *bridge.Call) ([]byte, error) { panic("nil map") }},
-		tool{config.Tool{Name: "hang", Timeout: 100 * time.Millisecond, Retries: 1, SideEffects: config.Idempotent},
-			func(ctx context.Context, c *bridge.Call) ([]byte, error) { hangAttempts.Add(1); return hang(ctx, c) }},
-		tool{config.Tool{Name: "absent"}, nil},
+		spec{config.Tool{Name: "flights", Parameters: schema("from", "to")}, echo},
+		spec{config.Tool{Name: "crash"}, func(context.Context, *tool.Call) ([]byte, error) { panic("nil map") }},
+		spec{config.Tool{Name: "hang", Timeout: 100 * time.Millisecond, Retries: 1, SideEffects: config.Idempotent},
+			func(ctx context.Context, c *tool.Call) ([]byte, error) { hangAttempts.Add(1); return hang(ctx, c) }},
+		spec{config.Tool{Name: "absent"}, nil},
 	)
 	sum, err := h.drive(context.Background())
-	if err != nil || sum.Status != StatusCompleted {
+	if err != nil || sum.Status != executor.StatusCompleted {
 		t.Fatalf("summary %+v err %v", sum, err)
 	}
 	acts := h.assertWholeBatches(7)
@@ -127,14 +128,14 @@ func TestMixedBatch(t *testing.T) {
 func TestUnsafeNeverResent(t *testing.T) {
 	var sent atomic.Int32
 	h := newHarness(t, twoTurns(calls("pay")...), config.Executor{},
-		tool{config.Tool{Name: "pay", Timeout: 100 * time.Millisecond, Retries: 3, SideEffects: config.Unsafe},
-			func(ctx context.Context, c *bridge.Call) ([]byte, error) { sent.Add(1); return hang(ctx, c) }})
+		spec{config.Tool{Name: "pay", Timeout: 100 * time.Millisecond, Retries: 3, SideEffects: config.Unsafe},
+			func(ctx context.Context, c *tool.Call) ([]byte, error) { sent.Add(1); return hang(ctx, c) }})
 	sum, _ := h.drive(context.Background())
 	if sent.Load() != 1 || sum.Calls[0].Attempts != 1 || sum.Calls[0].ErrorType != "timeout" {
 		t.Fatalf("unsafe tool sent %d times, summary %+v", sent.Load(), sum.Calls[0])
 	}
 	h2 := newHarness(t, twoTurns(calls("pay")...), config.Executor{},
-		tool{config.Tool{Name: "pay", Retries: 2, SideEffects: config.Unsafe}, nil})
+		spec{config.Tool{Name: "pay", Retries: 2, SideEffects: config.Unsafe}, nil})
 	sum2, _ := h2.drive(context.Background())
 	if sum2.Calls[0].Attempts != 3 {
 		t.Errorf("no-responders attempts %d, want 3 (never sent, so safe to retry)", sum2.Calls[0].Attempts)
@@ -149,7 +150,7 @@ type barrier struct {
 	reached   chan struct{}
 }
 
-func (b *barrier) handler(ctx context.Context, c *bridge.Call) ([]byte, error) {
+func (b *barrier) handler(ctx context.Context, c *tool.Call) ([]byte, error) {
 	n := b.cur.Add(1)
 	defer b.cur.Add(-1)
 	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
@@ -181,7 +182,7 @@ func TestParallelism(t *testing.T) {
 		t.Run(fmt.Sprint("max_parallel ", tc.maxParallel), func(t *testing.T) {
 			b := &barrier{want: 8, wait: tc.wait, reached: make(chan struct{})}
 			h := newHarness(t, twoTurns(calls(specs...)...), config.Executor{MaxParallel: tc.maxParallel},
-				tool{config.Tool{Name: "par"}, b.handler})
+				spec{config.Tool{Name: "par"}, b.handler})
 			if _, err := h.drive(context.Background()); err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package executor
+package executor_test
 
 import (
 	"context"
@@ -9,8 +9,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // TestTracing: with a tracer, a drive records drive > turn > call spans,
@@ -18,17 +20,17 @@ import (
 func TestTracing(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
-	record := func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	record := func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		mu.Lock()
 		seen = append(seen, c.Traceparent)
 		mu.Unlock()
 		return []byte(`"ok"`), nil
 	}
-	h := newHarness(t, twoTurns(calls("rec", "rec")...), config.Executor{}, tool{config.Tool{Name: "rec"}, record})
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	defer tp.Shutdown(context.Background())
-	h.exec.tracer = tp.Tracer("test")
+	h := newHarnessWith(t, twoTurns(calls("rec", "rec")...), testenv.Options{Sidecar: []sidecar.Option{sidecar.WithTracer(tp.Tracer("test"))}},
+		spec{config.Tool{Name: "rec"}, record})
 	if _, err := h.drive(context.Background()); err != nil {
 		t.Fatal(err)
 	}

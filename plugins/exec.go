@@ -10,9 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/bridge"
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // ExecSettings configure route exec: one process per call. The manifest
@@ -32,13 +31,11 @@ type ExecSettings struct {
 
 const stderrExcerpt = 2048
 
-func init() {
-	Register("exec", Kind{Check: func(t config.Tool) error { _, err := execSettings(t); return err }, New: newExec})
-}
+func init() { registry.RegisterKind("exec", newExec) }
 
-func execSettings(t config.Tool) (ExecSettings, error) {
+func execSettings(settings map[string]any) (ExecSettings, error) {
 	var s ExecSettings
-	if err := decodeSettings("exec", t.Exec, &s); err != nil {
+	if err := registry.DecodeSettings("exec", settings, &s); err != nil {
 		return s, err
 	}
 	if len(s.Command) == 0 || s.Command[0] == "" {
@@ -50,8 +47,8 @@ func execSettings(t config.Tool) (ExecSettings, error) {
 	return s, nil
 }
 
-func newExec(t *registry.Tool) (bridge.Handler, error) {
-	s, err := execSettings(t.Config)
+func newExec(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
+	s, err := execSettings(settings)
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +56,7 @@ func newExec(t *registry.Tool) (bridge.Handler, error) {
 	for k, v := range s.Env {
 		env = append(env, k+"="+v)
 	}
-	return func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	return func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		cmd := exec.CommandContext(ctx, s.Command[0], s.Command[1:]...)
 		cmd.Dir, cmd.Env = s.Dir, env
 		cmd.Stdin = bytes.NewReader(c.Manifest)
@@ -75,17 +72,17 @@ func newExec(t *registry.Tool) (bridge.Handler, error) {
 		switch {
 		case ctx.Err() != nil:
 			if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
-				return nil, bridge.NewError(bridge.Timeout, "command %q killed at its deadline", s.Command[0])
+				return nil, tool.NewError(tool.Timeout, "command %q killed at its deadline", s.Command[0])
 			}
-			return nil, bridge.NewError(bridge.Cancelled, "command %q killed: %v", s.Command[0], context.Cause(ctx))
+			return nil, tool.NewError(tool.Cancelled, "command %q killed: %v", s.Command[0], context.Cause(ctx))
 		case stdout.over:
-			return nil, bridge.NewError(bridge.ToolFailed, "command output exceeds %d bytes", s.MaxOutputBytes)
+			return nil, tool.NewError(tool.ToolFailed, "command output exceeds %d bytes", s.MaxOutputBytes)
 		case err != nil:
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {
-				return nil, bridge.NewError(bridge.ToolFailed, "command %q exited with status %d: %s", s.Command[0], ee.ExitCode(), strings.TrimSpace(stderr.String()))
+				return nil, tool.NewError(tool.ToolFailed, "command %q exited with status %d: %s", s.Command[0], ee.ExitCode(), strings.TrimSpace(stderr.String()))
 			}
-			return nil, bridge.NewError(bridge.ToolFailed, "command %q: %v", s.Command[0], err)
+			return nil, tool.NewError(tool.ToolFailed, "command %q: %v", s.Command[0], err)
 		}
 		return stdout.Bytes(), nil
 	}, nil

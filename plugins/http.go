@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // HTTPSettings configure route http: each call POSTs the manifest to URL.
@@ -30,13 +30,11 @@ type HTTPSettings struct {
 	MaxResponseBytes int `json:"max_response_bytes"`
 }
 
-func init() {
-	Register("http", Kind{Check: func(t config.Tool) error { _, err := httpSettings(t); return err }, New: newHTTP})
-}
+func init() { registry.RegisterKind("http", newHTTP) }
 
-func httpSettings(t config.Tool) (HTTPSettings, error) {
+func httpSettings(settings map[string]any) (HTTPSettings, error) {
 	var s HTTPSettings
-	if err := decodeSettings("http", t.HTTP, &s); err != nil {
+	if err := registry.DecodeSettings("http", settings, &s); err != nil {
 		return s, err
 	}
 	u, err := url.Parse(s.URL)
@@ -49,8 +47,8 @@ func httpSettings(t config.Tool) (HTTPSettings, error) {
 	return s, nil
 }
 
-func newHTTP(t *registry.Tool) (bridge.Handler, error) {
-	s, err := httpSettings(t.Config)
+func newHTTP(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
+	s, err := httpSettings(settings)
 	if err != nil {
 		return nil, err
 	}
@@ -61,10 +59,10 @@ func newHTTP(t *registry.Tool) (bridge.Handler, error) {
 		}
 	}
 	hc := &http.Client{}
-	return func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	return func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, bytes.NewReader(c.Manifest))
 		if err != nil {
-			return nil, bridge.NewError(bridge.ToolFailed, "building request: %v", err)
+			return nil, tool.NewError(tool.ToolFailed, "building request: %v", err)
 		}
 		req.Header.Set("Content-Type", "application/json")
 		for k, v := range s.Headers {
@@ -73,43 +71,43 @@ func newHTTP(t *registry.Tool) (bridge.Handler, error) {
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		req.Header.Set(bridge.HeaderAttempt, strconv.Itoa(c.Attempt))
-		req.Header.Set(bridge.HeaderIdempotencyKey, c.IdempotencyKey)
+		req.Header.Set(tool.HeaderAttempt, strconv.Itoa(c.Attempt))
+		req.Header.Set(tool.HeaderIdempotencyKey, c.IdempotencyKey)
 		if c.Traceparent != "" {
-			req.Header.Set(bridge.HeaderTraceparent, c.Traceparent)
+			req.Header.Set(tool.HeaderTraceparent, c.Traceparent)
 		}
 		if !c.Deadline.IsZero() {
-			req.Header.Set(bridge.HeaderDeadline, strconv.FormatInt(c.Deadline.UnixMilli(), 10))
+			req.Header.Set(tool.HeaderDeadline, strconv.FormatInt(c.Deadline.UnixMilli(), 10))
 		}
 		resp, err := hc.Do(req)
 		if err != nil {
 			if ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
-				return nil, bridge.NewError(bridge.Timeout, "%s did not answer before the deadline", s.URL)
+				return nil, tool.NewError(tool.Timeout, "%s did not answer before the deadline", s.URL)
 			}
 			if ctx.Err() != nil {
-				return nil, bridge.NewError(bridge.Cancelled, "request to %s cancelled", s.URL)
+				return nil, tool.NewError(tool.Cancelled, "request to %s cancelled", s.URL)
 			}
-			return nil, bridge.NewError(bridge.WorkerCrash, "%s unreachable: %v", s.URL, err)
+			return nil, tool.NewError(tool.WorkerCrash, "%s unreachable: %v", s.URL, err)
 		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(io.LimitReader(resp.Body, int64(s.MaxResponseBytes)+1))
 		if err != nil {
-			return nil, bridge.NewError(bridge.WorkerCrash, "reading %s: %v", s.URL, err)
+			return nil, tool.NewError(tool.WorkerCrash, "reading %s: %v", s.URL, err)
 		}
 		if len(body) > s.MaxResponseBytes {
-			return nil, bridge.NewError(bridge.ToolFailed, "response exceeds %d bytes", s.MaxResponseBytes)
+			return nil, tool.NewError(tool.ToolFailed, "response exceeds %d bytes", s.MaxResponseBytes)
 		}
 		excerpt := strings.TrimSpace(string(body[:min(len(body), stderrExcerpt)]))
 		switch {
 		case resp.StatusCode/100 == 2:
 			return body, nil
 		case resp.StatusCode == http.StatusTooManyRequests:
-			return nil, bridge.NewError(bridge.RateLimited, "HTTP 429 from %s: %s", s.URL, excerpt)
+			return nil, tool.NewError(tool.RateLimited, "HTTP 429 from %s: %s", s.URL, excerpt)
 		case resp.StatusCode >= 500:
 			// Retryable: the taxonomy's retryable type for a broken server.
-			return nil, bridge.NewError(bridge.WorkerCrash, "HTTP %d from %s: %s", resp.StatusCode, s.URL, excerpt)
+			return nil, tool.NewError(tool.WorkerCrash, "HTTP %d from %s: %s", resp.StatusCode, s.URL, excerpt)
 		default:
-			return nil, bridge.NewError(bridge.ToolFailed, "HTTP %d from %s: %s", resp.StatusCode, s.URL, excerpt)
+			return nil, tool.NewError(tool.ToolFailed, "HTTP %d from %s: %s", resp.StatusCode, s.URL, excerpt)
 		}
 	}, nil
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,9 +19,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -40,8 +43,8 @@ func local(t *testing.T, tc config.Tool) *Local {
 	return NewLocal(registry.NewLive(reg), nil)
 }
 
-func dispatch(l *Local, timeout time.Duration) bridge.Reply {
-	return l.Dispatch(context.Background(), bridge.Request{Tool: "t", Subject: "p.t", Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: timeout})
+func dispatch(l *Local, timeout time.Duration) tool.Outcome {
+	return l.Dispatch(context.Background(), tool.Request{Tool: "t", Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: timeout})
 }
 
 func sh(script string, env map[string]string) config.Tool {
@@ -49,27 +52,27 @@ func sh(script string, env map[string]string) config.Tool {
 	for k, v := range env {
 		e[k] = v
 	}
-	return config.Tool{Route: "exec", Exec: map[string]any{"command": []any{"/bin/sh", "-c", script}, "env": e}}
+	return config.Tool{Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"/bin/sh", "-c", script}, "env": e}}}
 }
 
 func TestExec(t *testing.T) {
 	t.Setenv("SIDECAR_SECRET", "hunter2")
 	cases := []struct {
 		name     string
-		tool     config.Tool
+		def      config.Tool
 		wantData string
-		wantErr  bridge.ErrorType
+		wantErr  tool.ErrorType
 		wantMsg  string
 	}{
 		{"stdin to stdout", sh(`cat`, nil), manifest, "", ""},
 		{"env is configured, not inherited", sh(`printf '%s|%s' "$GREETING" "$SIDECAR_SECRET"`, map[string]string{"GREETING": "hi"}), "hi|", "", ""},
-		{"non-zero exit", sh(`echo "quota exceeded" >&2; exit 4`, nil), "", bridge.ToolFailed, `exited with status 4: quota exceeded`},
-		{"output bound", config.Tool{Route: "exec", Exec: map[string]any{"command": []any{"/bin/sh", "-c", "head -c 5000 /dev/zero"}, "max_output_bytes": 1000}}, "", bridge.ToolFailed, "exceeds 1000 bytes"},
-		{"missing binary", config.Tool{Route: "exec", Exec: map[string]any{"command": []any{"/no/such/binary"}}}, "", bridge.ToolFailed, "no such file"},
+		{"non-zero exit", sh(`echo "quota exceeded" >&2; exit 4`, nil), "", tool.ToolFailed, `exited with status 4: quota exceeded`},
+		{"output bound", config.Tool{Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"/bin/sh", "-c", "head -c 5000 /dev/zero"}, "max_output_bytes": 1000}}}, "", tool.ToolFailed, "exceeds 1000 bytes"},
+		{"missing binary", config.Tool{Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"/no/such/binary"}}}}, "", tool.ToolFailed, "no such file"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := dispatch(local(t, tc.tool), 5*time.Second)
+			r := dispatch(local(t, tc.def), 5*time.Second)
 			if tc.wantErr == "" {
 				if r.Err != nil || string(r.Data) != tc.wantData {
 					t.Fatalf("reply %q %v, want %q", r.Data, r.Err, tc.wantData)
@@ -87,10 +90,10 @@ func TestExec(t *testing.T) {
 // it started.
 func TestExecTimeoutKillsGroup(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "child.pid")
-	tool := sh(`sleep 30 & echo $! > `+pidFile+`; wait`, nil)
+	def := sh(`sleep 30 & echo $! > `+pidFile+`; wait`, nil)
 	start := time.Now()
-	r := dispatch(local(t, tool), time.Second)
-	if r.Err == nil || r.Err.Type != bridge.Timeout {
+	r := dispatch(local(t, def), time.Second)
+	if r.Err == nil || r.Err.Type != tool.Timeout {
 		t.Fatalf("reply %+v, want timeout", r.Err)
 	}
 	if time.Since(start) > 5*time.Second {
@@ -101,29 +104,23 @@ func TestExecTimeoutKillsGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	deadline := time.Now().Add(3 * time.Second)
-	for syscall.Kill(pid, 0) == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("child %d survived the timeout", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, fmt.Sprintf("child %d, which survived the timeout, to die", pid), func() bool { return syscall.Kill(pid, 0) != nil })
 }
 
 // TestPythonStdlibExample runs the shipped Python example through route
 // exec: no NATS client needed on the Python side.
 func TestPythonStdlibExample(t *testing.T) {
 	script, _ := filepath.Abs("python/examples/exec_tool.py")
-	tool := config.Tool{Route: "exec", Exec: map[string]any{"command": []any{"python3", script}}}
-	r := dispatch(local(t, tool), 10*time.Second)
+	def := config.Tool{Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"python3", script}}}}
+	r := dispatch(local(t, def), 10*time.Second)
 	var out map[string]string
 	if r.Err != nil || json.Unmarshal(r.Data, &out) != nil || out["route"] != "LAX-JFK" || out["tool_call_id"] != "call_1" {
 		t.Fatalf("reply %s %+v", r.Data, r.Err)
 	}
-	l := local(t, tool)
+	l := local(t, def)
 	bad := strings.Replace(manifest, `"JFK"`, `"XXX"`, 1)
-	r = l.Dispatch(context.Background(), bridge.Request{Tool: "t", Body: []byte(bad), Timeout: 10 * time.Second})
-	if r.Err == nil || r.Err.Type != bridge.ToolFailed || !strings.Contains(r.Err.Message, "exited with status 3: no flights from LAX to XXX") {
+	r = l.Dispatch(context.Background(), tool.Request{Tool: "t", Body: []byte(bad), Timeout: 10 * time.Second})
+	if r.Err == nil || r.Err.Type != tool.ToolFailed || !strings.Contains(r.Err.Message, "exited with status 3: no flights from LAX to XXX") {
 		t.Fatalf("error path %+v", r.Err)
 	}
 }
@@ -153,27 +150,27 @@ func TestHTTP(t *testing.T) {
 	defer srv.Close()
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	os.WriteFile(tokenFile, []byte("tok\n"), 0o600)
-	tool := func(path string) config.Tool {
-		return config.Tool{Route: "http", HTTP: map[string]any{"url": srv.URL + path, "headers": map[string]any{"X-Team": "travel"}, "bearer_token_file": tokenFile}}
+	httpTool := func(path string) config.Tool {
+		return config.Tool{Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL + path, "headers": map[string]any{"X-Team": "travel"}, "bearer_token_file": tokenFile}}}
 	}
-	r := dispatch(local(t, tool("/ok")), 5*time.Second)
+	r := dispatch(local(t, httpTool("/ok")), 5*time.Second)
 	if r.Err != nil || string(r.Data) != `{"ok": true}` || string(gotBody) != manifest {
 		t.Fatalf("ok: %s %+v body %s", r.Data, r.Err, gotBody)
 	}
-	if gotHeaders.Get("Authorization") != "Bearer tok" || gotHeaders.Get("X-Team") != "travel" || gotHeaders.Get(bridge.HeaderIdempotencyKey) != "act_1" || gotHeaders.Get("Content-Type") != "application/json" {
+	if gotHeaders.Get("Authorization") != "Bearer tok" || gotHeaders.Get("X-Team") != "travel" || gotHeaders.Get(tool.HeaderIdempotencyKey) != "act_1" || gotHeaders.Get("Content-Type") != "application/json" {
 		t.Errorf("headers %v", gotHeaders)
 	}
-	for path, want := range map[string]bridge.ErrorType{"/bad": bridge.ToolFailed, "/busy": bridge.RateLimited, "/down": bridge.WorkerCrash} {
-		r := dispatch(local(t, tool(path)), 5*time.Second)
+	for path, want := range map[string]tool.ErrorType{"/bad": tool.ToolFailed, "/busy": tool.RateLimited, "/down": tool.WorkerCrash} {
+		r := dispatch(local(t, httpTool(path)), 5*time.Second)
 		if r.Err == nil || r.Err.Type != want {
 			t.Errorf("%s: %+v, want %s", path, r.Err, want)
 		}
-		retryable := want != bridge.ToolFailed
+		retryable := want != tool.ToolFailed
 		if r.Err != nil && r.Err.Retryable() != retryable {
 			t.Errorf("%s: retryable %v, want %v (4xx final; 429, 5xx retryable)", path, r.Err.Retryable(), retryable)
 		}
 	}
-	if r := dispatch(local(t, tool("/slow")), 200*time.Millisecond); r.Err == nil || r.Err.Type != bridge.Timeout || !r.Err.Retryable() {
+	if r := dispatch(local(t, httpTool("/slow")), 200*time.Millisecond); r.Err == nil || r.Err.Type != tool.Timeout || !r.Err.Retryable() {
 		t.Errorf("slow: %+v, want a retryable timeout", r.Err)
 	}
 }
@@ -184,23 +181,23 @@ func TestSettingsChecks(t *testing.T) {
 		want string
 	}{
 		{config.Tool{Name: "a", Route: "exec"}, "tools[0].exec.command: must be a non-empty list"},
-		{config.Tool{Name: "a", Route: "exec", Exec: map[string]any{"command": []any{"x"}, "cwd": "/"}}, `tools[0].exec: json: unknown field "cwd"`},
-		{config.Tool{Name: "a", Route: "http", HTTP: map[string]any{"url": "ftp://x"}}, `tools[0].http.url: "ftp://x" is not an http(s) URL`},
-		{config.Tool{Name: "a", Route: "http", HTTP: map[string]any{"url": "http://x", "header": map[string]any{}}}, `unknown field "header"`},
+		{config.Tool{Name: "a", Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"x"}, "cwd": "/"}}}, `tools[0].exec: json: unknown field "cwd"`},
+		{config.Tool{Name: "a", Route: "http", Settings: map[string]any{"http": map[string]any{"url": "ftp://x"}}}, `tools[0].http.url: "ftp://x" is not an http(s) URL`},
+		{config.Tool{Name: "a", Route: "http", Settings: map[string]any{"http": map[string]any{"url": "http://x", "header": map[string]any{}}}}, `unknown field "header"`},
 	}
 	for _, tc := range cases {
 		if _, err := registry.New([]config.Tool{tc.tool}, "p"); !errors.Is(err, registry.ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("err %v, want %q", err, tc.want)
 		}
 	}
-	if got := strings.Join(sortedKinds(), ","); got != "exec,http" {
-		t.Errorf("kinds %s", got)
+	if got := registry.Kinds(); !slices.Contains(got, "exec") || !slices.Contains(got, "http") || !slices.Contains(got, "nats") {
+		t.Errorf("kinds %v", got)
 	}
 	l := NewLocal(registry.NewLive(mustRegistry(t)), nil)
-	if r := l.Dispatch(context.Background(), bridge.Request{Tool: "ghost"}); r.Err == nil || r.Err.Type != bridge.NotFound {
+	if r := l.Dispatch(context.Background(), tool.Request{Tool: "ghost"}); r.Err == nil || r.Err.Type != tool.NotFound {
 		t.Errorf("unknown tool: %+v", r.Err)
 	}
-	if r := l.Dispatch(context.Background(), bridge.Request{Tool: "n"}); r.Err == nil || !strings.Contains(r.Err.Message, "not a plugin kind") {
+	if r := l.Dispatch(context.Background(), tool.Request{Tool: "n"}); r.Err == nil || !strings.Contains(r.Err.Message, "does not run in process") {
 		t.Errorf("nats tool in process: %+v", r.Err)
 	}
 }
@@ -211,14 +208,4 @@ func mustRegistry(t *testing.T) *registry.Registry {
 		t.Fatal(err)
 	}
 	return reg
-}
-
-func sortedKinds() []string {
-	k := Kinds()
-	for i := 1; i < len(k); i++ {
-		for j := i; j > 0 && k[j] < k[j-1]; j-- {
-			k[j], k[j-1] = k[j-1], k[j]
-		}
-	}
-	return k
 }

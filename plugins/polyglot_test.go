@@ -14,13 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
-	"github.com/projectdavid/toolsidecar/plugins"
-	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // startNodeWorker runs the Node example worker against the test's NATS.
@@ -87,19 +85,16 @@ func TestPolyglotBatch(t *testing.T) {
 		{Content: "{{results}}"},
 	}}
 	env := testenv.New(t, sc,
-		testenv.Tool{Config: config.Tool{Name: "convert_currency"}, Handler: func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		testenv.Tool{Config: config.Tool{Name: "convert_currency"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
 			return []byte(`{"eur": 92, "served_by": "go"}`), nil
 		}},
 		testenv.Tool{Config: config.Tool{Name: "get_hotel_rates"}}, // served by the Node worker
-		testenv.Tool{Config: config.Tool{Name: "get_flight_times", Route: "exec", Exec: map[string]any{"command": []any{"python3", script}}}},
-		testenv.Tool{Config: config.Tool{Name: "get_weather", Route: "http", HTTP: map[string]any{"url": api.URL}}},
+		testenv.Tool{Config: config.Tool{Name: "get_flight_times", Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"python3", script}}}}},
+		testenv.Tool{Config: config.Tool{Name: "get_weather", Route: "http", Settings: map[string]any{"http": map[string]any{"url": api.URL}}}},
 	)
-	startNodeWorker(t, env.NATS.ClientURL())
-	live := registry.NewLive(env.Registry)
-	local := plugins.NewLocal(live, nil)
-	ex := executor.New(config.Executor{}, env.Core, live, env.Client, executor.WithRoute("exec", local), executor.WithRoute("http", local))
+	startNodeWorker(t, env.NATSURL)
 	run := env.NewRun()
-	sum, err := ex.Drive(context.Background(), executor.Request{RunID: run.RunID, ThreadID: run.ThreadID, AssistantID: run.AssistantID, MessageID: run.MessageID, Model: run.Model}, nil)
+	sum, err := env.Sidecar.Drive(context.Background(), run.Request(), nil)
 	if err != nil || sum.Status != executor.StatusCompleted {
 		t.Fatalf("summary %+v err %v", sum, err)
 	}

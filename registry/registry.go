@@ -12,9 +12,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +24,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Errors a caller decides on.
@@ -47,7 +48,11 @@ type Tool struct {
 	Retries     int
 	SideEffects string
 	Route       string
-	// Config is the tool's configuration, for route kinds that need more.
+	// Handler runs a call in the sidecar's process; nil for tools served
+	// by NATS workers. The route kind built it when the tool was compiled,
+	// so a reload that changes a tool gets a new one.
+	Handler tool.Handler
+	// Config is the tool's configuration as loaded.
 	Config config.Tool
 	schema *jsonschema.Schema
 }
@@ -56,32 +61,6 @@ type Tool struct {
 type Registry struct {
 	tools map[string]*Tool
 	names []string // in configuration order
-}
-
-// routes are the route kinds a tool may name, each with the check of its
-// own configuration; plugins add theirs.
-var (
-	routesMu sync.RWMutex
-	routes   = map[string]func(config.Tool) error{"nats": func(config.Tool) error { return nil }}
-)
-
-// RegisterRoute declares a route kind and how to check a tool's settings
-// for it. It panics on an empty or duplicate kind or a nil check, which are
-// programming errors.
-func RegisterRoute(kind string, check func(config.Tool) error) {
-	routesMu.Lock()
-	defer routesMu.Unlock()
-	if _, dup := routes[kind]; kind == "" || dup || check == nil {
-		panic(fmt.Sprintf("registry: route kind %q registered twice, empty or without a check", kind))
-	}
-	routes[kind] = check
-}
-
-func routeCheck(kind string) (func(config.Tool) error, bool) {
-	routesMu.RLock()
-	defer routesMu.RUnlock()
-	c, ok := routes[kind]
-	return c, ok
 }
 
 // New compiles the tools of a configuration. Subjects are
@@ -95,18 +74,13 @@ func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
 			errs = append(errs, fmt.Errorf("%w: %s.name: duplicate tool name %q", ErrInvalidTool, key, tc.Name))
 			continue
 		}
-		check, ok := routeCheck(tc.Route)
-		if !ok {
-			errs = append(errs, fmt.Errorf("%w: %s.route: unknown route %q", ErrInvalidTool, key, tc.Route))
-			continue
-		}
-		if err := check(tc); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))
-			continue
-		}
 		t, err := compile(tc, subjectPrefix)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s.parameters: %w", ErrInvalidTool, key, err))
+			continue
+		}
+		if err := t.build(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))
 			continue
 		}
 		r.tools[t.Name] = t
@@ -140,11 +114,45 @@ func compile(tc config.Tool, prefix string) (*Tool, error) {
 	if err != nil {
 		return nil, err
 	}
+	route := tc.Route
+	if route == "" {
+		route = Nats
+	}
 	return &Tool{
 		Name: tc.Name, Description: tc.Description, Parameters: raw,
 		Subject: prefix + "." + tc.Name, Timeout: tc.Timeout, Retries: tc.Retries,
-		SideEffects: tc.SideEffects, Route: tc.Route, Config: tc, schema: sch,
+		SideEffects: tc.SideEffects, Route: route, Config: tc, schema: sch,
 	}, nil
+}
+
+// build checks the tool's settings and has its route kind build it. Every
+// settings key must name the tool's own route kind.
+func (t *Tool) build() error {
+	kind, ok := lookupKind(t.Route)
+	if !ok {
+		return fmt.Errorf("route: unknown route %q (known: %s)", t.Route, strings.Join(Kinds(), ", "))
+	}
+	var own map[string]any
+	for _, key := range slices.Sorted(maps.Keys(t.Config.Settings)) {
+		v := t.Config.Settings[key]
+		if _, isKind := lookupKind(key); !isKind {
+			return fmt.Errorf("%s: unknown key", key)
+		}
+		if key != t.Route {
+			return fmt.Errorf("%s: settings of route %s, but the tool's route is %s", key, key, t.Route)
+		}
+		m, isMap := v.(map[string]any)
+		if !isMap && v != nil {
+			return fmt.Errorf("%s: must be a mapping, got %T", key, v)
+		}
+		own = m
+	}
+	h, err := kind(t, own)
+	if err != nil {
+		return err
+	}
+	t.Handler = h
+	return nil
 }
 
 // Lookup returns the named tool.

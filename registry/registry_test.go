@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func flights() config.Tool {
@@ -110,24 +114,55 @@ func TestListsAndLive(t *testing.T) {
 	}
 }
 
-func TestRegisterRoute(t *testing.T) {
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestKinds: a kind decodes its own settings, found under its name; a key
+// that names no kind, settings of another kind, and settings for nats are
+// errors that name the key; a kind registered twice panics.
+func TestKinds(t *testing.T) {
 	kind := fmt.Sprintf("test-kind-%d", time.Now().UnixNano()) // kinds are global: unique per run
-	RegisterRoute(kind, func(tc config.Tool) error {
-		if tc.Exec["command"] == nil {
-			return errors.New("exec.command: must be set")
+	RegisterKind(kind, func(def *Tool, settings map[string]any) (tool.Handler, error) {
+		var s struct {
+			Reply string `json:"reply"`
 		}
-		return nil
+		if err := DecodeSettings(kind, settings, &s); err != nil {
+			return nil, err
+		}
+		if s.Reply == "" {
+			return nil, errors.New(kind + ".reply: must be set")
+		}
+		return func(context.Context, *tool.Call) ([]byte, error) { return []byte(s.Reply), nil }, nil
 	})
-	if _, err := New([]config.Tool{{Name: "x", Route: kind, Exec: map[string]any{"command": "ls"}}}, "p"); err != nil {
+	r, err := New([]config.Tool{{Name: "x", Route: kind, Settings: map[string]any{kind: map[string]any{"reply": "hi"}}}}, "p")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New([]config.Tool{{Name: "x", Route: kind}}, "p"); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), "tools[0].exec.command: must be set") {
-		t.Fatalf("route check: %v", err)
+	def, _ := r.Lookup("x")
+	if out, err := def.Handler(context.Background(), &tool.Call{}); err != nil || string(out) != "hi" {
+		t.Errorf("handler built by the kind: %q %v", out, err)
+	}
+	if n, _ := New([]config.Tool{{Name: "n"}}, "p"); n.Tools()[0].Handler != nil || n.Tools()[0].Route != Nats {
+		t.Error("a tool without a route is a nats tool with no handler")
+	}
+	for _, tc := range []struct {
+		def  config.Tool
+		want string
+	}{
+		{config.Tool{Name: "x", Route: kind}, "tools[0]." + kind + ".reply: must be set"},
+		{config.Tool{Name: "x", Route: kind, Settings: map[string]any{kind: map[string]any{"reply": "hi", "extra": 1}}}, `unknown field "extra"`},
+		{config.Tool{Name: "x", Route: kind, Settings: map[string]any{"timeuot": "1s"}}, "tools[0].timeuot: unknown key"},
+		{config.Tool{Name: "x", Route: Nats, Settings: map[string]any{kind: map[string]any{"reply": "hi"}}}, "tools[0]." + kind + ": settings of route " + kind + ", but the tool's route is nats"},
+		{config.Tool{Name: "x", Route: kind, Settings: map[string]any{kind: "hi"}}, "tools[0]." + kind + ": must be a mapping"},
+		{config.Tool{Name: "x", Route: "smoke"}, `tools[0].route: unknown route "smoke"`},
+	} {
+		if _, err := New([]config.Tool{tc.def}, "p"); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.def, err, tc.want)
+		}
 	}
 	defer func() {
 		if recover() == nil {
 			t.Error("duplicate kind did not panic")
 		}
 	}()
-	RegisterRoute(kind, func(config.Tool) error { return nil })
+	RegisterKind(kind, buildNats)
 }

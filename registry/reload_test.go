@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 )
 
 func TestReloader(t *testing.T) {
@@ -35,22 +36,12 @@ func TestReloader(t *testing.T) {
 	wg.Go(func() { r.Run(ctx, 10*time.Millisecond, trigger) })
 	defer func() { cancel(); wg.Wait() }()
 
-	waitFor := func(cond func() bool, what string) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	write("tools:\n  - name: a\n  - name: b\n")
-	waitFor(func() bool { return len(live.Load().Names()) == 2 }, "the new tool")
+	poll.Until(t, "the new tool", func() bool { return len(live.Load().Names()) == 2 })
 
 	// A bad file is rejected: the registry in force stays.
 	write("tools:\n  - name: a\n  - name: a\n")
-	waitFor(func() bool { return testutil.ToFloat64(r.lastOK) == 0 }, "the rejection")
+	poll.Until(t, "the rejection", func() bool { return testutil.ToFloat64(r.lastOK) == 0 })
 	if got := live.Load().Names(); len(got) != 2 {
 		t.Fatalf("bad file replaced the registry: %v", got)
 	}
@@ -59,7 +50,7 @@ func TestReloader(t *testing.T) {
 	}
 	write("tools:\n  - name: c\n")
 	trigger <- struct{}{}
-	waitFor(func() bool { n := live.Load().Names(); return len(n) == 1 && n[0] == "c" }, "the fixed file")
+	poll.Until(t, "the fixed file", func() bool { n := live.Load().Names(); return len(n) == 1 && n[0] == "c" })
 	if testutil.ToFloat64(r.lastOK) != 1 {
 		t.Error("last_reload_successful not restored")
 	}

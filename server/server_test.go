@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"bufio"
@@ -13,58 +13,34 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	sse "github.com/tmaxmax/go-sse"
 	"go.uber.org/goleak"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
-	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/server"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// sidecar is the server on real parts, with its own metrics registry.
+// sidecar is a whole sidecar (package sidecar, through testenv) and the
+// base URL of its HTTP API.
 type sidecar struct {
-	env     *testenv.Env
-	url     string
-	metrics *prometheus.Registry
-}
-
-type liveTools struct {
-	live   *registry.Live
-	client *bridge.Client
-}
-
-func (l liveTools) FunctionTools() []core.FunctionTool { return l.live.Load().FunctionTools() }
-func (l liveTools) Live(ctx context.Context) (map[string]bool, error) {
-	return l.client.Live(ctx, 200*time.Millisecond)
+	env *testenv.Env
+	url string
 }
 
 func newSidecar(t *testing.T, sc coresim.Scenario, token string, tools ...testenv.Tool) *sidecar {
 	t.Helper()
-	env := testenv.New(t, sc, tools...)
-	reg := prometheus.NewRegistry()
-	live := registry.NewLive(env.Registry)
-	cc, err := core.New(core.Config{URL: env.SimURL, APIKey: testenv.APIKey}, core.WithMetrics(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ex := executor.New(config.Executor{CancelPoll: 20 * time.Millisecond}, cc, live, env.Client,
-		executor.WithObserver(executor.NewMetrics(reg, func(n string) bool { _, ok := live.Load().Lookup(n); return ok })))
-	srv, err := New(Config{CoreURL: env.SimURL, Token: token, MaxBodyBytes: 4096, Gatherer: reg}, ex, liveTools{live, env.Client})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	return &sidecar{env: env, url: hs.URL, metrics: reg}
+	env := testenv.Start(t, sc, testenv.Options{Token: token, MaxBodyBytes: 4096}, tools...)
+	return &sidecar{env: env, url: env.URL}
 }
 
 func threeCalls() coresim.Scenario {
@@ -81,7 +57,7 @@ func threeCalls() coresim.Scenario {
 func standardTools() []testenv.Tool {
 	return []testenv.Tool{
 		{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo},
-		{Config: config.Tool{Name: "fail"}, Handler: func(context.Context, *bridge.Call) ([]byte, error) {
+		{Config: config.Tool{Name: "fail"}, Handler: func(context.Context, *tool.Call) ([]byte, error) {
 			return nil, errors.New("upstream down")
 		}},
 		{Config: config.Tool{Name: "idle"}}, // registered, but no worker serves it
@@ -129,53 +105,46 @@ func (c sdk) call(method, path string, body any, out any) {
 // streamEvents is SynchronousInferenceStream.stream_events: it returns the
 // content seen and the manifests (ToolCallRequestEvents) it would yield.
 func (c sdk) streamEvents(payload map[string]any) (content string, manifests []map[string]any, requests int) {
-	for turn := 0; turn < 10; turn++ {
-		requests++
-		b, _ := json.Marshal(payload)
-		req, _ := http.NewRequest("POST", c.base+"/v1/completions", bytes.NewReader(b))
-		req.Header.Set("X-API-Key", c.key)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			c.t.Fatal(err)
+	// One request: the SDK's generator ends at the end of the stream, and a
+	// manifest that reached it would fail the test.
+	requests++
+	b, _ := json.Marshal(payload)
+	req, _ := http.NewRequest("POST", c.base+"/v1/completions", bytes.NewReader(b))
+	req.Header.Set("X-API-Key", c.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 { // raise_for_status, swallowed: the turn ends
+		return
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || !strings.HasPrefix(line, "data:") {
+			continue
 		}
-		if resp.StatusCode/100 != 2 { // raise_for_status, swallowed: the turn ends
-			resp.Body.Close()
-			return
+		data := strings.TrimSpace(line[len("data:"):])
+		if data == "[DONE]" {
+			break
 		}
-		var last map[string]any
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if line == "" || !strings.HasPrefix(line, "data:") {
-				continue
-			}
-			data := strings.TrimSpace(line[len("data:"):])
-			if data == "[DONE]" {
-				break
-			}
-			var v any
-			if json.Unmarshal([]byte(data), &v) != nil {
-				continue
-			}
-			chunk, ok := v.(map[string]any)
-			if !ok {
-				break // chunk["run_id"] = … raises TypeError: the turn ends
-			}
-			switch chunk["type"] {
-			case "tool_call_manifest":
-				manifests = append(manifests, chunk)
-				last = chunk
-			case "content":
-				s, _ := chunk["content"].(string)
-				content += s
-			}
+		var v any
+		if json.Unmarshal([]byte(data), &v) != nil {
+			continue
 		}
-		resp.Body.Close()
-		if last == nil { // no tool call: the generator ends
-			return
+		chunk, ok := v.(map[string]any)
+		if !ok {
+			break // chunk["run_id"] = … raises TypeError: the turn ends
 		}
-		return // a manifest reached the app: the test fails on it
+		switch chunk["type"] {
+		case "tool_call_manifest":
+			manifests = append(manifests, chunk)
+		case "content":
+			s, _ := chunk["content"].(string)
+			content += s
+		}
 	}
 	return
 }
@@ -368,7 +337,7 @@ func TestDriveSSE(t *testing.T) {
 	defer resp.Body.Close()
 	var types []string
 	var done executor.Summary
-	var results []executor.CallResult
+	var calls, results []executor.CallResult
 	for ev, err := range sse.Read(resp.Body, nil) {
 		if err != nil {
 			t.Fatal(err)
@@ -377,21 +346,41 @@ func TestDriveSSE(t *testing.T) {
 		switch ev.Type {
 		case "done":
 			json.Unmarshal([]byte(ev.Data), &done)
-		case "tool_result":
+		case "tool_call", "tool_result":
 			var c executor.CallResult
 			json.Unmarshal([]byte(ev.Data), &c)
-			results = append(results, c)
+			if ev.Type == "tool_call" {
+				calls = append(calls, c)
+			} else {
+				results = append(results, c)
+			}
 		}
 	}
+	// The design promises per call: its tool_call before its tool_result,
+	// and results in call order. A result may come before a later call is
+	// announced (it is submitted as soon as the calls before it are in).
 	got := strings.Join(types, " ")
-	want := "turn content tool_call tool_call tool_call tool_result tool_result tool_result turn content done"
-	if got != want {
-		t.Errorf("events %s\nwant   %s", got, want)
+	if !strings.HasPrefix(got, "turn content tool_") || !strings.HasSuffix(got, "tool_result turn content done") ||
+		strings.Count(got, "tool_call") != 3 || strings.Count(got, "tool_result") != 3 {
+		t.Errorf("events %s", got)
 	}
 	acts := sc.env.AssertWholeBatches(r, 3)
-	for i, c := range results {
-		if c.ToolCallID != acts[i].ToolCallID || !c.Submitted {
-			t.Errorf("result %d %+v", i, c)
+	seen := map[string]bool{}
+	for _, ev := range types {
+		switch ev {
+		case "tool_call":
+			seen[calls[0].ToolCallID] = true
+			calls = calls[1:]
+		case "tool_result":
+			n := len(acts) - len(results)
+			c := results[0]
+			results = results[1:]
+			if !seen[c.ToolCallID] {
+				t.Errorf("tool_result of %s before its tool_call", c.ToolCallID)
+			}
+			if c.ToolCallID != acts[n].ToolCallID || !c.Submitted {
+				t.Errorf("result %d %+v, want call %s submitted", n, c, acts[n].ToolCallID)
+			}
 		}
 	}
 	if done.Status != "completed" || done.Content != wantAnswer {
@@ -404,7 +393,7 @@ func TestDriveSSE(t *testing.T) {
 func TestClientDisconnectCancels(t *testing.T) {
 	started := make(chan struct{}, 1)
 	sc := newSidecar(t, coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "slow"}}}, {Content: "never"}}}, "",
-		testenv.Tool{Config: config.Tool{Name: "slow", Timeout: time.Minute}, Handler: func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+		testenv.Tool{Config: config.Tool{Name: "slow", Timeout: time.Minute}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
 			started <- struct{}{}
 			return testenv.Hang(ctx, c)
 		}})
@@ -422,17 +411,10 @@ func TestClientDisconnectCancels(t *testing.T) {
 	<-started
 	cancel()
 	<-errc
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	poll.Until(t, "the action to be cancelled", func() bool {
 		acts := sc.env.Sim.Actions(r.RunID)
-		if len(acts) == 1 && acts[0].Status == core.ActionCancelled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("action not cancelled: %+v", acts)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(acts) == 1 && acts[0].Status == core.ActionCancelled
+	})
 	if n := sc.env.Sim.CountRequests("POST", "/v1/completions"); n != 1 {
 		t.Errorf("%d completions requests after a disconnect, want 1", n)
 	}
@@ -495,7 +477,7 @@ func TestAuthLimitsAndTools(t *testing.T) {
 
 func TestReadinessAndBadConfig(t *testing.T) {
 	down := errors.New("NATS not connected")
-	srv, err := New(Config{Ready: func(context.Context) error { return down }}, nil, nil)
+	srv, err := server.New(server.Config{Ready: func(context.Context) error { return down }}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +486,7 @@ func TestReadinessAndBadConfig(t *testing.T) {
 	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "NATS not connected") {
 		t.Errorf("readyz %d %s", rec.Code, rec.Body)
 	}
-	if _, err := New(Config{CoreURL: "::bad"}, nil, nil); err == nil {
+	if _, err := server.New(server.Config{CoreURL: "::bad"}, nil, nil); err == nil {
 		t.Error("bad core url accepted")
 	}
 }

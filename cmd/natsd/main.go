@@ -10,14 +10,14 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/embedded"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:4222", "host:port; port -1 picks a free one")
 	urlFile := flag.String("url-file", "", "write the client URL to this file once ready")
 	flag.Parse()
-	ns, err := bridge.StartEmbedded(*listen)
+	ns, err := embedded.Start(embedded.Config{Listen: *listen})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "natsd:", err)
 		os.Exit(1)
@@ -34,5 +34,4 @@ func main() {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	<-sigs
 	ns.Shutdown()
-	ns.WaitForShutdown()
 }

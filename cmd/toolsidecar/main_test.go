@@ -18,11 +18,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // TestMain lets the test binary act as the toolsidecar process for the
@@ -31,7 +34,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TOOLSIDECAR_TEST_DAEMON") == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 func TestCheckAndTools(t *testing.T) {
@@ -108,13 +111,13 @@ tools:
 	}
 	defer cmd.Process.Kill()
 	base := "http://" + httpAddr
-	waitUntil(t, func() bool {
+	poll.Until(t, "readiness", func() bool {
 		resp, err := http.Get(base + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 		}
 		return err == nil && resp.StatusCode == 200
-	}, "readiness")
+	})
 
 	nc, err := nats.Connect("nats://" + natsAddr)
 	if err != nil {
@@ -122,8 +125,8 @@ tools:
 	}
 	defer nc.Close()
 	var started atomic.Int32
-	w := bridge.NewWorker(nc, "toolsidecar.tools")
-	w.Handle("slow", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	w := worker.New(nc, "toolsidecar.tools")
+	w.Handle("slow", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		started.Add(1)
 		time.Sleep(400 * time.Millisecond) // ignores cancellation: must not be needed
 		return []byte(`"done ` + string(c.Args) + `"`), nil
@@ -155,7 +158,7 @@ tools:
 		var s executor.Summary
 		done <- result{s, json.NewDecoder(resp.Body).Decode(&s)}
 	}()
-	waitUntil(t, func() bool { return started.Load() == 3 }, "the batch to start")
+	poll.Until(t, "the batch to start", func() bool { return started.Load() == 3 })
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -195,17 +198,6 @@ tools:
 	}
 	if strings.Contains(stderr.String(), `"k"`) {
 		t.Error("the API key appears in the log")
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

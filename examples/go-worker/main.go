@@ -1,5 +1,5 @@
 // Command go-worker is an example toolsidecar worker in Go: it serves
-// get_flight_times on the sidecar's NATS bus with the bridge package.
+// get_flight_times on the sidecar's NATS bus with the worker package.
 //
 //	NATS_URL=nats://127.0.0.1:4222 go run ./examples/go-worker
 package main
@@ -15,7 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 type flightArgs struct {
@@ -24,12 +25,12 @@ type flightArgs struct {
 }
 
 // getFlightTimes is a handler: arguments in, result bytes or an error out.
-// A *bridge.Error picks the error type the model sees; any other error is a
+// A *tool.Error picks the error type the model sees; any other error is a
 // tool_error; a panic is reported as worker_crash.
-func getFlightTimes(ctx context.Context, c *bridge.Call) ([]byte, error) {
+func getFlightTimes(ctx context.Context, c *tool.Call) ([]byte, error) {
 	var a flightArgs
 	if err := json.Unmarshal(c.Args, &a); err != nil || a.Departure == "" || a.Arrival == "" {
-		return nil, bridge.NewError(bridge.InvalidArgs, "departure and arrival are required")
+		return nil, tool.NewError(tool.InvalidArgs, "departure and arrival are required")
 	}
 	for range 3 { // a slow lookup: report progress so the sidecar keeps waiting
 		select {
@@ -55,7 +56,7 @@ func main() {
 		log.Error("connect", "err", err)
 		os.Exit(1)
 	}
-	w := bridge.NewWorker(nc, "toolsidecar.tools", bridge.WithConcurrency(32), bridge.WithLogger(log))
+	w := worker.New(nc, "toolsidecar.tools", worker.WithConcurrency(32), worker.WithLogger(log))
 	w.Handle("get_flight_times", getFlightTimes)
 	if err := w.Start(); err != nil {
 		log.Error("start", "err", err)

@@ -18,12 +18,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar"
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // Scenario is the demo conversation.
@@ -48,20 +49,20 @@ func Scenario() coresim.Scenario {
 // Workers registers the demo tools on w: get_flight_times with a realistic
 // delay, book_flight that always fails, search_hotels that is slower than
 // its timeout but stays alive by sending progress.
-func Workers(w *bridge.Worker) {
-	w.Handle("get_flight_times", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+func Workers(w *worker.Worker) {
+	w.Handle("get_flight_times", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		if err := sleep(ctx, 300*time.Millisecond); err != nil {
 			return nil, err
 		}
 		return []byte(fmt.Sprintf(`{"route": "%s", "duration": "5h 35m", "departures": ["07:00", "12:30", "18:45"]}`, route(c))), nil
 	})
-	w.Handle("book_flight", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	w.Handle("book_flight", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return nil, err
 		}
-		return nil, bridge.NewError(bridge.ToolFailed, "no seats left on UA 512")
+		return nil, tool.NewError(tool.ToolFailed, "no seats left on UA 512")
 	})
-	w.Handle("search_hotels", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	w.Handle("search_hotels", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		for range 5 { // 1.5s in all, longer than its timeout: progress keeps it alive
 			if err := sleep(ctx, 300*time.Millisecond); err != nil {
 				return nil, err
@@ -74,7 +75,7 @@ func Workers(w *bridge.Worker) {
 	})
 }
 
-func route(c *bridge.Call) string {
+func route(c *tool.Call) string {
 	var a struct{ Departure, Arrival string }
 	_ = json.Unmarshal(c.Args, &a) // the sidecar validated the arguments
 	return a.Departure + "-" + a.Arrival
@@ -97,73 +98,28 @@ var ErrContract = errors.New("demo: contract violations recorded")
 // Run performs the demo and writes the transcript to out.
 func Run(ctx context.Context, out io.Writer) error {
 	start := time.Now()
-	cfg, err := config.Parse(toolsidecar.ExampleConfig)
-	if err != nil {
-		return err
-	}
-	// search_hotels runs 1.5s; a 1s budget, restarted by each progress
-	// message, shows progress keeping a long call alive.
-	for i := range cfg.Tools {
-		if cfg.Tools[i].Name == "search_hotels" {
-			cfg.Tools[i].Timeout = time.Second
-		}
-	}
-	ns, err := bridge.StartEmbedded("127.0.0.1:-1")
-	if err != nil {
-		return err
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	side, err := nats.Connect(ns.ClientURL(), nats.Name("toolsidecar-demo"))
-	if err != nil {
-		return err
-	}
-	defer side.Close()
-	work, err := nats.Connect(ns.ClientURL(), nats.Name("demo-workers"))
-	if err != nil {
-		return err
-	}
-	defer work.Close()
-
-	w := bridge.NewWorker(work, cfg.NATS.SubjectPrefix)
-	Workers(w)
-	if err := w.Start(); err != nil {
-		return err
-	}
-	defer w.Stop(context.Background())
-
-	sim, srv := coresim.NewServer(coresim.Config{APIKey: "demo-key", Scenario: Scenario()})
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: apiKey, Scenario: Scenario()})
 	defer srv.Close()
-	cc, err := core.New(core.Config{URL: srv.URL, APIKey: "demo-key"})
+	s, err := startSidecar(srv.URL)
 	if err != nil {
 		return err
 	}
-	reg, err := registry.New(cfg.Tools, cfg.NATS.SubjectPrefix)
+	defer s.Shutdown(context.Background())
+	stopWorkers, err := startWorkers(s)
 	if err != nil {
 		return err
 	}
-	client, err := bridge.Open(side, cfg.NATS.SubjectPrefix)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	ex := executor.New(cfg.Executor, cc, registry.NewLive(reg), client)
-
-	asst, err := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "travel", Model: "vllm/demo", Tools: reg.FunctionTools()})
-	if err != nil {
-		return err
-	}
-	th, _ := cc.CreateThread(ctx)
-	msg, _ := cc.CreateMessage(ctx, th.ID, asst.ID, "Plan my trip to New York.")
-	run, err := cc.CreateRun(ctx, core.RunCreate{AssistantID: asst.ID, ThreadID: th.ID})
+	defer stopWorkers()
+	req, err := setUp(ctx, srv.URL, s.Tools().FunctionTools())
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "toolsidecar demo: embedded NATS at %s, Core simulator at %s, %d tools, set up in %s\n",
-		ns.ClientURL(), srv.URL, len(reg.Names()), ms(time.Since(start)))
-	fmt.Fprintf(out, "run %s\n\n", run.ID)
+		s.NATSURL(), srv.URL, len(s.Tools().Names()), ms(time.Since(start)))
+	fmt.Fprintf(out, "run %s\n\n", req.RunID)
 
 	t := &transcript{out: out, t0: time.Now(), first: map[int]time.Time{}, last: map[int]time.Time{}}
-	sum, derr := ex.Drive(ctx, executor.Request{RunID: run.ID, ThreadID: th.ID, AssistantID: asst.ID, MessageID: msg.ID, Model: "vllm/demo"}, t.event)
+	sum, derr := s.Drive(ctx, req, t.event)
 	t.summary(sum)
 	v := sim.Violations()
 	fmt.Fprintf(out, "contract log: %d violations\n", len(v))
@@ -179,6 +135,70 @@ func Run(ctx context.Context, out io.Writer) error {
 		return ErrContract
 	}
 	return nil
+}
+
+const apiKey = "demo-key"
+
+// startSidecar assembles the sidecar from the shipped config.yaml, on the
+// embedded NATS server, with every listener on a free loopback port.
+func startSidecar(coreURL string) (*sidecar.Sidecar, error) {
+	cfg, err := config.Parse(toolsidecar.ExampleConfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Core.URL = coreURL
+	cfg.NATS.Embedded.Listen = "127.0.0.1:-1"
+	cfg.Server.Listen = "127.0.0.1:0"
+	// search_hotels runs 1.5s; a 1s budget, restarted by each progress
+	// message, shows progress keeping a long call alive.
+	for i := range cfg.Tools {
+		if cfg.Tools[i].Name == "search_hotels" {
+			cfg.Tools[i].Timeout = time.Second
+		}
+	}
+	return sidecar.New(cfg, sidecar.WithAPIKey(apiKey))
+}
+
+// startWorkers serves the demo tools from their own NATS connection, as a
+// worker process would.
+func startWorkers(s *sidecar.Sidecar) (stop func(), err error) {
+	nc, err := nats.Connect(s.NATSURL(), nats.Name("demo-workers"))
+	if err != nil {
+		return nil, err
+	}
+	w := worker.New(nc, config.Default().NATS.SubjectPrefix)
+	Workers(w)
+	if err := w.Start(); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return func() { _ = w.Stop(context.Background()); nc.Close() }, nil
+}
+
+// setUp creates what an application creates before it drives a run: an
+// assistant with the tools, a thread, the user's message and the run.
+func setUp(ctx context.Context, coreURL string, tools []core.FunctionTool) (executor.Request, error) {
+	cc, err := core.New(core.Config{URL: coreURL, APIKey: apiKey})
+	if err != nil {
+		return executor.Request{}, err
+	}
+	asst, err := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "travel", Model: "vllm/demo", Tools: tools})
+	if err != nil {
+		return executor.Request{}, err
+	}
+	th, err := cc.CreateThread(ctx)
+	if err != nil {
+		return executor.Request{}, err
+	}
+	msg, err := cc.CreateMessage(ctx, th.ID, asst.ID, "Plan my trip to New York.")
+	if err != nil {
+		return executor.Request{}, err
+	}
+	run, err := cc.CreateRun(ctx, core.RunCreate{AssistantID: asst.ID, ThreadID: th.ID})
+	if err != nil {
+		return executor.Request{}, err
+	}
+	return executor.Request{RunID: run.ID, ThreadID: th.ID, AssistantID: asst.ID, MessageID: msg.ID, Model: "vllm/demo"}, nil
 }
 
 // transcript prints events as they happen, with times from the start.

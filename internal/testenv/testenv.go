@@ -1,22 +1,27 @@
-// Package testenv starts the real parts a sidecar test needs: an embedded
-// NATS server on a random port, the Core simulator on a loopback HTTP
-// server, Go workers, a compiled registry and the bridge client. Everything
-// is torn down by t.Cleanup. It is for tests only.
+// Package testenv starts a whole sidecar for a test, assembled by package
+// sidecar exactly as `toolsidecar run` assembles it: the embedded NATS server
+// on a random port, the Core simulator on a loopback HTTP server, the HTTP
+// API on a free port, and Go workers on their own NATS connection.
+// Everything is torn down by t.Cleanup. It is for tests only.
 package testenv
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // Prefix is the subject prefix of test tools.
@@ -29,42 +34,104 @@ const APIKey = "key"
 // handler means no worker serves the tool.
 type Tool struct {
 	Config  config.Tool
-	Handler bridge.Handler
+	Handler tool.Handler
 }
 
-// Env is a running set of real parts.
+// Options change the sidecar's configuration from the test defaults.
+type Options struct {
+	// Executor replaces the executor section; a zero CancelPoll becomes
+	// 20ms, so that cancellation tests are quick.
+	Executor config.Executor
+	// Token, when set, is required on the API (server.auth_token_file).
+	Token string
+	// MaxBodyBytes sets server.max_body_bytes.
+	MaxBodyBytes int64
+	// Sidecar options are passed to sidecar.New.
+	Sidecar []sidecar.Option
+}
+
+// Env is a running sidecar on real parts.
 type Env struct {
-	Sim      *coresim.Sim
-	SimURL   string
-	Core     *core.Client
-	NATS     *server.Server
-	Worker   *bridge.Worker
-	Client   *bridge.Client
+	Sim     *coresim.Sim
+	SimURL  string
+	Core    *core.Client // the application's client, for set-up
+	Sidecar *sidecar.Sidecar
+	// URL is the sidecar's HTTP API.
+	URL      string
+	NATSURL  string
+	Worker   *worker.Worker
 	Registry *registry.Registry
 	t        testing.TB
 }
 
-// New starts the parts with the given script and tools. Tool defaults:
-// route nats, read_only, a 5s timeout.
+// New starts a sidecar with the given script and tools and the default
+// options. Tool defaults: route nats, read_only, a 5s timeout.
 func New(t testing.TB, sc coresim.Scenario, tools ...Tool) *Env {
 	t.Helper()
-	ns, err := bridge.StartEmbedded("127.0.0.1:-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sideNC := connect(t, ns)
-	workNC := connect(t, ns)
+	return Start(t, sc, Options{}, tools...)
+}
+
+// Start is New with options.
+func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env {
+	t.Helper()
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: APIKey, Scenario: sc})
+	t.Cleanup(srv.Close)
 	cc, err := core.New(core.Config{URL: srv.URL, APIKey: APIKey, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfgs []config.Tool
-	w := bridge.NewWorker(workNC, Prefix)
+	cfg := Config(t, srv.URL, opts, tools)
+	s, err := sidecar.New(cfg, append([]sidecar.Option{sidecar.WithAPIKey(APIKey)}, opts.Sidecar...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	w, stopWorker := startWorker(t, s.NATSURL(), tools)
+	// The sidecar stops first: its drives end and cancel their calls, then
+	// the workers have nothing left to wait for.
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("sidecar run: %v", err)
+		}
+		stopWorker()
+	})
+	return &Env{Sim: sim, SimURL: srv.URL, Core: cc, Sidecar: s, URL: "http://" + s.Addr(), NATSURL: s.NATSURL(),
+		Worker: w, Registry: s.Tools(), t: t}
+}
+
+// Config is the sidecar configuration of a test: loopback ports picked by
+// the system, the test's tools with their defaults filled in.
+func Config(t testing.TB, coreURL string, opts Options, tools []Tool) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Core.URL = coreURL
+	cfg.Core.Timeout = 5 * time.Second
+	cfg.NATS.SubjectPrefix = Prefix
+	cfg.NATS.Embedded.Listen = "127.0.0.1:-1"
+	cfg.Server.Listen = "127.0.0.1:0"
+	cfg.Server.ShutdownTimeout = 5 * time.Second
+	if opts.MaxBodyBytes > 0 {
+		cfg.Server.MaxBodyBytes = opts.MaxBodyBytes
+	}
+	if opts.Token != "" {
+		cfg.Server.AuthTokenFile = filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(cfg.Server.AuthTokenFile, []byte(opts.Token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if opts.Executor != (config.Executor{}) {
+		cfg.Executor = opts.Executor
+	}
+	if cfg.Executor.CancelPoll == 0 {
+		cfg.Executor.CancelPoll = 20 * time.Millisecond
+	}
 	for _, tl := range tools {
 		c := tl.Config
 		if c.Route == "" {
-			c.Route = "nats"
+			c.Route = registry.Nats
 		}
 		if c.SideEffects == "" {
 			c.SideEffects = config.ReadOnly
@@ -72,48 +139,45 @@ func New(t testing.TB, sc coresim.Scenario, tools ...Tool) *Env {
 		if c.Timeout == 0 {
 			c.Timeout = 5 * time.Second
 		}
-		cfgs = append(cfgs, c)
+		cfg.Tools = append(cfg.Tools, c)
+	}
+	return cfg
+}
+
+// startWorker serves the tools that have a handler from a connection of
+// their own, as a worker process would.
+func startWorker(t testing.TB, natsURL string, tools []Tool) (*worker.Worker, func()) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := worker.New(nc, Prefix)
+	for _, tl := range tools {
 		if tl.Handler != nil {
-			w.Handle(c.Name, tl.Handler)
+			w.Handle(tl.Config.Name, tl.Handler)
 		}
 	}
 	if err := w.Start(); err != nil {
+		nc.Close()
 		t.Fatal(err)
 	}
-	reg, err := registry.New(cfgs, Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := bridge.Open(sideNC, Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
+	return w, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		w.Stop(ctx)
-		client.Close()
-		sideNC.Close()
-		workNC.Close()
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		srv.Close()
-	})
-	return &Env{Sim: sim, SimURL: srv.URL, Core: cc, NATS: ns, Worker: w, Client: client, Registry: reg, t: t}
-}
-
-func connect(t testing.TB, ns *server.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
+		_ = w.Stop(ctx)
+		nc.Close()
 	}
-	return nc
 }
 
 // Run is a run set up the way an application sets one up.
 type Run struct {
 	RunID, ThreadID, AssistantID, MessageID, Model string
+}
+
+// Request is the drive request of the run.
+func (r Run) Request() executor.Request {
+	return executor.Request{RunID: r.RunID, ThreadID: r.ThreadID, AssistantID: r.AssistantID, MessageID: r.MessageID, Model: r.Model}
 }
 
 // NewRun creates an assistant, a thread, a user message and a run.
@@ -168,12 +232,12 @@ func (e *Env) AssertWholeBatches(r Run, wantCalls int) []core.Action {
 }
 
 // Echo answers {"echo": <args>}.
-func Echo(ctx context.Context, c *bridge.Call) ([]byte, error) {
+func Echo(ctx context.Context, c *tool.Call) ([]byte, error) {
 	return []byte(`{"echo": ` + string(c.Args) + `}`), nil
 }
 
 // Hang waits for cancellation or its deadline.
-func Hang(ctx context.Context, c *bridge.Call) ([]byte, error) {
+func Hang(ctx context.Context, c *tool.Call) ([]byte, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }

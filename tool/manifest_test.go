@@ -1,4 +1,4 @@
-package bridge
+package tool
 
 import (
 	"encoding/json"
@@ -91,3 +91,5 @@ func trimSpace(b []byte) []byte {
 	}
 	return b[i:j]
 }
+
+const manifest = `{"type": "tool_call_manifest", "run_id": "run_1", "action_id": "act_1", "tool_call_id": "call_1", "tool": "echo", "args": {"x": 1}}`

@@ -1,4 +1,4 @@
-package bridge_test
+package worker_test
 
 import (
 	"context"
@@ -9,12 +9,15 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // Example serves a tool with the Go worker library and calls it the way
 // the sidecar does, over a real (embedded) NATS server.
 func Example() {
-	ns, _ := bridge.StartEmbedded("127.0.0.1:-1")
+	ns, _ := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1"})
 	defer ns.Shutdown()
 	workerConn, _ := nats.Connect(ns.ClientURL())
 	defer workerConn.Close()
@@ -22,11 +25,11 @@ func Example() {
 	defer sidecarConn.Close()
 
 	// The worker side: a handler per tool.
-	w := bridge.NewWorker(workerConn, "toolsidecar.tools")
-	w.Handle("get_flight_times", func(ctx context.Context, c *bridge.Call) ([]byte, error) {
+	w := worker.New(workerConn, "toolsidecar.tools")
+	w.Handle("get_flight_times", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		var args struct{ Departure, Arrival string }
 		if err := json.Unmarshal(c.Args, &args); err != nil || args.Arrival == "" {
-			return nil, bridge.NewError(bridge.InvalidArgs, "arrival is required")
+			return nil, tool.NewError(tool.InvalidArgs, "arrival is required")
 		}
 		return []byte(`{"route": "` + args.Departure + "-" + args.Arrival + `"}`), nil
 	})
@@ -40,9 +43,8 @@ func Example() {
 	defer client.Close()
 	for _, args := range []string{`{"departure": "LAX", "arrival": "JFK"}`, `{"departure": "LAX"}`} {
 		manifest := `{"type": "tool_call_manifest", "run_id": "run_1", "action_id": "act_1", "tool_call_id": "call_1", "tool": "get_flight_times", "args": ` + args + `}`
-		reply := client.Dispatch(context.Background(), bridge.Request{
-			Tool: "get_flight_times", Subject: "toolsidecar.tools.get_flight_times",
-			Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: 5 * time.Second,
+		reply := client.Dispatch(context.Background(), tool.Request{
+			Tool: "get_flight_times", Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: 5 * time.Second,
 		})
 		if reply.Err != nil {
 			fmt.Println("error:", reply.Err.Type, reply.Err.Message)

@@ -1,0 +1,80 @@
+package toolsidecar_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/projectdavid/toolsidecar"
+
+// rules are the dependency arrows the architecture forbids. Each is checked
+// on the transitive imports, so a forbidden package cannot slip in through
+// a helper; a failure prints the chain of imports that reaches it.
+var rules = []struct {
+	pkg    string
+	forbid []string // import-path prefixes
+	why    string
+}{
+	{"executor", []string{"github.com/nats-io/"}, "the loop speaks tool.Request and tool.Outcome, not NATS"},
+	{"plugins", []string{"github.com/nats-io/"}, "in-process routes need no bus"},
+	{"registry", []string{"github.com/nats-io/"}, "tool definitions know no transport"},
+	{"tool", []string{module + "/", "github.com/nats-io/"}, "the call vocabulary is a leaf"},
+	{"batch", []string{module + "/"}, "batch joins functions and knows no project package"},
+	{"core", []string{module + "/"}, "the Core client knows no loop"},
+	{"worker", []string{"github.com/nats-io/nats-server/", "github.com/prometheus/client_golang/"}, "a Go worker stays small"},
+	{"cmd/toolsidecar", []string{"net/http/httptest"}, "the production binary links no test server"},
+}
+
+func TestImportRules(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}|{{join .Imports \",\"}}", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	imports := map[string][]string{}
+	for line := range strings.Lines(string(out)) {
+		pkg, deps, _ := strings.Cut(strings.TrimSpace(line), "|")
+		if deps != "" {
+			imports[pkg] = strings.Split(deps, ",")
+		} else {
+			imports[pkg] = nil
+		}
+	}
+	for _, r := range rules {
+		root := module + "/" + r.pkg
+		if _, ok := imports[root]; !ok {
+			t.Errorf("package %s not found", root)
+			continue
+		}
+		if chain := reach(imports, root, r.forbid); chain != nil {
+			t.Errorf("%s must not depend on %v (%s), but: %s", r.pkg, r.forbid, r.why, strings.Join(chain, " -> "))
+		}
+	}
+}
+
+// reach returns a chain of imports from root to a package matching one of
+// the prefixes, or nil.
+func reach(imports map[string][]string, root string, prefixes []string) []string {
+	parent := map[string]string{root: ""}
+	queue := []string{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, d := range imports[p] {
+			if _, seen := parent[d]; seen {
+				continue
+			}
+			parent[d] = p
+			if slices.ContainsFunc(prefixes, func(pre string) bool { return strings.HasPrefix(d, pre) || d == strings.TrimSuffix(pre, "/") }) {
+				var chain []string
+				for n := d; n != ""; n = parent[n] {
+					chain = append([]string{n}, chain...)
+				}
+				return chain
+			}
+			queue = append(queue, d)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,64 @@
+// Package natstest starts the real NATS parts that transport tests need: an
+// embedded server on a random port with two connections (one for the
+// sidecar, one for workers), and Go workers. Everything is stopped by
+// t.Cleanup. It is for tests only.
+package natstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
+)
+
+// Prefix is the subject prefix the helpers use.
+const Prefix = "t"
+
+// Connect starts a server and returns a sidecar connection and a worker
+// connection to it.
+func Connect(t testing.TB) (side, work *nats.Conn) {
+	t.Helper()
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	for _, nc := range []**nats.Conn{&side, &work} {
+		if *nc, err = nats.Connect(ns.ClientURL()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup((*nc).Close)
+	}
+	return side, work
+}
+
+// Worker serves handlers on nc under [Prefix] until the test ends.
+func Worker(t testing.TB, nc *nats.Conn, handlers map[string]tool.Handler, opts ...worker.Option) *worker.Worker {
+	t.Helper()
+	w := worker.New(nc, Prefix, opts...)
+	for name, h := range handlers {
+		w.Handle(name, h)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
+	return w
+}
+
+// Manifest is a manifest of tool "echo" with args {"x": 1}.
+const Manifest = `{"type": "tool_call_manifest", "run_id": "run_1", "action_id": "act_1", "tool_call_id": "call_1", "tool": "echo", "args": {"x": 1}}`
+
+// Request is one attempt of the named tool with [Manifest] as body.
+func Request(name string, timeout time.Duration) tool.Request {
+	return tool.Request{Tool: name, Body: []byte(Manifest), ActionID: "act_1", Attempt: 2, Timeout: timeout}
+}

@@ -1,0 +1,79 @@
+package registry
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// Kind is a route kind: it decodes and checks a tool's settings and builds
+// what runs the tool's calls. settings is the value under the kind's name in
+// the tool's configuration (nil when the tool has none). A kind that runs
+// calls in the sidecar's process returns their handler; the "nats" kind,
+// whose calls go to workers on the bus, returns nil. Build does no network
+// I/O; errors start with the setting's key ("exec.command: ...").
+type Kind func(def *Tool, settings map[string]any) (tool.Handler, error)
+
+// Nats is the route kind of tools served by workers on NATS.
+const Nats = "nats"
+
+var (
+	kindsMu sync.RWMutex
+	kinds   = map[string]Kind{Nats: buildNats}
+)
+
+func buildNats(def *Tool, settings map[string]any) (tool.Handler, error) {
+	if settings != nil {
+		return nil, fmt.Errorf("%s: route nats takes no settings", Nats)
+	}
+	return nil, nil
+}
+
+// RegisterKind adds a route kind; a package that provides one calls it from
+// init. It panics on an empty, duplicate or nil kind: a programming error.
+func RegisterKind(name string, k Kind) {
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	if _, dup := kinds[name]; name == "" || dup || k == nil {
+		panic(fmt.Sprintf("registry: route kind %q registered twice, empty or nil", name))
+	}
+	kinds[name] = k
+}
+
+// Kinds lists the registered route kinds, sorted.
+func Kinds() []string {
+	kindsMu.RLock()
+	defer kindsMu.RUnlock()
+	out := make([]string, 0, len(kinds))
+	for n := range kinds {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func lookupKind(name string) (Kind, bool) {
+	kindsMu.RLock()
+	defer kindsMu.RUnlock()
+	k, ok := kinds[name]
+	return k, ok
+}
+
+// DecodeSettings reads a kind's settings into v, strictly: an unknown key
+// is an error that names it. key prefixes the error.
+func DecodeSettings(key string, settings map[string]any, v any) error {
+	raw, err := json.Marshal(settings)
+	if err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	return nil
+}

@@ -1,0 +1,197 @@
+package sidecar_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func oneCall(name string) coresim.Scenario {
+	return coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: name, ArgsJSON: `{"q": "x"}`}}}, {Content: "{{results}}"}}}
+}
+
+func driveHTTP(t *testing.T, env *testenv.Env, r testenv.Run) (int, executor.Summary) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": r.Model})
+	resp, err := http.Post(env.URL+"/v1/runs/"+r.RunID+"/drive", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum executor.Summary
+	if err := json.NewDecoder(resp.Body).Decode(&sum); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, sum
+}
+
+// TestLifecycle: the assembled sidecar serves a drive over HTTP on the
+// embedded NATS; Shutdown stops the listener and the embedded server, is
+// safe to repeat, and leaves no goroutine behind (goleak in TestMain).
+func TestLifecycle(t *testing.T) {
+	env := testenv.New(t, oneCall("echo"), testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	r := env.NewRun()
+	code, sum := driveHTTP(t, env, r)
+	if code != 200 || sum.Status != executor.StatusCompleted || len(sum.Calls) != 1 || !sum.Calls[0].OK {
+		t.Fatalf("%d %+v", code, sum)
+	}
+	env.AssertWholeBatches(r, 1)
+	if err := env.Sidecar.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Sidecar.Shutdown(context.Background()); err != nil {
+		t.Errorf("second Shutdown: %v", err)
+	}
+	if _, err := http.Get(env.URL + "/healthz"); err == nil {
+		t.Error("the API still answers after Shutdown")
+	}
+	if nc, err := nats.Connect(env.NATSURL, nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("the embedded NATS server still accepts connections after Shutdown")
+	}
+}
+
+// TestNewFailsCleanly: when the API's port is taken, New says which key
+// failed and stops the embedded server it had started.
+func TestNewFailsCleanly(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	natsPort, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsAddr := natsPort.Addr().String()
+	natsPort.Close()
+	cfg := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{}, nil)
+	cfg.Server.Listen = taken.Addr().String()
+	cfg.NATS.Embedded.Listen = natsAddr
+	if _, err := sidecar.New(cfg, sidecar.WithAPIKey("k")); err == nil || !strings.Contains(err.Error(), "server.listen") {
+		t.Fatalf("err %v, want one naming server.listen", err)
+	}
+	if c, err := net.Dial("tcp", natsAddr); err == nil {
+		c.Close()
+		t.Error("the embedded NATS server outlived the failed New")
+	}
+}
+
+// TestShutdownDeadlineCancelsDrives: a drive whose call outlives the
+// shutdown deadline is cancelled; its Action is finalised as cancelled,
+// its tool output recorded, and no further turn requested.
+func TestShutdownDeadlineCancelsDrives(t *testing.T) {
+	started := make(chan struct{})
+	env := testenv.New(t, oneCall("hang"), testenv.Tool{Config: config.Tool{Name: "hang", Timeout: time.Minute},
+		Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) { close(started); return testenv.Hang(ctx, c) }})
+	r := env.NewRun()
+	type result struct {
+		code int
+		sum  executor.Summary
+	}
+	got := make(chan result, 1)
+	go func() { code, sum := driveHTTP(t, env, r); got <- result{code, sum} }()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := env.Sidecar.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-got
+	if res.sum.Status != executor.StatusCancelled || !strings.Contains(res.sum.Error, sidecar.ErrShutdownTimeout.Error()) {
+		t.Errorf("summary %+v, want cancelled by the shutdown deadline", res.sum)
+	}
+	acts := env.AssertWholeBatches(r, 1)
+	if acts[0].Status != core.ActionCancelled {
+		t.Errorf("action %s, want cancelled", acts[0].Status)
+	}
+	if n := env.Sim.CountRequests("POST", "/v1/completions"); n != 1 {
+		t.Errorf("%d completions requests, want 1", n)
+	}
+}
+
+// TestReload: Reload puts the file's tools in force; a bad file leaves the
+// tools in force alone.
+func TestReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("nats: {subject_prefix: test}\ntools:\n  - {name: a}\n  - {name: b}\n")
+	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{Sidecar: []sidecar.Option{sidecar.WithReload(path, nil)}},
+		testenv.Tool{Config: config.Tool{Name: "a"}})
+	if err := env.Sidecar.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := env.Sidecar.Tools().Names(); len(got) != 2 {
+		t.Fatalf("tools after reload %v", got)
+	}
+	write("tools:\n  - {name: a}\n  - {name: a}\n")
+	if err := env.Sidecar.Reload(); err == nil {
+		t.Error("a bad file was accepted")
+	}
+	if got := env.Sidecar.Tools().Names(); len(got) != 2 {
+		t.Errorf("a bad file replaced the tools: %v", got)
+	}
+}
+
+// TestServeWorkers: `toolsidecar worker` serves an exec tool on the bus,
+// where a sidecar's client reaches it; a configuration with nothing to
+// serve is refused.
+func TestServeWorkers(t *testing.T) {
+	env := testenv.New(t, coresim.Scenario{})
+	cfg := config.Default()
+	cfg.NATS.URL = env.NATSURL
+	cfg.NATS.SubjectPrefix = "w"
+	if err := sidecar.ServeWorkers(context.Background(), cfg, nil); !errors.Is(err, sidecar.ErrNothingToServe) {
+		t.Errorf("empty configuration: %v", err)
+	}
+	cfg.Tools = []config.Tool{{Name: "shout", Route: "exec", Timeout: 5 * time.Second,
+		Settings: map[string]any{"exec": map[string]any{"command": []any{"/bin/sh", "-c", "tr a-z A-Z"}}}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sidecar.ServeWorkers(ctx, cfg, nil) }()
+	nc, err := nats.Connect(env.NATSURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := bridge.Open(nc, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	poll.Until(t, "the worker to serve shout", func() bool { live, _ := c.Live(context.Background(), 50*time.Millisecond); return live["shout"] })
+	out := c.Dispatch(context.Background(), tool.Request{Tool: "shout", Body: []byte(`{"args": {"q": "hi"}}`), Timeout: 5 * time.Second})
+	if out.Err != nil || string(out.Data) != `{"ARGS": {"Q": "HI"}}` {
+		t.Errorf("outcome %q %v", out.Data, out.Err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("worker stop: %v", err)
+	}
+}

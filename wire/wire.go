@@ -1,0 +1,73 @@
+// Package wire is the NATS side of the worker protocol, shared by the
+// sidecar's client (package bridge) and the Go worker library (package
+// worker): subjects, the queue group, and how an outcome travels in a
+// message. docs/worker-protocol.md describes it byte by byte.
+package wire
+
+import (
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// QueueGroup is the queue group every worker joins, so that each call
+// reaches one worker of a tool.
+const QueueGroup = "toolsidecar"
+
+// Subject is where the named tool is served.
+func Subject(prefix, name string) string { return prefix + "." + name }
+
+// CancelSubject is where the cancellation of an action is published.
+func CancelSubject(prefix, actionID string) string { return prefix + ".cancel." + actionID }
+
+// CancelWildcard subscribes to every cancellation under prefix.
+func CancelWildcard(prefix string) string { return prefix + ".cancel.*" }
+
+// ErrorMsg builds the error reply to subject: micro's two headers plus the
+// taxonomy's type.
+func ErrorMsg(subject string, e *tool.Error) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(tool.HeaderServiceError, e.Message)
+	m.Header.Set(tool.HeaderServiceCode, strconv.Itoa(e.Code))
+	m.Header.Set(tool.HeaderErrorType, string(e.Type))
+	return m
+}
+
+// IsProgress reports a progress message.
+func IsProgress(m *nats.Msg) bool { return m.Header.Get(tool.HeaderProgress) != "" }
+
+// ProgressMsg builds a progress message to subject.
+func ProgressMsg(subject string) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(tool.HeaderProgress, "1")
+	return m
+}
+
+// IsNoResponders reports the server's answer to a request nobody serves.
+func IsNoResponders(m *nats.Msg) bool {
+	return len(m.Data) == 0 && m.Header.Get("Status") == "503"
+}
+
+// DecodeOutcome reads a final reply: the body on success, or the error its
+// headers carry. A reply with a micro code and no type is typed by code.
+func DecodeOutcome(m *nats.Msg, progress int) tool.Outcome {
+	codeStr := m.Header.Get(tool.HeaderServiceCode)
+	if codeStr == "" && m.Header.Get(tool.HeaderErrorType) == "" {
+		return tool.Outcome{Data: m.Data, Progress: progress, Sent: true}
+	}
+	code, _ := strconv.Atoi(codeStr)
+	t := tool.ErrorType(m.Header.Get(tool.HeaderErrorType))
+	if !t.Known() {
+		t = tool.TypeOfCode(code)
+	}
+	if code == 0 {
+		code = t.Code()
+	}
+	msg := m.Header.Get(tool.HeaderServiceError)
+	if msg == "" {
+		msg = string(m.Data)
+	}
+	return tool.Outcome{Progress: progress, Sent: true, Err: &tool.Error{Type: t, Code: code, Message: msg}}
+}

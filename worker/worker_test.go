@@ -1,0 +1,128 @@
+package worker_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/internal/natstest"
+	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestConcurrencyLimit: with 2 runners, 8 calls held at a barrier never
+// run more than 2 at once. The barrier opens only once all 8 requests have
+// reached the worker's connection and 2 handlers run, so the test does not
+// depend on how fast the machine is.
+func TestConcurrencyLimit(t *testing.T) {
+	side, work := natstest.Connect(t)
+	var cur, peak atomic.Int32
+	release := make(chan struct{})
+	natstest.Worker(t, work, map[string]tool.Handler{"w": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		n := cur.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		<-release
+		cur.Add(-1)
+		return []byte("ok"), nil
+	}}, worker.WithConcurrency(2))
+	c, err := bridge.Open(side, natstest.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if r := c.Dispatch(context.Background(), natstest.Request("w", time.Minute)); r.Err != nil {
+				t.Error(r.Err)
+			}
+		})
+	}
+	poll.Until(t, "8 requests at the worker and 2 handlers running", func() bool {
+		return work.Stats().InMsgs >= 8 && cur.Load() == 2
+	})
+	for range 8 {
+		release <- struct{}{}
+	}
+	wg.Wait()
+	if peak.Load() != 2 {
+		t.Errorf("peak concurrency %d, want 2", peak.Load())
+	}
+}
+
+// TestProgressExtendsDeadline: a tool that runs more than twice its
+// timeout but sends progress in between succeeds.
+func TestProgressExtendsDeadline(t *testing.T) {
+	side, work := natstest.Connect(t)
+	natstest.Worker(t, work, map[string]tool.Handler{"slow": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		for range 10 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			if err := c.Progress(); err != nil {
+				return nil, err
+			}
+		}
+		return []byte("done"), nil
+	}})
+	c, err := bridge.Open(side, natstest.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := c.Dispatch(context.Background(), natstest.Request("slow", 400*time.Millisecond))
+	if r.Err != nil || string(r.Data) != "done" || r.Progress == 0 {
+		t.Fatalf("outcome %+v", r)
+	}
+}
+
+// TestStopCancelsAtDeadline: Stop waits for calls in flight, and when its
+// context ends first, cancels them with its cause and still waits for the
+// handlers to return.
+func TestStopCancelsAtDeadline(t *testing.T) {
+	side, work := natstest.Connect(t)
+	started := make(chan struct{})
+	w := worker.New(work, natstest.Prefix)
+	w.Handle("hang", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		close(started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := bridge.Open(side, natstest.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make(chan tool.Outcome, 1)
+	go func() { got <- c.Dispatch(context.Background(), natstest.Request("hang", time.Minute)) }()
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no grace: the call in flight is cancelled at once
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.Err == nil || r.Err.Type != tool.Cancelled {
+		t.Errorf("outcome of a call cut by Stop: %+v, want cancelled", r)
+	}
+}
+
+func TestBadListen(t *testing.T) {
+	if _, err := embedded.Start(embedded.Config{Listen: "nonsense"}); err == nil {
+		t.Error("bad listen accepted")
+	}
+}
