@@ -40,6 +40,7 @@ type Client struct {
 	mu      sync.Mutex
 	pending map[string]*waiter
 	closed  bool
+	done    chan struct{} // closed by Close: wakes the calls in flight
 }
 
 type waiter struct {
@@ -49,7 +50,7 @@ type waiter struct {
 
 // Open subscribes the client's inbox on nc.
 func Open(nc *nats.Conn, subjectPrefix string) (*Client, error) {
-	c := &Client{nc: nc, prefix: subjectPrefix, inbox: nc.NewInbox(), pending: map[string]*waiter{}}
+	c := &Client{nc: nc, prefix: subjectPrefix, inbox: nc.NewInbox(), pending: map[string]*waiter{}, done: make(chan struct{})}
 	sub, err := nc.Subscribe(c.inbox+".*", c.route)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: subscribing inbox: %w", err)
@@ -64,7 +65,10 @@ func Open(nc *nats.Conn, subjectPrefix string) (*Client, error) {
 // Close stops receiving replies; calls in flight end with ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
-	c.closed = true
+	if !c.closed {
+		c.closed = true
+		close(c.done)
+	}
 	c.mu.Unlock()
 	return c.sub.Unsubscribe()
 }
@@ -145,20 +149,28 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 			progress++
 			timer.Reset(timeout)
 		case <-timer.C:
-			c.cancel(req.ActionID)
+			c.cancel(req.ActionID, req.Attempt)
 			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Timeout, "tool %q did not answer within %s", req.Tool, timeout)}
 		case <-ctx.Done():
-			c.cancel(req.ActionID)
+			c.cancel(req.ActionID, req.Attempt)
 			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Cancelled, "call cancelled: %v", context.Cause(ctx))}
+		case <-c.done:
+			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.WorkerCrash, "%v while waiting for tool %q", ErrClosed, req.Tool)}
 		}
 	}
 }
 
-func (c *Client) cancel(actionID string) {
-	if actionID != "" {
-		// Best effort: a worker that missed it still hits its deadline.
-		_ = c.nc.Publish(wire.CancelSubject(c.prefix, actionID), nil)
+// cancel tells the worker that this attempt is abandoned. The attempt
+// travels in the Tool-Attempt header, so that a cancel that arrives late
+// cannot stop the next attempt of the same call.
+func (c *Client) cancel(actionID string, attempt int) {
+	if actionID == "" {
+		return
 	}
+	m := nats.NewMsg(wire.CancelSubject(c.prefix, actionID))
+	m.Header.Set(tool.HeaderAttempt, strconv.Itoa(max(attempt, 1)))
+	// Best effort: a worker that missed it still hits its deadline.
+	_ = c.nc.PublishMsg(m)
 }
 
 // NewTraceparent makes a W3C traceparent with a random trace and span id.

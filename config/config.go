@@ -133,6 +133,11 @@ type Executor struct {
 	// CancelPoll is how often Core is asked whether the run was cancelled
 	// while a batch runs. default: 500ms
 	CancelPoll time.Duration `koanf:"cancel_poll"`
+	// SubmitBudget bounds how long one outcome's writes to Core (its tool
+	// message, its Action's status) are retried through Core faults before
+	// the drive ends interrupted, keeping the outcome for the next drive.
+	// default: 2m
+	SubmitBudget time.Duration `koanf:"submit_budget"`
 }
 
 // Side-effect classes.
@@ -172,7 +177,8 @@ func Default() Config {
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
-			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, CancelPoll: 500 * time.Millisecond},
+			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, CancelPoll: 500 * time.Millisecond,
+			SubmitBudget: 2 * time.Minute},
 		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }

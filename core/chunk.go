@@ -62,6 +62,9 @@ type Manifest struct {
 	Tool       string          `json:"tool"`
 	Args       json.RawMessage `json:"args"`
 	Raw        json.RawMessage `json:"-"`
+	// Problem, when set, says why the manifest did not decode whole; the
+	// IDs were still read from it, so the call can get an error outcome.
+	Problem string `json:"-"`
 }
 
 // ErrFrame marks a frame that could not be decoded; the stream itself may go
@@ -74,6 +77,10 @@ type FrameError struct {
 	Data   []byte // bounded excerpt of the frame
 	Reason string
 	Err    error
+	// Manifest is set when the frame is a tool_call_manifest whose
+	// action_id or tool_call_id could not be read: a call nobody can
+	// answer, so the run cannot go on.
+	Manifest bool
 }
 
 func (e *FrameError) Error() string {
@@ -107,8 +114,15 @@ type wireChunk struct {
 	Args       json.RawMessage `json:"args"`
 }
 
+// MaxDepth bounds the nesting of a frame (the model's arguments are part
+// of it). A manifest nested deeper is not decoded: its call gets an
+// invalid-arguments outcome.
+const MaxDepth = 64
+
 // DecodeChunk decodes the data of one SSE frame. It never panics: every
-// input yields a chunk or a *FrameError.
+// input yields a chunk or a *FrameError. A tool_call_manifest that does not
+// decode whole still yields a manifest chunk, with Manifest.Problem set,
+// when its action_id and tool_call_id can be read.
 func DecodeChunk(data []byte) (Chunk, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
@@ -117,12 +131,15 @@ func DecodeChunk(data []byte) (Chunk, error) {
 		}
 		return Chunk{}, frameError(data, "JSON is not an object", nil)
 	}
+	if d := depth(trimmed); d > MaxDepth {
+		return salvage(data, trimmed, fmt.Sprintf("nested %d levels deep, more than the limit of %d", d, MaxDepth), nil)
+	}
 	var w wireChunk
 	if err := json.Unmarshal(trimmed, &w); err != nil {
 		if !json.Valid(trimmed) {
-			return Chunk{}, frameError(data, "not JSON", err)
+			return salvage(data, trimmed, "not JSON", err)
 		}
-		return Chunk{}, frameError(data, "field of the wrong type", err)
+		return salvage(data, trimmed, "field of the wrong type", err)
 	}
 	c := Chunk{Type: w.Type, RunID: w.RunID, Raw: json.RawMessage(bytes.Clone(trimmed))}
 	if c.Type == "" {
@@ -155,8 +172,16 @@ func DecodeChunk(data []byte) (Chunk, error) {
 		}
 		c.Kind, c.Call = KindToolCall, &tc
 	case KindManifest:
-		if w.ActionID == "" || w.Tool == "" {
-			return Chunk{}, frameError(data, "manifest without action_id or tool", nil)
+		if w.ActionID == "" || w.ToolCallID == "" {
+			fe := frameError(data, "manifest without action_id or tool_call_id", nil)
+			fe.Manifest = true
+			return Chunk{}, fe
+		}
+		if w.Tool == "" {
+			c.Kind = KindManifest
+			c.Manifest = &Manifest{Type: w.Type, RunID: w.RunID, ActionID: w.ActionID, ToolCallID: w.ToolCallID,
+				Args: w.Args, Raw: c.Raw, Problem: "the manifest names no tool"}
+			return c, nil
 		}
 		c.Kind = KindManifest
 		c.Manifest = &Manifest{
@@ -167,6 +192,93 @@ func DecodeChunk(data []byte) (Chunk, error) {
 		c.Kind = KindUnknown
 	}
 	return c, nil
+}
+
+// salvage handles a frame that did not decode: a tool_call_manifest whose
+// IDs can be read becomes a manifest chunk with a Problem; any other frame
+// is a *FrameError (marked Manifest when it was a manifest).
+func salvage(data, trimmed []byte, reason string, err error) (Chunk, error) {
+	f := topLevelStrings(trimmed)
+	fe := frameError(data, reason, err)
+	if f["type"] != string(KindManifest) {
+		return Chunk{}, fe
+	}
+	if f["action_id"] == "" || f["tool_call_id"] == "" {
+		fe.Manifest = true
+		return Chunk{}, fe
+	}
+	problem := "the manifest is malformed (" + reason + ")"
+	if err != nil {
+		problem += ": " + err.Error()
+	}
+	m := &Manifest{Type: f["type"], RunID: f["run_id"], ActionID: f["action_id"], ToolCallID: f["tool_call_id"],
+		Tool: f["tool"], Raw: json.RawMessage(bytes.Clone(trimmed)), Problem: problem}
+	return Chunk{Kind: KindManifest, Type: m.Type, RunID: m.RunID, Manifest: m, Raw: m.Raw}, nil
+}
+
+// topLevelStrings reads the string members of a JSON object, as far as the
+// text allows, without decoding nested values (which may be broken or too
+// deep): it only counts their brackets.
+func topLevelStrings(data []byte) map[string]string {
+	out := map[string]string{}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return out
+	}
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return out
+		}
+		key, _ := kt.(string)
+		vt, err := dec.Token()
+		if err != nil {
+			return out
+		}
+		switch v := vt.(type) {
+		case string:
+			out[key] = v
+		case json.Delim:
+			for level := 1; level > 0; {
+				t, err := dec.Token()
+				if err != nil {
+					return out
+				}
+				if d, ok := t.(json.Delim); ok {
+					if d == '{' || d == '[' {
+						level++
+					} else {
+						level--
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// depth is the deepest nesting of brackets in a JSON text, strings skipped.
+func depth(data []byte) int {
+	d, deepest, inString := 0, 0, false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case inString:
+			if c == '\\' {
+				i++
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			d++
+			deepest = max(deepest, d)
+		case c == '}' || c == ']':
+			d--
+		}
+	}
+	return deepest
 }
 
 // textField reads a JSON string field; an absent or null field is "".

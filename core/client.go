@@ -134,6 +134,8 @@ type HTTPError struct {
 	Path   string
 	Status int
 	Body   string
+	// RetryAfter is the wait the answer's Retry-After header asked for.
+	RetryAfter time.Duration
 }
 
 func (e *HTTPError) Error() string {
@@ -368,7 +370,8 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 func (c *Client) httpError(req *http.Request, resp *http.Response) *HTTPError {
 	excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, errorExcerpt))
 	resp.Body.Close()
-	return &HTTPError{Method: req.Method, Path: req.URL.Path, Status: resp.StatusCode, Body: strings.TrimSpace(string(excerpt))}
+	return &HTTPError{Method: req.Method, Path: req.URL.Path, Status: resp.StatusCode, Body: strings.TrimSpace(string(excerpt)),
+		RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 }
 
 // retryable decides whether a failed call may be sent again. A request that
@@ -377,11 +380,7 @@ func retryable(err error, idempotent bool) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return true
-	}
-	var opErr *net.OpError
-	if errors.As(err, &opErr) && opErr.Op == "dial" {
+	if neverSent(err) {
 		return true
 	}
 	if !idempotent {
@@ -397,7 +396,18 @@ func retryable(err error, idempotent bool) bool {
 	return false
 }
 
-// sleep waits for d or until ctx ends.
+// neverSent reports a request that never reached Core: the connection was
+// refused or could not be dialled.
+func neverSent(err error) bool {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	var opErr *net.OpError
+	return errors.As(err, &opErr) && opErr.Op == "dial"
+}
+
+// sleep waits for d or until ctx ends. (internal/clock has the same for
+// the rest of the sidecar; core imports no project package.)
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -270,3 +270,31 @@ func TestCloseEarly(t *testing.T) {
 		t.Fatal("Next after Close must fail")
 	}
 }
+
+// TestMalformedManifests: a manifest that does not decode whole still
+// yields its call (IDs and a Problem) when the IDs can be read, whatever
+// else is broken; without them it is a FrameError marked Manifest.
+func TestMalformedManifests(t *testing.T) {
+	deep := strings.Repeat("[", 20000) + strings.Repeat("]", 20000)
+	for name, tc := range map[string]struct {
+		frame, problem string
+	}{
+		"tool not a string": {`{"type": "tool_call_manifest", "run_id": "r", "action_id": "a1", "tool_call_id": "c1", "tool": ["echo"], "args": {}}`, "field of the wrong type"},
+		"args too deep":     {`{"type": "tool_call_manifest", "run_id": "r", "action_id": "a1", "tool_call_id": "c1", "tool": "echo", "args": {"x": ` + deep + `}}`, "nested 20002 levels deep, more than the limit of 64"},
+		"args not JSON":     {`{"type": "tool_call_manifest", "run_id": "r", "action_id": "a1", "tool_call_id": "c1", "tool": "echo", "args": {"x": nope}}`, "not JSON"},
+		"no tool":           {`{"type": "tool_call_manifest", "run_id": "r", "action_id": "a1", "tool_call_id": "c1", "args": {}}`, "names no tool"},
+	} {
+		c, err := DecodeChunk([]byte(tc.frame))
+		if err != nil || c.Kind != KindManifest || c.Manifest.ActionID != "a1" || c.Manifest.ToolCallID != "c1" || !strings.Contains(c.Manifest.Problem, tc.problem) {
+			t.Errorf("%s: chunk %+v err %v, want a manifest with a problem %q", name, c.Manifest, err, tc.problem)
+		}
+	}
+	_, err := DecodeChunk([]byte(`{"type": "tool_call_manifest", "run_id": "r", "tool": ["echo"], "action_id": "a1"}`))
+	var fe *FrameError
+	if !errors.As(err, &fe) || !fe.Manifest {
+		t.Errorf("manifest without tool_call_id: %v, want a FrameError marked Manifest", err)
+	}
+	if _, err := DecodeChunk([]byte(`{"type": "content", "content": ` + deep + `}`)); !errors.As(err, &fe) || fe.Manifest {
+		t.Errorf("deep content frame: %v, want a plain FrameError", err)
+	}
+}

@@ -205,8 +205,15 @@ func (p *player) play() {
 		// The Action exists before its frame is written: a drop here
 		// leaves it pending in Core, as on the real server.
 		a := p.s.newAction(p.rn, c)
+		var toolV, argsV any = c.Tool, c.argsJSON()
+		if c.RawTool != "" {
+			toolV = verbatim(c.RawTool)
+		}
+		if c.RawArgs != "" {
+			argsV = verbatim(c.RawArgs)
+		}
 		if !p.write(object{{"type", "tool_call_manifest"}, {"run_id", id}, {"action_id", a.ID},
-			{"tool_call_id", a.ToolCallID}, {"tool", c.Tool}, {"args", c.argsJSON()}}) {
+			{"tool_call_id", a.ToolCallID}, {"tool", toolV}, {"args", argsV}}) {
 			p.finish()
 			return
 		}

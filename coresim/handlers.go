@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/projectdavid/toolsidecar/core"
@@ -26,6 +27,33 @@ func (s *Sim) routes() {
 	s.mux.HandleFunc("GET /v1/actions/{id}", s.auth(s.getAction))
 	s.mux.HandleFunc("PUT /v1/actions/{id}", s.auth(s.updateAction))
 	s.mux.HandleFunc("GET /v1/actions/pending/{run_id}", s.auth(s.pendingActions))
+	s.mux.HandleFunc("GET /v1/threads/{id}/messages", s.auth(s.listMessages))
+}
+
+// listMessages answers a thread's messages as a list envelope, newest first
+// with order=desc, at most limit (default 20, at most 100).
+func (s *Sim) listMessages(w http.ResponseWriter, r *http.Request) {
+	limit, err := strconv.Atoi(r.URL.Query().Get("limit"))
+	if err != nil || limit < 1 {
+		limit = 20
+	}
+	limit = min(limit, 100)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.threads[r.PathValue("id")]
+	if !ok {
+		detail(w, http.StatusNotFound, "Thread not found")
+		return
+	}
+	msgs := make([]core.Message, 0, len(t.messages))
+	for _, m := range t.messages {
+		msgs = append(msgs, core.Message{ID: m.id, ThreadID: t.id, Role: m.role, Content: m.content, ToolID: m.toolID, ToolCallID: m.toolCallID})
+	}
+	if r.URL.Query().Get("order") == "desc" {
+		slices.Reverse(msgs)
+	}
+	msgs = msgs[:min(limit, len(msgs))]
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": msgs, "has_more": len(t.messages) > limit})
 }
 
 // ServeHTTP records the request, bounds its body and routes it.
@@ -39,6 +67,10 @@ func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
+	if f := s.takeFault(r); f != nil {
+		s.serveFault(w, r, f)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
@@ -288,6 +320,12 @@ func (s *Sim) updateAction(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		detail(w, http.StatusNotFound, "Action not found")
 		return
+	}
+	switch in.Status {
+	case core.ActionCompleted, core.ActionFailed, core.ActionCancelled:
+		if a.outputs == 0 {
+			s.violate(ViolationFinalisedWithoutOutput, a.RunID, a.ToolCallID, "action "+a.ID+" set "+in.Status+" with no tool output")
+		}
 	}
 	a.Status, a.Result = in.Status, in.Result
 	if len(a.Result) == 0 {

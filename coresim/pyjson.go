@@ -31,8 +31,13 @@ func dumps(v any) []byte {
 	return b.Bytes()
 }
 
+// verbatim is written as it is: a scripted malformed value.
+type verbatim string
+
 func writeValue(b *bytes.Buffer, v any) {
 	switch x := v.(type) {
+	case verbatim:
+		b.WriteString(string(x))
 	case object:
 		b.WriteByte('{')
 		for i, f := range x {

@@ -284,3 +284,30 @@ func TestShippedScenario(t *testing.T) {
 		t.Errorf("testdata/flights.yaml drifted from DefaultScenario")
 	}
 }
+
+// TestScenarioFaults: faults declared in a scenario file are armed at
+// start and spent by matching requests only.
+func TestScenarioFaults(t *testing.T) {
+	sc, err := ParseScenario([]byte("turns: [{content: hi}]\nfaults:\n  - {method: POST, path: /v1/threads, status: 503, times: 2, retry_after: \"1\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, srv := NewServer(Config{Scenario: sc})
+	defer srv.Close()
+	post := func(path string) *http.Response {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(`{"meta_data": {}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for i := range 2 {
+		if r := post("/v1/threads"); r.StatusCode != 503 || r.Header.Get("Retry-After") != "1" {
+			t.Fatalf("request %d: %d %q, want 503 with Retry-After", i, r.StatusCode, r.Header.Get("Retry-After"))
+		}
+	}
+	if r := post("/v1/threads"); r.StatusCode != 200 {
+		t.Errorf("third request: %d, want 200 (the fault is spent)", r.StatusCode)
+	}
+}

@@ -16,6 +16,8 @@ import (
 type Scenario struct {
 	Name  string `yaml:"name" json:"name"`
 	Turns []Turn `yaml:"turns" json:"turns"`
+	// Faults are armed when the simulator starts.
+	Faults []Fault `yaml:"faults" json:"faults"`
 }
 
 // Turn is what one completions response emits.
@@ -61,6 +63,11 @@ type Call struct {
 	// coerced to {"raw": text} as Core coerces it.
 	Args     map[string]any `yaml:"args" json:"args"`
 	ArgsJSON string         `yaml:"args_json" json:"args_json"`
+	// RawTool and RawArgs, when set, replace the manifest's "tool" and
+	// "args" values with this text verbatim, valid JSON or not: a
+	// malformed manifest whose Action Core still created.
+	RawTool string `yaml:"raw_tool" json:"raw_tool"`
+	RawArgs string `yaml:"raw_args" json:"raw_args"`
 }
 
 func (c Call) argsJSON() json.RawMessage {

@@ -34,6 +34,9 @@ const (
 	ViolationActionNotFinalised = "action_not_finalised"
 	// ViolationToolIDMismatch: tool_id is not the Action of tool_call_id.
 	ViolationToolIDMismatch = "tool_id_mismatch"
+	// ViolationFinalisedWithoutOutput: an Action set completed, failed or
+	// cancelled while its call has no tool output.
+	ViolationFinalisedWithoutOutput = "finalised_without_output"
 )
 
 // Violation is one entry of the contract log.
@@ -80,6 +83,7 @@ type Sim struct {
 	actions    map[string]*action
 	violations []Violation
 	requests   []Request
+	faults     []*activeFault
 	now        func() time.Time
 }
 
@@ -117,6 +121,9 @@ func New(cfg Config) *Sim {
 		runs: map[string]*run{}, actions: map[string]*action{}, now: time.Now,
 	}
 	s.routes()
+	for _, f := range cfg.Scenario.Faults {
+		s.AddFault(f)
+	}
 	return s
 }
 
@@ -193,6 +200,17 @@ func (s *Sim) CountRequests(method, pathPrefix string) int {
 		}
 	}
 	return n
+}
+
+// Run returns a run as Core holds it, for assertions.
+func (s *Sim) Run(runID string) (core.Run, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rn, ok := s.runs[runID]
+	if !ok {
+		return core.Run{}, false
+	}
+	return rn.Run, true
 }
 
 // Actions returns a run's Actions in creation order.

@@ -154,8 +154,11 @@ func TestScriptedRun(t *testing.T) {
 				}
 				return
 			}
-			if len(v) != 1 || v[0].Kind != ViolationMissingOutput || v[0].ToolCallID != ms[skip].ToolCallID {
-				t.Fatalf("violations %v, want exactly missing_output for %s", v, ms[skip].ToolCallID)
+			// The Action was finalised with no output, then the next turn
+			// was asked for: both are recorded, for that call only.
+			if len(v) != 2 || v[0].Kind != ViolationFinalisedWithoutOutput || v[1].Kind != ViolationMissingOutput ||
+				v[0].ToolCallID != ms[skip].ToolCallID || v[1].ToolCallID != ms[skip].ToolCallID {
+				t.Fatalf("violations %v, want finalised_without_output and missing_output for %s", v, ms[skip].ToolCallID)
 			}
 		})
 	}

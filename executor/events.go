@@ -2,7 +2,6 @@ package executor
 
 import (
 	"encoding/json"
-	"sync"
 	"time"
 )
 
@@ -33,23 +32,10 @@ type Event struct {
 	Summary *Summary        `json:"summary,omitempty"`
 }
 
-// Sink receives events. Calls are serialised by the executor: a sink needs
-// no lock of its own. It must not block for long: the stream waits.
+// Sink receives events. Each caller's sink is called from that caller's
+// own goroutine, one event at a time: a sink needs no lock of its own, and
+// a slow one delays only its own caller, never the loop or Core.
 type Sink func(Event)
-
-// serial wraps a sink so that the stream reader and the submitter never
-// call it at once.
-func serial(s Sink) Sink {
-	if s == nil {
-		return func(Event) {}
-	}
-	var mu sync.Mutex
-	return func(e Event) {
-		mu.Lock()
-		defer mu.Unlock()
-		s(e)
-	}
-}
 
 // Observer receives measurements; metrics implement it.
 type Observer interface {
@@ -62,6 +48,11 @@ type Observer interface {
 	RunDone(status string, turns int)
 	// CallsInFlight changes by delta.
 	CallsInFlight(delta int)
+	// DriveAttached: a drive request joined the drive of its run in
+	// progress.
+	DriveAttached()
+	// GuardTripped: the guard refused a turn (a bug; never in tests).
+	GuardTripped()
 }
 
 type nopObserver struct{}
@@ -71,3 +62,5 @@ func (nopObserver) BatchDone(int, time.Duration)           {}
 func (nopObserver) RunStarted()                            {}
 func (nopObserver) RunDone(string, int)                    {}
 func (nopObserver) CallsInFlight(int)                      {}
+func (nopObserver) DriveAttached()                         {}
+func (nopObserver) GuardTripped()                          {}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,12 +34,17 @@ type Dispatcher interface {
 	Dispatch(ctx context.Context, req tool.Request) tool.Outcome
 }
 
-// Core is the part of Core's API the loop uses.
+// Core is the part of Core's API the loop uses. RecordToolOutput and
+// FinaliseAction retry until their context (the submit budget) ends, and
+// RecordToolOutput never posts an output twice.
 type Core interface {
 	Stream(ctx context.Context, req core.CompletionRequest) (*core.Stream, error)
-	SubmitToolOutput(ctx context.Context, out core.ToolOutput) (core.Message, error)
+	RecordToolOutput(ctx context.Context, out core.ToolOutput) (core.Message, error)
+	FinaliseAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
 	UpdateAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
 	PendingActions(ctx context.Context, runID string) ([]core.PendingAction, error)
+	ActionsByStatus(ctx context.Context, runID, status string) ([]core.Action, error)
+	ListMessages(ctx context.Context, threadID string, limit int) ([]core.Message, error)
 	GetRun(ctx context.Context, runID string) (core.Run, error)
 }
 
@@ -56,6 +62,9 @@ var (
 	// ErrSubmit: an outcome could not be recorded in Core, so the batch is
 	// incomplete and no further turn is requested.
 	ErrSubmit = errors.New("executor: tool outcome not recorded in Core")
+	// ErrLostManifest: a tool_call_manifest whose action_id or
+	// tool_call_id could not be read; its call cannot get an outcome.
+	ErrLostManifest = errors.New("executor: a tool call could not be read, so it cannot be answered")
 	// ErrUpstream: Core ended a turn with an error chunk and no tool call.
 	ErrUpstream = errors.New("executor: Core reported an error")
 	// ErrUnknownToolFailRun: the model called an unregistered tool under
@@ -69,8 +78,10 @@ const (
 	StatusMaxTurns  = "max_turns"
 	StatusCancelled = "cancelled"
 	StatusFailed    = "failed"
-	// StatusInterrupted: the sidecar was shutting down; the last batch was
-	// joined and submitted, and no further turn was requested.
+	// StatusInterrupted: the sidecar was shutting down (the last batch was
+	// joined and submitted), or Core did not take the batch's outcomes
+	// within the submit budget (they are kept and the next drive of the run
+	// submits them); no further turn was requested.
 	StatusInterrupted = "interrupted"
 )
 
@@ -121,9 +132,15 @@ type Executor struct {
 	log    *slog.Logger
 	obs    Observer
 	tracer trace.Tracer
-	// finaliseTimeout bounds the submissions made after a cancellation.
+	// finaliseTimeout bounds the best-effort processing mark.
 	finaliseTimeout time.Duration
 	stopping        atomic.Bool
+
+	drivesMu sync.Mutex
+	drives   map[string]*drive // runs being driven: one driver per run
+
+	keptMu sync.Mutex
+	kept   map[string]*outcome // outcomes Core did not take, by Action
 }
 
 // Stop makes every drive end after its current batch is joined and
@@ -152,8 +169,12 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 	if cfg.CancelPoll <= 0 {
 		cfg.CancelPoll = def.CancelPoll
 	}
+	if cfg.SubmitBudget <= 0 {
+		cfg.SubmitBudget = def.SubmitBudget
+	}
 	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
-		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second}
+		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second,
+		drives: map[string]*drive{}, kept: map[string]*outcome{}}
 	for _, o := range opts {
 		o(e)
 	}

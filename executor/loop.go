@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -17,60 +19,20 @@ import (
 	"github.com/projectdavid/toolsidecar/batch"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// Drive runs the loop for one run until it stops, and returns its summary.
-// The error is non-nil only when the run failed (Status "failed"); a failed
-// tool is a value in Summary.Calls, a cancelled drive is Status
-// "cancelled". No goroutine started by Drive outlives it.
-func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, error) {
+// run is the loop of one drive: check the run, reconcile with Core, then
+// turns until the run ends.
+func (e *Executor) run(ctx context.Context, req Request, emit Sink) (Summary, error) {
 	ctx, span := e.tracer.Start(ctx, "toolsidecar.drive", trace.WithAttributes(attribute.String("run_id", req.RunID)))
 	defer span.End()
-	emit := serial(sink)
 	log := e.log.With("run_id", req.RunID)
-	maxTurns := e.cfg.MaxTurns
-	if req.MaxTurns > 0 {
-		maxTurns = req.MaxTurns
-	}
 	sum := Summary{RunID: req.RunID, Calls: []CallResult{}}
 	e.obs.RunStarted()
-	var err error
-	for {
-		if sum.Turns >= maxTurns {
-			sum.Status = StatusMaxTurns
-			sum.Error = fmt.Sprintf("turn limit of %d reached", maxTurns)
-			break
-		}
-		if e.stopping.Load() {
-			sum.Status, sum.Error = StatusInterrupted, "sidecar shutting down"
-			break
-		}
-		if cause := e.runCancelled(ctx, req.RunID); cause != nil {
-			sum.Status, sum.Error = StatusCancelled, cause.Error()
-			break
-		}
-		sum.Turns++
-		emit(Event{Type: EventTurn, Turn: sum.Turns})
-		tr := e.turn(ctx, req, sum.Turns, emit, log)
-		sum.Calls = append(sum.Calls, tr.calls...)
-		if tr.content != "" || len(tr.calls) == 0 {
-			sum.Content = tr.content
-		}
-		if tr.cancel != nil {
-			sum.Status, sum.Error = StatusCancelled, tr.cancel.Error()
-			break
-		}
-		if tr.err != nil {
-			sum.Status, sum.Error, err = StatusFailed, tr.err.Error(), tr.err
-			break
-		}
-		if len(tr.calls) == 0 {
-			sum.Status = StatusCompleted
-			break
-		}
-	}
+	err := e.loop(ctx, req, emit, log, &sum)
 	log.Info("drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
 	span.SetAttributes(attribute.String("status", sum.Status), attribute.Int("turns", sum.Turns), attribute.Int("calls", len(sum.Calls)))
 	if err != nil {
@@ -79,6 +41,139 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	e.obs.RunDone(sum.Status, sum.Turns)
 	emit(Event{Type: EventDone, Turn: sum.Turns, Summary: &sum})
 	return sum, err
+}
+
+func (e *Executor) loop(ctx context.Context, req Request, emit Sink, log *slog.Logger, sum *Summary) error {
+	maxTurns := e.cfg.MaxTurns
+	if req.MaxTurns > 0 {
+		maxTurns = req.MaxTurns
+	}
+	run, err := e.core.GetRun(ctx, req.RunID)
+	if err != nil {
+		sum.Status, sum.Error = StatusFailed, err.Error()
+		return fmt.Errorf("executor: reading run %s: %w", req.RunID, err)
+	}
+	if core.RunTerminal(run.Status) {
+		return e.finished(ctx, req, run, sum)
+	}
+	// Finish the last batch first: calls a previous drive (or a sidecar
+	// that died) left without an outcome in Core.
+	tr := e.reconcile(ctx, req, emit, log)
+	sum.Calls = append(sum.Calls, tr.calls...)
+	if done, err := e.ended(tr, sum); done {
+		return err
+	}
+	last := tr.calls
+	for {
+		if sum.Turns >= maxTurns {
+			sum.Status, sum.Error = StatusMaxTurns, fmt.Sprintf("turn limit of %d reached", maxTurns)
+			return nil
+		}
+		if e.stopping.Load() {
+			sum.Status, sum.Error = StatusInterrupted, "sidecar shutting down"
+			return nil
+		}
+		if cause := e.runCancelled(ctx, req.RunID); cause != nil {
+			sum.Status, sum.Error = StatusCancelled, cause.Error()
+			return nil
+		}
+		if err := e.guard(last); err != nil {
+			sum.Status, sum.Error = StatusFailed, err.Error()
+			return err
+		}
+		sum.Turns++
+		emit(Event{Type: EventTurn, Turn: sum.Turns})
+		tr := e.turn(ctx, req, sum.Turns, emit, log)
+		sum.Calls = append(sum.Calls, tr.calls...)
+		if tr.content != "" || len(tr.calls) == 0 {
+			sum.Content = tr.content
+		}
+		if done, err := e.ended(tr, sum); done {
+			return err
+		}
+		if len(tr.calls) == 0 {
+			return e.completed(ctx, req.RunID, sum)
+		}
+		last = tr.calls
+	}
+}
+
+// ended applies a batch's fatal result to the summary.
+func (e *Executor) ended(tr turnResult, sum *Summary) (bool, error) {
+	switch {
+	case tr.cancel != nil:
+		sum.Status, sum.Error = StatusCancelled, tr.cancel.Error()
+	case tr.interrupted != nil:
+		sum.Status, sum.Error = StatusInterrupted, tr.interrupted.Error()
+	case tr.err != nil:
+		sum.Status, sum.Error = StatusFailed, tr.err.Error()
+		return true, tr.err
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// ErrGuard: the previous turn's calls are not all recorded and finalised,
+// yet another turn was about to be requested. It is a bug guard: the batch
+// join makes it impossible, and a test that sees it fails.
+var ErrGuard = errors.New("executor: next turn refused: a call of the previous batch has no recorded outcome")
+
+// guard checks, from the executor's own records, that every call of the
+// previous batch has its output recorded and its Action finalised.
+func (e *Executor) guard(last []CallResult) error {
+	for _, c := range last {
+		if !c.Submitted {
+			e.obs.GuardTripped()
+			return fmt.Errorf("%w (call %s, action %s)", ErrGuard, c.ToolCallID, c.ActionID)
+		}
+	}
+	return nil
+}
+
+// finished reports a run that Core says has ended, without asking the model
+// anything: its status and, where Core has it, the final assistant text.
+func (e *Executor) finished(ctx context.Context, req Request, run core.Run, sum *Summary) error {
+	switch run.Status {
+	case core.RunCompleted:
+		sum.Status = StatusCompleted
+	case core.RunFailed:
+		sum.Status = StatusFailed
+	default:
+		sum.Status = StatusCancelled
+	}
+	sum.Error = "the run had already ended in Core (status " + run.Status + "); nothing was driven"
+	if msgs, err := e.core.ListMessages(ctx, req.ThreadID, 20); err == nil {
+		for _, m := range msgs {
+			if m.Role == "assistant" {
+				sum.Content = m.Content
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// completed confirms a turn without tool calls with Core: the drive is
+// completed only when Core's run is. Core writes the final status around
+// [DONE], so it is read a few times before the run is declared stuck.
+func (e *Executor) completed(ctx context.Context, runID string, sum *Summary) error {
+	var status string
+	for range 5 {
+		run, err := e.core.GetRun(ctx, runID)
+		if err == nil {
+			if status = run.Status; status == core.RunCompleted {
+				sum.Status = StatusCompleted
+				return nil
+			}
+		}
+		if clock.Sleep(ctx, 100*time.Millisecond) != nil {
+			break
+		}
+	}
+	sum.Status = StatusFailed
+	sum.Error = fmt.Sprintf("the final turn asked for no tool, but Core reports the run %q, not completed", status)
+	return fmt.Errorf("%w: %s", ErrUpstream, sum.Error)
 }
 
 // runCancelled reports why no further turn may be requested: the caller's
@@ -99,19 +194,104 @@ func (e *Executor) runCancelled(ctx context.Context, runID string) error {
 }
 
 type turnResult struct {
-	content string
-	calls   []CallResult
-	err     error // fatal: the run fails
-	cancel  error // cause of a cancellation
+	content     string
+	calls       []CallResult
+	err         error // fatal: the run fails
+	cancel      error // cause of a cancellation
+	interrupted error // Core did not take the outcomes within the budget
 }
 
 // outcome is one call's result on its way to Core.
 type outcome struct {
-	m       *core.Manifest
-	res     CallResult
-	content string // the tool message
-	status  string // the Action's final status
-	done    time.Time
+	m        *core.Manifest
+	res      CallResult
+	content  string // the tool message
+	status   string // the Action's final status
+	done     time.Time
+	recorded bool // the tool message is in Core already
+}
+
+// batchRun is one batch being joined: the calls of a turn, or those a
+// reconciliation found open.
+type batchRun struct {
+	e        *Executor
+	req      Request
+	n        int
+	emit     Sink
+	log      *slog.Logger
+	b        *batch.Batch[*outcome]
+	reg      *registry.Registry
+	seen     map[string]bool
+	failRun  error
+	coreDown atomic.Bool // a submission ran out of budget: keep the rest
+}
+
+func (e *Executor) newBatch(ctx, tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
+	br := &batchRun{e: e, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), seen: map[string]bool{}}
+	br.b = batch.New(tctx, e.cfg.MaxParallel, func(i int, o *outcome) error { return br.submit(ctx, o) })
+	return br
+}
+
+// add dispatches one manifest from the stream at once.
+func (br *batchRun) add(m *core.Manifest) {
+	if br.seen[m.ActionID] {
+		br.log.Warn("duplicate manifest ignored", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+		return
+	}
+	br.seen[m.ActionID] = true
+	def, pre := br.e.precheck(br.reg, m)
+	if pre != nil && pre.Type == tool.NotFound && def == nil && br.e.cfg.MissingTool == config.MissingToolFailRun && br.failRun == nil {
+		br.failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
+	}
+	br.start(m, func(ctx context.Context) *outcome {
+		return br.e.call(ctx, br.n, m, def, pre, br.req.Traceparent, br.log)
+	})
+}
+
+// start announces a call and runs it in the batch. A panic outside the
+// worker (in the sidecar's own code) becomes the call's error outcome.
+func (br *batchRun) start(m *core.Manifest, run func(context.Context) *outcome) {
+	br.emit(Event{Type: EventToolCall, Turn: br.n, Call: &CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}})
+	br.b.Go(func(ctx context.Context) (o *outcome) {
+		defer func() {
+			if p := recover(); p != nil {
+				br.log.Error("call panicked in the sidecar", "action_id", m.ActionID, "panic", fmt.Sprint(p))
+				o = br.e.failed(br.n, m, tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p))
+			}
+		}()
+		return run(ctx)
+	})
+}
+
+// wait closes the batch, joins it, and sorts its result into tr.
+func (br *batchRun) wait(ctx, tctx context.Context, tr *turnResult, awaited func()) {
+	br.b.Close()
+	if awaited != nil {
+		awaited()
+	}
+	outs, serr := br.b.Wait()
+	for _, o := range outs {
+		tr.calls = append(tr.calls, o.res)
+	}
+	if len(outs) > 0 {
+		first, last := outs[0].done, outs[0].done
+		for _, o := range outs[1:] {
+			first, last = minTime(first, o.done), maxTime(last, o.done)
+		}
+		br.e.obs.BatchDone(len(outs), last.Sub(first))
+	}
+	switch cause := context.Cause(tctx); {
+	case serr != nil && errors.Is(serr, core.ErrBudget):
+		tr.interrupted = fmt.Errorf("%w; the outcomes are kept and the next drive of the run submits them: %w", ErrSubmit, serr)
+	case serr != nil:
+		tr.err = fmt.Errorf("%w: %w", ErrSubmit, serr)
+	case ctx.Err() != nil:
+		tr.cancel = context.Cause(ctx)
+	case errors.Is(cause, ErrRunCancelled):
+		tr.cancel = cause
+	case br.failRun != nil:
+		tr.err = br.failRun
+	}
 }
 
 func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log *slog.Logger) turnResult {
@@ -134,32 +314,22 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 	}
 	defer stream.Close()
 
-	b := batch.New(tctx, e.cfg.MaxParallel, func(i int, o *outcome) error {
-		return e.submit(ctx, req, o, emit, log)
-	})
-	reg := e.tools.Load()
-	seen := map[string]bool{}
-	var failRun error
+	br := e.newBatch(ctx, tctx, req, n, emit, log)
 	var upstreamErr string
+	var lost error // a manifest whose call cannot be answered
 	var content strings.Builder
-	add := func(m *core.Manifest) {
-		if seen[m.ActionID] {
-			log.Warn("duplicate manifest ignored", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
-			return
-		}
-		seen[m.ActionID] = true
-		def, pre := e.precheck(reg, m)
-		if pre != nil && pre.Type == tool.NotFound && e.cfg.MissingTool == config.MissingToolFailRun && failRun == nil {
-			failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
-		}
-		emit(Event{Type: EventToolCall, Turn: n, Call: &CallResult{Turn: n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}})
-		b.Go(func(ctx context.Context) *outcome { return e.call(ctx, n, m, def, pre, req.Traceparent, log) })
-	}
-
 	var endErr error
 	for c, err := range stream.Chunks() {
+		var fe *core.FrameError
 		switch {
 		case err == nil:
+		case errors.As(err, &fe) && fe.Manifest:
+			log.Error("tool_call_manifest without its IDs: the call cannot be answered", "err", err)
+			emit(Event{Type: EventError, Turn: n, Text: err.Error()})
+			if lost == nil {
+				lost = fmt.Errorf("%w: %w", ErrLostManifest, err)
+			}
+			continue
 		case errors.Is(err, core.ErrFrame):
 			// One bad frame never abandons the rest of the stream.
 			log.Warn("undecodable frame skipped", "err", err)
@@ -171,7 +341,7 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 		}
 		switch c.Kind {
 		case core.KindManifest:
-			add(c.Manifest)
+			br.add(c.Manifest)
 		case core.KindContent:
 			content.WriteString(c.Text)
 			emit(Event{Type: EventContent, Turn: n, Text: c.Text, Raw: c.Raw})
@@ -187,49 +357,157 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 	}
 	if endErr != nil && tctx.Err() == nil {
 		// The stream dropped before [DONE]. Asking again would make the
-		// model answer twice: recover the turn's calls from Core instead.
-		log.Warn("stream ended early; recovering from pending actions", "err", endErr)
+		// model answer twice: finish the calls Core created instead.
+		log.Warn("stream ended early; finishing the calls Core has open", "err", endErr)
 		emit(Event{Type: EventError, Turn: n, Text: endErr.Error()})
-		e.recoverPending(ctx, req.RunID, seen, add, log)
-		if b.Len() == 0 {
+		br.addOpen(ctx)
+		if br.b.Len() == 0 {
 			tr.err = fmt.Errorf("%w: %w", ErrTruncatedTurn, endErr)
 		}
 	}
-
-	b.Close()
-	e.awaitBatch(tctx, req.RunID, b.Done(), cancelTurn)
-	outs, serr := b.Wait()
+	br.wait(ctx, tctx, &tr, func() { e.awaitBatch(tctx, req.RunID, br.b.Done(), cancelTurn) })
 	tr.content = content.String()
-	for _, o := range outs {
-		tr.calls = append(tr.calls, o.res)
-	}
-	if len(outs) > 0 {
-		first, last := outs[0].done, outs[0].done
-		for _, o := range outs[1:] {
-			first, last = minTime(first, o.done), maxTime(last, o.done)
-		}
-		e.obs.BatchDone(len(outs), last.Sub(first))
-	}
-	switch cause := context.Cause(tctx); {
-	case ctx.Err() != nil:
-		tr.cancel = context.Cause(ctx)
-	case errors.Is(cause, ErrRunCancelled):
-		tr.cancel = cause
-	case serr != nil:
-		tr.err = fmt.Errorf("%w: %w", ErrSubmit, serr)
-	case failRun != nil:
-		tr.err = failRun
-	case len(outs) == 0 && upstreamErr != "" && tr.err == nil:
+	switch {
+	case tr.err != nil || tr.cancel != nil || tr.interrupted != nil:
+	case lost != nil:
+		tr.err = lost
+	case len(tr.calls) == 0 && upstreamErr != "":
 		tr.err = fmt.Errorf("%w: %s", ErrUpstream, upstreamErr)
 	}
 	return tr
 }
 
+// reconcile finishes, before any turn, the calls Core has open for the
+// run: Actions pending or processing that a previous drive, or a sidecar
+// that died, left without a recorded outcome.
+func (e *Executor) reconcile(ctx context.Context, req Request, emit Sink, log *slog.Logger) turnResult {
+	var tr turnResult
+	tctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	br := e.newBatch(ctx, tctx, req, 0, emit, log)
+	br.addOpen(ctx)
+	if br.b.Len() > 0 {
+		log.Info("reconciled open calls with Core", "calls", br.b.Len())
+	}
+	br.wait(ctx, tctx, &tr, func() { e.awaitBatch(tctx, req.RunID, br.b.Done(), cancel) })
+	return tr
+}
+
+// openCall is an Action Core has open for a run.
+type openCall struct {
+	m      *core.Manifest
+	status string
+}
+
+// addOpen adds the run's open Actions that the batch has not seen. For
+// each: an output already in the thread is not posted again (its Action is
+// only finalised); an outcome this sidecar kept is submitted; otherwise the
+// call runs again when its tool may be repeated, and an unsafe call that
+// may have run gets an "interrupted" outcome instead.
+func (br *batchRun) addOpen(ctx context.Context) {
+	e := br.e
+	open, err := e.openCalls(ctx, br.req.RunID)
+	if err != nil {
+		br.log.Error("listing the run's open Actions", "err", err)
+		return
+	}
+	var recorded map[string]bool
+	for _, oc := range open {
+		m := oc.m
+		if br.seen[m.ActionID] {
+			continue
+		}
+		br.seen[m.ActionID] = true
+		if recorded == nil {
+			recorded = e.recordedOutputs(ctx, br.req.ThreadID)
+		}
+		kept := e.takeKept(m.ActionID)
+		switch {
+		case kept != nil:
+			br.log.Info("submitting a kept outcome", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+			kept.res.Turn = br.n
+			kept.recorded = kept.recorded || recorded[m.ToolCallID]
+			br.start(m, func(context.Context) *outcome { return kept })
+		case recorded[m.ToolCallID]:
+			br.log.Info("output already in Core; finalising the Action", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+			br.start(m, func(context.Context) *outcome { return e.alreadyRecorded(br.n, m) })
+		default:
+			def, pre := e.precheck(br.reg, m)
+			if pre == nil && oc.status == core.ActionProcessing && def.SideEffects == config.Unsafe {
+				pre = tool.NewError(tool.Interrupted, "the call of unsafe tool %q was started before a fault and its effect is unknown; "+
+					"it was not run again. Check its effect before you call it again", m.Tool)
+			}
+			br.log.Info("finishing an open call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID, "status", oc.status)
+			br.start(m, func(ctx context.Context) *outcome { return e.call(ctx, br.n, m, def, pre, br.req.Traceparent, br.log) })
+		}
+	}
+}
+
+// openCalls lists the run's Actions that are pending or processing, in
+// call order as far as Core tells it (turn, then creation time, then id).
+func (e *Executor) openCalls(ctx context.Context, runID string) ([]openCall, error) {
+	pending, err := e.core.PendingActions(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	processing, err := e.core.ActionsByStatus(ctx, runID, core.ActionProcessing)
+	if err != nil {
+		return nil, err
+	}
+	type row struct {
+		core.Action
+		status string
+	}
+	var rows []row
+	for _, p := range pending {
+		rows = append(rows, row{core.Action{ID: p.ActionID, ToolCallID: p.ToolCallID, ToolName: p.ToolName, FunctionArgs: p.FunctionArguments}, core.ActionPending})
+	}
+	for _, a := range processing {
+		rows = append(rows, row{a, core.ActionProcessing})
+	}
+	slices.SortStableFunc(rows, func(a, b row) int {
+		if a.TurnIndex != b.TurnIndex {
+			return a.TurnIndex - b.TurnIndex
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	out := make([]openCall, 0, len(rows))
+	for _, r := range rows {
+		m := &core.Manifest{Type: string(core.KindManifest), RunID: runID, ActionID: r.ID, ToolCallID: r.ToolCallID, Tool: r.ToolName, Args: argsOrEmpty(r.FunctionArgs)}
+		m.Raw, _ = json.Marshal(m) // the manifest as Core would have framed it
+		out = append(out, openCall{m: m, status: r.status})
+	}
+	return out, nil
+}
+
+// recordedOutputs lists the tool_call_ids whose tool message is in the
+// thread. On error it says none are: the write itself reads again before
+// posting, so nothing is posted twice.
+func (e *Executor) recordedOutputs(ctx context.Context, threadID string) map[string]bool {
+	out := map[string]bool{}
+	msgs, err := e.core.ListMessages(ctx, threadID, 100)
+	if err != nil {
+		e.log.Warn("listing the thread's tool messages", "thread_id", threadID, "err", err)
+		return out
+	}
+	for _, m := range msgs {
+		if m.Role == "tool" && m.ToolCallID != "" {
+			out[m.ToolCallID] = true
+		}
+	}
+	return out
+}
+
+func argsOrEmpty(a json.RawMessage) json.RawMessage {
+	if len(a) == 0 || string(a) == "null" {
+		return json.RawMessage("{}")
+	}
+	return a
+}
+
 // awaitBatch waits for the batch to be joined and submitted, asking Core
 // every cancel_poll whether the run was cancelled meanwhile; if so it
-// cancels the turn (the calls in flight) with ErrRunCancelled. It runs on
-// the turn's own goroutine: while the stream is open, Core itself ends the
-// stream of a cancelled run.
+// cancels the turn (the calls in flight) with ErrRunCancelled.
 func (e *Executor) awaitBatch(ctx context.Context, runID string, done <-chan struct{}, cancel context.CancelCauseFunc) {
 	t := time.NewTicker(e.cfg.CancelPoll)
 	defer t.Stop()
@@ -249,35 +527,12 @@ func (e *Executor) awaitBatch(ctx context.Context, runID string, done <-chan str
 	}
 }
 
-// recoverPending adds the run's pending Actions that the dropped stream
-// did not deliver.
-func (e *Executor) recoverPending(ctx context.Context, runID string, seen map[string]bool, add func(*core.Manifest), log *slog.Logger) {
-	pending, err := e.core.PendingActions(ctx, runID)
-	if err != nil {
-		log.Error("listing pending actions after a dropped stream", "err", err)
-		return
-	}
-	for _, p := range pending {
-		if seen[p.ActionID] {
-			continue
-		}
-		m := &core.Manifest{Type: string(core.KindManifest), RunID: runID, ActionID: p.ActionID, ToolCallID: p.ToolCallID, Tool: p.ToolName, Args: argsOrEmpty(p.FunctionArguments)}
-		m.Raw, _ = json.Marshal(m) // the manifest as Core would have framed it
-		log.Info("recovered pending action", "action_id", p.ActionID, "tool_call_id", p.ToolCallID, "tool", p.ToolName)
-		add(m)
-	}
-}
-
-func argsOrEmpty(a json.RawMessage) json.RawMessage {
-	if len(a) == 0 || string(a) == "null" {
-		return json.RawMessage("{}")
-	}
-	return a
-}
-
 // precheck resolves the tool and validates the arguments. The error, if
 // any, becomes the call's outcome; the stream goes on.
 func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry.Tool, *tool.Error) {
+	if m.Problem != "" {
+		return nil, tool.NewError(tool.InvalidArgs, "the tool call could not be read: %s", m.Problem)
+	}
 	def, ok := reg.Lookup(m.Tool)
 	if !ok {
 		return nil, tool.NewError(tool.NotFound, "unknown tool %q; the registered tools are: %s", m.Tool, strings.Join(reg.Names(), ", "))
@@ -310,16 +565,15 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *re
 	o := &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}}
 	log = log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
 
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.finaliseTimeout)
-	if _, err := e.core.UpdateAction(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}); err != nil {
-		log.Warn("marking action processing failed", "err", err)
-	}
-	cancel()
-
 	var reply tool.Outcome
-	if pre != nil {
+	switch {
+	case pre != nil:
 		reply.Err = pre
-	} else {
+	case !e.markProcessing(ctx, m, def, log):
+		// An unsafe call runs only once Core knows it started, so that a
+		// later reconciliation does not run it a second time.
+		reply.Err = tool.NewError(tool.Interrupted, "Core could not be told that the call of unsafe tool %q started, so it was not run", m.Tool)
+	default:
 		reply = e.attempts(ctx, m, def, traceparent, &o.res)
 	}
 	if reply.Err == nil && len(reply.Data) > e.cfg.MaxResultBytes {
@@ -327,12 +581,7 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *re
 	}
 	o.res.DurationMS = time.Since(start).Milliseconds()
 	if reply.Err != nil {
-		o.res.ErrorType, o.res.Error = string(reply.Err.Type), reply.Err.Message
-		o.content = errorContent(m.Tool, reply.Err)
-		o.status = core.ActionFailed
-		if reply.Err.Type == tool.Cancelled {
-			o.status = core.ActionCancelled
-		}
+		e.setFailed(o, reply.Err)
 		log.Info("call failed", "error_type", reply.Err.Type, "err", reply.Err.Message, "attempts", o.res.Attempts)
 		span.SetStatus(codes.Error, string(reply.Err.Type))
 		e.obs.CallDone(m.Tool, string(reply.Err.Type), time.Since(start))
@@ -346,6 +595,52 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *re
 	o.done = time.Now()
 	span.SetAttributes(attribute.Int("attempts", o.res.Attempts), attribute.Bool("ok", o.res.OK))
 	return o
+}
+
+// markProcessing sets the Action processing before dispatch. For an
+// unsafe tool it must land (within the submit budget); for others it is
+// best effort, bounded by the finalise timeout.
+func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, def *registry.Tool, log *slog.Logger) bool {
+	upd := core.ActionUpdate{Status: core.ActionProcessing}
+	if def.SideEffects == config.Unsafe {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
+		defer cancel()
+		if _, err := e.core.FinaliseAction(pctx, m.ActionID, upd); err != nil {
+			log.Error("marking an unsafe call processing failed: not running it", "err", err)
+			return false
+		}
+		return true
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.finaliseTimeout)
+	defer cancel()
+	if _, err := e.core.UpdateAction(pctx, m.ActionID, upd); err != nil {
+		log.Warn("marking action processing failed", "err", err)
+	}
+	return true
+}
+
+// failed is the outcome of a call that failed before it ran.
+func (e *Executor) failed(turn int, m *core.Manifest, err *tool.Error) *outcome {
+	o := &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}, done: time.Now()}
+	e.setFailed(o, err)
+	o.res.Output = o.content
+	return o
+}
+
+// alreadyRecorded is the outcome of a call whose tool message Core has:
+// only its Action is finalised.
+func (e *Executor) alreadyRecorded(turn int, m *core.Manifest) *outcome {
+	return &outcome{m: m, recorded: true, status: core.ActionCompleted, done: time.Now(),
+		res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool, OK: true}}
+}
+
+func (e *Executor) setFailed(o *outcome, err *tool.Error) {
+	o.res.ErrorType, o.res.Error = string(err.Type), err.Message
+	o.content = errorContent(o.m.Tool, err)
+	o.status = core.ActionFailed
+	if err.Type == tool.Cancelled {
+		o.status = core.ActionCancelled
+	}
 }
 
 // formatTraceparent renders a span context as a W3C traceparent.
@@ -371,12 +666,8 @@ func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry
 		if reply.Sent && def.SideEffects == config.Unsafe {
 			return reply
 		}
-		wait := time.NewTimer(b.NextBackOff())
-		select {
-		case <-ctx.Done():
-			wait.Stop()
+		if clock.Sleep(ctx, b.NextBackOff()) != nil {
 			return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled between attempts: %v", context.Cause(ctx))}
-		case <-wait.C:
 		}
 	}
 }
@@ -392,35 +683,70 @@ func errorContent(name string, err *tool.Error) string {
 }
 
 // submit records one outcome in Core: the tool message with its
-// tool_call_id, then the Action's final status with a result summary. It
-// runs even after a cancellation, under its own deadline.
-func (e *Executor) submit(ctx context.Context, req Request, o *outcome, emit Sink, log *slog.Logger) error {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.finaliseTimeout)
-	defer cancel()
+// tool_call_id (exactly once: core.RecordToolOutput reads before it posts
+// again), then the Action's final status with a result summary. The Action
+// is never finalised before its output is recorded. It runs even after a
+// cancellation, within the submit budget; an outcome Core did not take is
+// kept for the next drive of the run.
+func (br *batchRun) submit(ctx context.Context, o *outcome) error {
+	e := br.e
 	m := o.m
-	log = log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID)
-	_, err := e.core.SubmitToolOutput(sctx, core.ToolOutput{
-		Content: o.content, ThreadID: req.ThreadID, AssistantID: req.AssistantID,
-		ToolID: m.ActionID, ToolCallID: m.ToolCallID,
-	})
-	if err != nil {
-		log.Error("tool output not recorded", "err", err)
-		// Do not leave the Action processing: it failed to be recorded.
-		_, _ = e.core.UpdateAction(sctx, m.ActionID, core.ActionUpdate{Status: core.ActionFailed, Result: map[string]any{"ok": false, "error": "tool output not recorded: " + err.Error()}})
-		return fmt.Errorf("call %s (%s): %w", m.ToolCallID, m.Tool, err)
+	log := br.log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+	if br.coreDown.Load() {
+		e.keep(o)
+		return fmt.Errorf("call %s (%s): %w: not tried, an earlier submission of the batch ran out of budget", m.ToolCallID, m.Tool, core.ErrBudget)
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
+	defer cancel()
+	if !o.recorded {
+		_, err := e.core.RecordToolOutput(sctx, core.ToolOutput{
+			Content: o.content, ThreadID: br.req.ThreadID, AssistantID: br.req.AssistantID,
+			ToolID: m.ActionID, ToolCallID: m.ToolCallID,
+		})
+		if err != nil {
+			return br.keepAfter(o, log, "tool output not recorded", err)
+		}
+		o.recorded = true
 	}
 	result := map[string]any{"ok": o.res.OK, "attempts": o.res.Attempts, "duration_ms": o.res.DurationMS, "bytes": len(o.content)}
 	if !o.res.OK {
 		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error
 	}
-	if _, err := e.core.UpdateAction(sctx, m.ActionID, core.ActionUpdate{Status: o.status, Result: result}); err != nil {
-		log.Error("action not finalised", "status", o.status, "err", err)
-		return fmt.Errorf("call %s (%s): finalising action: %w", m.ToolCallID, m.Tool, err)
+	if _, err := e.core.FinaliseAction(sctx, m.ActionID, core.ActionUpdate{Status: o.status, Result: result}); err != nil {
+		return br.keepAfter(o, log, "action not finalised", err)
 	}
 	o.res.Submitted = true
 	res := o.res
-	emit(Event{Type: EventToolResult, Turn: res.Turn, Call: &res})
+	br.emit(Event{Type: EventToolResult, Turn: res.Turn, Call: &res})
+	// The summary keeps no tool output: a drive's memory does not grow
+	// with what its tools return.
+	o.res.Output, o.content = "", ""
 	return nil
+}
+
+func (br *batchRun) keepAfter(o *outcome, log *slog.Logger, what string, err error) error {
+	log.Error(what+"; the outcome is kept for the next drive", "err", err)
+	br.e.keep(o)
+	if errors.Is(err, core.ErrBudget) {
+		br.coreDown.Store(true)
+	}
+	return fmt.Errorf("call %s (%s): %s: %w", o.m.ToolCallID, o.m.Tool, what, err)
+}
+
+// keep holds an outcome Core did not take, for the next drive of its run.
+func (e *Executor) keep(o *outcome) {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
+	e.kept[o.m.ActionID] = o
+}
+
+// takeKept returns and forgets the outcome kept for an Action.
+func (e *Executor) takeKept(actionID string) *outcome {
+	e.keptMu.Lock()
+	defer e.keptMu.Unlock()
+	o := e.kept[actionID]
+	delete(e.kept, actionID)
+	return o
 }
 
 func minTime(a, b time.Time) time.Time {

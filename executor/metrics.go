@@ -19,6 +19,8 @@ type Metrics struct {
 	runs        *prometheus.CounterVec
 	runsFlight  prometheus.Gauge
 	callsFlight prometheus.Gauge
+	attached    prometheus.Counter
+	guard       prometheus.Counter
 	known       func(tool string) bool
 }
 
@@ -43,9 +45,19 @@ func NewMetrics(reg prometheus.Registerer, known func(tool string) bool) *Metric
 			Help: "Drives in progress."}),
 		callsFlight: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "calls_in_flight",
 			Help: "Calls in progress."}),
+		attached: f.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "drives_attached_total",
+			Help: "Drive requests that joined the drive of their run in progress (one driver per run)."}),
+		guard: f.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "turn_guard_refusals_total",
+			Help: "Turns refused because a call of the previous batch had no recorded outcome (a bug if ever non-zero)."}),
 		known: known,
 	}
 }
+
+// DriveAttached implements [Observer].
+func (m *Metrics) DriveAttached() { m.attached.Inc() }
+
+// GuardTripped implements [Observer].
+func (m *Metrics) GuardTripped() { m.guard.Inc() }
 
 func (m *Metrics) label(tool string) string {
 	if m.known != nil && !m.known(tool) {

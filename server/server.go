@@ -212,9 +212,19 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The request context ends when the client goes away: that cancels
-	// the drive under the loop's cancellation rule.
-	sum, _ := s.drv.Drive(r.Context(), req, nil)
-	writeJSON(w, http.StatusOK, sum)
+	// the drive under the loop's cancellation rule (once every caller
+	// attached to the run's drive has gone).
+	sum, err := s.drv.Drive(r.Context(), req, nil)
+	writeJSON(w, driveStatus(err), sum)
+}
+
+// driveStatus is the HTTP status of a drive that ran: 200 with its summary
+// (whatever the run's status), or 404 when Core does not know the run.
+func driveStatus(err error) int {
+	if core.StatusCode(err) == http.StatusNotFound {
+		return http.StatusNotFound
+	}
+	return http.StatusOK
 }
 
 func decodeStrict(w http.ResponseWriter, r *http.Request, v any) bool {

@@ -214,14 +214,14 @@ func TestProxyFraming(t *testing.T) {
 	resp, _ = http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(completionBody(r2)))
 	raw, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if want := `"message":"toolsidecar: run cancelled: executor: run cancelled in Core (status cancelled)"`; !strings.Contains(string(raw), want) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
+	if want := `"message":"toolsidecar: run cancelled: the run had already ended in Core (status cancelled)`; !strings.Contains(string(raw), want) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
 		t.Errorf("cancelled run: %q", raw)
 	}
 	bad := strings.Replace(body, r.RunID, "run_missing", 1)
 	resp, _ = http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(bad))
 	raw, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 404 || !strings.Contains(string(raw), "Run not found.") {
+	if resp.StatusCode != 404 || !strings.Contains(string(raw), "Run not found") {
 		t.Errorf("unknown run: %d %s", resp.StatusCode, raw)
 	}
 }
@@ -325,37 +325,57 @@ func TestDriveJSON(t *testing.T) {
 	}
 }
 
-func TestDriveSSE(t *testing.T) {
-	sc := newSidecar(t, threeCalls(), "", standardTools()...)
-	r := sc.env.NewRun()
+// sseLog is what an SSE drive delivered.
+type sseLog struct {
+	types          []string
+	done           executor.Summary
+	calls, results []executor.CallResult
+}
+
+// openSSE starts an SSE drive of the run; the response is open as soon as
+// the sidecar answers, before any event.
+func (sc *sidecar) openSSE(t *testing.T, r testenv.Run) *http.Response {
+	t.Helper()
 	req, _ := http.NewRequest("POST", sc.url+"/v1/runs/"+r.RunID+"/drive", strings.NewReader(sc.driveBody(r)))
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var types []string
-	var done executor.Summary
-	var calls, results []executor.CallResult
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// readSSE reads an SSE drive to its end.
+func readSSE(t *testing.T, resp *http.Response) sseLog {
+	t.Helper()
+	var l sseLog
 	for ev, err := range sse.Read(resp.Body, nil) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		types = append(types, ev.Type)
+		l.types = append(l.types, ev.Type)
 		switch ev.Type {
 		case "done":
-			json.Unmarshal([]byte(ev.Data), &done)
+			json.Unmarshal([]byte(ev.Data), &l.done)
 		case "tool_call", "tool_result":
 			var c executor.CallResult
 			json.Unmarshal([]byte(ev.Data), &c)
 			if ev.Type == "tool_call" {
-				calls = append(calls, c)
+				l.calls = append(l.calls, c)
 			} else {
-				results = append(results, c)
+				l.results = append(l.results, c)
 			}
 		}
 	}
+	return l
+}
+
+func TestDriveSSE(t *testing.T) {
+	sc := newSidecar(t, threeCalls(), "", standardTools()...)
+	r := sc.env.NewRun()
+	log := readSSE(t, sc.openSSE(t, r))
+	types, done, calls, results := log.types, log.done, log.calls, log.results
 	// The design promises per call: its tool_call before its tool_result,
 	// and results in call order. A result may come before a later call is
 	// announced (it is submitted as soon as the calls before it are in).
@@ -488,5 +508,62 @@ func TestReadinessAndBadConfig(t *testing.T) {
 	}
 	if _, err := server.New(server.Config{CoreURL: "::bad"}, nil, nil); err == nil {
 		t.Error("bad core url accepted")
+	}
+}
+
+// TestDriveAttachAndUnknownRun: a second drive of a run in progress, here
+// with SSE, attaches to it: it receives the events from then on and the
+// same done summary as the first (JSON) drive, and Core sees one
+// completions request per turn. A run Core does not know answers 404.
+func TestDriveAttachAndUnknownRun(t *testing.T) {
+	started := make(chan struct{}, 3)
+	release := make(chan struct{})
+	sc := newSidecar(t, threeCalls(), "",
+		testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			started <- struct{}{}
+			<-release
+			return testenv.Echo(ctx, c)
+		}},
+		testenv.Tool{Config: config.Tool{Name: "fail"}, Handler: func(context.Context, *tool.Call) ([]byte, error) {
+			return nil, errors.New("upstream down")
+		}})
+	r := sc.env.NewRun()
+	first := make(chan executor.Summary, 1)
+	go func() {
+		resp, err := http.Post(sc.url+"/v1/runs/"+r.RunID+"/drive", "application/json", strings.NewReader(sc.driveBody(r)))
+		if err != nil {
+			t.Error(err)
+			first <- executor.Summary{}
+			return
+		}
+		defer resp.Body.Close()
+		var s executor.Summary
+		json.NewDecoder(resp.Body).Decode(&s)
+		first <- s
+	}()
+	<-started
+	<-started // both echo calls run: the drive is in its first batch
+	resp := sc.openSSE(t, r)
+	close(release)
+	log := readSSE(t, resp)
+	types, done := log.types, log.done
+	sum := <-first
+	if sum.Status != executor.StatusCompleted || done.Status != sum.Status || done.Content != sum.Content || len(done.Calls) != 3 ||
+		!done.Calls[0].OK || !done.Calls[2].OK {
+		t.Errorf("attached done %+v, first drive %+v", done, sum)
+	}
+	if got := strings.Join(types, " "); !strings.HasSuffix(got, "turn content done") || strings.HasPrefix(got, "turn content tool_call") {
+		t.Errorf("attached events %s: want those from the attach on, ending with the last turn", got)
+	}
+	if n := sc.env.Sim.CountRequests("POST", "/v1/completions"); n != 2 {
+		t.Errorf("%d completions requests, want 2", n)
+	}
+	resp2, err := http.Post(sc.url+"/v1/runs/run_missing/drive", "application/json", strings.NewReader(sc.driveBody(r)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown run: %d, want 404", resp2.StatusCode)
 	}
 }

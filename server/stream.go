@@ -23,6 +23,9 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
+	// Answer at once: a caller that attaches to a drive in progress may
+	// wait a while for its first event.
+	_ = sess.Flush()
 	send := func(typ string, v any) {
 		data, err := json.Marshal(v)
 		if err != nil {

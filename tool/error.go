@@ -17,12 +17,16 @@ const (
 	RateLimited ErrorType = "rate_limited"
 	Cancelled   ErrorType = "cancelled"
 	ToolFailed  ErrorType = "tool_error"
+	// Interrupted is produced by the sidecar, never by a worker: an unsafe
+	// call whose effect is unknown after a fault, and which is therefore
+	// not run again.
+	Interrupted ErrorType = "interrupted"
 )
 
 // codes maps types to NATS micro's numeric codes (HTTP-like), and back.
 var codes = map[ErrorType]int{
 	InvalidArgs: 400, NotFound: 404, Timeout: 504, WorkerCrash: 500,
-	RateLimited: 429, Cancelled: 499, ToolFailed: 422,
+	RateLimited: 429, Cancelled: 499, ToolFailed: 422, Interrupted: 409,
 }
 
 // Known reports whether t is one of the taxonomy's types.

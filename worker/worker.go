@@ -63,7 +63,7 @@ type Worker struct {
 	subs     []*nats.Subscription
 
 	mu       sync.Mutex
-	inflight map[string]context.CancelCauseFunc
+	inflight map[string]map[int]context.CancelCauseFunc // by action, then attempt
 }
 
 // ErrCancelledBySidecar is the cause of a handler context cancelled through
@@ -73,7 +73,7 @@ var ErrCancelledBySidecar = errors.New("worker: cancelled by the sidecar")
 // New builds a worker; register handlers, then Start. No I/O.
 func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 	w := &Worker{nc: nc, prefix: subjectPrefix, queue: wire.QueueGroup, limit: 64,
-		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, inflight: map[string]context.CancelCauseFunc{}}
+		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, inflight: map[string]map[int]context.CancelCauseFunc{}}
 	for _, o := range opts {
 		o(w)
 	}
@@ -158,8 +158,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		w.mu.Lock()
-		for _, cancel := range w.inflight {
-			cancel(context.Cause(ctx))
+		for _, attempts := range w.inflight {
+			for _, cancel := range attempts {
+				cancel(context.Cause(ctx))
+			}
 		}
 		w.mu.Unlock()
 		<-done
@@ -179,13 +181,17 @@ func (w *Worker) runLoop() {
 	}
 }
 
+// onCancel stops the calls of an action. With a Tool-Attempt header it
+// stops only that attempt: a late cancel of attempt 1 leaves attempt 2 be.
 func (w *Worker) onCancel(m *nats.Msg) {
 	id := m.Subject[len(wire.CancelSubject(w.prefix, "")):]
+	attempt, err := strconv.Atoi(m.Header.Get(tool.HeaderAttempt))
 	w.mu.Lock()
-	cancel := w.inflight[id]
-	w.mu.Unlock()
-	if cancel != nil {
-		cancel(ErrCancelledBySidecar)
+	defer w.mu.Unlock()
+	for a, cancel := range w.inflight[id] {
+		if err != nil || a == attempt {
+			cancel(ErrCancelledBySidecar)
+		}
 	}
 }
 
@@ -234,11 +240,17 @@ func (w *Worker) run(name string, h tool.Handler, m *nats.Msg) {
 	}
 	if key := call.ActionID; key != "" {
 		w.mu.Lock()
-		w.inflight[key] = cancel
+		if w.inflight[key] == nil {
+			w.inflight[key] = map[int]context.CancelCauseFunc{}
+		}
+		w.inflight[key][call.Attempt] = cancel
 		w.mu.Unlock()
 		defer func() {
 			w.mu.Lock()
-			delete(w.inflight, key)
+			delete(w.inflight[key], call.Attempt)
+			if len(w.inflight[key]) == 0 {
+				delete(w.inflight, key)
+			}
 			w.mu.Unlock()
 		}()
 	}

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,11 +10,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/nats-io/nats.go"
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/wire"
 	"github.com/projectdavid/toolsidecar/worker"
 )
 
@@ -124,5 +127,66 @@ func TestStopCancelsAtDeadline(t *testing.T) {
 func TestBadListen(t *testing.T) {
 	if _, err := embedded.Start(embedded.Config{Listen: "nonsense"}); err == nil {
 		t.Error("bad listen accepted")
+	}
+}
+
+// TestLateCancelSparesNextAttempt: a cancel published for attempt 1 that
+// arrives while attempt 2 of the same call runs does not stop attempt 2;
+// a cancel for attempt 2 does. Cancels are delivered in order, so a cancel
+// of another call, sent after, is the barrier that proves the first one
+// was handled.
+func TestLateCancelSparesNextAttempt(t *testing.T) {
+	side, work := natstest.Connect(t)
+	started := make(chan string, 4)
+	causes := make(chan string, 4)
+	release := make(chan struct{})
+	natstest.Worker(t, work, map[string]tool.Handler{"w": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		started <- c.ActionID
+		select {
+		case <-release:
+			return []byte("ok"), nil
+		case <-ctx.Done():
+			causes <- c.ActionID
+			return nil, ctx.Err()
+		}
+	}})
+	c, err := bridge.Open(side, natstest.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cancel := func(action, attempt string) {
+		m := nats.NewMsg(wire.CancelSubject(natstest.Prefix, action))
+		m.Header.Set(tool.HeaderAttempt, attempt)
+		if err := side.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dispatch := func(action string) <-chan tool.Outcome {
+		got := make(chan tool.Outcome, 1)
+		req := natstest.Request("w", time.Minute) // attempt 2
+		req.ActionID = action
+		req.Body = []byte(strings.Replace(natstest.Manifest, "act_1", action, 1))
+		go func() { got <- c.Dispatch(context.Background(), req) }()
+		return got
+	}
+	first := dispatch("act_1")
+	barrier := dispatch("act_2")
+	<-started
+	<-started
+	cancel("act_1", "1") // late: attempt 1 is long gone
+	cancel("act_2", "2") // the barrier
+	if a := <-causes; a != "act_2" {
+		t.Fatalf("%s was cancelled first, want only act_2", a)
+	}
+	close(release)
+	if r := <-first; r.Err != nil || string(r.Data) != "ok" {
+		t.Fatalf("attempt 2 after a late cancel of attempt 1: %+v", r)
+	}
+	// The cancelled handler sends no reply; closing the client wakes the
+	// call that still waits for one.
+	c.Close()
+	if r := <-barrier; r.Err == nil || r.Err.Type != tool.WorkerCrash || !strings.Contains(r.Err.Message, "closed") {
+		t.Fatalf("outcome %+v, want the closed client to wake the call", r)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -23,9 +24,9 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/tool"
-	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // TestMain lets the test binary act as the toolsidecar process for the
@@ -82,6 +83,95 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// daemonProc is the daemon run as a real process (this test binary, with
+// TOOLSIDECAR_TEST_DAEMON set), on fixed loopback ports so that a restart
+// comes back where workers and clients expect it.
+type daemonProc struct {
+	cfgPath, base, natsURL string
+	cmd                    *exec.Cmd
+	stderr                 *syncBuffer
+}
+
+func newDaemonConfig(t *testing.T, coreURL, tools string) *daemonProc {
+	t.Helper()
+	natsAddr, httpAddr := freePort(t), freePort(t)
+	p := &daemonProc{cfgPath: filepath.Join(t.TempDir(), "config.yaml"), base: "http://" + httpAddr, natsURL: "nats://" + natsAddr}
+	os.WriteFile(p.cfgPath, []byte(fmt.Sprintf("core: {url: %q}\nnats: {embedded: {listen: %q}}\nserver: {listen: %q, shutdown_timeout: 20s}\ntools:\n%s",
+		coreURL, natsAddr, httpAddr, tools)), 0o600)
+	return p
+}
+
+// start runs the daemon and waits until it is ready.
+func (p *daemonProc) start(t *testing.T) {
+	t.Helper()
+	p.cmd = exec.Command(os.Args[0], "run", "--config", p.cfgPath)
+	p.cmd.Env = append(os.Environ(), "TOOLSIDECAR_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k")
+	p.stderr = &syncBuffer{}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := p.cmd
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	poll.Until(t, "readiness", func() bool {
+		resp, err := http.Get(p.base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+}
+
+type driveResult struct {
+	sum executor.Summary
+	err error
+}
+
+// drive posts a JSON drive of the run and delivers its summary.
+func (p *daemonProc) drive(r core.Run, msgID string) <-chan driveResult {
+	done := make(chan driveResult, 1)
+	body, _ := json.Marshal(map[string]string{"thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": msgID, "model": "vllm/x"})
+	go func() {
+		resp, err := http.Post(p.base+"/v1/runs/"+r.ID+"/drive", "application/json", bytes.NewReader(body))
+		if err != nil {
+			done <- driveResult{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var s executor.Summary
+		done <- driveResult{s, json.NewDecoder(resp.Body).Decode(&s)}
+	}()
+	return done
+}
+
+// newRun sets a run up on the simulator as an application does.
+func newRun(t *testing.T, coreURL string) (core.Run, string) {
+	t.Helper()
+	ctx := context.Background()
+	cc, _ := core.New(core.Config{URL: coreURL, APIKey: "k"})
+	a, _ := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/x"})
+	th, _ := cc.CreateThread(ctx)
+	msg, _ := cc.CreateMessage(ctx, th.ID, a.ID, "go")
+	run, err := cc.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run, msg.ID
+}
+
+// startWorker serves handlers from a connection that reconnects for ever,
+// as a worker process beside a restarting sidecar does.
+func startWorker(t *testing.T, natsURL string, handlers map[string]tool.Handler) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	natstest.WorkerOn(t, nc, "toolsidecar.tools", handlers)
+	return nc
+}
+
 // TestSIGTERMDrainsBatch starts the daemon as a real process, sends SIGTERM
 // while a batch runs, and checks that the batch finished and was submitted
 // before the process exited 0, and that no further turn was requested.
@@ -92,82 +182,26 @@ func TestSIGTERMDrainsBatch(t *testing.T) {
 	}}
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: "k", Scenario: sc})
 	defer srv.Close()
-	natsAddr, httpAddr := freePort(t), freePort(t)
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`core: {url: %q}
-nats: {embedded: {listen: %q}}
-server: {listen: %q, shutdown_timeout: 20s}
-tools:
-  - {name: slow, timeout: 10s}
-`, srv.URL, natsAddr, httpAddr)), 0o600)
-
-	cmd := exec.Command(os.Args[0], "run", "--config", cfgPath)
-	cmd.Env = append(os.Environ(), "TOOLSIDECAR_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k")
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	base := "http://" + httpAddr
-	poll.Until(t, "readiness", func() bool {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
-
-	nc, err := nats.Connect("nats://" + natsAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	p := newDaemonConfig(t, srv.URL, "  - {name: slow, timeout: 10s}\n")
+	p.start(t)
 	var started atomic.Int32
-	w := worker.New(nc, "toolsidecar.tools")
-	w.Handle("slow", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+	startWorker(t, p.natsURL, map[string]tool.Handler{"slow": func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		started.Add(1)
 		time.Sleep(400 * time.Millisecond) // ignores cancellation: must not be needed
 		return []byte(`"done ` + string(c.Args) + `"`), nil
-	})
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop(context.Background())
-
-	ctx := context.Background()
-	cc, _ := core.New(core.Config{URL: srv.URL, APIKey: "k"})
-	a, _ := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/x"})
-	th, _ := cc.CreateThread(ctx)
-	msg, _ := cc.CreateMessage(ctx, th.ID, a.ID, "go")
-	run, _ := cc.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
-	body, _ := json.Marshal(map[string]string{"thread_id": th.ID, "assistant_id": a.ID, "message_id": msg.ID, "model": "vllm/x"})
-	type result struct {
-		sum executor.Summary
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp, err := http.Post(base+"/v1/runs/"+run.ID+"/drive", "application/json", bytes.NewReader(body))
-		if err != nil {
-			done <- result{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		var s executor.Summary
-		done <- result{s, json.NewDecoder(resp.Body).Decode(&s)}
-	}()
+	}})
+	run, msgID := newRun(t, srv.URL)
+	done := p.drive(run, msgID)
 	poll.Until(t, "the batch to start", func() bool { return started.Load() == 3 })
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	res := <-done
 	if res.err != nil {
-		t.Fatalf("drive: %v\n%s", res.err, stderr.String())
+		t.Fatalf("drive: %v\n%s", res.err, p.stderr.String())
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("process exit: %v\n%s", err, stderr.String())
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("process exit: %v\n%s", err, p.stderr.String())
 	}
 	if res.sum.Status != executor.StatusInterrupted || len(res.sum.Calls) != 3 {
 		t.Fatalf("summary %+v", res.sum)
@@ -177,7 +211,7 @@ tools:
 			t.Errorf("call %+v not finished and submitted", c)
 		}
 	}
-	msgs := sim.ToolMessages(th.ID)
+	msgs := sim.ToolMessages(run.ThreadID)
 	acts := sim.Actions(run.ID)
 	if len(msgs) != 3 || len(acts) != 3 {
 		t.Fatalf("%d tool messages, %d actions", len(msgs), len(acts))
@@ -193,11 +227,94 @@ tools:
 	if v := sim.Violations(); len(v) != 0 {
 		t.Errorf("violations %v", v)
 	}
-	if !strings.Contains(stderr.String(), `"msg":"toolsidecar stopped"`) {
-		t.Errorf("no clean stop in the log:\n%s", stderr.String())
+	if !strings.Contains(p.stderr.String(), `"msg":"toolsidecar stopped"`) {
+		t.Errorf("no clean stop in the log:\n%s", p.stderr.String())
 	}
-	if strings.Contains(stderr.String(), `"k"`) {
+	if strings.Contains(p.stderr.String(), `"k"`) {
 		t.Error("the API key appears in the log")
+	}
+}
+
+// TestSIGKILLMidBatch (issue case 7): the sidecar is killed with SIGKILL
+// while a batch of a read-only and an unsafe call runs. Started again and
+// asked to drive the run again, it finishes that batch first: the read-only
+// call runs again, the unsafe one is not run a second time and gets an
+// "interrupted" outcome; then the run completes with exactly one output per
+// call, every Action finalised, and an empty contract log.
+func TestSIGKILLMidBatch(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "look", ArgsJSON: `{}`}, {Tool: "pay", ArgsJSON: `{}`}}},
+		{Content: "answer: {{results}}"},
+	}}
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: "k", Scenario: sc})
+	defer srv.Close()
+	p := newDaemonConfig(t, srv.URL, "  - {name: look, side_effects: read_only, timeout: 10s}\n  - {name: pay, side_effects: unsafe, timeout: 10s}\n")
+	p.start(t)
+	var looks, pays atomic.Int32
+	hold := make(chan struct{})
+	defer close(hold)
+	block := func(n *atomic.Int32) tool.Handler {
+		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			first := n.Add(1) == 1
+			if first {
+				select { // the first execution outlives the sidecar
+				case <-hold:
+				case <-ctx.Done():
+				}
+			}
+			return []byte(`"` + c.Tool + ` done"`), nil
+		}
+	}
+	startWorker(t, p.natsURL, map[string]tool.Handler{"look": block(&looks), "pay": block(&pays)})
+	run, msgID := newRun(t, srv.URL)
+	first := p.drive(run, msgID)
+	poll.Until(t, "both calls to run", func() bool { return looks.Load() == 1 && pays.Load() == 1 })
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Wait()
+	if res := <-first; res.err == nil {
+		t.Fatalf("the first drive survived SIGKILL: %+v", res.sum)
+	}
+
+	p.start(t)
+	poll.Until(t, "the worker to reconnect", func() bool {
+		resp, err := http.Get(p.base + "/readyz?live=1")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), `"tools_live":["look","pay"]`)
+	})
+	res := <-p.drive(run, msgID)
+	if res.err != nil || res.sum.Status != executor.StatusCompleted {
+		t.Fatalf("second drive %+v %v\n%s", res.sum, res.err, p.stderr.String())
+	}
+	if pays.Load() != 1 {
+		t.Errorf("the unsafe tool ran %d times, want 1", pays.Load())
+	}
+	if looks.Load() != 2 {
+		t.Errorf("the read-only tool ran %d times, want 2 (once more after the restart)", looks.Load())
+	}
+	acts := sim.Actions(run.ID)
+	msgs := sim.ToolMessages(run.ThreadID)
+	if len(acts) != 2 || len(msgs) != 2 {
+		t.Fatalf("%d actions, %d tool messages, want 2 of each", len(acts), len(msgs))
+	}
+	for i, a := range acts {
+		if msgs[i].ToolCallID != a.ToolCallID || (a.Status != core.ActionCompleted && a.Status != core.ActionFailed) {
+			t.Errorf("action %+v, message %+v", a, msgs[i])
+		}
+	}
+	if !strings.Contains(msgs[1].Content, `"error_type":"interrupted"`) {
+		t.Errorf("the unsafe call's output %s, want an interrupted error", msgs[1].Content)
+	}
+	if v := sim.Violations(); len(v) != 0 {
+		t.Errorf("violations %v", v)
+	}
+	if r, _ := sim.Run(run.ID); r.Status != core.RunCompleted {
+		t.Errorf("Core's run is %s", r.Status)
 	}
 }
 

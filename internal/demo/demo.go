@@ -22,6 +22,7 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -51,20 +52,20 @@ func Scenario() coresim.Scenario {
 // its timeout but stays alive by sending progress.
 func Workers(w *worker.Worker) {
 	w.Handle("get_flight_times", func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		if err := sleep(ctx, 300*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
 			return nil, err
 		}
 		return []byte(fmt.Sprintf(`{"route": "%s", "duration": "5h 35m", "departures": ["07:00", "12:30", "18:45"]}`, route(c))), nil
 	})
 	w.Handle("book_flight", func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return nil, err
 		}
 		return nil, tool.NewError(tool.ToolFailed, "no seats left on UA 512")
 	})
 	w.Handle("search_hotels", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		for range 5 { // 1.5s in all, longer than its timeout: progress keeps it alive
-			if err := sleep(ctx, 300*time.Millisecond); err != nil {
+			if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
 				return nil, err
 			}
 			if err := c.Progress(); err != nil {
@@ -79,17 +80,6 @@ func route(c *tool.Call) string {
 	var a struct{ Departure, Arrival string }
 	_ = json.Unmarshal(c.Args, &a) // the sidecar validated the arguments
 	return a.Departure + "-" + a.Arrival
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // ErrContract is returned when the simulator recorded a violation.

@@ -40,7 +40,13 @@ func Connect(t testing.TB) (side, work *nats.Conn) {
 // Worker serves handlers on nc under [Prefix] until the test ends.
 func Worker(t testing.TB, nc *nats.Conn, handlers map[string]tool.Handler, opts ...worker.Option) *worker.Worker {
 	t.Helper()
-	w := worker.New(nc, Prefix, opts...)
+	return WorkerOn(t, nc, Prefix, handlers, opts...)
+}
+
+// WorkerOn serves handlers on nc under prefix until the test ends.
+func WorkerOn(t testing.TB, nc *nats.Conn, prefix string, handlers map[string]tool.Handler, opts ...worker.Option) *worker.Worker {
+	t.Helper()
+	w := worker.New(nc, prefix, opts...)
 	for name, h := range handlers {
 		w.Handle(name, h)
 	}

@@ -46,6 +46,8 @@ type Options struct {
 	Token string
 	// MaxBodyBytes sets server.max_body_bytes.
 	MaxBodyBytes int64
+	// CoreTimeout sets core.timeout (one request to Core); default 5s.
+	CoreTimeout time.Duration
 	// Sidecar options are passed to sidecar.New.
 	Sidecar []sidecar.Option
 }
@@ -109,6 +111,9 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) config.Con
 	cfg := config.Default()
 	cfg.Core.URL = coreURL
 	cfg.Core.Timeout = 5 * time.Second
+	if opts.CoreTimeout > 0 {
+		cfg.Core.Timeout = opts.CoreTimeout
+	}
 	cfg.NATS.SubjectPrefix = Prefix
 	cfg.NATS.Embedded.Listen = "127.0.0.1:-1"
 	cfg.Server.Listen = "127.0.0.1:0"

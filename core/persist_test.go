@@ -1,0 +1,129 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+)
+
+// writeFixture is a run on the simulator whose first turn made one call:
+// the manifest whose outcome the tests write.
+type writeFixture struct {
+	sim    *coresim.Sim
+	c      *core.Client
+	thread string
+	m      *core.Manifest
+}
+
+func newWriteFixture(t *testing.T) writeFixture {
+	t.Helper()
+	sim, srv := coresim.NewServer(coresim.Config{Scenario: coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "echo", ArgsJSON: `{}`}}}, {Content: "done"}}}})
+	t.Cleanup(srv.Close)
+	c, err := core.New(core.Config{URL: srv.URL, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, _ := c.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/x"})
+	th, _ := c.CreateThread(ctx)
+	msg, _ := c.CreateMessage(ctx, th.ID, a.ID, "hi")
+	run, _ := c.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
+	st, err := c.Stream(ctx, core.CompletionRequest{Model: "vllm/x", ThreadID: th.ID, MessageID: msg.ID, RunID: run.ID, AssistantID: a.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	f := writeFixture{sim: sim, c: c, thread: th.ID}
+	for ch, err := range st.Chunks() {
+		if err == nil && ch.Kind == core.KindManifest {
+			f.m = ch.Manifest
+		}
+	}
+	if f.m == nil {
+		t.Fatal("no manifest")
+	}
+	return f
+}
+
+func (f writeFixture) output() core.ToolOutput {
+	return core.ToolOutput{Content: "result", ThreadID: f.thread, ToolID: f.m.ActionID, ToolCallID: f.m.ToolCallID}
+}
+
+// assertOneOutput: exactly one tool message for the call, and a clean
+// contract log (no duplicate_output).
+func (f writeFixture) assertOneOutput(t *testing.T) {
+	t.Helper()
+	if msgs := f.sim.ToolMessages(f.thread); len(msgs) != 1 || msgs[0].ToolCallID != f.m.ToolCallID {
+		t.Errorf("tool messages %+v, want exactly one for %s", msgs, f.m.ToolCallID)
+	}
+	if v := f.sim.Violations(); len(v) != 0 {
+		t.Errorf("violations %v", v)
+	}
+}
+
+func TestRecordToolOutputRetriesRefusals(t *testing.T) {
+	f := newWriteFixture(t)
+	f.sim.AddFault(coresim.Fault{Method: "POST", Path: "/v1/messages/tools", Status: 503, Times: 2, RetryAfter: "0"})
+	f.sim.AddFault(coresim.Fault{Method: "POST", Path: "/v1/messages/tools", Status: 429, Times: 1})
+	if _, err := f.c.RecordToolOutput(context.Background(), f.output()); err != nil {
+		t.Fatal(err)
+	}
+	f.assertOneOutput(t)
+	if n := f.sim.CountRequests("POST", "/v1/messages/tools"); n != 4 {
+		t.Errorf("%d posts, want 4 (2 × 503, 1 × 429, then the one that landed)", n)
+	}
+}
+
+// TestRecordToolOutputReadsBeforeRetrying: Core stores the output but the
+// answer is lost (late past the timeout, or the connection dropped): the
+// client finds the stored output instead of posting a second one.
+func TestRecordToolOutputReadsBeforeRetrying(t *testing.T) {
+	for name, fault := range map[string]coresim.Fault{
+		"late":    {Method: "POST", Path: "/v1/messages/tools", Store: true, Delay: time.Second},
+		"dropped": {Method: "POST", Path: "/v1/messages/tools", Store: true, Drop: true},
+		"5xx":     {Method: "POST", Path: "/v1/messages/tools", Store: true, Status: 502},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newWriteFixture(t)
+			f.sim.AddFault(fault)
+			m, err := f.c.RecordToolOutput(context.Background(), f.output())
+			if err != nil || m.ToolCallID != f.m.ToolCallID {
+				t.Fatalf("message %+v err %v", m, err)
+			}
+			f.assertOneOutput(t)
+			if n := f.sim.CountRequests("POST", "/v1/messages/tools"); n != 1 {
+				t.Errorf("%d posts, want 1: the stored output is found, not posted again", n)
+			}
+		})
+	}
+}
+
+func TestFinaliseActionOutlastsFailures(t *testing.T) {
+	f := newWriteFixture(t)
+	if _, err := f.c.RecordToolOutput(context.Background(), f.output()); err != nil {
+		t.Fatal(err)
+	}
+	f.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Status: 503, Times: 5})
+	a, err := f.c.FinaliseAction(context.Background(), f.m.ActionID, core.ActionUpdate{Status: core.ActionCompleted})
+	if err != nil || a.Status != core.ActionCompleted {
+		t.Fatalf("action %+v err %v", a, err)
+	}
+}
+
+func TestWriteBudgetSpent(t *testing.T) {
+	f := newWriteFixture(t)
+	f.sim.AddFault(coresim.Fault{Method: "POST", Path: "/v1/messages/tools", Status: 503, Times: 1000})
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	if _, err := f.c.RecordToolOutput(ctx, f.output()); !errors.Is(err, core.ErrBudget) || core.StatusCode(err) != 503 {
+		t.Fatalf("err %v, want ErrBudget wrapping the 503", err)
+	}
+	if msgs := f.sim.ToolMessages(f.thread); len(msgs) != 0 {
+		t.Errorf("tool messages %+v", msgs)
+	}
+}

@@ -1,0 +1,120 @@
+package coresim
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Fault makes the simulator misbehave on matching requests, the way a real
+// Core or the network between does, so that a client's recovery can be
+// tested: answer with an error status (before or after the write took
+// effect), answer late, or drop the connection.
+type Fault struct {
+	// Method and Path select requests: the method, and a path prefix such
+	// as /v1/messages/tools or /v1/actions/.
+	Method string `yaml:"method" json:"method"`
+	Path   string `yaml:"path" json:"path"`
+	// Times is how many matching requests get the fault. default: 1
+	Times int `yaml:"times" json:"times"`
+	// Status answers with this HTTP status.
+	Status int `yaml:"status" json:"status"`
+	// RetryAfter is sent as the Retry-After header with Status.
+	RetryAfter string `yaml:"retry_after" json:"retry_after"`
+	// Store lets the request take effect first; the fault is in the answer.
+	Store bool `yaml:"store" json:"store"`
+	// Delay is slept before answering (after the write, with Store).
+	Delay time.Duration `yaml:"delay" json:"delay"`
+	// Drop closes the connection without an answer.
+	Drop bool `yaml:"drop" json:"drop"`
+}
+
+type activeFault struct {
+	Fault
+	left int
+}
+
+// AddFault arms a fault for the next matching requests.
+func (s *Sim) AddFault(f Fault) {
+	if f.Times < 1 {
+		f.Times = 1
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &activeFault{Fault: f, left: f.Times})
+}
+
+// ClearFaults disarms every fault: Core is healthy again.
+func (s *Sim) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
+}
+
+// takeFault returns the first armed fault matching r, counting it down.
+func (s *Sim) takeFault(r *http.Request) *Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.faults {
+		if f.left > 0 && strings.EqualFold(f.Method, r.Method) && strings.HasPrefix(r.URL.Path, f.Path) {
+			f.left--
+			out := f.Fault
+			return &out
+		}
+	}
+	return nil
+}
+
+// serveFault answers r as f says.
+func (s *Sim) serveFault(w http.ResponseWriter, r *http.Request, f *Fault) {
+	var stored *recorder
+	if f.Store {
+		stored = &recorder{header: http.Header{}, status: http.StatusOK}
+		s.mux.ServeHTTP(stored, r)
+	}
+	if f.Delay > 0 {
+		t := time.NewTimer(f.Delay)
+		select {
+		case <-r.Context().Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	switch {
+	case f.Drop:
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				conn.Close()
+				return
+			}
+		}
+		panic(http.ErrAbortHandler) // closes the connection all the same
+	case f.Status != 0:
+		if f.RetryAfter != "" {
+			w.Header().Set("Retry-After", f.RetryAfter)
+		}
+		detail(w, f.Status, fmt.Sprintf("coresim: scripted fault %d", f.Status))
+	case stored != nil:
+		for k, v := range stored.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(stored.status)
+		w.Write(stored.body.Bytes())
+	default:
+		s.mux.ServeHTTP(w, r)
+	}
+}
+
+// recorder keeps a handler's answer so that a fault can replace it. It is a
+// plain http.ResponseWriter: the simulator links no test package.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(p []byte) (int, error) { return r.body.Write(p) }
+func (r *recorder) WriteHeader(status int)      { r.status = status }

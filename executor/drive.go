@@ -1,0 +1,199 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// One driver per run: a second Drive of a run that is being driven attaches
+// to the drive in progress. It receives the events from then on and the
+// same final summary. The drive runs on a context of its own, which ends
+// only when every caller attached to it has gone.
+
+// ErrCallersGone is the cause of a drive cancelled because every caller
+// attached to it went away.
+var ErrCallersGone = errors.New("executor: every caller of the drive went away")
+
+// drive is one run being driven, shared by the callers attached to it.
+type drive struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed when the loop has ended; sum and err are set
+
+	mu       sync.Mutex
+	subs     map[*subscriber]struct{}
+	callers  int
+	finished bool
+	sum      Summary
+	err      error
+}
+
+// subscriber is one caller's event queue. Events are queued without
+// blocking, so that a slow application socket never holds up the loop
+// (or a submission to Core); the caller's own goroutine delivers them.
+type subscriber struct {
+	mu     sync.Mutex
+	queue  []Event
+	wake   chan struct{} // cap 1
+	closed bool          // no event follows
+}
+
+func (s *subscriber) push(e Event) {
+	s.mu.Lock()
+	s.queue = append(s.queue, e)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *subscriber) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// deliver hands queued events to sink until the queue is closed and empty,
+// or until stop is closed; then it hands over what is still queued.
+func (s *subscriber) deliver(sink Sink, stop <-chan struct{}) {
+	for {
+		batch, closed := s.take()
+		for _, e := range batch {
+			sink(e)
+		}
+		if closed && len(batch) == 0 {
+			return
+		}
+		if len(batch) > 0 {
+			continue
+		}
+		select {
+		case <-s.wake:
+		case <-stop:
+			batch, _ := s.take()
+			for _, e := range batch {
+				sink(e)
+			}
+			return
+		}
+	}
+}
+
+func (s *subscriber) take() ([]Event, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	batch := s.queue
+	s.queue = nil
+	return batch, s.closed
+}
+
+// emit queues an event for every attached caller.
+func (d *drive) emit(e Event) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for s := range d.subs {
+		s.push(e)
+	}
+}
+
+// attach registers a caller; its leaving (ctx ending) counts down the
+// callers and cancels the drive when it was the last.
+func (d *drive) attach(ctx context.Context) (*subscriber, func()) {
+	s := &subscriber{wake: make(chan struct{}, 1)}
+	d.mu.Lock()
+	s.closed = d.finished // attached in the instant the drive ended
+	d.subs[s] = struct{}{}
+	d.callers++
+	d.mu.Unlock()
+	var once sync.Once
+	leave := func() {
+		once.Do(func() {
+			d.mu.Lock()
+			delete(d.subs, s)
+			d.callers--
+			last := d.callers == 0
+			d.mu.Unlock()
+			if last {
+				d.cancel(context.Cause(ctx))
+			}
+		})
+	}
+	stop := context.AfterFunc(ctx, leave)
+	return s, func() { stop() }
+}
+
+// finish records the result and closes every queue.
+func (d *drive) finish(sum Summary, err error) {
+	d.mu.Lock()
+	d.sum, d.err, d.finished = sum, err, true
+	for s := range d.subs {
+		s.close()
+	}
+	d.mu.Unlock()
+	close(d.done)
+}
+
+// join returns the drive of runID in progress, or a new one that the caller
+// leads (it runs the loop).
+func (e *Executor) join(ctx context.Context, runID string) (d *drive, leader bool) {
+	e.drivesMu.Lock()
+	defer e.drivesMu.Unlock()
+	if d, ok := e.drives[runID]; ok {
+		return d, false
+	}
+	// The drive keeps the leader's values (trace context) but not its
+	// cancellation: it ends when every attached caller has gone.
+	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	d = &drive{ctx: dctx, cancel: cancel, done: make(chan struct{}), subs: map[*subscriber]struct{}{}}
+	e.drives[runID] = d
+	return d, true
+}
+
+func (e *Executor) forget(runID string, d *drive) {
+	e.drivesMu.Lock()
+	defer e.drivesMu.Unlock()
+	if e.drives[runID] == d {
+		delete(e.drives, runID)
+	}
+}
+
+// Drive runs the loop for one run until it stops, and returns its summary.
+// The error is non-nil only when the run failed (Status "failed"); a failed
+// tool is a value in Summary.Calls, a cancelled drive is Status
+// "cancelled". A Drive of a run already being driven attaches to that drive
+// and returns its summary; a caller that leaves (ctx ends) stops waiting,
+// and the drive is cancelled when its last caller has left. No goroutine
+// started by Drive outlives it.
+func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, error) {
+	if sink == nil {
+		sink = func(Event) {}
+	}
+	d, leader := e.join(ctx, req.RunID)
+	sub, detach := d.attach(ctx)
+	defer detach()
+	if !leader {
+		e.obs.DriveAttached()
+		sub.deliver(sink, ctx.Done())
+		if ctx.Err() != nil { // this caller left before the end
+			return Summary{RunID: req.RunID, Status: StatusCancelled, Calls: []CallResult{}, Error: "caller left: " + context.Cause(ctx).Error()}, nil
+		}
+		<-d.done
+		return d.sum, d.err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		sum, err := e.run(d.ctx, req, d.emit)
+		e.forget(req.RunID, d)
+		d.finish(sum, err)
+	})
+	sub.deliver(sink, d.done) // the leader stays to the end: it owns the loop
+	wg.Wait()
+	d.cancel(nil)
+	return d.sum, d.err
+}

@@ -1,0 +1,295 @@
+package executor_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// counted is a handler that counts its executions per tool_call_id, so
+// that a test can assert that no tool ran twice.
+type counted struct {
+	mu  sync.Mutex
+	ran map[string]int
+}
+
+func (c *counted) handler(ctx context.Context, call *tool.Call) ([]byte, error) {
+	c.mu.Lock()
+	if c.ran == nil {
+		c.ran = map[string]int{}
+	}
+	c.ran[call.ToolCallID]++
+	c.mu.Unlock()
+	return []byte(`"ran ` + call.ToolCallID + `"`), nil
+}
+
+func (c *counted) total() (calls, runs int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.ran {
+		calls++
+		runs += n
+	}
+	return calls, runs
+}
+
+// assertCompletedOnce is the invariant on Core's side: the run completed,
+// exactly one output per tool_call_id, every Action finalised, an empty
+// contract log, and each tool run once.
+func assertCompletedOnce(t *testing.T, h *harness, sum executor.Summary, calls int, c *counted) {
+	t.Helper()
+	if sum.Status != executor.StatusCompleted {
+		t.Fatalf("status %s (%s), want completed", sum.Status, sum.Error)
+	}
+	if run, _ := h.core.GetRun(context.Background(), h.req.RunID); run.Status != core.RunCompleted {
+		t.Errorf("Core's run is %s", run.Status)
+	}
+	h.assertWholeBatches(calls)
+	if c != nil {
+		if n, runs := c.total(); n != calls || runs != calls {
+			t.Errorf("%d calls ran %d times, want %d once each", n, runs, calls)
+		}
+	}
+}
+
+func threeEcho() coresim.Scenario { return twoTurns(calls("echo", "echo", "echo")...) }
+
+// TestCoreWriteFaults: cases 1-3 of the exactly-once issue. Core refuses
+// the first tool outputs with 503; Core stores an output but answers after
+// core.timeout, or drops the connection after storing it; the final PUT
+// of an Action fails four times in a row. Each run still completes with
+// one output per call and each tool run once.
+func TestCoreWriteFaults(t *testing.T) {
+	cases := []struct {
+		name   string
+		faults []coresim.Fault
+	}{
+		{"output refused", []coresim.Fault{{Method: "POST", Path: "/v1/messages/tools", Status: 503, Times: 2}}},
+		{"output stored, answer late", []coresim.Fault{{Method: "POST", Path: "/v1/messages/tools", Store: true, Delay: 2 * time.Second}}},
+		{"output stored, connection dropped", []coresim.Fault{{Method: "POST", Path: "/v1/messages/tools", Store: true, Drop: true, Times: 3}}},
+		// The processing marks take the first three PUTs; then four fail.
+		{"final status fails four times", []coresim.Fault{{Method: "PUT", Path: "/v1/actions/", Status: 503, Times: 3, Store: true},
+			{Method: "PUT", Path: "/v1/actions/", Status: 502, Times: 4}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &counted{}
+			h := newHarnessWith(t, threeEcho(), testenv.Options{CoreTimeout: 400 * time.Millisecond}, spec{config.Tool{Name: "echo"}, c.handler})
+			for _, f := range tc.faults {
+				h.sim.AddFault(f)
+			}
+			sum, err := h.drive(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertCompletedOnce(t, h, sum, 3, c)
+			for _, call := range sum.Calls {
+				if !call.OK {
+					t.Errorf("call %+v: its output landed, so it succeeded", call)
+				}
+			}
+		})
+	}
+}
+
+// Cases 4: concurrent drives of one run attach to one driver: one
+// completions request per turn and identical summaries.
+func TestConcurrentDrivesAttach(t *testing.T) {
+	c := &counted{}
+	release := make(chan struct{})
+	slow := func(ctx context.Context, call *tool.Call) ([]byte, error) {
+		<-release
+		return c.handler(ctx, call)
+	}
+	h := newHarness(t, threeEcho(), config.Executor{}, spec{config.Tool{Name: "echo"}, slow})
+	const n = 50
+	sums := make([]executor.Summary, n)
+	var wg sync.WaitGroup
+	var started atomic.Int32
+	for i := range n {
+		wg.Go(func() {
+			started.Add(1)
+			sums[i], _ = h.exec.Drive(context.Background(), h.req, nil)
+		})
+	}
+	for started.Load() < n {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	assertCompletedOnce(t, h, sums[0], 3, c)
+	if got := h.sim.CountRequests("POST", "/v1/completions"); got != 2 {
+		t.Errorf("%d completions requests for 2 turns, want 2", got)
+	}
+	for i, s := range sums {
+		if s.Status != sums[0].Status || s.Content != sums[0].Content || len(s.Calls) != len(sums[0].Calls) {
+			t.Errorf("summary %d differs: %+v vs %+v", i, s, sums[0])
+		}
+	}
+}
+
+// Case 5: driving a completed run asks the model nothing.
+func TestDriveFinishedRun(t *testing.T) {
+	h := newHarness(t, twoTurns(calls("echo")...), config.Executor{}, spec{config.Tool{Name: "echo"}, echo})
+	first, err := h.drive(context.Background())
+	if err != nil || first.Status != executor.StatusCompleted {
+		t.Fatalf("first drive %+v %v", first, err)
+	}
+	again, err := h.drive(context.Background())
+	if err != nil || again.Status != executor.StatusCompleted || again.Content != first.Content || len(again.Calls) != 0 {
+		t.Fatalf("second drive %+v %v, want the completed run's state", again, err)
+	}
+	if n := h.sim.CountRequests("POST", "/v1/completions"); n != 2 {
+		t.Errorf("%d completions requests, want the first drive's 2 only", n)
+	}
+}
+
+// Case 6: manifests that do not decode still get an outcome.
+func TestMalformedManifestsAnswered(t *testing.T) {
+	deep := strings.Repeat("[", 20000) + strings.Repeat("]", 20000)
+	sc := twoTurns(coresim.Call{Tool: "echo", RawTool: `["echo"]`}, coresim.Call{Tool: "echo", RawArgs: `{"x": ` + deep + `}`},
+		coresim.Call{Tool: "echo", ArgsJSON: `{"q": "fine"}`})
+	c := &counted{}
+	h := newHarness(t, sc, config.Executor{}, spec{config.Tool{Name: "echo"}, c.handler})
+	sum, err := h.drive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Status != executor.StatusCompleted || len(sum.Calls) != 3 {
+		t.Fatalf("summary %+v", sum)
+	}
+	h.assertWholeBatches(3)
+	for i, want := range []string{"field of the wrong type", "nested 20002 levels deep"} {
+		if call := sum.Calls[i]; call.ErrorType != "invalid_args" || !strings.Contains(call.Error, want) {
+			t.Errorf("call %d: %+v, want invalid_args saying %q", i, call, want)
+		}
+	}
+	if n, _ := c.total(); n != 1 {
+		t.Errorf("%d calls reached the worker, want only the well-formed one", n)
+	}
+}
+
+// A drive whose Core stays down past the submit budget ends interrupted,
+// keeping the outcomes; after Core is back, the next drive completes the
+// run without running any tool again.
+func TestCoreDownPastBudget(t *testing.T) {
+	c := &counted{}
+	h := newHarness(t, threeEcho(), config.Executor{SubmitBudget: 500 * time.Millisecond}, spec{config.Tool{Name: "echo"}, c.handler})
+	h.sim.AddFault(coresim.Fault{Method: "POST", Path: "/v1/messages/tools", Status: 503, Times: 1000})
+	sum, err := h.drive(context.Background())
+	if err != nil || sum.Status != executor.StatusInterrupted || !strings.Contains(sum.Error, "kept") {
+		t.Fatalf("summary %+v err %v, want interrupted keeping the outcomes", sum, err)
+	}
+	if msgs := h.sim.ToolMessages(h.req.ThreadID); len(msgs) != 0 {
+		t.Fatalf("tool messages %+v while Core refused them", msgs)
+	}
+	for _, a := range h.sim.Actions(h.req.RunID) {
+		if a.Status != core.ActionProcessing {
+			t.Errorf("action %s %s: an Action is never finalised before its output", a.ID, a.Status)
+		}
+	}
+	h.sim.ClearFaults()
+	sum, err = h.drive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertCompletedOnce(t, h, sum, 3, c)
+}
+
+// TestReconcileAfterLostSidecar: a sidecar died mid-batch. Core has one
+// call with its output (Action still processing), one pending call of a
+// read-only tool, and one processing call of an unsafe tool. A new drive
+// finalises the first without posting again, runs the second, and gives
+// the third an "interrupted" outcome without running it.
+func TestReconcileAfterLostSidecar(t *testing.T) {
+	c := &counted{}
+	sc := twoTurns(calls("echo", "echo", "pay")...)
+	h := newHarness(t, sc, config.Executor{},
+		spec{config.Tool{Name: "echo"}, c.handler},
+		spec{config.Tool{Name: "pay", SideEffects: config.Unsafe}, c.handler})
+	// What the lost sidecar did: read the turn, mark calls 1 and 3
+	// processing, record call 1's output.
+	ctx := context.Background()
+	st, err := h.core.Stream(ctx, core.CompletionRequest{Model: h.req.Model, ThreadID: h.req.ThreadID, MessageID: h.req.MessageID, RunID: h.req.RunID, AssistantID: h.req.AssistantID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []*core.Manifest
+	for ch, err := range st.Chunks() {
+		if err == nil && ch.Kind == core.KindManifest {
+			ms = append(ms, ch.Manifest)
+		}
+	}
+	st.Close()
+	for _, i := range []int{0, 2} {
+		h.core.UpdateAction(ctx, ms[i].ActionID, core.ActionUpdate{Status: core.ActionProcessing})
+	}
+	h.core.SubmitToolOutput(ctx, core.ToolOutput{Content: `"from the lost sidecar"`, ThreadID: h.req.ThreadID, AssistantID: h.req.AssistantID, ToolID: ms[0].ActionID, ToolCallID: ms[0].ToolCallID})
+
+	sum, err := h.drive(ctx)
+	if err != nil || sum.Status != executor.StatusCompleted || sum.Turns != 1 {
+		t.Fatalf("summary %+v err %v, want completed after 1 more turn", sum, err)
+	}
+	h.assertWholeBatches(3)
+	if n, runs := c.total(); n != 1 || runs != 1 || c.ran[ms[1].ToolCallID] != 1 {
+		t.Errorf("ran %v, want only the pending read-only call, once", c.ran)
+	}
+	msgs := h.sim.ToolMessages(h.req.ThreadID)
+	if msgs[0].Content != `"from the lost sidecar"` {
+		t.Errorf("first output %q was replaced", msgs[0].Content)
+	}
+	if typ, _ := errorOf(t, msgs[2].Content); typ != "interrupted" {
+		t.Errorf("unsafe call's output %s, want an interrupted error", msgs[2].Content)
+	}
+}
+
+// panicky is a transport that panics: a bug in the sidecar's own code,
+// outside any worker's handler.
+type panicky struct{}
+
+func (panicky) Dispatch(context.Context, tool.Request) tool.Outcome { panic("transport bug") }
+
+// TestPanicOutsideWorker: a panic in the sidecar's code path of one call
+// becomes that call's error outcome, submitted like any other; the run
+// goes on to its next turn.
+func TestPanicOutsideWorker(t *testing.T) {
+	sim, srv := coresim.NewServer(coresim.Config{Scenario: twoTurns(calls("boom", "echo")...)})
+	defer srv.Close()
+	cc, err := core.New(core.Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.New([]config.Tool{{Name: "boom"}, {Name: "echo"}}, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := executor.New(config.Executor{}, cc, registry.NewLive(reg), panicky{})
+	ctx := context.Background()
+	a, _ := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/x"})
+	th, _ := cc.CreateThread(ctx)
+	msg, _ := cc.CreateMessage(ctx, th.ID, a.ID, "hi")
+	run, _ := cc.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
+	sum, err := ex.Drive(ctx, executor.Request{RunID: run.ID, ThreadID: th.ID, AssistantID: a.ID, MessageID: msg.ID, Model: "vllm/x"}, nil)
+	if err != nil || sum.Status != executor.StatusCompleted || len(sum.Calls) != 2 {
+		t.Fatalf("summary %+v err %v", sum, err)
+	}
+	for _, c := range sum.Calls {
+		if c.ErrorType != "worker_crash" || !strings.Contains(c.Error, "transport bug") || !c.Submitted {
+			t.Errorf("call %+v, want a submitted worker_crash outcome", c)
+		}
+	}
+	if v := sim.Violations(); len(v) != 0 {
+		t.Errorf("violations %v", v)
+	}
+}
