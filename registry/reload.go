@@ -23,7 +23,8 @@ type Reloader struct {
 	overrides []string
 	live      *Live
 	log       *slog.Logger
-	sum       [32]byte
+	sum       [32]byte // the content in force
+	seen      [32]byte // a new content seen once, loaded when it holds
 	total     *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 }
@@ -68,7 +69,8 @@ func (r *Reloader) Reload() error {
 
 // Run reloads whenever the file's content changes (checked every
 // interval), and on every value received from trigger (SIGHUP), until ctx
-// ends.
+// ends. A new content is loaded once it is the same on two checks in a
+// row, so that a file caught half-written (empty, say) is not put in force.
 func (r *Reloader) Run(ctx context.Context, interval time.Duration, trigger <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -83,9 +85,14 @@ func (r *Reloader) Run(ctx context.Context, interval time.Duration, trigger <-ch
 			if err != nil {
 				continue
 			}
-			if sum := sha256.Sum256(data); !bytes.Equal(sum[:], r.sum[:]) {
+			sum := sha256.Sum256(data)
+			switch {
+			case bytes.Equal(sum[:], r.sum[:]):
+			case bytes.Equal(sum[:], r.seen[:]):
 				r.sum = sum
 				_ = r.Reload()
+			default:
+				r.seen = sum
 			}
 		}
 	}

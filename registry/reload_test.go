@@ -18,8 +18,13 @@ import (
 func TestReloader(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "config.yaml")
+	// Writes are atomic (a rename), as editors and Kubernetes make them.
 	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
 			t.Fatal(err)
 		}
 	}
