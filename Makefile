@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test test-go test-node test-python node-build vet staticcheck fmt-check fuzz cover coresim clean \
+.PHONY: all build demo test test-go test-node test-python node-build vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
 	chart-lint chart-test static-build image bench
 
 all: build
@@ -90,12 +90,18 @@ bench:
 	$(GO) test ./executor -run '^$$' -bench BenchmarkBatch -benchtime 20x
 	$(GO) test ./bridge -run '^$$' -bench 'Raw|Dispatch' -benchtime 20000x -count 3
 
-## fuzz: run the chunk decoder and manifest parser fuzzers for a while (CI
-## runs only their seeds).
+## fuzz: run every fuzz target for FUZZTIME (CI runs only their seeds);
+## fuzz-long runs each for at least 10^6 executions (RELIABILITY.md).
+FUZZ_TARGETS := ./core:FuzzDecodeChunk ./core:FuzzStream ./tool:FuzzParseManifest \
+	./wire:FuzzDecodeOutcome ./config:FuzzParse ./server:FuzzDriveBody
+
 fuzz:
-	$(GO) test ./core -run '^$$' -fuzz FuzzDecodeChunk -fuzztime $(FUZZTIME)
-	$(GO) test ./core -run '^$$' -fuzz FuzzStream -fuzztime $(FUZZTIME)
-	$(GO) test ./tool -run '^$$' -fuzz FuzzParseManifest -fuzztime $(FUZZTIME)
+	@for t in $(FUZZ_TARGETS); do \
+		$(GO) test $${t%%:*} -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
+
+fuzz-long:
+	$(MAKE) fuzz FUZZTIME=1000000x
 
 cover:
 	$(GO) test -coverprofile=coverage.out ./core/... ./coresim/...

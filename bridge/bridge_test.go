@@ -3,6 +3,8 @@ package bridge_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -193,5 +195,51 @@ func TestLive(t *testing.T) {
 	r := open(t, side).Dispatch(context.Background(), natstest.Request("get_weather", time.Second))
 	if r.Err != nil || string(r.Data) != "sunny" {
 		t.Errorf("micro endpoint outcome %+v", r)
+	}
+}
+
+// TestRepliesUnguessable: on a bus where a worker may publish anywhere, a
+// worker that sees its own request's reply subject still cannot guess
+// another call's: the forged replies of every counter-like token never
+// become the outcome of the concurrent call.
+func TestRepliesUnguessable(t *testing.T) {
+	side, work := natstest.Connect(t)
+	release := make(chan struct{})
+	natstest.Worker(t, work, map[string]tool.Handler{"b": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		select {
+		case <-release:
+			return []byte("honest"), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}})
+	forged := make(chan struct{})
+	sub, err := work.Subscribe("t.a", func(m *nats.Msg) {
+		inbox := m.Reply[:strings.LastIndexByte(m.Reply, '.')]
+		for i := range 256 {
+			for _, tok := range []string{strconv.Itoa(i), strconv.FormatInt(int64(i), 36), fmt.Sprintf("%x", i)} {
+				work.Publish(inbox+"."+tok, []byte("forged"))
+			}
+		}
+		m.Respond([]byte("a"))
+		work.Flush()
+		close(forged)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	work.Flush()
+	c := open(t, side)
+	got := make(chan tool.Outcome, 1)
+	go func() { got <- c.Dispatch(context.Background(), natstest.Request("b", 10*time.Second)) }()
+	if r := c.Dispatch(context.Background(), natstest.Request("a", 10*time.Second)); string(r.Data) != "a" {
+		t.Fatalf("a: %+v", r)
+	}
+	<-forged
+	side.Flush() // the forgeries have reached the client
+	close(release)
+	if r := <-got; r.Err != nil || string(r.Data) != "honest" {
+		t.Fatalf("b's outcome %q %+v, want the honest reply", r.Data, r.Err)
 	}
 }

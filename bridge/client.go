@@ -8,6 +8,8 @@ package bridge
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -15,7 +17,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,7 +36,6 @@ type Client struct {
 	prefix string
 	inbox  string
 	sub    *nats.Subscription
-	seq    atomic.Uint64
 
 	mu      sync.Mutex
 	pending map[string]*waiter
@@ -103,7 +103,7 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	if err := ctx.Err(); err != nil {
 		return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}
 	}
-	token := strconv.FormatUint(c.seq.Add(1), 36)
+	token := replyToken()
 	w := &waiter{final: make(chan *nats.Msg, 1), progress: make(chan struct{}, 1)}
 	c.mu.Lock()
 	if c.closed {
@@ -137,6 +137,10 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
+	// Progress restarts the timeout, never this bound.
+	maxDur := req.MaxDurationOrDefault()
+	hard := time.NewTimer(maxDur)
+	defer hard.Stop()
 	progress := 0
 	for {
 		select {
@@ -148,6 +152,9 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 		case <-w.progress:
 			progress++
 			timer.Reset(timeout)
+		case <-hard.C:
+			c.cancel(req.ActionID, req.Attempt)
+			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Timeout, "tool %q ran past its max_duration of %s (progress does not extend it)", req.Tool, maxDur)}
 		case <-timer.C:
 			c.cancel(req.ActionID, req.Attempt)
 			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Timeout, "tool %q did not answer within %s", req.Tool, timeout)}
@@ -171,6 +178,15 @@ func (c *Client) cancel(actionID string, attempt int) {
 	m.Header.Set(tool.HeaderAttempt, strconv.Itoa(max(attempt, 1)))
 	// Best effort: a worker that missed it still hits its deadline.
 	_ = c.nc.PublishMsg(m)
+}
+
+// replyToken names one request's reply subject under the client's inbox:
+// 128 random bits, so that a worker that saw the subject of its own
+// request cannot guess another's and forge its outcome.
+func replyToken() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // NewTraceparent makes a W3C traceparent with a random trace and span id.

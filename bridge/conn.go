@@ -8,17 +8,26 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/projectdavid/toolsidecar/config"
 )
 
 // ConnectConfig says how to reach NATS: the one place where connection
 // options are built, for the sidecar and for `toolsidecar worker`.
 type ConnectConfig struct {
-	URL       string
-	Name      string
-	CredsFile string
-	CAFile    string
-	CertFile  string
-	KeyFile   string
+	URL  string
+	Name string
+	// One kind of credential at most: a JWT credentials file, a user and
+	// password, a token, or an nkey seed file. Secrets are values here;
+	// the caller read them from their files.
+	CredsFile    string
+	User         string
+	Password     string
+	Token        string
+	NKeySeedFile string
+	CAFile       string
+	CertFile     string
+	KeyFile      string
 }
 
 // Connect dials NATS, reconnecting forever, and counts reconnections in
@@ -45,8 +54,19 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
 		}))
 	}
-	if cfg.CredsFile != "" {
+	switch {
+	case cfg.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	case cfg.User != "":
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	case cfg.Token != "":
+		opts = append(opts, nats.Token(cfg.Token))
+	case cfg.NKeySeedFile != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: nkey seed: %w", err)
+		}
+		opts = append(opts, o)
 	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
@@ -56,7 +76,7 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 	}
 	nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("bridge: connecting to NATS: %w", err)
+		return nil, fmt.Errorf("bridge: connecting to NATS at %s: %w", config.RedactURL(cfg.URL), err)
 	}
 	return nc, nil
 }

@@ -7,16 +7,19 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
-	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/providers/structs"
 	"github.com/knadh/koanf/v2"
@@ -59,6 +62,9 @@ type Tracing struct {
 
 // Core is the upstream Core API.
 type Core struct {
+	// TLS to Core: a CA bundle for a private CA, and a client certificate
+	// when Core asks for one. All optional.
+	TLS TLS `koanf:"tls"`
 	// URL of Core, without /v1. default: http://127.0.0.1:9000
 	URL string `koanf:"url"`
 	// APIKeyFile holds the X-API-Key. Optional: TOOLSIDECAR_CORE_API_KEY
@@ -77,29 +83,73 @@ type NATS struct {
 	// SubjectPrefix: a tool is served on <prefix>.<name>.
 	// default: toolsidecar.tools
 	SubjectPrefix string `koanf:"subject_prefix"`
-	// CredsFile is a NATS credentials file. Optional.
-	CredsFile string   `koanf:"creds_file"`
-	TLS       TLS      `koanf:"tls"`
-	Embedded  Embedded `koanf:"embedded"`
+	// Credentials for an external NATS, each from a file; at most one
+	// kind. CredsFile is a JWT credentials file; User goes with
+	// PasswordFile; TokenFile holds a token; NKeySeedFile an nkey seed.
+	CredsFile    string   `koanf:"creds_file"`
+	User         string   `koanf:"user"`
+	PasswordFile string   `koanf:"password_file"`
+	TokenFile    string   `koanf:"token_file"`
+	NKeySeedFile string   `koanf:"nkey_seed_file"`
+	TLS          TLS      `koanf:"tls"`
+	Embedded     Embedded `koanf:"embedded"`
 }
 
-// TLS configures TLS to an external NATS. All optional.
+// TLS configures the client side of a TLS connection. All optional.
 type TLS struct {
 	CAFile   string `koanf:"ca_file"`
 	CertFile string `koanf:"cert_file"`
 	KeyFile  string `koanf:"key_file"`
 }
 
-// Embedded configures the in-process NATS server.
+// Embedded configures the in-process NATS server. Authentication is on:
+// the sidecar connects in process, workers connect as the users listed
+// in Workers, and anonymous clients are refused unless AllowAnonymous.
 type Embedded struct {
 	// Listen is where workers connect. default: 127.0.0.1:4222
 	Listen string `koanf:"listen"`
+	// Workers are the users workers connect as.
+	Workers []Worker `koanf:"workers"`
+	// AllowAnonymous lets clients without credentials in, with every
+	// permission. default: false (a warning is logged when true)
+	AllowAnonymous bool `koanf:"allow_anonymous"`
+	// TLS serves the listener over TLS: CertFile and KeyFile, and CAFile
+	// to require client certificates signed by it. Optional.
+	TLS TLS `koanf:"tls"`
+}
+
+// Worker is a user of the embedded server: a worker process that may
+// serve the listed tools (subscribe to their subjects, the cancel subject
+// and discovery) and publish nothing but replies to the requests it got.
+type Worker struct {
+	Name string `koanf:"name"`
+	// PasswordFile holds the worker's password; or NKey is its public
+	// nkey (U...), whose seed only the worker has.
+	PasswordFile string `koanf:"password_file"`
+	NKey         string `koanf:"nkey"`
+	// Tools the worker may serve; "*" for every tool under the prefix.
+	Tools []string `koanf:"tools"`
 }
 
 // Server is the application-facing HTTP server.
 type Server struct {
 	// Listen address. default: 127.0.0.1:8080 (loopback)
 	Listen string `koanf:"listen"`
+	// OpsListen, when set, serves /healthz, /readyz and /metrics, without
+	// the API token, on a listener of their own (probes and scraping).
+	// default: "" (off)
+	OpsListen string `koanf:"ops_listen"`
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout bound a connection
+	// that stalls or idles. defaults: 10s, 30s, 120s
+	ReadHeaderTimeout time.Duration `koanf:"read_header_timeout"`
+	ReadTimeout       time.Duration `koanf:"read_timeout"`
+	IdleTimeout       time.Duration `koanf:"idle_timeout"`
+	// MaxHeaderBytes bounds request headers. default: 64 KiB
+	MaxHeaderBytes int `koanf:"max_header_bytes"`
+	// MaxConnections bounds open connections; MaxDrives bounds drives in
+	// progress (more are answered 429 with Retry-After). defaults: 1024, 512
+	MaxConnections int `koanf:"max_connections"`
+	MaxDrives      int `koanf:"max_drives"`
 	// Proxy answers Core's own API on /v1/... default: true
 	Proxy bool `koanf:"proxy"`
 	// AuthTokenFile holds a bearer token required on every route but
@@ -130,6 +180,12 @@ type Executor struct {
 	MaxArgsBytes int `koanf:"max_args_bytes"`
 	// MaxResultBytes bounds a tool's result. default: 1 MiB
 	MaxResultBytes int `koanf:"max_result_bytes"`
+	// MaxErrorBytes bounds the error text of a failed call that the model
+	// reads. default: 1 KiB
+	MaxErrorBytes int `koanf:"max_error_bytes"`
+	// MaxExecProcesses bounds the exec-route processes running at once,
+	// across all runs. default: 64
+	MaxExecProcesses int `koanf:"max_exec_processes"`
 	// CancelPoll is how often Core is asked whether the run was cancelled
 	// while a batch runs. default: 500ms
 	CancelPoll time.Duration `koanf:"cancel_poll"`
@@ -152,8 +208,11 @@ type Tool struct {
 	Name        string         `koanf:"name"`
 	Description string         `koanf:"description"`
 	Parameters  map[string]any `koanf:"parameters"`
-	// Timeout per attempt. default: 30s
+	// Timeout per attempt; each progress message restarts it. default: 30s
 	Timeout time.Duration `koanf:"timeout"`
+	// MaxDuration bounds an attempt whatever progress it reports.
+	// default: 10m
+	MaxDuration time.Duration `koanf:"max_duration"`
 	// Retries after a timeout, no responders, or a retryable worker error.
 	// default: 0
 	Retries int `koanf:"retries"`
@@ -175,10 +234,11 @@ func Default() Config {
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second},
 		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
-			MaxBodyBytes: 1 << 20},
+			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
-			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, CancelPoll: 500 * time.Millisecond,
-			SubmitBudget: 2 * time.Minute},
+			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
+			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute},
 		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }
@@ -187,6 +247,9 @@ func Default() Config {
 func (t *Tool) applyDefaults() {
 	if t.Timeout == 0 {
 		t.Timeout = tool.DefaultTimeout
+	}
+	if t.MaxDuration == 0 {
+		t.MaxDuration = tool.DefaultMaxDuration
 	}
 	if t.SideEffects == "" {
 		t.SideEffects = Unsafe
@@ -201,9 +264,36 @@ func (t *Tool) applyDefaults() {
 func Load(path string, overrides []string) (Config, error) {
 	var src koanf.Provider
 	if path != "" {
-		src = file.Provider(path)
+		data, err := readBounded(path, MaxFileBytes)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		src = rawbytes.Provider(data)
 	}
 	return load(src, path, os.Environ(), overrides)
+}
+
+// MaxFileBytes bounds a configuration file: `--config /dev/zero` is an
+// error, not an out-of-memory crash.
+const MaxFileBytes = 1 << 20
+
+// maxSecretBytes bounds a secret file.
+const maxSecretBytes = 64 << 10
+
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return data, nil
 }
 
 // Parse reads a configuration from YAML bytes, with no environment or
@@ -243,7 +333,7 @@ func load(src koanf.Provider, name string, environ, overrides []string) (Config,
 	}
 	var cfg Config
 	err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:       mapstructure.StringToTimeDurationHookFunc(),
+		DecodeHook:       mapstructure.ComposeDecodeHookFunc(durationWithUnit, mapstructure.StringToTimeDurationHookFunc()),
 		ErrorUnused:      true,
 		WeaklyTypedInput: true,
 		TagName:          "koanf",
@@ -260,6 +350,24 @@ func load(src koanf.Provider, name string, environ, overrides []string) (Config,
 	return cfg, nil
 }
 
+// durationWithUnit refuses a bare number where a duration goes: YAML's
+// "timeout: 30" would otherwise mean 30 nanoseconds.
+func durationWithUnit(from, to reflect.Type, data any) (any, error) {
+	if to != reflect.TypeFor[time.Duration]() || from == to {
+		return data, nil // a default, already a duration
+	}
+	switch from.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return nil, fmt.Errorf("duration %v has no unit: write it like 30s, 500ms or 2m", data)
+	case reflect.String:
+		if _, err := strconv.ParseFloat(data.(string), 64); err == nil {
+			return nil, fmt.Errorf("duration %q has no unit: write it like 30s, 500ms or 2m", data)
+		}
+	}
+	return data, nil
+}
+
 func envName(key string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
@@ -273,9 +381,31 @@ func (c Config) Validate() error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
 	}
-	if c.Core.URL == "" {
-		bad("core.url", "must be set")
+	if u, err := url.Parse(c.Core.URL); c.Core.URL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad("core.url", "must be an http(s) URL, got %q", RedactURL(c.Core.URL))
 	}
+	for key, d := range map[string]time.Duration{
+		"core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout,
+		"server.shutdown_timeout": c.Server.ShutdownTimeout, "executor.cancel_poll": c.Executor.CancelPoll,
+		"executor.submit_budget": c.Executor.SubmitBudget,
+	} {
+		if d <= 0 {
+			bad(key, "must be positive, got %s", d)
+		}
+	}
+	for key, n := range map[string]int64{
+		"server.read_header_timeout": int64(c.Server.ReadHeaderTimeout), "server.read_timeout": int64(c.Server.ReadTimeout),
+		"server.idle_timeout": int64(c.Server.IdleTimeout), "server.max_header_bytes": int64(c.Server.MaxHeaderBytes),
+		"server.max_connections": int64(c.Server.MaxConnections), "server.max_drives": int64(c.Server.MaxDrives),
+		"server.max_body_bytes": c.Server.MaxBodyBytes, "executor.max_args_bytes": int64(c.Executor.MaxArgsBytes),
+		"executor.max_result_bytes": int64(c.Executor.MaxResultBytes), "executor.max_error_bytes": int64(c.Executor.MaxErrorBytes),
+		"executor.max_exec_processes": int64(c.Executor.MaxExecProcesses),
+	} {
+		if n <= 0 {
+			bad(key, "must be positive, got %d", n)
+		}
+	}
+	errs = append(errs, c.NATS.validate()...)
 	if c.Executor.MaxTurns < 1 {
 		bad("executor.max_turns", "must be at least 1, got %d", c.Executor.MaxTurns)
 	}
@@ -309,6 +439,9 @@ func (c Config) Validate() error {
 		if t.Timeout < 0 {
 			bad(key+".timeout", "must not be negative")
 		}
+		if t.MaxDuration < 0 {
+			bad(key+".max_duration", "must not be negative")
+		}
 		for _, k := range slices.Sorted(maps.Keys(t.Settings)) {
 			if k != t.Route {
 				bad(key+"."+k, "unknown key (a tool's own settings go under its route's name, here %q)", t.Route)
@@ -318,20 +451,87 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ReadSecret reads a secret file, trimming the trailing newline.
-func ReadSecret(path string) (string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("config: reading secret: %w", err)
+// validate checks the NATS credentials: one kind at most for an external
+// server, and embedded worker users that can log in.
+func (n NATS) validate() []error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: nats.%s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
 	}
-	return strings.TrimRight(string(data), "\r\n"), nil
+	kinds := 0
+	for _, set := range []bool{n.CredsFile != "", n.User != "" || n.PasswordFile != "", n.TokenFile != "", n.NKeySeedFile != ""} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds > 1 {
+		bad("creds_file", "set one of creds_file, user with password_file, token_file and nkey_seed_file")
+	}
+	if (n.User == "") != (n.PasswordFile == "") {
+		bad("user", "user and password_file go together")
+	}
+	if (n.Embedded.TLS.CertFile == "") != (n.Embedded.TLS.KeyFile == "") {
+		bad("embedded.tls", "cert_file and key_file go together")
+	}
+	names := map[string]bool{}
+	for i, w := range n.Embedded.Workers {
+		key := fmt.Sprintf("embedded.workers[%d]", i)
+		switch {
+		case w.Name == "" || w.Name == SidecarUser:
+			bad(key+".name", "must be set and not %q", SidecarUser)
+		case names[w.Name]:
+			bad(key+".name", "duplicate user %q", w.Name)
+		}
+		names[w.Name] = true
+		if (w.PasswordFile == "") == (w.NKey == "") {
+			bad(key, "set exactly one of password_file and nkey")
+		}
+		if w.NKey != "" && !strings.HasPrefix(w.NKey, "U") {
+			bad(key+".nkey", "must be a public user nkey (U...)")
+		}
+		if len(w.Tools) == 0 {
+			bad(key+".tools", "list the tools the worker may serve (or \"*\")")
+		}
+	}
+	return errs
+}
+
+// SidecarUser is the embedded server's user the sidecar itself connects
+// as, in process; no worker may take the name.
+const SidecarUser = "toolsidecar"
+
+// ReadSecret reads the secret file that key names, trimming the trailing
+// newline. An empty or blank file is an error: it would otherwise turn a
+// protection off without a word.
+func ReadSecret(key, path string) (string, error) {
+	data, err := readBounded(path, maxSecretBytes)
+	if err != nil {
+		return "", fmt.Errorf("config: %s: %w", key, err)
+	}
+	s := strings.TrimRight(string(data), "\r\n")
+	if strings.TrimSpace(s) == "" {
+		return "", fmt.Errorf("config: %s: %s is empty", key, path)
+	}
+	return s, nil
 }
 
 // APIKey returns the Core API key: from core.api_key_file, else from
 // TOOLSIDECAR_CORE_API_KEY, else "".
 func (c Config) APIKey() (string, error) {
 	if c.Core.APIKeyFile != "" {
-		return ReadSecret(c.Core.APIKeyFile)
+		return ReadSecret("core.api_key_file", c.Core.APIKeyFile)
 	}
 	return os.Getenv(APIKeyEnv), nil
+}
+
+// RedactURL hides the userinfo of every URL in a comma-separated list, for
+// logs and messages; text that is not a URL is returned as it is.
+func RedactURL(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
 }

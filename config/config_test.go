@@ -2,12 +2,13 @@ package config
 
 import (
 	"errors"
-	"github.com/knadh/koanf/providers/file"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/knadh/koanf/providers/file"
 )
 
 func TestShippedConfig(t *testing.T) {
@@ -126,5 +127,42 @@ func TestParseEmbedded(t *testing.T) {
 	}
 	if _, err := Parse([]byte("nats: {urll: x}")); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "urll") {
 		t.Fatalf("unknown nested key: %v", err)
+	}
+}
+
+// TestBoundsAndUnits: a duration without a unit, a negative or zero
+// duration or size, a bad Core URL, NATS credentials of two kinds and
+// embedded worker users that cannot log in are errors that name the key;
+// an endless file is refused without reading it all.
+func TestBoundsAndUnits(t *testing.T) {
+	for yaml, want := range map[string]string{
+		"core: {timeout: 30}\n":                      "has no unit",
+		"tools: [{name: a, timeout: 30}]\n":          "has no unit",
+		"core: {timeout: -1s}\n":                     "core.timeout: must be positive",
+		"server: {max_body_bytes: -5}\n":             "server.max_body_bytes: must be positive",
+		"server: {max_drives: 0}\n":                  "server.max_drives: must be positive",
+		"executor: {submit_budget: 0s}\n":            "executor.submit_budget: must be positive",
+		"tools: [{name: a, max_duration: -1s}]\n":    "tools[0].max_duration: must not be negative",
+		"core: {url: notaurl}\n":                     "core.url: must be an http(s) URL",
+		"nats: {token_file: /t, creds_file: /c}\n":   "set one of creds_file",
+		"nats: {user: u}\n":                          "user and password_file go together",
+		"nats: {embedded: {workers: [{name: w}]}}\n": "set exactly one of password_file and nkey",
+		"nats: {embedded: {workers: [{name: toolsidecar, password_file: /p, tools: [a]}]}}\n": `not "toolsidecar"`,
+		"nats: {embedded: {workers: [{name: w, password_file: /p}]}}\n":                       "list the tools",
+	} {
+		if _, err := Parse([]byte(yaml)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error saying %q", yaml, err, want)
+		}
+	}
+	t.Setenv("TOOLSIDECAR_CORE_TIMEOUT", "5")
+	if _, err := Load("", nil); err == nil || !strings.Contains(err.Error(), "has no unit") {
+		t.Errorf("a bare number from the environment: %v", err)
+	}
+	t.Setenv("TOOLSIDECAR_CORE_TIMEOUT", "5s")
+	if _, err := Load("/dev/zero", nil); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("/dev/zero: %v, want a size error", err)
+	}
+	if got := RedactURL("nats://u:secret@a:4222,nats://b:4222"); strings.Contains(got, "secret") || !strings.Contains(got, "u:xxxxx@a") {
+		t.Errorf("RedactURL: %s", got)
 	}
 }

@@ -1,15 +1,30 @@
 // Package embedded runs the in-process NATS server of the default setup, so
-// that a sidecar needs no NATS of its own to start.
+// that a sidecar needs no NATS of its own to start. Authentication is on:
+// the sidecar connects in process as a user whose password exists only in
+// memory, workers connect as configured users who may serve only their
+// tools and publish only replies, and anonymous clients are refused unless
+// allowed.
 package embedded
 
 import (
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/config"
 )
+
+// SidecarUser is the user the sidecar connects as; the configuration
+// reserves the name.
+const SidecarUser = config.SidecarUser
 
 // Config says how to run the server.
 type Config struct {
@@ -17,10 +32,31 @@ type Config struct {
 	Listen string
 	// MaxPayload bounds one message. default: 8 MiB
 	MaxPayload int32
+	// Workers are the users workers connect as.
+	Workers []Worker
+	// AllowAnonymous lets clients without credentials in, with every
+	// permission.
+	AllowAnonymous bool
+	// TLS, when set, serves the listener over TLS (with ClientCAs and
+	// ClientAuth set, it verifies client certificates).
+	TLS *tls.Config
+}
+
+// Worker is a worker's user: a password or a public nkey, and the
+// subjects it may subscribe to. It may publish only replies to the
+// requests it received, as many as it likes (progress, then the result).
+type Worker struct {
+	Name      string
+	Password  string
+	NKey      string
+	Subscribe []string
 }
 
 // Server is a running embedded NATS server.
-type Server struct{ ns *server.Server }
+type Server struct {
+	ns       *server.Server
+	password string
+}
 
 // Start starts the server and waits until it accepts connections.
 func Start(cfg Config) (*Server, error) {
@@ -35,25 +71,69 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.MaxPayload <= 0 {
 		cfg.MaxPayload = 8 << 20
 	}
-	ns, err := server.NewServer(&server.Options{
+	s := &Server{password: randomSecret()}
+	opts := &server.Options{
 		ServerName: "toolsidecar-embedded",
 		Host:       host, Port: port,
 		NoLog: true, NoSigs: true,
 		MaxPayload: cfg.MaxPayload,
-	})
+		Users:      []*server.User{{Username: SidecarUser, Password: s.password}},
+	}
+	if cfg.TLS != nil {
+		opts.TLSConfig, opts.TLS = cfg.TLS, true
+		opts.TLSVerify = cfg.TLS.ClientCAs != nil
+	}
+	for _, w := range cfg.Workers {
+		perms := &server.Permissions{
+			Subscribe: &server.SubjectPermission{Allow: append(w.Subscribe, "$SRV.>")},
+			Publish:   &server.SubjectPermission{Allow: []string{}},
+			Response:  &server.ResponsePermission{MaxMsgs: -1},
+		}
+		if w.NKey != "" {
+			opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: w.NKey, Permissions: perms})
+		} else {
+			opts.Users = append(opts.Users, &server.User{Username: w.Name, Password: w.Password, Permissions: perms})
+		}
+	}
+	if cfg.AllowAnonymous {
+		opts.Users = append(opts.Users, &server.User{Username: "anonymous", Password: randomSecret()})
+		opts.NoAuthUser = "anonymous"
+	}
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: %w", err)
 	}
 	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("embedded: server on %s not ready", cfg.Listen)
+		return nil, fmt.Errorf("embedded: server on %s not ready (is the port taken?)", cfg.Listen)
 	}
-	return &Server{ns: ns}, nil
+	s.ns = ns
+	return s, nil
 }
 
-// ClientURL is the URL clients connect to.
+// randomSecret is 32 random bytes, hex: a password that lives only in
+// this process.
+func randomSecret() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// ClientURL is the URL workers connect to.
 func (s *Server) ClientURL() string { return s.ns.ClientURL() }
+
+// InProcessURL is the URL to give with ConnectOptions: an in-process
+// connection needs no TLS, whatever the listener serves.
+func (s *Server) InProcessURL() string {
+	return strings.Replace(s.ns.ClientURL(), "tls://", "nats://", 1)
+}
+
+// ConnectOptions connect the sidecar itself: in process (no socket), as
+// the sidecar user.
+func (s *Server) ConnectOptions() []nats.Option {
+	return []nats.Option{nats.InProcessServer(s.ns), nats.UserInfo(SidecarUser, s.password)}
+}
 
 // Shutdown stops the server and waits until it has stopped. Drain the
 // connections that use it first.

@@ -208,6 +208,13 @@ func TestMaxTurns(t *testing.T) {
 	if sum.Turns != 1 || sum.Status != executor.StatusMaxTurns {
 		t.Errorf("per-request max_turns: %+v", sum)
 	}
+	// A caller may tighten the operator's limit, never loosen it.
+	h.req = h.setupRun()
+	h.req.MaxTurns = 40
+	sum, _ = h.drive(context.Background())
+	if sum.Turns != 3 || sum.Status != executor.StatusMaxTurns {
+		t.Errorf("max_turns 40 against an operator limit of 3: %+v", sum)
+	}
 }
 
 // TestEvents: the sink sees the turn, the text, each call dispatched and

@@ -172,6 +172,9 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 	if cfg.SubmitBudget <= 0 {
 		cfg.SubmitBudget = def.SubmitBudget
 	}
+	if cfg.MaxErrorBytes < 1 {
+		cfg.MaxErrorBytes = def.MaxErrorBytes
+	}
 	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second,
 		drives: map[string]*drive{}, kept: map[string]*outcome{}}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/attribute"
@@ -45,8 +46,8 @@ func (e *Executor) run(ctx context.Context, req Request, emit Sink) (Summary, er
 
 func (e *Executor) loop(ctx context.Context, req Request, emit Sink, log *slog.Logger, sum *Summary) error {
 	maxTurns := e.cfg.MaxTurns
-	if req.MaxTurns > 0 {
-		maxTurns = req.MaxTurns
+	if req.MaxTurns > 0 && req.MaxTurns < maxTurns {
+		maxTurns = req.MaxTurns // a caller may tighten the operator's limit, never loosen it
 	}
 	run, err := e.core.GetRun(ctx, req.RunID)
 	if err != nil {
@@ -635,12 +636,26 @@ func (e *Executor) alreadyRecorded(turn int, m *core.Manifest) *outcome {
 }
 
 func (e *Executor) setFailed(o *outcome, err *tool.Error) {
-	o.res.ErrorType, o.res.Error = string(err.Type), err.Message
+	o.res.ErrorType, o.res.Error = string(err.Type), truncate(err.Message, e.cfg.MaxErrorBytes)
+	err = &tool.Error{Type: err.Type, Code: err.Code, Message: o.res.Error}
 	o.content = errorContent(o.m.Tool, err)
 	o.status = core.ActionFailed
 	if err.Type == tool.Cancelled {
 		o.status = core.ActionCancelled
 	}
+}
+
+// truncate bounds a worker's error text before the model reads it, on a
+// rune boundary, saying how much was cut.
+func truncate(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… (%d more bytes cut)", len(s)-cut)
 }
 
 // formatTraceparent renders a span context as a W3C traceparent.
@@ -659,7 +674,8 @@ func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry
 	b.Reset()
 	for attempt := 1; ; attempt++ {
 		res.Attempts = attempt
-		reply := d.Dispatch(ctx, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, Attempt: attempt, Timeout: def.Timeout, Traceparent: traceparent})
+		reply := d.Dispatch(ctx, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, Attempt: attempt, Timeout: def.Timeout,
+			MaxDuration: def.MaxDuration, Traceparent: traceparent})
 		if reply.Err == nil || attempt > def.Retries || ctx.Err() != nil || !reply.Err.Retryable() {
 			return reply
 		}

@@ -31,6 +31,34 @@ type ExecSettings struct {
 
 const stderrExcerpt = 2048
 
+// processes bounds the exec-route processes running at once across all
+// tools and runs (executor.max_exec_processes).
+var processes = newSemaphore(64)
+
+// SetMaxProcesses sets the bound on concurrent exec processes; the
+// sidecar calls it from its configuration before serving.
+func SetMaxProcesses(n int) {
+	if n > 0 {
+		processes = newSemaphore(n)
+	}
+}
+
+type semaphore chan struct{}
+
+func newSemaphore(n int) semaphore { return make(semaphore, n) }
+
+func (s semaphore) size() int { return cap(s) }
+
+// acquire takes a slot, waiting while all are taken, until ctx ends.
+func (s semaphore) acquire(ctx context.Context) (release func(), err error) {
+	select {
+	case s <- struct{}{}:
+		return func() { <-s }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 func init() { registry.RegisterKind("exec", newExec) }
 
 func execSettings(settings map[string]any) (ExecSettings, error) {
@@ -63,12 +91,17 @@ func newExec(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
 		stdout := &limitedBuffer{max: s.MaxOutputBytes}
 		stderr := &limitedBuffer{max: stderrExcerpt}
 		cmd.Stdout, cmd.Stderr = stdout, stderr
-		// The process gets its own group so that a timeout kills the
-		// children it started too.
+		// The process gets its own group, and a timeout kills the whole
+		// tree it started, including children that left the group.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		cmd.Cancel = func() error { return killTree(cmd.Process.Pid) }
 		cmd.WaitDelay = time.Second
-		err := cmd.Run()
+		release, err := processes.acquire(ctx)
+		if err != nil {
+			return nil, tool.NewError(tool.RateLimited, "waited for one of the %d exec processes allowed at once: %v", processes.size(), context.Cause(ctx))
+		}
+		defer release()
+		err = cmd.Run()
 		switch {
 		case ctx.Err() != nil:
 			if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {

@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
@@ -28,7 +32,21 @@ type HTTPSettings struct {
 	BearerTokenFile string `json:"bearer_token_file"`
 	// MaxResponseBytes bounds the body read. default: 1 MiB
 	MaxResponseBytes int `json:"max_response_bytes"`
+	// FollowRedirects is "never" (a redirect is an error outcome) or
+	// "same_origin" (followed only to the URL's own scheme, host and
+	// port). default: never
+	FollowRedirects string `json:"follow_redirects"`
+	// AllowLinkLocal lets the tool reach link-local addresses
+	// (169.254.0.0/16, fe80::/10), where cloud metadata services answer.
+	// default: false
+	AllowLinkLocal bool `json:"allow_link_local"`
 }
+
+// Redirect policies of the http route.
+const (
+	RedirectNever      = "never"
+	RedirectSameOrigin = "same_origin"
+)
 
 func init() { registry.RegisterKind("http", newHTTP) }
 
@@ -44,7 +62,55 @@ func httpSettings(settings map[string]any) (HTTPSettings, error) {
 	if s.MaxResponseBytes <= 0 {
 		s.MaxResponseBytes = 1 << 20
 	}
+	switch s.FollowRedirects {
+	case "":
+		s.FollowRedirects = RedirectNever
+	case RedirectNever, RedirectSameOrigin:
+	default:
+		return s, fmt.Errorf("http.follow_redirects: must be never or same_origin, got %q", s.FollowRedirects)
+	}
 	return s, nil
+}
+
+// Refusals of the http route's policy: a tool error, not retried.
+var (
+	errLinkLocal = errors.New("link-local address refused (http.allow_link_local is false)")
+	errRedirect  = errors.New("redirect not followed")
+)
+
+// client is the HTTP client of one tool: redirects only as the settings
+// allow (never across origins, so no credential leaves for another host),
+// and no link-local destination unless allowed, whatever DNS says.
+func (s HTTPSettings) client() *http.Client {
+	origin, _ := url.Parse(s.URL)
+	dialer := &net.Dialer{Timeout: 10 * time.Second}
+	if !s.AllowLinkLocal {
+		dialer.Control = func(_, address string, _ syscall.RawConn) error {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				return err
+			}
+			if ip, err := netip.ParseAddr(host); err == nil && (ip.Unmap().IsLinkLocalUnicast() || ip.Unmap().IsLinkLocalMulticast()) {
+				return fmt.Errorf("%w: %s", errLinkLocal, host)
+			}
+			return nil
+		}
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = dialer.DialContext
+	t.Proxy = nil // the tool's URL is reached directly, not through an environment proxy
+	return &http.Client{Transport: t, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if s.FollowRedirects != RedirectSameOrigin {
+			return fmt.Errorf("%w: %s (http.follow_redirects: never)", errRedirect, req.URL.Redacted())
+		}
+		if req.URL.Scheme != origin.Scheme || req.URL.Host != origin.Host {
+			return fmt.Errorf("%w: %s is another origin", errRedirect, req.URL.Redacted())
+		}
+		if len(via) >= 5 {
+			return fmt.Errorf("%w: more than 5 redirects", errRedirect)
+		}
+		return nil
+	}}
 }
 
 func newHTTP(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
@@ -54,11 +120,11 @@ func newHTTP(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
 	}
 	var token string
 	if s.BearerTokenFile != "" {
-		if token, err = config.ReadSecret(s.BearerTokenFile); err != nil {
+		if token, err = config.ReadSecret("http.bearer_token_file", s.BearerTokenFile); err != nil {
 			return nil, err
 		}
 	}
-	hc := &http.Client{}
+	hc := s.client()
 	return func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, bytes.NewReader(c.Manifest))
 		if err != nil {
@@ -86,6 +152,9 @@ func newHTTP(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
 			}
 			if ctx.Err() != nil {
 				return nil, tool.NewError(tool.Cancelled, "request to %s cancelled", s.URL)
+			}
+			if errors.Is(err, errRedirect) || errors.Is(err, errLinkLocal) {
+				return nil, tool.NewError(tool.ToolFailed, "%s: %v", s.URL, errors.Unwrap(err))
 			}
 			return nil, tool.NewError(tool.WorkerCrash, "%s unreachable: %v", s.URL, err)
 		}

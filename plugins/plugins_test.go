@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -208,4 +209,82 @@ func mustRegistry(t *testing.T) *registry.Registry {
 		t.Fatal(err)
 	}
 	return reg
+}
+
+// TestHTTPRedirectsAndLinkLocal: a redirect is not followed unless the
+// tool allows same-origin ones, and never to another origin, so neither
+// the manifest nor the bearer token reaches the redirect target; a
+// link-local destination (cloud metadata) is refused before any packet.
+func TestHTTPRedirectsAndLinkLocal(t *testing.T) {
+	var leaked atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		leaked.Add(1)
+		io.WriteString(w, `"forged"`)
+	}))
+	defer other.Close()
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/away":
+			http.Redirect(w, r, other.URL+"/x", http.StatusTemporaryRedirect)
+		case "/here":
+			http.Redirect(w, r, srv.URL+"/ok", http.StatusTemporaryRedirect)
+		case "/ok":
+			io.WriteString(w, `"fine"`)
+		}
+	}))
+	defer srv.Close()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("tok\n"), 0o600)
+	def := func(url, follow string) config.Tool {
+		return config.Tool{Route: "http", Settings: map[string]any{"http": map[string]any{"url": url, "bearer_token_file": tokenFile, "follow_redirects": follow}}}
+	}
+	for _, tc := range []struct {
+		url, follow, want string
+	}{
+		{srv.URL + "/away", "", "redirect not followed"},
+		{srv.URL + "/here", "", "redirect not followed"},
+		{srv.URL + "/away", "same_origin", "another origin"},
+		{"http://169.254.169.254/latest/meta-data", "", "link-local address refused"},
+	} {
+		r := dispatch(local(t, def(tc.url, tc.follow)), 5*time.Second)
+		if r.Err == nil || r.Err.Type != tool.ToolFailed || r.Err.Retryable() || !strings.Contains(r.Err.Message, tc.want) {
+			t.Errorf("%s (%s): %+v, want a tool_error saying %q", tc.url, tc.follow, r.Err, tc.want)
+		}
+	}
+	if r := dispatch(local(t, def(srv.URL+"/here", "same_origin")), 5*time.Second); r.Err != nil || string(r.Data) != `"fine"` {
+		t.Errorf("same-origin redirect: %q %+v", r.Data, r.Err)
+	}
+	if leaked.Load() != 0 {
+		t.Errorf("the redirect target was reached %d times", leaked.Load())
+	}
+	if _, err := registry.New([]config.Tool{{Name: "t", Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL, "follow_redirects": "always"}}}}, "p"); err == nil {
+		t.Error("follow_redirects: always was accepted")
+	}
+	empty := filepath.Join(t.TempDir(), "empty")
+	os.WriteFile(empty, []byte(" \n"), 0o600)
+	if _, err := registry.New([]config.Tool{{Name: "t", Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL, "bearer_token_file": empty}}}}, "p"); err == nil || !strings.Contains(err.Error(), "http.bearer_token_file") {
+		t.Errorf("an empty token file: %v, want an error naming http.bearer_token_file", err)
+	}
+}
+
+// TestExecTimeoutKillsSetsidChild: a child that leaves the process group
+// with setsid is killed at the deadline all the same.
+func TestExecTimeoutKillsSetsidChild(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "child.pid")
+	def := sh(`setsid sh -c 'echo $$ > `+pidFile+`; exec sleep 30' & wait`, nil)
+	r := dispatch(local(t, def), time.Second)
+	if r.Err == nil || r.Err.Type != tool.Timeout {
+		t.Fatalf("reply %+v, want timeout", r.Err)
+	}
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	poll.Until(t, fmt.Sprintf("setsid child %d to die", pid), func() bool {
+		// A zombie awaiting its reaper counts as gone.
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(stat), ") Z ")
+	})
 }

@@ -22,14 +22,16 @@ import (
 )
 
 // startNodeWorker runs the Node example worker against the test's NATS.
-func startNodeWorker(t *testing.T, natsURL string) {
+// startNodeWorker runs the Node example worker as the test worker user.
+func startNodeWorker(t *testing.T, natsURL, password string) {
 	t.Helper()
 	script, _ := filepath.Abs("node/dist/examples/worker.js")
 	if _, err := os.Stat(script); err != nil {
 		t.Fatalf("%s missing: build the Node worker first (make node-build): %v", script, err)
 	}
 	cmd := exec.Command("node", script)
-	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "TOOLSIDECAR_PREFIX="+testenv.Prefix)
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "TOOLSIDECAR_PREFIX="+testenv.Prefix,
+		"NATS_USER="+testenv.WorkerUser, "NATS_PASSWORD="+password)
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -92,7 +94,7 @@ func TestPolyglotBatch(t *testing.T) {
 		testenv.Tool{Config: config.Tool{Name: "get_flight_times", Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"python3", script}}}}},
 		testenv.Tool{Config: config.Tool{Name: "get_weather", Route: "http", Settings: map[string]any{"http": map[string]any{"url": api.URL}}}},
 	)
-	startNodeWorker(t, env.NATSURL)
+	startNodeWorker(t, env.NATSURL, env.WorkerPassword)
 	run := env.NewRun()
 	sum, err := env.Sidecar.Drive(context.Background(), run.Request(), nil)
 	if err != nil || sum.Status != executor.StatusCompleted {

@@ -45,6 +45,7 @@ type Tool struct {
 	Parameters  json.RawMessage
 	Subject     string
 	Timeout     time.Duration
+	MaxDuration time.Duration
 	Retries     int
 	SideEffects string
 	Route       string
@@ -106,6 +107,9 @@ func compile(tc config.Tool, prefix string) (*Tool, error) {
 		return nil, err
 	}
 	c := jsonschema.NewCompiler()
+	// A schema may refer to its own parts only: no file or URL is read
+	// when the configuration is loaded.
+	c.UseLoader(noLoader{})
 	url := "toolsidecar:///" + tc.Name + ".json"
 	if err := c.AddResource(url, doc); err != nil {
 		return nil, err
@@ -120,7 +124,7 @@ func compile(tc config.Tool, prefix string) (*Tool, error) {
 	}
 	return &Tool{
 		Name: tc.Name, Description: tc.Description, Parameters: raw,
-		Subject: prefix + "." + tc.Name, Timeout: tc.Timeout, Retries: tc.Retries,
+		Subject: prefix + "." + tc.Name, Timeout: tc.Timeout, MaxDuration: tc.MaxDuration, Retries: tc.Retries,
 		SideEffects: tc.SideEffects, Route: route, Config: tc, schema: sch,
 	}, nil
 }
@@ -153,6 +157,13 @@ func (t *Tool) build() error {
 	}
 	t.Handler = h
 	return nil
+}
+
+// noLoader refuses every external $ref.
+type noLoader struct{}
+
+func (noLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("$ref to %s refused: a tool schema may refer only to its own parts", url)
 }
 
 // Lookup returns the named tool.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -165,4 +167,22 @@ func TestKinds(t *testing.T) {
 		}
 	}()
 	RegisterKind(kind, buildNats)
+}
+
+// TestExternalRefRefused: a tool schema may refer to its own parts only;
+// a $ref to a file or URL is not read when the configuration is loaded.
+func TestExternalRefRefused(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret.json")
+	os.WriteFile(secret, []byte(`{"type": "string"}`), 0o600)
+	for _, ref := range []string{"file://" + secret, "http://127.0.0.1:1/schema.json"} {
+		_, err := New([]config.Tool{{Name: "a", Parameters: map[string]any{"type": "object", "properties": map[string]any{"x": map[string]any{"$ref": ref}}}}}, "p")
+		if !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), "refused") {
+			t.Errorf("$ref %s: %v, want it refused", ref, err)
+		}
+	}
+	local := map[string]any{"type": "object", "$defs": map[string]any{"s": map[string]any{"type": "string"}},
+		"properties": map[string]any{"x": map[string]any{"$ref": "#/$defs/s"}}}
+	if _, err := New([]config.Tool{{Name: "a", Parameters: local}}, "p"); err != nil {
+		t.Errorf("a $ref to the schema's own part: %v", err)
+	}
 }

@@ -15,9 +15,11 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -49,6 +51,9 @@ type Config struct {
 	Token string
 	// MaxBodyBytes bounds request bodies. default: 1 MiB
 	MaxBodyBytes int64
+	// MaxDrives bounds the drives in progress (drive API and proxy-mode
+	// completions); more are answered 429 with Retry-After. default: 512
+	MaxDrives int
 	// Ready reports whether the sidecar can serve: Core reachable, NATS
 	// connected.
 	Ready func(ctx context.Context) error
@@ -68,6 +73,8 @@ type Server struct {
 	// active counts requests being served, so shutdown can wait for drives
 	// that outlive http.Server.Shutdown's deadline.
 	active sync.WaitGroup
+	drives chan struct{} // a slot per drive in progress
+	ops    *http.ServeMux
 }
 
 // Wait blocks until no request is being served.
@@ -75,6 +82,9 @@ func (s *Server) Wait() { s.active.Wait() }
 
 // New builds the server. No I/O.
 func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
+	if cfg.MaxDrives <= 0 {
+		cfg.MaxDrives = 512
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 1 << 20
 	}
@@ -84,7 +94,8 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	if cfg.Ready == nil {
 		cfg.Ready = func(context.Context) error { return nil }
 	}
-	s := &Server{cfg: cfg, drv: drv, tools: tools, log: cfg.Logger, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, drv: drv, tools: tools, log: cfg.Logger, mux: http.NewServeMux(), ops: http.NewServeMux(),
+		drives: make(chan struct{}, cfg.MaxDrives)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -105,17 +116,56 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 				writeError(w, http.StatusBadGateway, "Core unreachable: "+err.Error())
 			},
 		}
-		s.mux.HandleFunc("POST /v1/completions", s.completions)
-		s.mux.Handle("/v1/", s.proxy)
+		s.mux.HandleFunc("POST /v1/completions", s.limited(s.completions))
+		s.mux.Handle("/v1/", s.unbounded(s.proxy.ServeHTTP))
 	}
-	s.mux.HandleFunc("POST /v1/runs/{run_id}/drive", s.drive)
+	s.mux.HandleFunc("POST /v1/runs/{run_id}/drive", s.limited(s.drive))
 	s.mux.HandleFunc("GET /v1/tools", s.listTools)
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	s.mux.HandleFunc("GET /readyz", s.ready)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		})
+		mux.HandleFunc("GET /readyz", s.ready)
+		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
 	return s, nil
+}
+
+// Ops is the handler of the ops listener: /healthz, /readyz and /metrics,
+// without the API token, so that probes and scraping need no secret and no
+// API listener outside loopback.
+func (s *Server) Ops() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.active.Add(1)
+		defer s.active.Done()
+		s.ops.ServeHTTP(w, r)
+	})
+}
+
+// limited runs a drive within the cap on drives in progress: past it the
+// answer is 429 with Retry-After, and no run is touched. A drive may last
+// long, so the server's write timeout does not apply to it.
+func (s *Server) limited(h http.HandlerFunc) http.HandlerFunc {
+	return s.unbounded(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case s.drives <- struct{}{}:
+			defer func() { <-s.drives }()
+		default:
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("the sidecar is at its limit of %d drives in progress", cap(s.drives)))
+			return
+		}
+		h(w, r)
+	})
+}
+
+// unbounded lifts the write deadline for a handler that streams or waits
+// on Core.
+func (s *Server) unbounded(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
+		h(w, r)
+	}
 }
 
 // ServeHTTP authenticates, bounds the body and routes.
@@ -195,6 +245,10 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.RunID = r.PathValue("run_id")
+	if !runID.MatchString(req.RunID) {
+		writeError(w, http.StatusBadRequest, "run_id must be 1-128 letters, digits, _ or -")
+		return
+	}
 	req.Traceparent = r.Header.Get("traceparent")
 	var missing []string
 	for name, v := range map[string]string{"thread_id": req.ThreadID, "assistant_id": req.AssistantID, "message_id": req.MessageID, "model": req.Model} {
@@ -227,10 +281,21 @@ func driveStatus(err error) int {
 	return http.StatusOK
 }
 
+// runID is the shape of a run id the drive API accepts.
+var runID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// decodeStrict decodes one JSON object: unknown fields and trailing data
+// are errors.
 func decodeStrict(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("data after the JSON object")
+		}
+	}
+	if err != nil {
 		status := http.StatusBadRequest
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

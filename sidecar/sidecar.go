@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/netutil"
 
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
@@ -28,6 +29,7 @@ import (
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/server"
+	"github.com/projectdavid/toolsidecar/wire"
 )
 
 // ErrShutdownTimeout is the cause given to drives still running when the
@@ -83,6 +85,8 @@ type Sidecar struct {
 	srv         *server.Server
 	hs          *http.Server
 	ln          net.Listener
+	opsHS       *http.Server // nil without server.ops_listen
+	opsLn       net.Listener
 	stopTracing func(context.Context) error
 	cancelBase  context.CancelCauseFunc
 
@@ -146,20 +150,31 @@ func (s *Sidecar) undo() {
 }
 
 // connectNATS starts the embedded server when no URL is configured, then
-// connects and opens the dispatch client.
+// connects (in process to the embedded server) and opens the dispatch
+// client.
 func (s *Sidecar) connectNATS() error {
 	s.natsURL = s.cfg.NATS.URL
+	cc, extra := connectConfig(s.cfg.NATS, s.natsURL, "toolsidecar"), []nats.Option(nil)
 	if s.natsURL == "" {
-		ns, err := embedded.Start(embedded.Config{Listen: s.cfg.NATS.Embedded.Listen})
+		ecfg, err := embeddedConfig(s.cfg.NATS)
+		if err != nil {
+			return err
+		}
+		if ecfg.AllowAnonymous {
+			s.log.Warn("the embedded NATS server lets clients without credentials in, with every permission (nats.embedded.allow_anonymous)")
+		}
+		ns, err := embedded.Start(ecfg)
 		if err != nil {
 			return err
 		}
 		s.embedded, s.natsURL = ns, ns.ClientURL()
 		s.closers = append(s.closers, ns.Shutdown)
-		s.log.Info("embedded NATS started", "url", s.natsURL)
+		s.log.Info("embedded NATS started", "url", s.natsURL, "worker_users", len(ecfg.Workers))
+		cc, extra = bridge.ConnectConfig{URL: ns.InProcessURL(), Name: "toolsidecar"}, ns.ConnectOptions()
+	} else if err := readNATSSecrets(s.cfg.NATS, &cc); err != nil {
+		return err
 	}
-	nc, err := bridge.Connect(connectConfig(s.cfg.NATS, s.natsURL, "toolsidecar"), s.metrics, s.log,
-		nats.ClosedHandler(func(*nats.Conn) { close(s.natsClosed) }))
+	nc, err := bridge.Connect(cc, s.metrics, s.log, append(extra, nats.ClosedHandler(func(*nats.Conn) { close(s.natsClosed) }))...)
 	if err != nil {
 		return err
 	}
@@ -172,10 +187,55 @@ func (s *Sidecar) connectNATS() error {
 	return nil
 }
 
+// embeddedConfig turns the embedded section into the server's users: each
+// worker may subscribe to its tools' subjects and the cancel subject.
+func embeddedConfig(n config.NATS) (embedded.Config, error) {
+	ecfg := embedded.Config{Listen: n.Embedded.Listen, AllowAnonymous: n.Embedded.AllowAnonymous}
+	for i, w := range n.Embedded.Workers {
+		ew := embedded.Worker{Name: w.Name, NKey: w.NKey, Subscribe: []string{wire.CancelWildcard(n.SubjectPrefix)}}
+		if w.PasswordFile != "" {
+			var err error
+			if ew.Password, err = config.ReadSecret(fmt.Sprintf("nats.embedded.workers[%d].password_file", i), w.PasswordFile); err != nil {
+				return ecfg, err
+			}
+		}
+		for _, t := range w.Tools {
+			ew.Subscribe = append(ew.Subscribe, wire.Subject(n.SubjectPrefix, t)) // "*" is every tool
+		}
+		ecfg.Workers = append(ecfg.Workers, ew)
+	}
+	if t := n.Embedded.TLS; t.CertFile != "" {
+		tc, err := serverTLS(t)
+		if err != nil {
+			return ecfg, fmt.Errorf("sidecar: nats.embedded.tls: %w", err)
+		}
+		ecfg.TLS = tc
+	}
+	return ecfg, nil
+}
+
+// readNATSSecrets reads the credentials of an external NATS from their
+// files into cc.
+func readNATSSecrets(n config.NATS, cc *bridge.ConnectConfig) error {
+	var err error
+	if n.PasswordFile != "" {
+		if cc.Password, err = config.ReadSecret("nats.password_file", n.PasswordFile); err != nil {
+			return err
+		}
+	}
+	if n.TokenFile != "" {
+		if cc.Token, err = config.ReadSecret("nats.token_file", n.TokenFile); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // connectConfig is the one mapping from the nats section to a connection;
-// the sidecar and `toolsidecar worker` both use it.
+// the sidecar and `toolsidecar worker` both use it. Secrets are read by
+// readNATSSecrets.
 func connectConfig(c config.NATS, url, name string) bridge.ConnectConfig {
-	return bridge.ConnectConfig{URL: url, Name: name, CredsFile: c.CredsFile,
+	return bridge.ConnectConfig{URL: url, Name: name, CredsFile: c.CredsFile, User: c.User, NKeySeedFile: c.NKeySeedFile,
 		CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile}
 }
 
@@ -189,8 +249,16 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 			return nil, err
 		}
 	}
+	opts := []core.Option{core.WithMetrics(s.metrics)}
+	hc, err := coreHTTPClient(s.cfg.Core.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if hc != nil {
+		opts = append(opts, core.WithHTTPClient(hc))
+	}
 	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout,
-		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout}, core.WithMetrics(s.metrics))
+		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout}, opts...)
 }
 
 // buildExecutor wires the loop: NATS for route nats, the in-process
@@ -203,6 +271,7 @@ func (s *Sidecar) buildExecutor(cc *core.Client, tr trace.Tracer) error {
 			return err
 		}
 	}
+	plugins.SetMaxProcesses(s.cfg.Executor.MaxExecProcesses)
 	local := plugins.NewLocal(s.live, s.log.With("component", "plugins"))
 	opts := []executor.Option{executor.WithLogger(s.log.With("component", "executor")), executor.WithTracer(tr),
 		executor.WithObserver(executor.NewMetrics(s.metrics, func(t string) bool { _, ok := s.live.Load().Lookup(t); return ok }))}
@@ -219,11 +288,11 @@ func (s *Sidecar) buildServer() error {
 	var token string
 	if f := s.cfg.Server.AuthTokenFile; f != "" {
 		var err error
-		if token, err = config.ReadSecret(f); err != nil {
+		if token, err = config.ReadSecret("server.auth_token_file", f); err != nil {
 			return err
 		}
 	}
-	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, Gatherer: s.metrics,
+	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core.URL, s.nc.IsConnected)}
 	if s.cfg.Server.Proxy {
 		scfg.CoreURL = s.cfg.Core.URL
@@ -232,15 +301,45 @@ func (s *Sidecar) buildServer() error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", s.cfg.Server.Listen)
+	base, cancelBase := context.WithCancelCause(context.Background())
+	s.srv, s.cancelBase = srv, cancelBase
+	if s.ln, s.hs, err = s.listen("server.listen", s.cfg.Server.Listen, srv, base); err != nil {
+		return err
+	}
+	if s.cfg.Server.OpsListen != "" {
+		if s.opsLn, s.opsHS, err = s.listen("server.ops_listen", s.cfg.Server.OpsListen, srv.Ops(), base); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listen opens a listener, bounded in connections, and the HTTP server for
+// it, bounded in time and header size. The write timeout applies to short
+// answers; drives lift it (they stream, or wait on the model).
+func (s *Sidecar) listen(key, addr string, h http.Handler, base context.Context) (net.Listener, *http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("sidecar: server.listen: %w", err)
+		return nil, nil, fmt.Errorf("sidecar: %s: %w", key, err)
 	}
 	s.closers = append(s.closers, func() { _ = ln.Close() })
-	base, cancelBase := context.WithCancelCause(context.Background())
-	s.srv, s.ln, s.cancelBase = srv, ln, cancelBase
-	s.hs = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return base }}
-	return nil
+	c := s.cfg.Server
+	ln = netutil.LimitListener(ln, c.MaxConnections)
+	return ln, &http.Server{Handler: h, ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
+		WriteTimeout: writeTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes,
+		BaseContext: func(net.Listener) context.Context { return base },
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}, nil
+}
+
+// writeTimeout bounds writing a short answer (health, metrics, tools).
+const writeTimeout = 60 * time.Second
+
+// OpsAddr is the address of the ops listener, or "" without one.
+func (s *Sidecar) OpsAddr() string {
+	if s.opsLn == nil {
+		return ""
+	}
+	return s.opsLn.Addr().String()
 }
 
 // Addr is the address the HTTP API listens on.
@@ -274,12 +373,15 @@ func (s *Sidecar) Reload() error {
 // ends, then shuts down within server.shutdown_timeout; or until Shutdown
 // is called elsewhere. It returns an error when the listener fails.
 func (s *Sidecar) Run(ctx context.Context) error {
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	s.wg.Go(func() { serveErr <- s.hs.Serve(s.ln) })
+	if s.opsHS != nil {
+		s.wg.Go(func() { serveErr <- s.opsHS.Serve(s.opsLn) })
+	}
 	if s.reloader != nil {
 		s.wg.Go(func() { s.reloader.Run(s.runCtx, 2*time.Second, nil) })
 	}
-	s.log.Info("toolsidecar ready", "listen", s.Addr(), "core", s.cfg.Core.URL, "nats", s.natsURL,
+	s.log.Info("toolsidecar ready", "listen", s.Addr(), "ops_listen", s.OpsAddr(), "core", config.RedactURL(s.cfg.Core.URL), "nats", config.RedactURL(s.natsURL),
 		"tools", len(s.live.Load().Names()), "proxy", s.cfg.Server.Proxy, "startup_ms", time.Since(s.started).Milliseconds())
 	var err error
 	select {
@@ -315,6 +417,9 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 		s.srv.Wait()
 	}
 	s.cancelBase(nil)
+	if s.opsHS != nil {
+		_ = s.opsHS.Close() // probes and scrapes are short: no drain
+	}
 	s.stopRun()
 	s.wg.Wait()
 	_ = s.client.Close()
@@ -328,6 +433,9 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 		s.embedded.Shutdown()
 	}
 	_ = s.ln.Close() // when Run never served
+	if s.opsLn != nil {
+		_ = s.opsLn.Close()
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := s.stopTracing(fctx); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/sidecar"
@@ -87,7 +88,7 @@ func TestNewFailsCleanly(t *testing.T) {
 	}
 	natsAddr := natsPort.Addr().String()
 	natsPort.Close()
-	cfg := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{}, nil)
+	cfg, _ := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{}, nil)
 	cfg.Server.Listen = taken.Addr().String()
 	cfg.NATS.Embedded.Listen = natsAddr
 	if _, err := sidecar.New(cfg, sidecar.WithAPIKey("k")); err == nil || !strings.Contains(err.Error(), "server.listen") {
@@ -163,9 +164,9 @@ func TestReload(t *testing.T) {
 // where a sidecar's client reaches it; a configuration with nothing to
 // serve is refused.
 func TestServeWorkers(t *testing.T) {
-	env := testenv.New(t, coresim.Scenario{})
+	url := natstest.Start(t)
 	cfg := config.Default()
-	cfg.NATS.URL = env.NATSURL
+	cfg.NATS.URL = url
 	cfg.NATS.SubjectPrefix = "w"
 	if err := sidecar.ServeWorkers(context.Background(), cfg, nil); !errors.Is(err, sidecar.ErrNothingToServe) {
 		t.Errorf("empty configuration: %v", err)
@@ -175,7 +176,7 @@ func TestServeWorkers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sidecar.ServeWorkers(ctx, cfg, nil) }()
-	nc, err := nats.Connect(env.NATSURL)
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/worker"
 )
@@ -27,11 +28,16 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
+	plugins.SetMaxProcesses(cfg.Executor.MaxExecProcesses)
 	url := cfg.NATS.URL
 	if url == "" {
 		url = "nats://" + cfg.NATS.Embedded.Listen
 	}
-	nc, err := bridge.Connect(connectConfig(cfg.NATS, url, "toolsidecar-worker"), nil, log)
+	cc := connectConfig(cfg.NATS, url, "toolsidecar-worker")
+	if err := readNATSSecrets(cfg.NATS, &cc); err != nil {
+		return err
+	}
+	nc, err := bridge.Connect(cc, nil, log)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,9 @@ import (
 // DefaultTimeout bounds one attempt of a tool that sets no timeout.
 const DefaultTimeout = 30 * time.Second
 
+// DefaultMaxDuration bounds one attempt whatever progress it reports.
+const DefaultMaxDuration = 10 * time.Minute
+
 // Header names of the worker protocol. Transports that carry headers (NATS,
 // HTTP) use these names, so that a worker reads the same ones everywhere.
 const (
@@ -45,6 +48,9 @@ type Request struct {
 	// Timeout bounds the wait for the outcome; each progress message
 	// restarts it. Zero means [DefaultTimeout].
 	Timeout time.Duration
+	// MaxDuration bounds the attempt whatever progress it reports. Zero
+	// means [DefaultMaxDuration].
+	MaxDuration time.Duration
 	// Traceparent is forwarded to the worker; a transport makes one when
 	// it is empty.
 	Traceparent string
@@ -56,6 +62,16 @@ func (r Request) TimeoutOrDefault() time.Duration {
 		return DefaultTimeout
 	}
 	return r.Timeout
+}
+
+// MaxDurationOrDefault is the request's hard bound, never below its
+// timeout.
+func (r Request) MaxDurationOrDefault() time.Duration {
+	d := r.MaxDuration
+	if d <= 0 {
+		d = DefaultMaxDuration
+	}
+	return max(d, r.TimeoutOrDefault())
 }
 
 // Outcome is the result of one attempt: Data on success, Err otherwise.

@@ -15,13 +15,18 @@ import (
 )
 
 // Example serves a tool with the Go worker library and calls it the way
-// the sidecar does, over a real (embedded) NATS server.
+// the sidecar does, over a real embedded NATS server with authentication:
+// the worker logs in as a user that may serve get_flight_times only, and
+// the sidecar connects in process.
 func Example() {
-	ns, _ := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1"})
+	ns, _ := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", Workers: []embedded.Worker{{
+		Name: "flights", Password: "s3cret",
+		Subscribe: []string{"toolsidecar.tools.get_flight_times", "toolsidecar.tools.cancel.*"},
+	}}})
 	defer ns.Shutdown()
-	workerConn, _ := nats.Connect(ns.ClientURL())
+	workerConn, _ := nats.Connect(ns.ClientURL(), nats.UserInfo("flights", "s3cret"))
 	defer workerConn.Close()
-	sidecarConn, _ := nats.Connect(ns.ClientURL())
+	sidecarConn, _ := nats.Connect(ns.ClientURL(), ns.ConnectOptions()...)
 	defer sidecarConn.Close()
 
 	// The worker side: a handler per tool.

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -188,5 +189,44 @@ func TestLateCancelSparesNextAttempt(t *testing.T) {
 	c.Close()
 	if r := <-barrier; r.Err == nil || r.Err.Type != tool.WorkerCrash || !strings.Contains(r.Err.Message, "closed") {
 		t.Fatalf("outcome %+v, want the closed client to wake the call", r)
+	}
+}
+
+// TestProgressCannotOutlastMaxDuration: a worker that sends progress for
+// ever keeps restarting the timeout, but the call ends at max_duration and
+// the worker is told to stop.
+func TestProgressCannotOutlastMaxDuration(t *testing.T) {
+	side, work := natstest.Connect(t)
+	stopped := make(chan error, 1)
+	natstest.Worker(t, work, map[string]tool.Handler{"chatty": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				stopped <- context.Cause(ctx)
+				return nil, ctx.Err()
+			case <-tick.C:
+				c.Progress()
+			}
+		}
+	}})
+	c, err := bridge.Open(side, natstest.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := natstest.Request("chatty", 200*time.Millisecond)
+	req.MaxDuration = 700 * time.Millisecond
+	start := time.Now()
+	r := c.Dispatch(context.Background(), req)
+	if r.Err == nil || r.Err.Type != tool.Timeout || !strings.Contains(r.Err.Message, "max_duration") || r.Progress < 3 {
+		t.Fatalf("outcome %+v, want a timeout at max_duration after progress", r)
+	}
+	if took := time.Since(start); took < req.MaxDuration {
+		t.Errorf("ended after %s, before max_duration", took)
+	}
+	if err := <-stopped; !errors.Is(err, worker.ErrCancelledBySidecar) {
+		t.Errorf("worker stopped by %v, want the cancel subject", err)
 	}
 }

@@ -17,7 +17,9 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:4222", "host:port; port -1 picks a free one")
 	urlFile := flag.String("url-file", "", "write the client URL to this file once ready")
 	flag.Parse()
-	ns, err := embedded.Start(embedded.Config{Listen: *listen})
+	// A development server for worker authors and the worker libraries'
+	// tests: anyone on the listener may connect (bind it to loopback).
+	ns, err := embedded.Start(embedded.Config{Listen: *listen, AllowAnonymous: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "natsd:", err)
 		os.Exit(1)

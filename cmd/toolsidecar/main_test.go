@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -26,6 +25,7 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -89,15 +89,23 @@ func freePort(t *testing.T) string {
 type daemonProc struct {
 	cfgPath, base, natsURL string
 	cmd                    *exec.Cmd
-	stderr                 *syncBuffer
+	stderr                 *testenv.LogBuffer
 }
+
+// workerPassword is the password of the daemon's worker user "w".
+const workerPassword = "worker-secret-8d1f"
 
 func newDaemonConfig(t *testing.T, coreURL, tools string) *daemonProc {
 	t.Helper()
 	natsAddr, httpAddr := freePort(t), freePort(t)
-	p := &daemonProc{cfgPath: filepath.Join(t.TempDir(), "config.yaml"), base: "http://" + httpAddr, natsURL: "nats://" + natsAddr}
-	os.WriteFile(p.cfgPath, []byte(fmt.Sprintf("core: {url: %q}\nnats: {embedded: {listen: %q}}\nserver: {listen: %q, shutdown_timeout: 20s}\ntools:\n%s",
-		coreURL, natsAddr, httpAddr, tools)), 0o600)
+	dir := t.TempDir()
+	p := &daemonProc{cfgPath: filepath.Join(dir, "config.yaml"), base: "http://" + httpAddr, natsURL: "nats://" + natsAddr}
+	pwFile := filepath.Join(dir, "worker-password")
+	os.WriteFile(pwFile, []byte(workerPassword+"\n"), 0o600)
+	os.WriteFile(p.cfgPath, []byte(fmt.Sprintf("core: {url: %q}\n"+
+		"nats: {embedded: {listen: %q, workers: [{name: w, password_file: %q, tools: [\"*\"]}]}}\n"+
+		"server: {listen: %q, shutdown_timeout: 20s}\ntools:\n%s",
+		coreURL, natsAddr, pwFile, httpAddr, tools)), 0o600)
 	return p
 }
 
@@ -106,7 +114,7 @@ func (p *daemonProc) start(t *testing.T) {
 	t.Helper()
 	p.cmd = exec.Command(os.Args[0], "run", "--config", p.cfgPath)
 	p.cmd.Env = append(os.Environ(), "TOOLSIDECAR_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k")
-	p.stderr = &syncBuffer{}
+	p.stderr = &testenv.LogBuffer{}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -147,23 +155,16 @@ func (p *daemonProc) drive(r core.Run, msgID string) <-chan driveResult {
 // newRun sets a run up on the simulator as an application does.
 func newRun(t *testing.T, coreURL string) (core.Run, string) {
 	t.Helper()
-	ctx := context.Background()
 	cc, _ := core.New(core.Config{URL: coreURL, APIKey: "k"})
-	a, _ := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/x"})
-	th, _ := cc.CreateThread(ctx)
-	msg, _ := cc.CreateMessage(ctx, th.ID, a.ID, "go")
-	run, err := cc.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return run, msg.ID
+	r := testenv.SetUpRun(t, cc, nil)
+	return core.Run{ID: r.RunID, ThreadID: r.ThreadID, AssistantID: r.AssistantID}, r.MessageID
 }
 
 // startWorker serves handlers from a connection that reconnects for ever,
 // as a worker process beside a restarting sidecar does.
 func startWorker(t *testing.T, natsURL string, handlers map[string]tool.Handler) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(natsURL, nats.UserInfo("w", workerPassword), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,22 +317,4 @@ func TestSIGKILLMidBatch(t *testing.T) {
 	if r, _ := sim.Run(run.ID); r.Status != core.RunCompleted {
 		t.Errorf("Core's run is %s", r.Status)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's writer goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

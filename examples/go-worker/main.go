@@ -1,7 +1,10 @@
 // Command go-worker is an example toolsidecar worker in Go: it serves
 // get_flight_times on the sidecar's NATS bus with the worker package.
 //
-//	NATS_URL=nats://127.0.0.1:4222 go run ./examples/go-worker
+//	NATS_URL=nats://127.0.0.1:4222 NATS_USER=flights NATS_PASSWORD=... go run ./examples/go-worker
+//
+// NATS_USER and NATS_PASSWORD are the worker's user on the sidecar's
+// embedded server (nats.embedded.workers in its configuration).
 package main
 
 import (
@@ -51,7 +54,11 @@ func main() {
 	if url == "" {
 		url = nats.DefaultURL
 	}
-	nc, err := nats.Connect(url, nats.Name("example-go-worker"), nats.MaxReconnects(-1))
+	opts := []nats.Option{nats.Name("example-go-worker"), nats.MaxReconnects(-1)}
+	if user := os.Getenv("NATS_USER"); user != "" {
+		opts = append(opts, nats.UserInfo(user, os.Getenv("NATS_PASSWORD")))
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		log.Error("connect", "err", err)
 		os.Exit(1)

@@ -7,10 +7,14 @@ package demo
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -90,12 +94,21 @@ func Run(ctx context.Context, out io.Writer) error {
 	start := time.Now()
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: apiKey, Scenario: Scenario()})
 	defer srv.Close()
-	s, err := startSidecar(srv.URL)
+	dir, err := os.MkdirTemp("", "toolsidecar-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	password, err := workerPassword(dir)
+	if err != nil {
+		return err
+	}
+	s, err := startSidecar(srv.URL, filepath.Join(dir, "worker-password"))
 	if err != nil {
 		return err
 	}
 	defer s.Shutdown(context.Background())
-	stopWorkers, err := startWorkers(s)
+	stopWorkers, err := startWorkers(s, password)
 	if err != nil {
 		return err
 	}
@@ -129,15 +142,31 @@ func Run(ctx context.Context, out io.Writer) error {
 
 const apiKey = "demo-key"
 
+// demoWorker is the embedded server's user the demo workers log in as.
+const demoWorker = "demo-workers"
+
+// workerPassword makes a random password for the demo workers and writes
+// it where the configuration points (a file, as secrets always are).
+func workerPassword(dir string) (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	pw := hex.EncodeToString(b[:])
+	return pw, os.WriteFile(filepath.Join(dir, "worker-password"), []byte(pw+"\n"), 0o600)
+}
+
 // startSidecar assembles the sidecar from the shipped config.yaml, on the
-// embedded NATS server, with every listener on a free loopback port.
-func startSidecar(coreURL string) (*sidecar.Sidecar, error) {
+// embedded NATS server with authentication on (the demo workers are a
+// configured user), with every listener on a free loopback port.
+func startSidecar(coreURL, passwordFile string) (*sidecar.Sidecar, error) {
 	cfg, err := config.Parse(toolsidecar.ExampleConfig)
 	if err != nil {
 		return nil, err
 	}
 	cfg.Core.URL = coreURL
 	cfg.NATS.Embedded.Listen = "127.0.0.1:-1"
+	cfg.NATS.Embedded.Workers = []config.Worker{{Name: demoWorker, PasswordFile: passwordFile, Tools: []string{"*"}}}
 	cfg.Server.Listen = "127.0.0.1:0"
 	// search_hotels runs 1.5s; a 1s budget, restarted by each progress
 	// message, shows progress keeping a long call alive.
@@ -151,8 +180,8 @@ func startSidecar(coreURL string) (*sidecar.Sidecar, error) {
 
 // startWorkers serves the demo tools from their own NATS connection, as a
 // worker process would.
-func startWorkers(s *sidecar.Sidecar) (stop func(), err error) {
-	nc, err := nats.Connect(s.NATSURL(), nats.Name("demo-workers"))
+func startWorkers(s *sidecar.Sidecar, password string) (stop func(), err error) {
+	nc, err := nats.Connect(s.NATSURL(), nats.Name("demo-workers"), nats.UserInfo(demoWorker, password))
 	if err != nil {
 		return nil, err
 	}

@@ -19,17 +19,26 @@ import (
 // Prefix is the subject prefix the helpers use.
 const Prefix = "t"
 
-// Connect starts a server and returns a sidecar connection and a worker
-// connection to it.
-func Connect(t testing.TB) (side, work *nats.Conn) {
+// Start starts a server that lets anonymous clients in (the transport
+// is under test here, not authentication) and returns its URL.
+func Start(t testing.TB) string {
 	t.Helper()
-	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1"})
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", AllowAnonymous: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(ns.Shutdown)
+	return ns.ClientURL()
+}
+
+// Connect starts a server and returns a sidecar connection and a worker
+// connection to it.
+func Connect(t testing.TB) (side, work *nats.Conn) {
+	t.Helper()
+	url := Start(t)
 	for _, nc := range []**nats.Conn{&side, &work} {
-		if *nc, err = nats.Connect(ns.ClientURL()); err != nil {
+		var err error
+		if *nc, err = nats.Connect(url); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup((*nc).Close)

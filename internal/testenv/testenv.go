@@ -6,9 +6,13 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,6 +34,10 @@ const Prefix = "test"
 // APIKey is the simulator's key.
 const APIKey = "key"
 
+// WorkerUser is the embedded server's user that test workers connect as;
+// it may serve every tool. Its password is [Env.WorkerPassword].
+const WorkerUser = "test-worker"
+
 // Tool is a tool definition and the Go worker handler serving it; a nil
 // handler means no worker serves the tool.
 type Tool struct {
@@ -48,6 +56,11 @@ type Options struct {
 	MaxBodyBytes int64
 	// CoreTimeout sets core.timeout (one request to Core); default 5s.
 	CoreTimeout time.Duration
+	// Workers are more users of the embedded server, beside WorkerUser.
+	Workers []config.Worker
+	// Server and NATS change those sections after the test defaults.
+	Server func(*config.Server)
+	NATS   func(*config.NATS)
 	// Sidecar options are passed to sidecar.New.
 	Sidecar []sidecar.Option
 }
@@ -59,11 +72,13 @@ type Env struct {
 	Core    *core.Client // the application's client, for set-up
 	Sidecar *sidecar.Sidecar
 	// URL is the sidecar's HTTP API.
-	URL      string
-	NATSURL  string
-	Worker   *worker.Worker
-	Registry *registry.Registry
-	t        testing.TB
+	URL     string
+	NATSURL string
+	// WorkerPassword is WorkerUser's password on the embedded server.
+	WorkerPassword string
+	Worker         *worker.Worker
+	Registry       *registry.Registry
+	t              testing.TB
 }
 
 // New starts a sidecar with the given script and tools and the default
@@ -82,7 +97,7 @@ func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env 
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config(t, srv.URL, opts, tools)
+	cfg, password := Config(t, srv.URL, opts, tools)
 	s, err := sidecar.New(cfg, append([]sidecar.Option{sidecar.WithAPIKey(APIKey)}, opts.Sidecar...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +105,7 @@ func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	w, stopWorker := startWorker(t, s.NATSURL(), tools)
+	w, stopWorker := startWorker(t, s.NATSURL(), password, tools)
 	// The sidecar stops first: its drives end and cancel their calls, then
 	// the workers have nothing left to wait for.
 	t.Cleanup(func() {
@@ -101,14 +116,21 @@ func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env 
 		stopWorker()
 	})
 	return &Env{Sim: sim, SimURL: srv.URL, Core: cc, Sidecar: s, URL: "http://" + s.Addr(), NATSURL: s.NATSURL(),
-		Worker: w, Registry: s.Tools(), t: t}
+		WorkerPassword: password, Worker: w, Registry: s.Tools(), t: t}
 }
 
 // Config is the sidecar configuration of a test: loopback ports picked by
-// the system, the test's tools with their defaults filled in.
-func Config(t testing.TB, coreURL string, opts Options, tools []Tool) config.Config {
+// the system, a worker user (WorkerUser, with the returned password) on the
+// embedded server, the test's tools with their defaults filled in.
+func Config(t testing.TB, coreURL string, opts Options, tools []Tool) (config.Config, string) {
 	t.Helper()
 	cfg := config.Default()
+	password := "pw-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	pwFile := filepath.Join(t.TempDir(), "worker-password")
+	if err := os.WriteFile(pwFile, []byte(password), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NATS.Embedded.Workers = append([]config.Worker{{Name: WorkerUser, PasswordFile: pwFile, Tools: []string{"*"}}}, opts.Workers...)
 	cfg.Core.URL = coreURL
 	cfg.Core.Timeout = 5 * time.Second
 	if opts.CoreTimeout > 0 {
@@ -126,6 +148,12 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) config.Con
 		if err := os.WriteFile(cfg.Server.AuthTokenFile, []byte(opts.Token+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if opts.Server != nil {
+		opts.Server(&cfg.Server)
+	}
+	if opts.NATS != nil {
+		opts.NATS(&cfg.NATS)
 	}
 	if opts.Executor != (config.Executor{}) {
 		cfg.Executor = opts.Executor
@@ -146,14 +174,17 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) config.Con
 		}
 		cfg.Tools = append(cfg.Tools, c)
 	}
-	return cfg
+	return cfg, password
 }
 
 // startWorker serves the tools that have a handler from a connection of
 // their own, as a worker process would.
-func startWorker(t testing.TB, natsURL string, tools []Tool) (*worker.Worker, func()) {
+func startWorker(t testing.TB, natsURL, password string, tools []Tool) (*worker.Worker, func()) {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
+	if !slices.ContainsFunc(tools, func(tl Tool) bool { return tl.Handler != nil }) {
+		return nil, func() {} // no worker: the test connects its own, or none
+	}
+	nc, err := nats.Connect(natsURL, nats.UserInfo(WorkerUser, password))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,26 +218,51 @@ func (r Run) Request() executor.Request {
 
 // NewRun creates an assistant, a thread, a user message and a run.
 func (e *Env) NewRun() Run {
-	t := e.t
+	e.t.Helper()
+	return SetUpRun(e.t, e.Core, e.Registry.FunctionTools())
+}
+
+// SetUpRun creates, through c, an assistant with tools, a thread, a user
+// message and a run, as an application does before it drives the run.
+func SetUpRun(t testing.TB, c *core.Client, tools []core.FunctionTool) Run {
 	t.Helper()
 	ctx := context.Background()
-	a, err := e.Core.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/test", Tools: e.Registry.FunctionTools()})
+	a, err := c.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/test", Tools: tools})
 	if err != nil {
 		t.Fatal(err)
 	}
-	th, err := e.Core.CreateThread(ctx)
+	th, err := c.CreateThread(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := e.Core.CreateMessage(ctx, th.ID, a.ID, "hello")
+	msg, err := c.CreateMessage(ctx, th.ID, a.ID, "hello")
 	if err != nil {
 		t.Fatal(err)
 	}
-	run, err := e.Core.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
+	run, err := c.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return Run{RunID: run.ID, ThreadID: th.ID, AssistantID: a.ID, MessageID: msg.ID, Model: "vllm/test"}
+}
+
+// LogBuffer collects a process's or a logger's output; it is safe for
+// concurrent writers.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // AssertWholeBatches checks the contract for every batch of a run: one

@@ -46,6 +46,11 @@ nats:
   {{- end }}
   embedded:
     listen: {{ .Values.nats.embedded.listen | quote }}
+    allow_anonymous: {{ .Values.nats.embedded.allowAnonymous }}
+    {{- with .Values.nats.embedded.workers }}
+    workers:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
 server:
   listen: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" .Values.sidecar.bindAll) (int .Values.sidecar.port) | quote }}
   proxy: {{ .Values.sidecar.proxy }}
