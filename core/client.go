@@ -361,10 +361,29 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
-	if c.cfg.APIKey != "" {
-		req.Header.Set("X-API-Key", c.cfg.APIKey)
+	if key := c.keyFor(ctx); key != "" {
+		req.Header.Set("X-API-Key", key)
 	}
 	return req, nil
+}
+
+// callerKey is the context key of a caller's Core API key.
+type callerKey struct{}
+
+// AsCaller makes every request under ctx carry the caller's X-API-Key
+// instead of the client's own: the sidecar acts with the identity of the
+// application it serves, not as a deputy with its own rights. The key
+// lives only as long as ctx.
+func AsCaller(ctx context.Context, apiKey string) context.Context {
+	return context.WithValue(ctx, callerKey{}, apiKey)
+}
+
+// keyFor is the caller's key under ctx, else the client's own.
+func (c *Client) keyFor(ctx context.Context) string {
+	if k, ok := ctx.Value(callerKey{}).(string); ok {
+		return k
+	}
+	return c.cfg.APIKey
 }
 
 func (c *Client) httpError(req *http.Request, resp *http.Response) *HTTPError {

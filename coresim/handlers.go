@@ -45,6 +45,10 @@ func (s *Sim) listMessages(w http.ResponseWriter, r *http.Request) {
 		detail(w, http.StatusNotFound, "Thread not found")
 		return
 	}
+	if !s.owns(r, t.owner) {
+		detail(w, http.StatusForbidden, "Not authorized to read this thread")
+		return
+	}
 	msgs := make([]core.Message, 0, len(t.messages))
 	for _, m := range t.messages {
 		msgs = append(msgs, core.Message{ID: m.id, ThreadID: t.id, Role: m.role, Content: m.content, ToolID: m.toolID, ToolCallID: m.toolCallID})
@@ -60,7 +64,7 @@ func (s *Sim) listMessages(w http.ResponseWriter, r *http.Request) {
 func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	s.mu.Lock()
-	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Body: body, At: s.now()})
+	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Body: body, At: s.now(), Key: r.Header.Get("X-API-Key")})
 	s.mu.Unlock()
 	if err != nil {
 		detail(w, http.StatusRequestEntityTooLarge, "request body too large")
@@ -87,12 +91,33 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func (s *Sim) auth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.PerKeyUsers {
+			if r.Header.Get("X-API-Key") == "" {
+				detail(w, http.StatusUnauthorized, "Invalid or missing API key")
+				return
+			}
+			h(w, r)
+			return
+		}
 		if s.cfg.APIKey != "" && r.Header.Get("X-API-Key") != s.cfg.APIKey {
 			detail(w, http.StatusUnauthorized, "Invalid or missing API key")
 			return
 		}
 		h(w, r)
 	}
+}
+
+// user is the caller's identity: its key, with PerKeyUsers; else "".
+func (s *Sim) user(r *http.Request) string {
+	if !s.cfg.PerKeyUsers {
+		return ""
+	}
+	return r.Header.Get("X-API-Key")
+}
+
+// owns reports whether the caller may touch what owner created.
+func (s *Sim) owns(r *http.Request, owner string) bool {
+	return !s.cfg.PerKeyUsers || owner == s.user(r)
 }
 
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
@@ -128,7 +153,7 @@ func (s *Sim) getAssistant(w http.ResponseWriter, r *http.Request) {
 
 func (s *Sim) createThread(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	t := &thread{id: s.newID("thread_", 22)}
+	t := &thread{id: s.newID("thread_", 22), owner: s.user(r)}
 	s.threads[t.id] = t
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, core.Thread{ID: t.id, MetaData: map[string]any{}})
@@ -144,6 +169,10 @@ func (s *Sim) createMessage(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.threads[in.ThreadID]
 	if !ok {
 		detail(w, http.StatusNotFound, "Thread not found")
+		return
+	}
+	if !s.owns(r, t.owner) {
+		detail(w, http.StatusForbidden, "Not authorized to post to this thread")
 		return
 	}
 	m := message{id: s.newID("message_", 22), role: in.Role, content: in.Content}
@@ -163,6 +192,10 @@ func (s *Sim) submitToolOutput(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.threads[in.ThreadID]
 	if !ok {
 		detail(w, http.StatusNotFound, "Thread not found")
+		return
+	}
+	if !s.owns(r, t.owner) {
+		detail(w, http.StatusForbidden, "Not authorized to post to this thread")
 		return
 	}
 	s.checkOutput(in)
@@ -230,23 +263,31 @@ func (s *Sim) createRun(w http.ResponseWriter, r *http.Request) {
 		detail(w, http.StatusNotFound, "Assistant not found")
 		return
 	}
-	if _, ok := s.threads[in.ThreadID]; !ok {
+	t, ok := s.threads[in.ThreadID]
+	if !ok {
 		detail(w, http.StatusNotFound, "Thread not found")
+		return
+	}
+	if !s.owns(r, t.owner) {
+		detail(w, http.StatusForbidden, "Not authorized for this thread")
 		return
 	}
 	model := in.Model
 	if model == "" {
 		model = a.Model
 	}
-	rn := &run{Run: core.Run{ID: s.newID("run_", 22), AssistantID: in.AssistantID, ThreadID: in.ThreadID, Status: core.RunQueued, Model: model, MetaData: in.MetaData}}
+	rn := &run{Run: core.Run{ID: s.newID("run_", 22), AssistantID: in.AssistantID, ThreadID: in.ThreadID, Status: core.RunQueued, Model: model, MetaData: in.MetaData},
+		owner: s.user(r)}
 	s.runs[rn.ID] = rn
 	writeJSON(w, http.StatusOK, rn.Run)
 }
 
-func (s *Sim) lookupRun(w http.ResponseWriter, id string) *run {
+// lookupRun finds a run the caller may see; a foreign run is not found.
+func (s *Sim) lookupRun(w http.ResponseWriter, r *http.Request, id string) *run {
 	rn, ok := s.runs[id]
-	if !ok {
+	if !ok || !s.owns(r, rn.owner) {
 		detail(w, http.StatusNotFound, "Run not found")
+		return nil
 	}
 	return rn
 }
@@ -254,7 +295,7 @@ func (s *Sim) lookupRun(w http.ResponseWriter, id string) *run {
 func (s *Sim) getRun(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if rn := s.lookupRun(w, r.PathValue("id")); rn != nil {
+	if rn := s.lookupRun(w, r, r.PathValue("id")); rn != nil {
 		out := rn.Run
 		writeJSON(w, http.StatusOK, struct {
 			core.Run
@@ -266,7 +307,7 @@ func (s *Sim) getRun(w http.ResponseWriter, r *http.Request) {
 func (s *Sim) cancelRun(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rn := s.lookupRun(w, r.PathValue("id"))
+	rn := s.lookupRun(w, r, r.PathValue("id"))
 	if rn == nil {
 		return
 	}

@@ -57,6 +57,8 @@ type Request struct {
 	Path   string
 	Body   []byte
 	At     time.Time
+	// Key is the X-API-Key the request carried.
+	Key string
 }
 
 // Config configures a [Sim].
@@ -67,6 +69,12 @@ type Config struct {
 	Scenario Scenario
 	// MaxBodyBytes bounds request bodies. default: 1 MiB
 	MaxBodyBytes int64
+	// PerKeyUsers makes every distinct X-API-Key a user of its own, as on
+	// a Core with many users: threads and runs belong to the key that
+	// created them; a foreign run reads 404, a tool output or message on a
+	// foreign thread 403. Actions check nothing, as on Core. A request
+	// without a key is 401. APIKey is then ignored.
+	PerKeyUsers bool
 }
 
 // Sim is the simulator state and its http.Handler. It is safe for
@@ -89,6 +97,7 @@ type Sim struct {
 
 type thread struct {
 	id       string
+	owner    string // the creating key, with PerKeyUsers
 	messages []message
 }
 
@@ -98,6 +107,7 @@ type message struct {
 
 type run struct {
 	core.Run
+	owner   string // the creating key, with PerKeyUsers
 	turns   int
 	batches [][]*action // actions per tool turn, in call order
 	ended   bool

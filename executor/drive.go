@@ -3,7 +3,10 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+
+	"github.com/projectdavid/toolsidecar/core"
 )
 
 // One driver per run: a second Drive of a run that is being driven attaches
@@ -174,6 +177,17 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	if sink == nil {
 		sink = func(Event) {}
 	}
+	if req.CallerKey != "" {
+		ctx = core.AsCaller(ctx, req.CallerKey)
+	}
+	// Ownership before work: the caller must be able to read the run with
+	// its own identity, or nothing is dispatched (nor joined) for it.
+	run, err := e.core.GetRun(ctx, req.RunID)
+	if err != nil {
+		sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: "reading the run: " + err.Error()}
+		sink(Event{Type: EventDone, Summary: &sum})
+		return sum, fmt.Errorf("executor: reading run %s: %w", req.RunID, err)
+	}
 	d, leader := e.join(ctx, req.RunID)
 	sub, detach := d.attach(ctx)
 	defer detach()
@@ -188,7 +202,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		sum, err := e.run(d.ctx, req, d.emit)
+		sum, err := e.run(d.ctx, req, run, d.emit)
 		e.forget(req.RunID, d)
 		d.finish(sum, err)
 	})

@@ -198,6 +198,10 @@ type Request struct {
 	APIKey *string `json:"api_key,omitempty"`
 	// Traceparent is the caller's W3C trace context, forwarded to workers.
 	Traceparent string `json:"-"`
+	// CallerKey is the caller's Core API key: every Core request of the
+	// drive carries it, and it is used nowhere else (never logged, never
+	// stored). Empty: the sidecar's own key, when one is configured.
+	CallerKey string `json:"-"`
 }
 
 // CallResult is the outcome of one call as the application sees it.

@@ -27,13 +27,13 @@ import (
 
 // run is the loop of one drive: check the run, reconcile with Core, then
 // turns until the run ends.
-func (e *Executor) run(ctx context.Context, req Request, emit Sink) (Summary, error) {
+func (e *Executor) run(ctx context.Context, req Request, run core.Run, emit Sink) (Summary, error) {
 	ctx, span := e.tracer.Start(ctx, "toolsidecar.drive", trace.WithAttributes(attribute.String("run_id", req.RunID)))
 	defer span.End()
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Calls: []CallResult{}}
 	e.obs.RunStarted()
-	err := e.loop(ctx, req, emit, log, &sum)
+	err := e.loop(ctx, req, run, emit, log, &sum)
 	log.Info("drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
 	span.SetAttributes(attribute.String("status", sum.Status), attribute.Int("turns", sum.Turns), attribute.Int("calls", len(sum.Calls)))
 	if err != nil {
@@ -44,15 +44,10 @@ func (e *Executor) run(ctx context.Context, req Request, emit Sink) (Summary, er
 	return sum, err
 }
 
-func (e *Executor) loop(ctx context.Context, req Request, emit Sink, log *slog.Logger, sum *Summary) error {
+func (e *Executor) loop(ctx context.Context, req Request, run core.Run, emit Sink, log *slog.Logger, sum *Summary) error {
 	maxTurns := e.cfg.MaxTurns
 	if req.MaxTurns > 0 && req.MaxTurns < maxTurns {
 		maxTurns = req.MaxTurns // a caller may tighten the operator's limit, never loosen it
-	}
-	run, err := e.core.GetRun(ctx, req.RunID)
-	if err != nil {
-		sum.Status, sum.Error = StatusFailed, err.Error()
-		return fmt.Errorf("executor: reading run %s: %w", req.RunID, err)
 	}
 	if core.RunTerminal(run.Status) {
 		return e.finished(ctx, req, run, sum)

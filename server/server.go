@@ -245,6 +245,7 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.RunID = r.PathValue("run_id")
+	req.CallerKey = r.Header.Get("X-API-Key")
 	if !runID.MatchString(req.RunID) {
 		writeError(w, http.StatusBadRequest, "run_id must be 1-128 letters, digits, _ or -")
 		return
@@ -272,11 +273,13 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, driveStatus(err), sum)
 }
 
-// driveStatus is the HTTP status of a drive that ran: 200 with its summary
-// (whatever the run's status), or 404 when Core does not know the run.
+// driveStatus is the HTTP status of a drive: 200 with its summary for a
+// drive that ran (whatever the run's status), or Core's own 401, 403 or 404
+// when the caller's identity may not read the run.
 func driveStatus(err error) int {
-	if core.StatusCode(err) == http.StatusNotFound {
-		return http.StatusNotFound
+	switch code := core.StatusCode(err); code {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+		return code
 	}
 	return http.StatusOK
 }

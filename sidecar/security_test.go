@@ -1,9 +1,7 @@
 package sidecar_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -157,16 +155,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := testenv.SetUpRun(t, cc, nil)
-	body, _ := json.Marshal(map[string]string{"thread_id": run.ThreadID, "assistant_id": run.AssistantID, "message_id": run.MessageID, "model": run.Model})
-	req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/runs/"+run.RunID+"/drive", bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+secrets["api token"])
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum executor.Summary
-	json.NewDecoder(resp.Body).Decode(&sum)
-	resp.Body.Close()
+	_, sum := testenv.Drive(t, "http://"+s.Addr(), run, map[string]string{"Authorization": "Bearer " + secrets["api token"]})
 	if sum.Status != executor.StatusCompleted {
 		t.Fatalf("summary %+v", sum)
 	}
@@ -258,14 +247,7 @@ func TestDriveCapAndOpsListener(t *testing.T) {
 		return []byte(`"ok"`), nil
 	}})
 	drive := func(r testenv.Run) *http.Response {
-		body, _ := json.Marshal(map[string]string{"thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": r.Model})
-		req, _ := http.NewRequest("POST", env.URL+"/v1/runs/"+r.RunID+"/drive", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer tok")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		resp, _ := testenv.Drive(t, env.URL, r, map[string]string{"Authorization": "Bearer tok"})
 		return resp
 	}
 	first := make(chan int, 1)

@@ -2,7 +2,6 @@ package sidecar_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -35,16 +34,7 @@ func oneCall(name string) coresim.Scenario {
 
 func driveHTTP(t *testing.T, env *testenv.Env, r testenv.Run) (int, executor.Summary) {
 	t.Helper()
-	body, _ := json.Marshal(map[string]string{"thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": r.Model})
-	resp, err := http.Post(env.URL+"/v1/runs/"+r.RunID+"/drive", "application/json", strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var sum executor.Summary
-	if err := json.NewDecoder(resp.Body).Decode(&sum); err != nil {
-		t.Fatal(err)
-	}
+	resp, sum := testenv.Drive(t, env.URL, r, nil)
 	return resp.StatusCode, sum
 }
 

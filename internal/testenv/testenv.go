@@ -8,6 +8,8 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,6 +58,10 @@ type Options struct {
 	MaxBodyBytes int64
 	// CoreTimeout sets core.timeout (one request to Core); default 5s.
 	CoreTimeout time.Duration
+	// PerKeyUsers runs the simulator with one user per API key, and the
+	// sidecar without a key of its own: every Core request must carry the
+	// caller's key.
+	PerKeyUsers bool
 	// Workers are more users of the embedded server, beside WorkerUser.
 	Workers []config.Worker
 	// Server and NATS change those sections after the test defaults.
@@ -91,14 +97,18 @@ func New(t testing.TB, sc coresim.Scenario, tools ...Tool) *Env {
 // Start is New with options.
 func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env {
 	t.Helper()
-	sim, srv := coresim.NewServer(coresim.Config{APIKey: APIKey, Scenario: sc})
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: APIKey, Scenario: sc, PerKeyUsers: opts.PerKeyUsers})
 	t.Cleanup(srv.Close)
 	cc, err := core.New(core.Config{URL: srv.URL, APIKey: APIKey, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg, password := Config(t, srv.URL, opts, tools)
-	s, err := sidecar.New(cfg, append([]sidecar.Option{sidecar.WithAPIKey(APIKey)}, opts.Sidecar...)...)
+	sopts := opts.Sidecar
+	if !opts.PerKeyUsers {
+		sopts = append([]sidecar.Option{sidecar.WithAPIKey(APIKey)}, sopts...)
+	}
+	s, err := sidecar.New(cfg, sopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,6 +254,29 @@ func SetUpRun(t testing.TB, c *core.Client, tools []core.FunctionTool) Run {
 		t.Fatal(err)
 	}
 	return Run{RunID: run.ID, ThreadID: th.ID, AssistantID: a.ID, MessageID: msg.ID, Model: "vllm/test"}
+}
+
+// Drive posts a JSON drive of the run to the sidecar's API at base, with
+// the given headers (X-API-Key, Authorization), and returns the status and
+// the summary with its headers.
+func Drive(t testing.TB, base string, r Run, header map[string]string) (*http.Response, executor.Summary) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": r.Model})
+	req, err := http.NewRequest("POST", base+"/v1/runs/"+r.RunID+"/drive", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum executor.Summary
+	_ = json.NewDecoder(resp.Body).Decode(&sum) // a refusal may carry another shape
+	return resp, sum
 }
 
 // LogBuffer collects a process's or a logger's output; it is safe for
