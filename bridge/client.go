@@ -36,6 +36,7 @@ type Client struct {
 	prefix string
 	inbox  string
 	sub    *nats.Subscription
+	ledger Ledger // nil: not durable
 
 	mu      sync.Mutex
 	pending map[string]*waiter
@@ -48,9 +49,29 @@ type waiter struct {
 	progress chan struct{}  // cap 1: progress notifications coalesce
 }
 
+// Ledger records an attempt before it is sent, with its reply subject, so
+// that a restarted sidecar finds the reply (package ledger).
+type Ledger interface {
+	Dispatched(ctx context.Context, req tool.Request, runID, reply string) error
+}
+
+// Option configures a [Client].
+type Option func(*Client)
+
+// WithInbox sends requests with reply subjects under inbox instead of a
+// random _INBOX: a durable sidecar's reply namespace, which a JetStream
+// stream captures.
+func WithInbox(inbox string) Option { return func(c *Client) { c.inbox = inbox } }
+
+// WithLedger records every attempt in l before it is sent.
+func WithLedger(l Ledger) Option { return func(c *Client) { c.ledger = l } }
+
 // Open subscribes the client's inbox on nc.
-func Open(nc *nats.Conn, subjectPrefix string) (*Client, error) {
+func Open(nc *nats.Conn, subjectPrefix string, opts ...Option) (*Client, error) {
 	c := &Client{nc: nc, prefix: subjectPrefix, inbox: nc.NewInbox(), pending: map[string]*waiter{}, done: make(chan struct{})}
+	for _, o := range opts {
+		o(c)
+	}
 	sub, err := nc.Subscribe(c.inbox+".*", c.route)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: subscribing inbox: %w", err)
@@ -131,6 +152,13 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 		tp = NewTraceparent()
 	}
 	msg.Header.Set(tool.HeaderTraceparent, tp)
+	if c.ledger != nil {
+		// Recorded before it is sent: a call the ledger does not know was
+		// never sent.
+		if err := c.ledger.Dispatched(ctx, req, req.RunID, msg.Reply); err != nil {
+			return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", err)}
+		}
+	}
 	if err := c.nc.PublishMsg(msg); err != nil {
 		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "publishing to %s: %v", subject, err)}
 	}

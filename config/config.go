@@ -39,12 +39,27 @@ const APIKeyEnv = "TOOLSIDECAR_CORE_API_KEY"
 
 // Config is the whole configuration file.
 type Config struct {
-	Core     Core     `koanf:"core"`
-	NATS     NATS     `koanf:"nats"`
-	Server   Server   `koanf:"server"`
-	Executor Executor `koanf:"executor"`
-	Tracing  Tracing  `koanf:"tracing"`
-	Tools    []Tool   `koanf:"tools"`
+	// InstanceID names this sidecar, stable across its restarts (the pod's
+	// name): its replies and ledger entries carry it. default: the hostname
+	InstanceID string     `koanf:"instance_id"`
+	Durability Durability `koanf:"durability"`
+	Core       Core       `koanf:"core"`
+	NATS       NATS       `koanf:"nats"`
+	Server     Server     `koanf:"server"`
+	Executor   Executor   `koanf:"executor"`
+	Tracing    Tracing    `koanf:"tracing"`
+	Tools      []Tool     `koanf:"tools"`
+}
+
+// Durability configures durable mode: an outcome ledger and captured
+// replies on JetStream, so that a restarted sidecar submits the results
+// that arrived while it was away.
+type Durability struct {
+	// Enabled turns durable mode on where the NATS server has JetStream
+	// (the embedded one does). default: true
+	Enabled bool `koanf:"enabled"`
+	// Replicas of the ledger and the reply stream on a cluster. default: 1
+	Replicas int `koanf:"replicas"`
 }
 
 // Tracing configures OpenTelemetry tracing, off unless an endpoint is set.
@@ -108,6 +123,9 @@ type TLS struct {
 type Embedded struct {
 	// Listen is where workers connect. default: 127.0.0.1:4222
 	Listen string `koanf:"listen"`
+	// StoreDir holds JetStream's files (the ledger, the captured replies):
+	// keep it across restarts. default: <temp dir>/toolsidecar-nats-<port>
+	StoreDir string `koanf:"store_dir"`
 	// Workers are the users workers connect as.
 	Workers []Worker `koanf:"workers"`
 	// AllowAnonymous lets clients without credentials in, with every
@@ -231,8 +249,9 @@ type Tool struct {
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	return Config{
-		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second},
-		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}},
+		Durability: Durability{Enabled: true, Replicas: 1},
+		Core:       Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second},
+		NATS:       NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512},

@@ -40,6 +40,8 @@ type Config struct {
 	// TLS, when set, serves the listener over TLS (with ClientCAs and
 	// ClientAuth set, it verifies client certificates).
 	TLS *tls.Config
+	// StoreDir, when set, turns JetStream on with its files there.
+	StoreDir string
 }
 
 // Worker is a worker's user: a password or a public nkey, and the
@@ -50,6 +52,8 @@ type Worker struct {
 	Password  string
 	NKey      string
 	Subscribe []string
+	// Publish lists subjects the worker may publish to beyond replies.
+	Publish []string
 }
 
 // Server is a running embedded NATS server.
@@ -79,6 +83,9 @@ func Start(cfg Config) (*Server, error) {
 		MaxPayload: cfg.MaxPayload,
 		Users:      []*server.User{{Username: SidecarUser, Password: s.password}},
 	}
+	if cfg.StoreDir != "" {
+		opts.JetStream, opts.StoreDir = true, cfg.StoreDir
+	}
 	if cfg.TLS != nil {
 		opts.TLSConfig, opts.TLS = cfg.TLS, true
 		opts.TLSVerify = cfg.TLS.ClientCAs != nil
@@ -86,7 +93,7 @@ func Start(cfg Config) (*Server, error) {
 	for _, w := range cfg.Workers {
 		perms := &server.Permissions{
 			Subscribe: &server.SubjectPermission{Allow: append(w.Subscribe, "$SRV.>")},
-			Publish:   &server.SubjectPermission{Allow: []string{}},
+			Publish:   &server.SubjectPermission{Allow: append([]string{}, w.Publish...)},
 			Response:  &server.ResponsePermission{MaxMsgs: -1},
 		}
 		if w.NKey != "" {

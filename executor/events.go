@@ -53,6 +53,9 @@ type Observer interface {
 	DriveAttached()
 	// GuardTripped: the guard refused a turn (a bug; never in tests).
 	GuardTripped()
+	// CallRecovered: a reply kept by the durable ledger was submitted
+	// instead of running the call again.
+	CallRecovered()
 }
 
 type nopObserver struct{}
@@ -64,3 +67,4 @@ func (nopObserver) RunDone(string, int)                    {}
 func (nopObserver) CallsInFlight(int)                      {}
 func (nopObserver) DriveAttached()                         {}
 func (nopObserver) GuardTripped()                          {}
+func (nopObserver) CallRecovered()                         {}

@@ -48,6 +48,17 @@ type Core interface {
 	GetRun(ctx context.Context, runID string) (core.Run, error)
 }
 
+// Recoverer finds the reply of a call whose sidecar went away while it ran
+// (package ledger, in durable mode); with await it waits for one still on
+// its way until the call's deadline. ok is false when there is none.
+type Recoverer interface {
+	Recover(ctx context.Context, actionID string, await bool) (reply tool.Outcome, ok bool, err error)
+}
+
+// WithRecoverer consults r, when a drive finishes calls left open, before
+// it runs a call again or declares it interrupted. default: none
+func WithRecoverer(r Recoverer) Option { return func(e *Executor) { e.recoverer = r } }
+
 // Tools gives the registry in force; *registry.Live satisfies it.
 type Tools interface{ Load() *registry.Registry }
 
@@ -125,13 +136,14 @@ func WithTracer(t trace.Tracer) Option {
 // Executor drives runs. It is safe for concurrent use: each Drive owns its
 // goroutines and waits for them.
 type Executor struct {
-	cfg    config.Executor
-	core   Core
-	tools  Tools
-	routes map[string]Dispatcher
-	log    *slog.Logger
-	obs    Observer
-	tracer trace.Tracer
+	cfg       config.Executor
+	core      Core
+	tools     Tools
+	routes    map[string]Dispatcher
+	log       *slog.Logger
+	obs       Observer
+	recoverer Recoverer
+	tracer    trace.Tracer
 	// finaliseTimeout bounds the best-effort processing mark.
 	finaliseTimeout time.Duration
 	stopping        atomic.Bool

@@ -429,14 +429,50 @@ func (br *batchRun) addOpen(ctx context.Context) {
 			br.start(m, func(context.Context) *outcome { return e.alreadyRecorded(br.n, m) })
 		default:
 			def, pre := e.precheck(br.reg, m)
-			if pre == nil && oc.status == core.ActionProcessing && def.SideEffects == config.Unsafe {
-				pre = tool.NewError(tool.Interrupted, "the call of unsafe tool %q was started before a fault and its effect is unknown; "+
-					"it was not run again. Check its effect before you call it again", m.Tool)
-			}
+			processing := oc.status == core.ActionProcessing
 			br.log.Info("finishing an open call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID, "status", oc.status)
-			br.start(m, func(ctx context.Context) *outcome { return e.call(ctx, br.n, m, def, pre, br.req.Traceparent, br.log) })
+			br.start(m, func(ctx context.Context) *outcome {
+				if processing {
+					// It may have run: its reply may be in the ledger.
+					if o := e.recovered(ctx, br, m, def); o != nil {
+						return o
+					}
+					if pre == nil && def.SideEffects == config.Unsafe {
+						pre = tool.NewError(tool.Interrupted, "the call of unsafe tool %q was started before a fault and its effect is unknown; "+
+							"it was not run again. Check its effect before you call it again", m.Tool)
+					}
+				}
+				return e.call(ctx, br.n, m, def, pre, br.req.Traceparent, br.log)
+			})
 		}
 	}
+}
+
+// recovered is the outcome from the reply that the durable ledger kept for
+// a call that was running when its sidecar went away, or nil. An unsafe
+// call cannot run again, so its reply is awaited until its deadline.
+func (e *Executor) recovered(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool) *outcome {
+	if e.recoverer == nil {
+		return nil
+	}
+	await := def != nil && def.SideEffects == config.Unsafe
+	reply, ok, err := e.recoverer.Recover(ctx, m.ActionID, await)
+	if err != nil {
+		br.log.Warn("reading the ledger", "action_id", m.ActionID, "err", err)
+	}
+	if !ok {
+		return nil
+	}
+	br.log.Info("the call's reply outlived its sidecar: submitting it", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+	e.obs.CallRecovered()
+	o := &outcome{m: m, done: time.Now(), res: CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool, Attempts: 1}}
+	if reply.Err != nil {
+		e.setFailed(o, reply.Err)
+	} else {
+		o.res.OK, o.content, o.status = true, string(reply.Data), core.ActionCompleted
+	}
+	o.res.Output = o.content
+	return o
 }
 
 // openCalls lists the run's Actions that are pending or processing, in
@@ -669,7 +705,7 @@ func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry
 	b.Reset()
 	for attempt := 1; ; attempt++ {
 		res.Attempts = attempt
-		reply := d.Dispatch(ctx, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, Attempt: attempt, Timeout: def.Timeout,
+		reply := d.Dispatch(ctx, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, RunID: m.RunID, Attempt: attempt, Timeout: def.Timeout,
 			MaxDuration: def.MaxDuration, Traceparent: traceparent})
 		if reply.Err == nil || attempt > def.Retries || ctx.Err() != nil || !reply.Err.Retryable() {
 			return reply

@@ -21,6 +21,7 @@ type Metrics struct {
 	callsFlight prometheus.Gauge
 	attached    prometheus.Counter
 	guard       prometheus.Counter
+	recovered   prometheus.Counter
 	known       func(tool string) bool
 }
 
@@ -49,9 +50,14 @@ func NewMetrics(reg prometheus.Registerer, known func(tool string) bool) *Metric
 			Help: "Drive requests that joined the drive of their run in progress (one driver per run)."}),
 		guard: f.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "turn_guard_refusals_total",
 			Help: "Turns refused because a call of the previous batch had no recorded outcome (a bug if ever non-zero)."}),
+		recovered: f.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "calls_recovered_total",
+			Help: "Replies kept by the durable ledger and submitted after their sidecar went away, instead of running the call again."}),
 		known: known,
 	}
 }
+
+// CallRecovered implements [Observer].
+func (m *Metrics) CallRecovered() { m.recovered.Inc() }
 
 // DriveAttached implements [Observer].
 func (m *Metrics) DriveAttached() { m.attached.Inc() }

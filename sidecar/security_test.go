@@ -53,9 +53,9 @@ func TestAnonymousRefused(t *testing.T) {
 }
 
 // TestWorkerCannotForge: a worker user that serves tool "a" tries to read
-// everything, to serve another tool, and to publish forged outcomes to
-// reply subjects other than its own; the server denies each, and the
-// batch's outcomes are the honest ones.
+// everything and to serve another tool, which the server denies, and to
+// publish forged outcomes to reply subjects near its own, which either the
+// server denies or nobody accepts; the batch's outcomes are the honest ones.
 func TestWorkerCannotForge(t *testing.T) {
 	sc := coresim.Scenario{Turns: []coresim.Turn{
 		{Calls: []coresim.Call{{Tool: "a", ArgsJSON: `{}`}, {Tool: "b", ArgsJSON: `{}`}, {Tool: "b", ArgsJSON: `{}`}}},
@@ -66,8 +66,12 @@ func TestWorkerCannotForge(t *testing.T) {
 		testenv.Tool{Config: config.Tool{Name: "a"}},
 		testenv.Tool{Config: config.Tool{Name: "b"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
 			bCalls.Add(1)
-			<-release // stay in flight while mallory forges
-			return []byte(`"honest b"`), nil
+			select { // stay in flight while mallory forges
+			case <-release:
+				return []byte(`"honest b"`), nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}})
 	var denied atomic.Int32
 	nc, err := nats.Connect(env.NATSURL, nats.UserInfo("mallory", "mallory-pw"),
@@ -110,7 +114,9 @@ func TestWorkerCannotForge(t *testing.T) {
 	done := make(chan executor.Summary, 1)
 	go func() { sum, _ := env.Sidecar.Drive(context.Background(), r.Request(), nil); done <- sum }()
 	forged.Wait()
-	poll.Until(t, "the server to deny the forged replies", func() bool { return denied.Load() >= 3 })
+	// The forgeries are flushed. In durable mode a worker may publish into
+	// the sidecar's reply namespace (a reply buffered through a NATS
+	// restart needs it), so the unguessable tokens are what stop them.
 	close(release)
 	sum := <-done
 	if sum.Status != executor.StatusCompleted {

@@ -12,6 +12,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +29,7 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/server"
@@ -75,6 +79,9 @@ type Sidecar struct {
 	started time.Time
 
 	embedded    *embedded.Server // nil with an external NATS
+	instance    string
+	ledger      *ledger.Ledger // nil unless durable
+	tempStore   string         // a store folder of this run only, removed at shutdown
 	natsURL     string
 	nc          *nats.Conn
 	natsClosed  chan struct{}
@@ -108,7 +115,7 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	s := &Sidecar{cfg: cfg, log: o.log, started: time.Now(), natsClosed: make(chan struct{})}
+	s := &Sidecar{cfg: cfg, log: o.log, started: time.Now(), natsClosed: make(chan struct{}), instance: instanceID(cfg)}
 	defer func() {
 		if err != nil {
 			s.undo()
@@ -160,6 +167,11 @@ func (s *Sidecar) connectNATS() error {
 		if err != nil {
 			return err
 		}
+		if s.cfg.Durability.Enabled {
+			if ecfg.StoreDir, err = s.storeDir(); err != nil {
+				return err
+			}
+		}
 		if ecfg.AllowAnonymous {
 			s.log.Warn("the embedded NATS server lets clients without credentials in, with every permission (nats.embedded.allow_anonymous)")
 		}
@@ -180,11 +192,65 @@ func (s *Sidecar) connectNATS() error {
 	}
 	s.nc = nc
 	s.closers = append(s.closers, nc.Close)
-	if s.client, err = bridge.Open(nc, s.cfg.NATS.SubjectPrefix); err != nil {
+	var bopts []bridge.Option
+	if s.cfg.Durability.Enabled {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas})
+		cancel()
+		switch {
+		case errors.Is(err, ledger.ErrNoJetStream):
+			s.log.Warn("durable mode off: the NATS server has no JetStream; replies that arrive while the sidecar is away are lost", "err", err)
+		case err != nil:
+			return err
+		default:
+			s.ledger = l
+			bopts = append(bopts, bridge.WithInbox(l.Inbox()), bridge.WithLedger(l))
+			s.log.Info("durable mode on", "instance_id", s.instance, "replies", l.Inbox()+".*")
+		}
+	}
+	if s.client, err = bridge.Open(nc, s.cfg.NATS.SubjectPrefix, bopts...); err != nil {
 		return err
 	}
 	s.closers = append(s.closers, func() { _ = s.client.Close() })
 	return nil
+}
+
+// storeDir is where the embedded server keeps JetStream's files: the
+// configured folder, or one under the temporary folder named by the listen
+// port (a random port gets a fresh folder, removed at shutdown).
+func (s *Sidecar) storeDir() (string, error) {
+	if d := s.cfg.NATS.Embedded.StoreDir; d != "" {
+		return d, nil
+	}
+	_, port, _ := net.SplitHostPort(s.cfg.NATS.Embedded.Listen)
+	if port == "-1" || port == "0" {
+		d, err := os.MkdirTemp("", "toolsidecar-nats-")
+		if err != nil {
+			return "", err
+		}
+		s.closers = append(s.closers, func() { os.RemoveAll(d) })
+		s.tempStore = d
+		return d, nil
+	}
+	return filepath.Join(os.TempDir(), "toolsidecar-nats-"+port), nil
+}
+
+// instanceID is the configured instance_id, else the hostname, made a
+// valid subject token.
+func instanceID(cfg config.Config) string {
+	id := cfg.InstanceID
+	if id == "" {
+		id, _ = os.Hostname()
+	}
+	if id == "" {
+		id = "toolsidecar"
+	}
+	return strings.Map(func(r rune) rune {
+		if r == '.' || r == '*' || r == '>' || r == ' ' || r < 0x21 {
+			return '_'
+		}
+		return r
+	}, id)
 }
 
 // embeddedConfig turns the embedded section into the server's users: each
@@ -192,7 +258,11 @@ func (s *Sidecar) connectNATS() error {
 func embeddedConfig(n config.NATS) (embedded.Config, error) {
 	ecfg := embedded.Config{Listen: n.Embedded.Listen, AllowAnonymous: n.Embedded.AllowAnonymous}
 	for i, w := range n.Embedded.Workers {
-		ew := embedded.Worker{Name: w.Name, NKey: w.NKey, Subscribe: []string{wire.CancelWildcard(n.SubjectPrefix)}}
+		// Replies to the sidecar's durable namespace stay allowed after a
+		// reconnect (a reply buffered while NATS restarted): its subjects
+		// end in unguessable tokens.
+		ew := embedded.Worker{Name: w.Name, NKey: w.NKey, Subscribe: []string{wire.CancelWildcard(n.SubjectPrefix)},
+			Publish: []string{n.SubjectPrefix + ".replies.>"}}
 		if w.PasswordFile != "" {
 			var err error
 			if ew.Password, err = config.ReadSecret(fmt.Sprintf("nats.embedded.workers[%d].password_file", i), w.PasswordFile); err != nil {
@@ -274,6 +344,7 @@ func (s *Sidecar) buildExecutor(cc *core.Client, tr trace.Tracer) error {
 	plugins.SetMaxProcesses(s.cfg.Executor.MaxExecProcesses)
 	local := plugins.NewLocal(s.live, s.log.With("component", "plugins"))
 	opts := []executor.Option{executor.WithLogger(s.log.With("component", "executor")), executor.WithTracer(tr),
+		executor.WithRecoverer(recoverer(s.ledger)),
 		executor.WithObserver(executor.NewMetrics(s.metrics, func(t string) bool { _, ok := s.live.Load().Lookup(t); return ok }))}
 	for _, kind := range registry.Kinds() {
 		if kind != registry.Nats {
@@ -432,6 +503,9 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	if s.embedded != nil {
 		s.embedded.Shutdown()
 	}
+	if s.tempStore != "" {
+		_ = os.RemoveAll(s.tempStore)
+	}
 	_ = s.ln.Close() // when Run never served
 	if s.opsLn != nil {
 		_ = s.opsLn.Close()
@@ -443,6 +517,15 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	}
 	s.log.Info("toolsidecar stopped")
 	return nil
+}
+
+// recoverer is the ledger as the executor's Recoverer, or nil when not
+// durable (a nil *Ledger in an interface would not be nil).
+func recoverer(l *ledger.Ledger) executor.Recoverer {
+	if l == nil {
+		return nil
+	}
+	return l
 }
 
 // readiness: NATS connected and Core answering HTTP at all.

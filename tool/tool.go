@@ -44,7 +44,9 @@ type Request struct {
 	Body []byte
 	// ActionID is the idempotency key and names the call for cancellation.
 	ActionID string
-	Attempt  int
+	// RunID is the run the call belongs to, for records.
+	RunID   string
+	Attempt int
 	// Timeout bounds the wait for the outcome; each progress message
 	// restarts it. Zero means [DefaultTimeout].
 	Timeout time.Duration

@@ -1,0 +1,161 @@
+// Package ledger is the durable memory of the sidecar on NATS JetStream:
+// an outcome ledger in a KV bucket, keyed by Action ID, and a stream that
+// captures every worker reply. A sidecar that died mid-batch finds, when a
+// run is driven again, the reply that arrived while it was away, and
+// submits it instead of running the tool again.
+//
+// Workers need no JetStream knowledge: each request is sent with a reply
+// subject in the sidecar's own namespace (<prefix>.replies.<instance>.
+// <token>), which the stream captures; the worker answers msg.Reply as it
+// always does. The token is unguessable and recorded in the ledger before
+// the request is sent, so that only the ledger knows where to look.
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/wire"
+)
+
+// Retention outlives Core's purge of stuck runs (24 h).
+const Retention = 25 * time.Hour
+
+// Config names the ledger's JetStream objects.
+type Config struct {
+	// Prefix is the tools' subject prefix; replies go under
+	// <Prefix>.replies.
+	Prefix string
+	// Instance is this sidecar's stable name (the pod's): its replies
+	// are <Prefix>.replies.<Instance>.<token>.
+	Instance string
+	// Replicas of the bucket and the stream on a cluster. default: 1
+	Replicas int
+}
+
+// Ledger records dispatches and finds the replies that outlived a sidecar.
+type Ledger struct {
+	cfg     Config
+	kv      jetstream.KeyValue
+	replies jetstream.Stream
+}
+
+// Entry is what the ledger knows of one call.
+type Entry struct {
+	RunID      string    `json:"run_id"`
+	Tool       string    `json:"tool"`
+	Attempt    int       `json:"attempt"`
+	Reply      string    `json:"reply"` // the attempt's reply subject
+	Instance   string    `json:"instance"`
+	Dispatched time.Time `json:"dispatched"`
+	// Deadline is when the attempt's timeout ends if no progress came.
+	Deadline time.Time `json:"deadline"`
+}
+
+// ErrNoJetStream: the NATS server offers no JetStream.
+var ErrNoJetStream = errors.New("ledger: the NATS server has no JetStream")
+
+// Open creates (or finds) the bucket and the stream.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
+	if cfg.Replicas < 1 {
+		cfg.Replicas = 1
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
+	}
+	name := strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(cfg.Prefix))
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + "_LEDGER", TTL: Retention,
+		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar outcome ledger, by Action ID"})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: bucket: %w", err)
+	}
+	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name + "_REPLIES", Subjects: []string{cfg.Prefix + ".replies.>"},
+		MaxAge: Retention, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar worker replies"})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: reply stream: %w", err)
+	}
+	return &Ledger{cfg: cfg, kv: kv, replies: st}, nil
+}
+
+// Inbox is this sidecar's reply namespace: the bridge sends requests with
+// reply subjects under it.
+func (l *Ledger) Inbox() string { return l.cfg.Prefix + ".replies." + l.cfg.Instance }
+
+// Dispatched records an attempt before it is sent: a restarted sidecar
+// then knows the call may have run, and where its reply is.
+func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply string) error {
+	now := time.Now().UTC()
+	e := Entry{RunID: runID, Tool: req.Tool, Attempt: req.Attempt, Reply: reply, Instance: l.cfg.Instance, Dispatched: now,
+		Deadline: now.Add(req.TimeoutOrDefault())}
+	data, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if _, err := l.kv.Put(ctx, req.ActionID, data); err != nil {
+		return fmt.Errorf("ledger: recording dispatch of %s: %w", req.ActionID, err)
+	}
+	return nil
+}
+
+// awaitEvery is how often Recover looks for a reply it awaits.
+const awaitEvery = 100 * time.Millisecond
+
+// Recover returns the final reply of the last recorded attempt of an
+// action, when the stream has one. With await, a reply that has not come
+// is waited for until the attempt's deadline (a worker's reply may still
+// be on its way: buffered through a reconnect, say). ok is false when no
+// attempt was recorded, or no final reply came.
+func (l *Ledger) Recover(ctx context.Context, actionID string, await bool) (out tool.Outcome, ok bool, err error) {
+	for {
+		out, ok, deadline, err := l.lookup(ctx, actionID)
+		if ok || err != nil || !await || deadline.IsZero() || time.Now().After(deadline) {
+			return out, ok, err
+		}
+		t := time.NewTimer(min(awaitEvery, time.Until(deadline)+time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return out, false, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// lookup reads the ledger entry and its reply once.
+func (l *Ledger) lookup(ctx context.Context, actionID string) (out tool.Outcome, ok bool, deadline time.Time, err error) {
+	kve, err := l.kv.Get(ctx, actionID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return out, false, time.Time{}, nil
+	}
+	if err != nil {
+		return out, false, time.Time{}, fmt.Errorf("ledger: reading %s: %w", actionID, err)
+	}
+	var e Entry
+	if err := json.Unmarshal(kve.Value(), &e); err != nil {
+		return out, false, time.Time{}, fmt.Errorf("ledger: entry of %s: %w", actionID, err)
+	}
+	raw, err := l.replies.GetLastMsgForSubject(ctx, e.Reply)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return out, false, e.Deadline, nil
+	}
+	if err != nil {
+		return out, false, e.Deadline, fmt.Errorf("ledger: reply of %s: %w", actionID, err)
+	}
+	m := &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}
+	if wire.IsProgress(m) {
+		return out, false, e.Deadline, nil // the call was alive; its result has not come
+	}
+	return wire.DecodeOutcome(m, 0), true, e.Deadline, nil
+}

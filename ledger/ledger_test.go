@@ -1,0 +1,95 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/ledger"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/wire"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func open(t *testing.T) (*ledger.Ledger, *nats.Conn) {
+	t.Helper()
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.InProcessURL(), ns.ConnectOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	l, err := ledger.Open(context.Background(), nc, ledger.Config{Prefix: "t", Instance: "pod-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, nc
+}
+
+// TestRecover: a reply captured for a recorded attempt is found by Action
+// ID; progress alone is not a result; an unknown action has none; with
+// await, a reply that comes late is waited for until the deadline.
+func TestRecover(t *testing.T) {
+	l, nc := open(t)
+	ctx := context.Background()
+	if _, ok, err := l.Recover(ctx, "act_unknown", true); ok || err != nil {
+		t.Fatalf("unknown action: ok %v err %v", ok, err)
+	}
+	reply := l.Inbox() + ".tok1"
+	req := tool.Request{Tool: "pay", ActionID: "act_1", Attempt: 1, Timeout: 2 * time.Second}
+	if err := l.Dispatched(ctx, req, "run_1", reply); err != nil {
+		t.Fatal(err)
+	}
+	nc.PublishMsg(wire.ProgressMsg(reply))
+	nc.Flush()
+	if _, ok, err := l.Recover(ctx, "act_1", false); ok || err != nil {
+		t.Fatalf("after progress only: ok %v err %v, want no result", ok, err)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { nc.Publish(reply, []byte(`"paid"`)) })
+	out, ok, err := l.Recover(ctx, "act_1", true)
+	if err != nil || !ok || string(out.Data) != `"paid"` || out.Err != nil {
+		t.Fatalf("awaited reply: %+v ok %v err %v", out, ok, err)
+	}
+	// An error reply is recovered as the error it is.
+	req2 := tool.Request{Tool: "pay", ActionID: "act_2", Attempt: 1, Timeout: time.Second}
+	l.Dispatched(ctx, req2, "run_1", l.Inbox()+".tok2")
+	nc.PublishMsg(wire.ErrorMsg(l.Inbox()+".tok2", tool.NewError(tool.ToolFailed, "card declined")))
+	nc.Flush()
+	out, ok, _ = l.Recover(ctx, "act_2", false)
+	if !ok || out.Err == nil || out.Err.Type != tool.ToolFailed || out.Err.Message != "card declined" {
+		t.Errorf("error reply: %+v ok %v", out, ok)
+	}
+	// With await and no reply, Recover gives up at the deadline.
+	req3 := tool.Request{Tool: "pay", ActionID: "act_3", Attempt: 1, Timeout: 200 * time.Millisecond}
+	l.Dispatched(ctx, req3, "run_1", l.Inbox()+".tok3")
+	if _, ok, err := l.Recover(ctx, "act_3", true); ok || err != nil {
+		t.Errorf("no reply by the deadline: ok %v err %v", ok, err)
+	}
+}
+
+// TestNoJetStream: a server without JetStream is reported as such.
+func TestNoJetStream(t *testing.T) {
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.InProcessURL(), ns.ConnectOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := ledger.Open(context.Background(), nc, ledger.Config{Prefix: "t", Instance: "i"}); !errors.Is(err, ledger.ErrNoJetStream) {
+		t.Fatalf("err %v, want ErrNoJetStream", err)
+	}
+}
