@@ -42,6 +42,7 @@ type Client struct {
 	pending map[string]*waiter
 	closed  bool
 	done    chan struct{} // closed by Close: wakes the calls in flight
+	resyncs sync.WaitGroup
 }
 
 type waiter struct {
@@ -53,6 +54,8 @@ type waiter struct {
 // that a restarted sidecar finds the reply (package ledger).
 type Ledger interface {
 	Dispatched(ctx context.Context, req tool.Request, runID, reply string) error
+	// Reply is the last message captured on a reply subject, if any.
+	Reply(ctx context.Context, subject string) (*nats.Msg, bool, error)
 }
 
 // Option configures a [Client].
@@ -91,7 +94,54 @@ func (c *Client) Close() error {
 		close(c.done)
 	}
 	c.mu.Unlock()
+	c.resyncs.Wait()
 	return c.sub.Unsubscribe()
+}
+
+// resyncWindow is how long after a reconnection the client keeps looking
+// for replies that arrived while it was cut off: the workers reconnect, and
+// send what they buffered, on their own schedule.
+const resyncWindow = 10 * time.Second
+
+// Resync looks, after a reconnection, for the replies that arrived while
+// the client was disconnected: in durable mode the reply stream captured
+// them, and each waiting call gets its own. It returns at once; the lookup
+// repeats for resyncWindow while calls still wait, and Close waits for it.
+func (c *Client) Resync() {
+	if c.ledger == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.resyncs.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), resyncWindow)
+		defer cancel()
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			c.mu.Lock()
+			tokens := make([]string, 0, len(c.pending))
+			for t := range c.pending {
+				tokens = append(tokens, t)
+			}
+			c.mu.Unlock()
+			for _, t := range tokens {
+				if m, ok, err := c.ledger.Reply(ctx, c.inbox+"."+t); err == nil && ok {
+					c.route(m)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.done:
+				return
+			case <-tick.C:
+			}
+		}
+	})
 }
 
 // route hands an inbox message to its waiter without blocking: a reply for

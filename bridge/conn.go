@@ -28,6 +28,9 @@ type ConnectConfig struct {
 	CAFile       string
 	CertFile     string
 	KeyFile      string
+	// OnReconnect, when set, is called after each reconnection, on NATS's
+	// callback goroutine: it must not block.
+	OnReconnect func()
 }
 
 // Connect dials NATS, reconnecting forever, and counts reconnections in
@@ -46,14 +49,20 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 			}
 		}),
 	}
+	var reconnects prometheus.Counter
 	if reg != nil {
-		reconnects := promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "nats", Name: "reconnects_total",
+		reconnects = promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "nats", Name: "reconnects_total",
 			Help: "Reconnections to NATS."})
-		opts = append(opts, nats.ReconnectHandler(func(nc *nats.Conn) {
-			reconnects.Inc()
-			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
-		}))
 	}
+	opts = append(opts, nats.ReconnectHandler(func(nc *nats.Conn) {
+		if reconnects != nil {
+			reconnects.Inc()
+		}
+		log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+		if cfg.OnReconnect != nil {
+			cfg.OnReconnect()
+		}
+	}))
 	switch {
 	case cfg.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))

@@ -109,6 +109,18 @@ func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply 
 	return nil
 }
 
+// Reply is the last message the stream captured on a reply subject.
+func (l *Ledger) Reply(ctx context.Context, subject string) (*nats.Msg, bool, error) {
+	raw, err := l.replies.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("ledger: reply on %s: %w", subject, err)
+	}
+	return &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, true, nil
+}
+
 // awaitEvery is how often Recover looks for a reply it awaits.
 const awaitEvery = 100 * time.Millisecond
 
@@ -146,14 +158,10 @@ func (l *Ledger) lookup(ctx context.Context, actionID string) (out tool.Outcome,
 	if err := json.Unmarshal(kve.Value(), &e); err != nil {
 		return out, false, time.Time{}, fmt.Errorf("ledger: entry of %s: %w", actionID, err)
 	}
-	raw, err := l.replies.GetLastMsgForSubject(ctx, e.Reply)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return out, false, e.Deadline, nil
+	m, found, err := l.Reply(ctx, e.Reply)
+	if err != nil || !found {
+		return out, false, e.Deadline, err
 	}
-	if err != nil {
-		return out, false, e.Deadline, fmt.Errorf("ledger: reply of %s: %w", actionID, err)
-	}
-	m := &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}
 	if wire.IsProgress(m) {
 		return out, false, e.Deadline, nil // the call was alive; its result has not come
 	}

@@ -186,6 +186,13 @@ func (s *Sidecar) connectNATS() error {
 	} else if err := readNATSSecrets(s.cfg.NATS, &cc); err != nil {
 		return err
 	}
+	// After a reconnection, calls in flight look for the replies that came
+	// while the sidecar was cut off (durable mode keeps them).
+	cc.OnReconnect = func() {
+		if s.client != nil {
+			s.client.Resync()
+		}
+	}
 	nc, err := bridge.Connect(cc, s.metrics, s.log, append(extra, nats.ClosedHandler(func(*nats.Conn) { close(s.natsClosed) }))...)
 	if err != nil {
 		return err

@@ -1,0 +1,110 @@
+package sidecar_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/natstest"
+	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// TestNATSOutageMidBatch: the NATS server (an external one, with
+// JetStream on a kept store) stops for 4 s while an unsafe tool runs, and
+// comes back on the same address. The worker's reply, buffered through the
+// outage, reaches the sidecar: the tool ran once, its real result is the
+// output, and the run completes with one output per call.
+func TestNATSOutageMidBatch(t *testing.T) {
+	store := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	start := func() *embedded.Server {
+		ns, err := embedded.Start(embedded.Config{Listen: addr, StoreDir: store, AllowAnonymous: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ns
+	}
+	ns := start()
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "pay", ArgsJSON: `{}`}, {Tool: "look", ArgsJSON: `{}`}}},
+		{Content: "{{results}}"}}}
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: testenv.APIKey, Scenario: sc})
+	defer srv.Close()
+	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, []testenv.Tool{
+		{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe, Timeout: 30 * time.Second}},
+		{Config: config.Tool{Name: "look", Timeout: 30 * time.Second}}})
+	cfg.NATS.URL = "nats://" + addr
+	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- s.Run(ctx) }()
+	defer func() { cancel(); <-runDone }()
+
+	var pays, looks atomic.Int32
+	started := make(chan struct{})
+	proceed := make(chan struct{})
+	wnc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wnc.Close()
+	natstest.WorkerOn(t, wnc, testenv.Prefix, map[string]tool.Handler{
+		"pay": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			if pays.Add(1) == 1 {
+				close(started)
+			}
+			<-proceed // finishes while NATS is down
+			return []byte(`"paid"`), nil
+		},
+		"look": func(ctx context.Context, c *tool.Call) ([]byte, error) { looks.Add(1); return []byte(`"seen"`), nil },
+	})
+	cc, _ := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey})
+	r := testenv.SetUpRun(t, cc, nil)
+	got := make(chan executor.Summary, 1)
+	go func() { sum, _ := s.Drive(context.Background(), r.Request(), nil); got <- sum }()
+	<-started
+	poll.Until(t, "the read-only call to be answered", func() bool { return len(sim.ToolMessages(r.ThreadID)) == 0 && looks.Load() == 1 })
+	ns.Shutdown()
+	// The reply is written while the server is down, once the worker's
+	// client knows it (it then buffers; a write into a socket that died
+	// unnoticed is lost, see RELIABILITY.md).
+	poll.Until(t, "the worker to notice the outage", func() bool { return wnc.Status() == nats.RECONNECTING })
+	close(proceed)
+	time.Sleep(4 * time.Second)
+	ns = start()
+	defer ns.Shutdown()
+	sum := <-got
+	if sum.Status != executor.StatusCompleted {
+		t.Fatalf("summary %+v", sum)
+	}
+	if pays.Load() != 1 {
+		t.Errorf("the unsafe tool ran %d times, want 1", pays.Load())
+	}
+	msgs := sim.ToolMessages(r.ThreadID)
+	if len(msgs) != 2 || msgs[0].Content != `"paid"` {
+		t.Errorf("tool messages %+v, want the real result of pay first", msgs)
+	}
+	if v := sim.Violations(); len(v) != 0 {
+		t.Errorf("violations %v", v)
+	}
+}
