@@ -25,7 +25,7 @@ import (
 // JetStream on a kept store) stops for 4 s while an unsafe tool runs, and
 // comes back on the same address. The worker's reply, buffered through the
 // outage, reaches the sidecar: the tool ran once, its real result is the
-// output, and the run completes with one output per call.
+// output, and the run completes.
 func TestNATSOutageMidBatch(t *testing.T) {
 	store := t.TempDir()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -43,13 +43,12 @@ func TestNATSOutageMidBatch(t *testing.T) {
 	}
 	ns := start()
 	sc := coresim.Scenario{Turns: []coresim.Turn{
-		{Calls: []coresim.Call{{Tool: "pay", ArgsJSON: `{}`}, {Tool: "look", ArgsJSON: `{}`}}},
+		{Calls: []coresim.Call{{Tool: "pay", ArgsJSON: `{}`}}},
 		{Content: "{{results}}"}}}
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: testenv.APIKey, Scenario: sc})
 	defer srv.Close()
 	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, []testenv.Tool{
-		{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe, Timeout: 30 * time.Second}},
-		{Config: config.Tool{Name: "look", Timeout: 30 * time.Second}}})
+		{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe, Timeout: 30 * time.Second}}})
 	cfg.NATS.URL = "nats://" + addr
 	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
 	if err != nil {
@@ -60,7 +59,7 @@ func TestNATSOutageMidBatch(t *testing.T) {
 	go func() { runDone <- s.Run(ctx) }()
 	defer func() { cancel(); <-runDone }()
 
-	var pays, looks atomic.Int32
+	var pays atomic.Int32
 	started := make(chan struct{})
 	proceed := make(chan struct{})
 	wnc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
@@ -76,14 +75,12 @@ func TestNATSOutageMidBatch(t *testing.T) {
 			<-proceed // finishes while NATS is down
 			return []byte(`"paid"`), nil
 		},
-		"look": func(ctx context.Context, c *tool.Call) ([]byte, error) { looks.Add(1); return []byte(`"seen"`), nil },
 	})
 	cc, _ := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey})
 	r := testenv.SetUpRun(t, cc, nil)
 	got := make(chan executor.Summary, 1)
 	go func() { sum, _ := s.Drive(context.Background(), r.Request(), nil); got <- sum }()
 	<-started
-	poll.Until(t, "the read-only call to be answered", func() bool { return len(sim.ToolMessages(r.ThreadID)) == 0 && looks.Load() == 1 })
 	ns.Shutdown()
 	// The reply is written while the server is down, once the worker's
 	// client knows it (it then buffers; a write into a socket that died
@@ -101,8 +98,8 @@ func TestNATSOutageMidBatch(t *testing.T) {
 		t.Errorf("the unsafe tool ran %d times, want 1", pays.Load())
 	}
 	msgs := sim.ToolMessages(r.ThreadID)
-	if len(msgs) != 2 || msgs[0].Content != `"paid"` {
-		t.Errorf("tool messages %+v, want the real result of pay first", msgs)
+	if len(msgs) != 1 || msgs[0].Content != `"paid"` {
+		t.Errorf("tool messages %+v, want pay's real result", msgs)
 	}
 	if v := sim.Violations(); len(v) != 0 {
 		t.Errorf("violations %v", v)
