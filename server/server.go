@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -57,6 +58,8 @@ type Config struct {
 	// Ready reports whether the sidecar can serve: Core reachable, NATS
 	// connected.
 	Ready func(ctx context.Context) error
+	// ReadyInfo adds facts to the /readyz answer (durable mode, say).
+	ReadyInfo func() map[string]any
 	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
@@ -197,6 +200,9 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := map[string]any{"status": "ready"}
+	if s.cfg.ReadyInfo != nil {
+		maps.Copy(out, s.cfg.ReadyInfo())
+	}
 	if r.URL.Query().Get("live") == "1" && s.tools != nil {
 		live, err := s.tools.Live(r.Context())
 		if err != nil {

@@ -2,7 +2,9 @@ package sidecar_test
 
 import (
 	"context"
+	"encoding/json"
 	"net"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,5 +105,50 @@ func TestNATSOutageMidBatch(t *testing.T) {
 	}
 	if v := sim.Violations(); len(v) != 0 {
 		t.Errorf("violations %v", v)
+	}
+}
+
+// TestDurableModeReported: /readyz and toolsidecar_durable say whether
+// durable mode is on, and why not: on with the embedded server, off with
+// an external NATS that has no JetStream (the sidecar still runs).
+func TestDurableModeReported(t *testing.T) {
+	readyz := func(url string) map[string]any {
+		resp, err := http.Get(url + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		return out
+	}
+	gauge := func(s *sidecar.Sidecar) float64 {
+		fams, _ := s.Metrics().Gather()
+		for _, f := range fams {
+			if f.GetName() == "toolsidecar_durable" {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no toolsidecar_durable series")
+		return -1
+	}
+	on := testenv.New(t, oneCall("echo"))
+	if got := readyz(on.URL); got["durable"] != true || gauge(on.Sidecar) != 1 {
+		t.Errorf("embedded: readyz %v, gauge %v; want durable", got, gauge(on.Sidecar))
+	}
+	_, srv := coresim.NewServer(coresim.Config{APIKey: testenv.APIKey, Scenario: oneCall("echo")})
+	defer srv.Close()
+	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, nil)
+	cfg.NATS.URL = natstest.Start(t) // no JetStream
+	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if got := readyz("http://" + s.Addr()); got["durable"] != false || got["durable_off"] != "the NATS server has no JetStream" || gauge(s) != 0 {
+		t.Errorf("no JetStream: readyz %v, gauge %v", got, gauge(s))
 	}
 }

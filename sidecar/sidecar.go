@@ -81,6 +81,7 @@ type Sidecar struct {
 	embedded    *embedded.Server // nil with an external NATS
 	instance    string
 	ledger      *ledger.Ledger // nil unless durable
+	durableOff  string         // why durable mode is off, when it is
 	tempStore   string         // a store folder of this run only, removed at shutdown
 	natsURL     string
 	nc          *nats.Conn
@@ -206,6 +207,7 @@ func (s *Sidecar) connectNATS() error {
 		cancel()
 		switch {
 		case errors.Is(err, ledger.ErrNoJetStream):
+			s.durableOff = "the NATS server has no JetStream"
 			s.log.Warn("durable mode off: the NATS server has no JetStream; replies that arrive while the sidecar is away are lost", "err", err)
 		case err != nil:
 			return err
@@ -215,6 +217,15 @@ func (s *Sidecar) connectNATS() error {
 			s.log.Info("durable mode on", "instance_id", s.instance, "replies", l.Inbox()+".*")
 		}
 	}
+	if !s.cfg.Durability.Enabled {
+		s.durableOff = "durability.enabled is false"
+	}
+	durable := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "durable",
+		Help: "1 when durable mode is on (outcome ledger and captured replies on JetStream), else 0."})
+	if s.ledger != nil {
+		durable.Set(1)
+	}
+	s.metrics.MustRegister(durable)
 	if s.client, err = bridge.Open(nc, s.cfg.NATS.SubjectPrefix, bopts...); err != nil {
 		return err
 	}
@@ -371,7 +382,7 @@ func (s *Sidecar) buildServer() error {
 		}
 	}
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics,
-		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core.URL, s.nc.IsConnected)}
+		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core.URL, s.nc.IsConnected), ReadyInfo: s.readyInfo}
 	if s.cfg.Server.Proxy {
 		scfg.CoreURL = s.cfg.Core.URL
 	}
@@ -524,6 +535,14 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	}
 	s.log.Info("toolsidecar stopped")
 	return nil
+}
+
+// readyInfo tells /readyz whether durable mode is on, and why not.
+func (s *Sidecar) readyInfo() map[string]any {
+	if s.ledger != nil {
+		return map[string]any{"durable": true}
+	}
+	return map[string]any{"durable": false, "durable_off": s.durableOff}
 }
 
 // recoverer is the ledger as the executor's Recoverer, or nil when not
