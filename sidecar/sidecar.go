@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -189,9 +190,10 @@ func (s *Sidecar) connectNATS() error {
 	}
 	// After a reconnection, calls in flight look for the replies that came
 	// while the sidecar was cut off (durable mode keeps them).
+	var client atomic.Pointer[bridge.Client] // set below; the hook may run on NATS's goroutine meanwhile
 	cc.OnReconnect = func() {
-		if s.client != nil {
-			s.client.Resync()
+		if c := client.Load(); c != nil {
+			c.Resync()
 		}
 	}
 	nc, err := bridge.Connect(cc, s.metrics, s.log, append(extra, nats.ClosedHandler(func(*nats.Conn) { close(s.natsClosed) }))...)
@@ -229,6 +231,7 @@ func (s *Sidecar) connectNATS() error {
 	if s.client, err = bridge.Open(nc, s.cfg.NATS.SubjectPrefix, bopts...); err != nil {
 		return err
 	}
+	client.Store(s.client)
 	s.closers = append(s.closers, func() { _ = s.client.Close() })
 	return nil
 }
