@@ -40,13 +40,8 @@ func (s *Sim) listMessages(w http.ResponseWriter, r *http.Request) {
 	limit = min(limit, 100)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, ok := s.threads[r.PathValue("id")]
-	if !ok {
-		detail(w, http.StatusNotFound, "Thread not found")
-		return
-	}
-	if !s.owns(r, t.owner) {
-		detail(w, http.StatusForbidden, "Not authorized to read this thread")
+	t := s.lookupThread(w, r, r.PathValue("id"))
+	if t == nil {
 		return
 	}
 	msgs := make([]core.Message, 0, len(t.messages))
@@ -166,13 +161,8 @@ func (s *Sim) createMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, ok := s.threads[in.ThreadID]
-	if !ok {
-		detail(w, http.StatusNotFound, "Thread not found")
-		return
-	}
-	if !s.owns(r, t.owner) {
-		detail(w, http.StatusForbidden, "Not authorized to post to this thread")
+	t := s.lookupThread(w, r, in.ThreadID)
+	if t == nil {
 		return
 	}
 	m := message{id: s.newID("message_", 22), role: in.Role, content: in.Content}
@@ -189,13 +179,8 @@ func (s *Sim) submitToolOutput(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, ok := s.threads[in.ThreadID]
-	if !ok {
-		detail(w, http.StatusNotFound, "Thread not found")
-		return
-	}
-	if !s.owns(r, t.owner) {
-		detail(w, http.StatusForbidden, "Not authorized to post to this thread")
+	t := s.lookupThread(w, r, in.ThreadID)
+	if t == nil {
 		return
 	}
 	s.checkOutput(in)
@@ -263,13 +248,8 @@ func (s *Sim) createRun(w http.ResponseWriter, r *http.Request) {
 		detail(w, http.StatusNotFound, "Assistant not found")
 		return
 	}
-	t, ok := s.threads[in.ThreadID]
-	if !ok {
-		detail(w, http.StatusNotFound, "Thread not found")
-		return
-	}
-	if !s.owns(r, t.owner) {
-		detail(w, http.StatusForbidden, "Not authorized for this thread")
+	t := s.lookupThread(w, r, in.ThreadID)
+	if t == nil {
 		return
 	}
 	model := in.Model
@@ -280,6 +260,21 @@ func (s *Sim) createRun(w http.ResponseWriter, r *http.Request) {
 		owner: s.user(r)}
 	s.runs[rn.ID] = rn
 	writeJSON(w, http.StatusOK, rn.Run)
+}
+
+// lookupThread finds a thread the caller may use: 404 when there is
+// none, 403 when it belongs to another user (PerKeyUsers), as on Core.
+func (s *Sim) lookupThread(w http.ResponseWriter, r *http.Request, id string) *thread {
+	t, ok := s.threads[id]
+	switch {
+	case !ok:
+		detail(w, http.StatusNotFound, "Thread not found")
+		return nil
+	case !s.owns(r, t.owner):
+		detail(w, http.StatusForbidden, "Not authorized for this thread")
+		return nil
+	}
+	return t
 }
 
 // lookupRun finds a run the caller may see; a foreign run is not found.

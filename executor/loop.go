@@ -60,6 +60,12 @@ func (e *Executor) loop(ctx context.Context, req Request, run core.Run, emit Sin
 		return err
 	}
 	last := tr.calls
+	// The run was read just before this drive began: unless the
+	// reconciliation took time, that read answers the first turn's check.
+	fresh := &run
+	if len(tr.calls) > 0 {
+		fresh = nil
+	}
 	for {
 		if sum.Turns >= maxTurns {
 			sum.Status, sum.Error = StatusMaxTurns, fmt.Sprintf("turn limit of %d reached", maxTurns)
@@ -69,10 +75,11 @@ func (e *Executor) loop(ctx context.Context, req Request, run core.Run, emit Sin
 			sum.Status, sum.Error = StatusInterrupted, "sidecar shutting down"
 			return nil
 		}
-		if cause := e.runCancelled(ctx, req.RunID); cause != nil {
+		if cause := e.runCancelled(ctx, req.RunID, fresh); cause != nil {
 			sum.Status, sum.Error = StatusCancelled, cause.Error()
 			return nil
 		}
+		fresh = nil
 		if err := e.guard(last); err != nil {
 			sum.Status, sum.Error = StatusFailed, err.Error()
 			return err
@@ -173,14 +180,19 @@ func (e *Executor) completed(ctx context.Context, runID string, sum *Summary) er
 }
 
 // runCancelled reports why no further turn may be requested: the caller's
-// context ended, or Core says the run is cancelled or expired.
-func (e *Executor) runCancelled(ctx context.Context, runID string) error {
+// context ended, or Core says the run is cancelled or expired. fresh, when
+// set, is a read of the run made just now, which spares another.
+func (e *Executor) runCancelled(ctx context.Context, runID string, fresh *core.Run) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	run, err := e.core.GetRun(ctx, runID)
-	if err != nil {
-		return nil // the stream request that follows reports Core's state
+	run := fresh
+	if run == nil {
+		r, err := e.core.GetRun(ctx, runID)
+		if err != nil {
+			return nil // the stream request that follows reports Core's state
+		}
+		run = &r
 	}
 	switch run.Status {
 	case core.RunCancelled, core.RunCancelling, core.RunExpired:
@@ -465,13 +477,9 @@ func (e *Executor) recovered(ctx context.Context, br *batchRun, m *core.Manifest
 	}
 	br.log.Info("the call's reply outlived its sidecar: submitting it", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
 	e.obs.CallRecovered()
-	o := &outcome{m: m, done: time.Now(), res: CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool, Attempts: 1}}
-	if reply.Err != nil {
-		e.setFailed(o, reply.Err)
-	} else {
-		o.res.OK, o.content, o.status = true, string(reply.Data), core.ActionCompleted
-	}
-	o.res.Output = o.content
+	o := newOutcome(br.n, m)
+	o.res.Attempts = 1
+	e.settle(o, reply)
 	return o
 }
 
@@ -594,7 +602,7 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *re
 	start := time.Now()
 	e.obs.CallsInFlight(1)
 	defer e.obs.CallsInFlight(-1)
-	o := &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}}
+	o := newOutcome(turn, m)
 	log = log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
 
 	var reply tool.Outcome
@@ -608,23 +616,15 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *re
 	default:
 		reply = e.attempts(ctx, m, def, traceparent, &o.res)
 	}
-	if reply.Err == nil && len(reply.Data) > e.cfg.MaxResultBytes {
-		reply.Err = tool.NewError(tool.ToolFailed, "result of %d bytes exceeds the limit of %d bytes", len(reply.Data), e.cfg.MaxResultBytes)
-	}
 	o.res.DurationMS = time.Since(start).Milliseconds()
-	if reply.Err != nil {
-		e.setFailed(o, reply.Err)
-		log.Info("call failed", "error_type", reply.Err.Type, "err", reply.Err.Message, "attempts", o.res.Attempts)
-		span.SetStatus(codes.Error, string(reply.Err.Type))
-		e.obs.CallDone(m.Tool, string(reply.Err.Type), time.Since(start))
+	e.settle(o, reply)
+	if !o.res.OK {
+		log.Info("call failed", "error_type", o.res.ErrorType, "err", o.res.Error, "attempts", o.res.Attempts)
+		span.SetStatus(codes.Error, o.res.ErrorType)
+		e.obs.CallDone(m.Tool, o.res.ErrorType, time.Since(start))
 	} else {
-		o.res.OK = true
-		o.content = string(reply.Data)
-		o.status = core.ActionCompleted
 		e.obs.CallDone(m.Tool, "ok", time.Since(start))
 	}
-	o.res.Output = o.content
-	o.done = time.Now()
 	span.SetAttributes(attribute.Int("attempts", o.res.Attempts), attribute.Bool("ok", o.res.OK))
 	return o
 }
@@ -653,17 +653,39 @@ func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, def *re
 
 // failed is the outcome of a call that failed before it ran.
 func (e *Executor) failed(turn int, m *core.Manifest, err *tool.Error) *outcome {
-	o := &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}, done: time.Now()}
-	e.setFailed(o, err)
-	o.res.Output = o.content
+	o := newOutcome(turn, m)
+	e.settle(o, tool.Outcome{Err: err})
 	return o
+}
+
+// newOutcome is the outcome of a call, yet to be settled.
+func newOutcome(turn int, m *core.Manifest) *outcome {
+	return &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}}
+}
+
+// settle turns a reply into the call's outcome: the tool message, the
+// Action's final status and the summary's fields. Every reply goes through
+// here, a live one or one the ledger kept, so each gets the same bound on
+// result size and error text.
+func (e *Executor) settle(o *outcome, reply tool.Outcome) {
+	if reply.Err == nil && len(reply.Data) > e.cfg.MaxResultBytes {
+		reply.Err = tool.NewError(tool.ToolFailed, "result of %d bytes exceeds the limit of %d bytes", len(reply.Data), e.cfg.MaxResultBytes)
+	}
+	if reply.Err != nil {
+		e.setFailed(o, reply.Err)
+	} else {
+		o.res.OK, o.content, o.status = true, string(reply.Data), core.ActionCompleted
+	}
+	o.res.Output = o.content
+	o.done = time.Now()
 }
 
 // alreadyRecorded is the outcome of a call whose tool message Core has:
 // only its Action is finalised.
 func (e *Executor) alreadyRecorded(turn int, m *core.Manifest) *outcome {
-	return &outcome{m: m, recorded: true, status: core.ActionCompleted, done: time.Now(),
-		res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool, OK: true}}
+	o := newOutcome(turn, m)
+	o.recorded, o.status, o.res.OK, o.done = true, core.ActionCompleted, true, time.Now()
+	return o
 }
 
 func (e *Executor) setFailed(o *outcome, err *tool.Error) {
