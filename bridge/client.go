@@ -213,12 +213,13 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "publishing to %s: %v", subject, err)}
 	}
 
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	// Progress restarts the timeout, never this bound.
+	// One timer: it fires at the timeout, which progress restarts, or at
+	// the hard bound of max_duration, which nothing extends.
 	maxDur := req.MaxDurationOrDefault()
-	hard := time.NewTimer(maxDur)
-	defer hard.Stop()
+	hard := time.Now().Add(maxDur)
+	next := func() time.Duration { return min(timeout, time.Until(hard)) }
+	timer := time.NewTimer(next())
+	defer timer.Stop()
 	progress := 0
 	for {
 		select {
@@ -229,12 +230,12 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 			return wire.DecodeOutcome(m, progress)
 		case <-w.progress:
 			progress++
-			timer.Reset(timeout)
-		case <-hard.C:
-			c.cancel(req.ActionID, req.Attempt)
-			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Timeout, "tool %q ran past its max_duration of %s (progress does not extend it)", req.Tool, maxDur)}
+			timer.Reset(next())
 		case <-timer.C:
 			c.cancel(req.ActionID, req.Attempt)
+			if !time.Now().Before(hard) {
+				return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Timeout, "tool %q ran past its max_duration of %s (progress does not extend it)", req.Tool, maxDur)}
+			}
 			return tool.Outcome{Sent: true, Progress: progress, Err: tool.NewError(tool.Timeout, "tool %q did not answer within %s", req.Tool, timeout)}
 		case <-ctx.Done():
 			c.cancel(req.ActionID, req.Attempt)

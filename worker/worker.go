@@ -63,7 +63,7 @@ type Worker struct {
 	subs     []*nats.Subscription
 
 	mu       sync.Mutex
-	inflight map[string]map[int]context.CancelCauseFunc // by action, then attempt
+	inflight map[attemptKey]context.CancelCauseFunc
 }
 
 // ErrCancelledBySidecar is the cause of a handler context cancelled through
@@ -73,7 +73,7 @@ var ErrCancelledBySidecar = errors.New("worker: cancelled by the sidecar")
 // New builds a worker; register handlers, then Start. No I/O.
 func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 	w := &Worker{nc: nc, prefix: subjectPrefix, queue: wire.QueueGroup, limit: 64,
-		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, inflight: map[string]map[int]context.CancelCauseFunc{}}
+		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, inflight: map[attemptKey]context.CancelCauseFunc{}}
 	for _, o := range opts {
 		o(w)
 	}
@@ -158,10 +158,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		w.mu.Lock()
-		for _, attempts := range w.inflight {
-			for _, cancel := range attempts {
-				cancel(context.Cause(ctx))
-			}
+		for _, cancel := range w.inflight {
+			cancel(context.Cause(ctx))
 		}
 		w.mu.Unlock()
 		<-done
@@ -188,11 +186,24 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	attempt, err := strconv.Atoi(m.Header.Get(tool.HeaderAttempt))
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for a, cancel := range w.inflight[id] {
-		if err != nil || a == attempt {
+	if err == nil {
+		if cancel := w.inflight[attemptKey{id, attempt}]; cancel != nil {
+			cancel(ErrCancelledBySidecar)
+		}
+		return
+	}
+	for k, cancel := range w.inflight { // rare: a cancel that names no attempt
+		if k.action == id {
 			cancel(ErrCancelledBySidecar)
 		}
 	}
+}
+
+// attemptKey names one attempt of one call in flight. One flat map keyed
+// by it costs no allocation per call.
+type attemptKey struct {
+	action  string
+	attempt int
 }
 
 // serve hands each message to a runner; it blocks while all runners are
@@ -238,19 +249,14 @@ func (w *Worker) run(name string, h tool.Handler, m *nats.Msg) {
 			return nil
 		})
 	}
-	if key := call.ActionID; key != "" {
+	if call.ActionID != "" {
+		key := attemptKey{call.ActionID, call.Attempt}
 		w.mu.Lock()
-		if w.inflight[key] == nil {
-			w.inflight[key] = map[int]context.CancelCauseFunc{}
-		}
-		w.inflight[key][call.Attempt] = cancel
+		w.inflight[key] = cancel
 		w.mu.Unlock()
 		defer func() {
 			w.mu.Lock()
-			delete(w.inflight[key], call.Attempt)
-			if len(w.inflight[key]) == 0 {
-				delete(w.inflight, key)
-			}
+			delete(w.inflight, key)
 			w.mu.Unlock()
 		}()
 	}
