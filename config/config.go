@@ -60,6 +60,12 @@ type Durability struct {
 	Enabled bool `koanf:"enabled"`
 	// Replicas of the ledger and the reply stream on a cluster. default: 1
 	Replicas int `koanf:"replicas"`
+	// LeaseTTL is how long a run's lease outlives the last renewal of the
+	// sidecar driving it (renewed every third of it): the longest a drive
+	// request that reaches another sidecar waits, after the first one
+	// died, before that sidecar resumes the run. Sidecars sharing a NATS
+	// cluster must use one value. default: 10s
+	LeaseTTL time.Duration `koanf:"lease_ttl"`
 }
 
 // Tracing configures OpenTelemetry tracing, off unless an endpoint is set.
@@ -249,7 +255,7 @@ type Tool struct {
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	return Config{
-		Durability: Durability{Enabled: true, Replicas: 1},
+		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second},
 		Core:       Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second},
 		NATS:       NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
@@ -411,6 +417,12 @@ func (c Config) Validate() error {
 		if d <= 0 {
 			bad(key, "must be positive, got %s", d)
 		}
+	}
+	if c.Durability.LeaseTTL < time.Second {
+		bad("durability.lease_ttl", "must be at least 1s, got %s", c.Durability.LeaseTTL)
+	}
+	if c.Durability.Replicas < 1 || c.Durability.Replicas > 5 {
+		bad("durability.replicas", "must be 1 to 5, got %d", c.Durability.Replicas)
 	}
 	for key, n := range map[string]int64{
 		"server.read_header_timeout": int64(c.Server.ReadHeaderTimeout), "server.read_timeout": int64(c.Server.ReadTimeout),

@@ -202,7 +202,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		sum, err := e.run(d.ctx, req, run, d.emit)
+		sum, err := e.lead(d, req, run)
 		e.forget(req.RunID, d)
 		d.finish(sum, err)
 	})

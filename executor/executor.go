@@ -50,9 +50,13 @@ type Core interface {
 
 // Recoverer finds the reply of a call whose sidecar went away while it ran
 // (package ledger, in durable mode); with await it waits for one still on
-// its way until the call's deadline. ok is false when there is none.
+// its way until the call's deadline. ok is false when there is none; an
+// error wrapping tool.ErrNeverSent says that no attempt ever left.
 type Recoverer interface {
 	Recover(ctx context.Context, actionID string, await bool) (reply tool.Outcome, ok bool, err error)
+	// Intend records that an unsafe call is about to be marked processing
+	// and sent, so that a recovery can tell "never sent" from "unknown".
+	Intend(ctx context.Context, actionID, runID, tool string) error
 }
 
 // WithRecoverer consults r, when a drive finishes calls left open, before
@@ -143,6 +147,7 @@ type Executor struct {
 	log       *slog.Logger
 	obs       Observer
 	recoverer Recoverer
+	leases    Leases
 	tracer    trace.Tracer
 	// finaliseTimeout bounds the best-effort processing mark.
 	finaliseTimeout time.Duration
@@ -214,6 +219,8 @@ type Request struct {
 	// drive carries it, and it is used nowhere else (never logged, never
 	// stored). Empty: the sidecar's own key, when one is configured.
 	CallerKey string `json:"-"`
+
+	leaseLost <-chan struct{} // closed when the run's lease passed to another sidecar
 }
 
 // CallResult is the outcome of one call as the application sees it.

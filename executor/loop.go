@@ -75,6 +75,10 @@ func (e *Executor) loop(ctx context.Context, req Request, run core.Run, emit Sin
 			sum.Status, sum.Error = StatusInterrupted, "sidecar shutting down"
 			return nil
 		}
+		if leaseLost(req.leaseLost) {
+			sum.Status, sum.Error = StatusInterrupted, ErrLeaseLost.Error()
+			return nil
+		}
 		if cause := e.runCancelled(ctx, req.RunID, fresh); cause != nil {
 			sum.Status, sum.Error = StatusCancelled, cause.Error()
 			return nil
@@ -446,10 +450,11 @@ func (br *batchRun) addOpen(ctx context.Context) {
 			br.start(m, func(ctx context.Context) *outcome {
 				if processing {
 					// It may have run: its reply may be in the ledger.
-					if o := e.recovered(ctx, br, m, def); o != nil {
+					o, neverSent := e.recovered(ctx, br, m, def)
+					if o != nil {
 						return o
 					}
-					if pre == nil && def.SideEffects == config.Unsafe {
+					if pre == nil && def.SideEffects == config.Unsafe && !neverSent {
 						pre = tool.NewError(tool.Interrupted, "the call of unsafe tool %q was started before a fault and its effect is unknown; "+
 							"it was not run again. Check its effect before you call it again", m.Tool)
 					}
@@ -463,24 +468,31 @@ func (br *batchRun) addOpen(ctx context.Context) {
 // recovered is the outcome from the reply that the durable ledger kept for
 // a call that was running when its sidecar went away, or nil. An unsafe
 // call cannot run again, so its reply is awaited until its deadline.
-func (e *Executor) recovered(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool) *outcome {
+// neverSent: the ledger knows that no attempt left (the sidecar died
+// between marking the Action processing and sending the request), so
+// running the call now is its first run.
+func (e *Executor) recovered(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool) (o *outcome, neverSent bool) {
 	if e.recoverer == nil {
-		return nil
+		return nil, false
 	}
 	await := def != nil && def.SideEffects == config.Unsafe
 	reply, ok, err := e.recoverer.Recover(ctx, m.ActionID, await)
+	if errors.Is(err, tool.ErrNeverSent) {
+		br.log.Info("the call was never sent: running it", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+		return nil, true
+	}
 	if err != nil {
 		br.log.Warn("reading the ledger", "action_id", m.ActionID, "err", err)
 	}
 	if !ok {
-		return nil
+		return nil, false
 	}
 	br.log.Info("the call's reply outlived its sidecar: submitting it", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
 	e.obs.CallRecovered()
-	o := newOutcome(br.n, m)
+	o = newOutcome(br.n, m)
 	o.res.Attempts = 1
 	e.settle(o, reply)
-	return o
+	return o, false
 }
 
 // openCalls lists the run's Actions that are pending or processing, in
@@ -637,6 +649,13 @@ func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, def *re
 	if def.SideEffects == config.Unsafe {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 		defer cancel()
+		if e.recoverer != nil {
+			// Without it a crash before the send leaves the call
+			// "unknown" (interrupted), never run twice: best effort.
+			if err := e.recoverer.Intend(pctx, m.ActionID, m.RunID, m.Tool); err != nil {
+				log.Warn("recording the intent to send an unsafe call", "err", err)
+			}
+		}
 		if _, err := e.core.FinaliseAction(pctx, m.ActionID, upd); err != nil {
 			log.Error("marking an unsafe call processing failed: not running it", "err", err)
 			return false

@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -75,7 +74,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if _, err := js.AccountInfo(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
 	}
-	name := strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(cfg.Prefix))
+	name := bucketName(cfg.Prefix)
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + "_LEDGER", TTL: Retention,
 		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar outcome ledger, by Action ID"})
 	if err != nil {
@@ -109,6 +108,22 @@ func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply 
 	return nil
 }
 
+// Intend records, before an unsafe call's Action is marked processing,
+// that the call is about to be sent. An Action found processing later
+// then tells apart a call that never left (an entry without a reply
+// subject: it may run now) from one whose fate is unknown (no entry: it
+// was marked by a sidecar without a ledger).
+func (l *Ledger) Intend(ctx context.Context, actionID, runID, toolName string) error {
+	data, err := json.Marshal(Entry{RunID: runID, Tool: toolName, Instance: l.cfg.Instance})
+	if err != nil {
+		return err
+	}
+	if _, err := l.kv.Put(ctx, actionID, data); err != nil {
+		return fmt.Errorf("ledger: recording the intent to send %s: %w", actionID, err)
+	}
+	return nil
+}
+
 // Reply is the last message the stream captured on a reply subject.
 func (l *Ledger) Reply(ctx context.Context, subject string) (*nats.Msg, bool, error) {
 	raw, err := l.replies.GetLastMsgForSubject(ctx, subject)
@@ -128,7 +143,8 @@ const awaitEvery = 100 * time.Millisecond
 // action, when the stream has one. With await, a reply that has not come
 // is waited for until the attempt's deadline (a worker's reply may still
 // be on its way: buffered through a reconnect, say). ok is false when no
-// attempt was recorded, or no final reply came.
+// final reply came (or nothing was recorded); when the call's intent was
+// recorded (Intend) but no attempt, the error wraps tool.ErrNeverSent.
 func (l *Ledger) Recover(ctx context.Context, actionID string, await bool) (out tool.Outcome, ok bool, err error) {
 	for {
 		out, ok, deadline, err := l.lookup(ctx, actionID)
@@ -157,6 +173,9 @@ func (l *Ledger) lookup(ctx context.Context, actionID string) (out tool.Outcome,
 	var e Entry
 	if err := json.Unmarshal(kve.Value(), &e); err != nil {
 		return out, false, time.Time{}, fmt.Errorf("ledger: entry of %s: %w", actionID, err)
+	}
+	if e.Reply == "" { // intended, never dispatched
+		return out, false, time.Time{}, fmt.Errorf("ledger: %s was never dispatched: %w", actionID, tool.ErrNeverSent)
 	}
 	m, found, err := l.Reply(ctx, e.Reply)
 	if err != nil || !found {

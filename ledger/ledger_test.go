@@ -17,18 +17,27 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func open(t *testing.T) (*ledger.Ledger, *nats.Conn) {
+// server starts a JetStream server and returns a connection factory.
+func server(t *testing.T) func() *nats.Conn {
 	t.Helper()
 	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.InProcessURL(), ns.ConnectOptions()...)
-	if err != nil {
-		t.Fatal(err)
+	return func() *nats.Conn {
+		nc, err := nats.Connect(ns.InProcessURL(), ns.ConnectOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
 	}
-	t.Cleanup(nc.Close)
+}
+
+func open(t *testing.T) (*ledger.Ledger, *nats.Conn) {
+	t.Helper()
+	nc := server(t)()
 	l, err := ledger.Open(context.Background(), nc, ledger.Config{Prefix: "t", Instance: "pod-1"})
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +53,13 @@ func TestRecover(t *testing.T) {
 	ctx := context.Background()
 	if _, ok, err := l.Recover(ctx, "act_unknown", true); ok || err != nil {
 		t.Fatalf("unknown action: ok %v err %v", ok, err)
+	}
+	// Intended but never dispatched: known never sent.
+	if err := l.Intend(ctx, "act_0", "run_1", "pay"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := l.Recover(ctx, "act_0", true); ok || !errors.Is(err, tool.ErrNeverSent) {
+		t.Fatalf("intended action: ok %v err %v, want ErrNeverSent", ok, err)
 	}
 	reply := l.Inbox() + ".tok1"
 	req := tool.Request{Tool: "pay", ActionID: "act_1", Attempt: 1, Timeout: 2 * time.Second}

@@ -82,6 +82,7 @@ type Sidecar struct {
 	embedded    *embedded.Server // nil with an external NATS
 	instance    string
 	ledger      *ledger.Ledger // nil unless durable
+	leases      *ledger.Leases // nil unless durable
 	durableOff  string         // why durable mode is off, when it is
 	tempStore   string         // a store folder of this run only, removed at shutdown
 	natsURL     string
@@ -214,7 +215,15 @@ func (s *Sidecar) connectNATS() error {
 		case err != nil:
 			return err
 		default:
-			s.ledger = l
+			lctx, lcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ls, err := ledger.OpenLeases(lctx, nc, ledger.LeaseConfig{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance,
+				Replicas: s.cfg.Durability.Replicas, TTL: s.cfg.Durability.LeaseTTL}, s.log.With("component", "leases"))
+			lcancel()
+			if err != nil {
+				return err
+			}
+			s.ledger, s.leases = l, ls
+			s.closers = append(s.closers, ls.Close)
 			bopts = append(bopts, bridge.WithInbox(l.Inbox()), bridge.WithLedger(l))
 			s.log.Info("durable mode on", "instance_id", s.instance, "replies", l.Inbox()+".*")
 		}
@@ -372,6 +381,9 @@ func (s *Sidecar) buildExecutor(cc *core.Client, tr trace.Tracer) error {
 			opts = append(opts, executor.WithRoute(kind, local))
 		}
 	}
+	if s.leases != nil {
+		opts = append(opts, executor.WithLeases(runLeases{s.leases}))
+	}
 	s.exec = executor.New(s.cfg.Executor, cc, s.live, s.client, opts...)
 	return nil
 }
@@ -514,6 +526,9 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	}
 	s.stopRun()
 	s.wg.Wait()
+	if s.leases != nil {
+		s.leases.Close() // the drives have ended and released theirs
+	}
 	_ = s.client.Close()
 	if err := s.nc.Drain(); err != nil {
 		s.log.Warn("draining NATS", "err", err)
@@ -555,6 +570,17 @@ func recoverer(l *ledger.Ledger) executor.Recoverer {
 		return nil
 	}
 	return l
+}
+
+// runLeases is the ledger's leases as the executor's.
+type runLeases struct{ *ledger.Leases }
+
+func (l runLeases) Acquire(ctx context.Context, runID string) (executor.Lease, string, error) {
+	lease, holder, err := l.Leases.Acquire(ctx, runID)
+	if lease == nil {
+		return nil, holder, err
+	}
+	return lease, "", nil
 }
 
 // readiness: NATS connected and Core answering HTTP at all.

@@ -26,7 +26,12 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(workerEnv) != "" { // a worker process of the cluster test
+		os.Exit(workerMain())
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func oneCall(name string) coresim.Scenario {
 	return coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: name, ArgsJSON: `{"q": "x"}`}}}, {Content: "{{results}}"}}}

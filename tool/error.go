@@ -23,6 +23,11 @@ const (
 	Interrupted ErrorType = "interrupted"
 )
 
+// ErrNeverSent: a durable transport knows that no attempt of the call
+// ever left the sidecar (it records each attempt before sending it), so
+// that even an unsafe tool can run it now.
+var ErrNeverSent = errors.New("the call was never sent to a worker")
+
 // codes maps types to NATS micro's numeric codes (HTTP-like), and back.
 var codes = map[ErrorType]int{
 	InvalidArgs: 400, NotFound: 404, Timeout: 504, WorkerCrash: 500,

@@ -318,3 +318,43 @@ func TestRenderedConfigLoads(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableStore: with the embedded server (the default), JetStream's
+// files go to a volume mounted at store_dir, since the root filesystem is
+// read-only; with an external NATS there is no store volume, and the
+// cluster example keeps 3 replicas.
+func TestDurableStore(t *testing.T) {
+	o := decode(t, render(t, ""))
+	cfg := o.configMaps[0].Data["config.yaml"]
+	if !strings.Contains(cfg, `store_dir: "/var/lib/toolsidecar/jetstream"`) || !strings.Contains(cfg, "enabled: true") {
+		t.Errorf("default config has no durable store:\n%s", cfg)
+	}
+	pod := o.deployments[0].Spec.Template.Spec
+	var mounted bool
+	for _, m := range sidecar(t, o.deployments[0]).VolumeMounts {
+		if m.Name == "toolsidecar-store" && m.MountPath == "/var/lib/toolsidecar/jetstream" && !m.ReadOnly {
+			mounted = true
+		}
+	}
+	var vol *corev1.Volume
+	for i := range pod.Volumes {
+		if pod.Volumes[i].Name == "toolsidecar-store" {
+			vol = &pod.Volumes[i]
+		}
+	}
+	if !mounted || vol == nil || vol.EmptyDir == nil || vol.EmptyDir.SizeLimit.String() != "1Gi" {
+		t.Errorf("store volume: mounted %v, volume %+v", mounted, vol)
+	}
+	ext := decode(t, render(t, "../helm/examples/external-nats.yaml"))
+	for _, v := range ext.deployments[0].Spec.Template.Spec.Volumes {
+		if v.Name == "toolsidecar-store" {
+			t.Error("an external NATS needs no store volume")
+		}
+	}
+	if cfg := ext.configMaps[0].Data["config.yaml"]; !strings.Contains(cfg, "replicas: 3") || strings.Contains(cfg, "store_dir") {
+		t.Errorf("external cluster config:\n%s", cfg)
+	}
+	if off := decode(t, render(t, "", "durability.enabled=false")); strings.Contains(off.configMaps[0].Data["config.yaml"], "store_dir") {
+		t.Error("durability off still configures a store")
+	}
+}

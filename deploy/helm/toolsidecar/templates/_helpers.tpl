@@ -31,6 +31,10 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The sidecar's config.yaml. Secrets are files, never values. */}}
 {{- define "toolsidecar.config" -}}
+durability:
+  enabled: {{ .Values.durability.enabled }}
+  replicas: {{ .Values.durability.replicas }}
+  lease_ttl: {{ .Values.durability.leaseTTL }}
 core:
   url: {{ .Values.core.url | quote }}
   {{- if .Values.core.apiKeySecret.name }}
@@ -47,6 +51,9 @@ nats:
   embedded:
     listen: {{ .Values.nats.embedded.listen | quote }}
     allow_anonymous: {{ .Values.nats.embedded.allowAnonymous }}
+    {{- if (include "toolsidecar.embeddedStore" .) }}
+    store_dir: {{ .Values.nats.embedded.storeDir | quote }}
+    {{- end }}
     {{- with .Values.nats.embedded.workers }}
     workers:
       {{- toYaml . | nindent 6 }}
@@ -126,6 +133,9 @@ add it to the pod's containers, with the volumes of toolsidecar.podVolumes.
   volumeMounts:
     - { name: toolsidecar-config, mountPath: /etc/toolsidecar, readOnly: true }
     {{- include "toolsidecar.secretMounts" . | nindent 4 }}
+    {{- if (include "toolsidecar.embeddedStore" .) }}
+    - { name: toolsidecar-store, mountPath: {{ .Values.nats.embedded.storeDir | quote }} }
+    {{- end }}
 {{- end -}}
 
 {{- define "toolsidecar.podVolumes" -}}
@@ -133,4 +143,13 @@ add it to the pod's containers, with the volumes of toolsidecar.podVolumes.
   configMap:
     name: {{ include "toolsidecar.fullname" . }}-config
 {{ include "toolsidecar.secretVolumes" . }}
+{{- if (include "toolsidecar.embeddedStore" .) }}
+- name: toolsidecar-store
+  {{- toYaml .Values.nats.embedded.storeVolume | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Non-empty when the embedded server keeps JetStream files: durable mode without an external NATS. */}}
+{{- define "toolsidecar.embeddedStore" -}}
+{{- if and .Values.durability.enabled (not .Values.nats.url) -}}true{{- end -}}
 {{- end -}}

@@ -1,0 +1,172 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/internal/clock"
+)
+
+// One driver per run across sidecars: in durable mode, a drive first takes
+// the run's lease (package ledger). When another sidecar holds it, the
+// drive follows that sidecar's events and, once the lease is free (the
+// drive ended, or its sidecar died and stopped renewing), takes it and
+// resumes the run from Core's state.
+
+// Leases grants run leases shared by the sidecars of a NATS cluster.
+type Leases interface {
+	// Acquire takes a run's lease. When another sidecar holds it, lease
+	// is nil and holder names that sidecar.
+	Acquire(ctx context.Context, runID string) (lease Lease, holder string, err error)
+	// Follow hands fn the events the holder publishes, until fn returns
+	// true, the lease is free, or ctx ends (its error is returned).
+	Follow(ctx context.Context, runID string, fn func(event []byte) (stop bool)) error
+}
+
+// Lease is a held run lease.
+type Lease interface {
+	// Lost is closed when the lease passed to another sidecar.
+	Lost() <-chan struct{}
+	// Publish sends an event to the sidecars following the run.
+	Publish(event []byte)
+	// Release gives the lease up.
+	Release()
+}
+
+// WithLeases makes drives take run leases from l. default: none (one
+// driver per run within this sidecar only)
+func WithLeases(l Leases) Option { return func(e *Executor) { e.leases = l } }
+
+// ErrLeaseLost: the run's lease passed to another sidecar (this one was
+// cut off from NATS for longer than the lease lasts); this drive stops
+// before its next turn and leaves the run to the new holder.
+var ErrLeaseLost = errors.New("executor: the run's lease passed to another sidecar")
+
+// relayed is an event as it travels between sidecars: with its raw chunk,
+// which the local API frames as is.
+type relayed struct {
+	Event
+	Raw json.RawMessage `json:"raw,omitempty"`
+}
+
+// lead runs the loop of a drive this sidecar leads, under the run's lease
+// when there are leases.
+// The run read before (run) serves only without leases.
+func (e *Executor) lead(d *drive, req Request, run core.Run) (Summary, error) {
+	if e.leases == nil {
+		return e.run(d.ctx, req, run, d.emit)
+	}
+	followed := false
+	for {
+		lease, holder, err := e.acquire(d.ctx, req.RunID)
+		if err != nil {
+			return e.failedBeforeStart(d, req, "taking the run's lease: "+err.Error(), err)
+		}
+		if lease != nil {
+			// Read the run again under the lease: another sidecar may have
+			// driven it to its end since the first read (and released the
+			// lease just before this one took it).
+			run, err := e.core.GetRun(d.ctx, req.RunID)
+			if err != nil {
+				lease.Release()
+				return e.failedBeforeStart(d, req, "reading the run: "+err.Error(), err)
+			}
+			return e.runLeased(d, req, run, lease)
+		}
+		if !followed {
+			e.obs.DriveAttached()
+			e.log.Info("run driven by another sidecar: following it", "run_id", req.RunID, "holder", holder)
+		}
+		followed = true
+		var final *Summary
+		err = e.leases.Follow(d.ctx, req.RunID, func(b []byte) bool {
+			var ev relayed
+			if json.Unmarshal(b, &ev) != nil {
+				return false
+			}
+			if ev.Type == EventDone && ev.Summary != nil {
+				final = ev.Summary
+				return true
+			}
+			ev.Event.Raw = ev.Raw
+			d.emit(ev.Event)
+			return false
+		})
+		switch {
+		case final != nil:
+			d.emit(Event{Type: EventDone, Turn: final.Turns, Summary: final})
+			return *final, summaryErr(*final)
+		case err != nil:
+			sum := Summary{RunID: req.RunID, Status: StatusCancelled, Calls: []CallResult{}, Error: context.Cause(d.ctx).Error()}
+			d.emit(Event{Type: EventDone, Summary: &sum})
+			return sum, nil
+		}
+	}
+}
+
+// acquireFor bounds the retries of a lease that NATS could not grant (no
+// JetStream leader for a moment, say, while a cluster node is replaced).
+const acquireFor = 15 * time.Second
+
+// acquire takes a run's lease, retrying while NATS fails to answer.
+func (e *Executor) acquire(ctx context.Context, runID string) (Lease, string, error) {
+	give := time.Now().Add(acquireFor)
+	wait := 50 * time.Millisecond
+	for {
+		lease, holder, err := e.leases.Acquire(ctx, runID)
+		if err == nil || ctx.Err() != nil || time.Now().Add(wait).After(give) {
+			return lease, holder, err
+		}
+		e.log.Warn("taking the run's lease failed; retrying", "run_id", runID, "err", err)
+		if clock.Sleep(ctx, wait) != nil {
+			return nil, "", err
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// runLeased runs the loop while the lease is held, publishing its events
+// to followers; a lost lease stops the drive before its next turn.
+func (e *Executor) runLeased(d *drive, req Request, run core.Run, lease Lease) (Summary, error) {
+	defer lease.Release()
+	req.leaseLost = lease.Lost()
+	return e.run(d.ctx, req, run, func(ev Event) {
+		d.emit(ev)
+		if b, err := json.Marshal(relayed{Event: ev, Raw: ev.Raw}); err == nil {
+			lease.Publish(b)
+		}
+	})
+}
+
+// failedBeforeStart ends a drive that could not begin.
+func (e *Executor) failedBeforeStart(d *drive, req Request, msg string, err error) (Summary, error) {
+	sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: msg}
+	d.emit(Event{Type: EventDone, Summary: &sum})
+	return sum, fmt.Errorf("executor: run %s: %w", req.RunID, err)
+}
+
+// summaryErr is the error Drive returns with a summary relayed from
+// another sidecar: non-nil only for a failed run.
+func summaryErr(sum Summary) error {
+	if sum.Status != StatusFailed {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrUpstream, sum.Error)
+}
+
+// leaseLost reports a lost lease without blocking.
+func leaseLost(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

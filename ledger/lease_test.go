@@ -1,0 +1,153 @@
+package ledger_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/projectdavid/toolsidecar/ledger"
+)
+
+// leases opens the lease bucket as one sidecar instance, on its own
+// connection (as another pod would have).
+func leases(t *testing.T, conn func() *nats.Conn, instance string, ttl time.Duration) *ledger.Leases {
+	t.Helper()
+	ls, err := ledger.OpenLeases(context.Background(), conn(), ledger.LeaseConfig{Prefix: "t", Instance: instance, TTL: ttl}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls
+}
+
+// TestLeaseOneHolder: while pod-a holds a run's lease, pod-b cannot take
+// it, learns who holds it, and follows the events pod-a publishes until
+// pod-a releases the lease; pod-b then takes it.
+func TestLeaseOneHolder(t *testing.T) {
+	conn := server(t)
+	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	la, holder, err := a.Acquire(ctx, "run_1")
+	if la == nil || err != nil {
+		t.Fatalf("pod-a: lease %v holder %q err %v", la, holder, err)
+	}
+	if lb, holder, err := b.Acquire(ctx, "run_1"); lb != nil || holder != "pod-a" || err != nil {
+		t.Fatalf("pod-b while pod-a holds: lease %v holder %q err %v; want pod-a named", lb, holder, err)
+	}
+	var got []string
+	followed := make(chan error, 1)
+	go func() {
+		followed <- b.Follow(ctx, "run_1", func(ev []byte) bool { got = append(got, string(ev)); return false })
+	}()
+	time.Sleep(200 * time.Millisecond) // let the follower subscribe
+	la.Publish([]byte("e1"))
+	la.Publish([]byte("e2"))
+	la.Release()
+	select {
+	case err := <-followed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Follow did not return when the lease was released")
+	}
+	if len(got) != 2 || got[0] != "e1" || got[1] != "e2" {
+		t.Errorf("followed events %q, want e1 e2", got)
+	}
+	lb, _, err := b.Acquire(ctx, "run_1")
+	if lb == nil || err != nil {
+		t.Fatalf("pod-b after release: %v %v", lb, err)
+	}
+	lb.Release()
+}
+
+// TestLeaseExpiresWhenHolderDies: a holder that stops renewing (its
+// process died) frees the lease after the TTL and no sooner; another pod
+// then takes it, and the dead holder's next life takes its own lease back
+// at once.
+func TestLeaseExpiresWhenHolderDies(t *testing.T) {
+	conn := server(t)
+	ttl := 1500 * time.Millisecond
+	a := leases(t, conn, "pod-a", ttl)
+	b := leases(t, conn, "pod-b", ttl)
+	defer b.Close()
+	ctx := context.Background()
+	if l, _, err := a.Acquire(ctx, "run_1"); l == nil || err != nil {
+		t.Fatal(l, err)
+	}
+	if l, _, err := a.Acquire(ctx, "run_2"); l == nil || err != nil {
+		t.Fatal(l, err)
+	}
+	// Renewed while pod-a lives: still held after twice the TTL.
+	time.Sleep(2 * ttl)
+	if l, holder, _ := b.Acquire(ctx, "run_1"); l != nil || holder != "pod-a" {
+		t.Fatalf("after 2×TTL of renewals: lease %v holder %q, want pod-a's", l, holder)
+	}
+	a.Close() // pod-a dies: no renewal, no release
+	start := time.Now()
+	if err := b.Follow(ctx, "run_1", func([]byte) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	waited := time.Since(start)
+	l, _, err := b.Acquire(ctx, "run_1")
+	if l == nil || err != nil {
+		t.Fatalf("pod-b after expiry: %v %v", l, err)
+	}
+	defer l.Release()
+	if waited > 3*ttl {
+		t.Errorf("the lease was free only after %s (TTL %s)", waited, ttl)
+	}
+	// pod-a restarted (same instance name) takes run_2 back without waiting.
+	a2 := leases(t, conn, "pod-a", ttl)
+	defer a2.Close()
+	l2, holder, err := a2.Acquire(ctx, "run_2")
+	if l2 == nil || err != nil {
+		t.Fatalf("pod-a's next life: lease %v holder %q err %v", l2, holder, err)
+	}
+	l2.Release()
+}
+
+// TestLeaseLost: when another pod took the lease (this one's expired while
+// it was cut off), the next renewal finds the revision moved and reports
+// the lease lost.
+func TestLeaseLost(t *testing.T) {
+	conn := server(t)
+	ttl := time.Second
+	a, b := leases(t, conn, "pod-a", ttl), leases(t, conn, "pod-b", ttl)
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	la, _, _ := a.Acquire(ctx, "run_1")
+	// pod-b's view after pod-a's lease expired: the key was gone and
+	// pod-b created it. Simulated by removing pod-a's key directly.
+	js, _ := jetstreamKV(t, conn(), "T_RUNS")
+	js.Delete(ctx, "run_1")
+	lb, _, err := b.Acquire(ctx, "run_1")
+	if lb == nil || err != nil {
+		t.Fatal(lb, err)
+	}
+	defer lb.Release()
+	select {
+	case <-la.Lost():
+	case <-time.After(3 * ttl):
+		t.Fatal("pod-a's lease was not reported lost")
+	}
+	la.Release() // must not free pod-b's lease
+	if l, holder, _ := a.Acquire(ctx, "run_1"); l != nil || holder != "pod-b" {
+		t.Errorf("after pod-a's release of a lost lease: lease %v holder %q, want pod-b's", l, holder)
+	}
+}
+
+func jetstreamKV(t *testing.T, nc *nats.Conn, bucket string) (jetstream.KeyValue, error) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js.KeyValue(context.Background(), bucket)
+}
