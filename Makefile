@@ -4,7 +4,7 @@ PKGS    ?= ./...
 FUZZTIME ?= 10s
 
 .PHONY: all build demo test test-go test-node test-python node-build vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
-	chart-lint chart-test static-build image bench
+	chart-lint chart-test static-build image bench soak
 
 all: build
 
@@ -88,7 +88,15 @@ image:
 ## bench: the benchmarks of BENCHMARKS.md (not part of make test).
 bench:
 	$(GO) test ./executor -run '^$$' -bench BenchmarkBatch -benchtime 20x
-	$(GO) test ./bridge -run '^$$' -bench 'Raw|Dispatch' -benchtime 20000x -count 3
+	$(GO) test ./bridge -run '^$$' -bench 'RawRequest$$|Dispatch$$|DispatchDurable$$|DispatchDurableUnsafe$$' -benchtime 20000x -count 3
+	for i in 1 2 3; do $(GO) test ./bridge -run '^$$' -bench 'Parallel$$' -benchtime 20000x || exit 1; done
+
+## soak: the durable-mode fault suite of RELIABILITY.md, each fault
+## SOAK times (make test runs each once), then a summary per fault.
+SOAK ?= 20
+SOAK_TESTS := TestSIGKILLMidBatch|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss
+soak:
+	TOOLSIDECAR_SOAK=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh
 
 ## fuzz: run every fuzz target for FUZZTIME (CI runs only their seeds);
 ## fuzz-long runs each for at least 10^6 executions (RELIABILITY.md).
@@ -112,4 +120,4 @@ coresim:
 	$(GO) run ./cmd/coresim --listen 127.0.0.1:9000
 
 clean:
-	rm -rf bin coverage.out plugins/node/dist plugins/node/node_modules
+	rm -rf bin coverage.out soak.log plugins/node/dist plugins/node/node_modules

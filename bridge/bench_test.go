@@ -10,6 +10,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
+	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )
@@ -30,6 +31,25 @@ func echoClient(b *testing.B, concurrency int) *bridge.Client {
 	natstest.Worker(b, work, map[string]tool.Handler{"echo": func(ctx context.Context, c *tool.Call) ([]byte, error) { return c.Manifest, nil }},
 		worker.WithConcurrency(concurrency))
 	return open(b, side)
+}
+
+// durableClient is echoClient in durable mode: a JetStream server, the
+// outcome ledger written before each send, replies captured by a stream.
+func durableClient(b *testing.B, concurrency int) *bridge.Client {
+	b.Helper()
+	side, work := natstest.ConnectJetStream(b)
+	natstest.Worker(b, work, map[string]tool.Handler{"echo": func(ctx context.Context, c *tool.Call) ([]byte, error) { return c.Manifest, nil }},
+		worker.WithConcurrency(concurrency))
+	l, err := ledger.Open(context.Background(), side, ledger.Config{Prefix: natstest.Prefix, Instance: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := bridge.Open(side, natstest.Prefix, bridge.WithInbox(l.Inbox()), bridge.WithLedger(l))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
 }
 
 // reportLatency adds p50 and p99 in microseconds.
@@ -59,8 +79,25 @@ func BenchmarkRawRequest(b *testing.B) {
 }
 
 func BenchmarkDispatch(b *testing.B) {
-	c := echoClient(b, 64)
+	sequential(b, echoClient(b, 64), natstest.Request("echo", time.Second))
+}
+
+// BenchmarkDispatchDurable: the same calls in durable mode (read-only).
+func BenchmarkDispatchDurable(b *testing.B) {
+	sequential(b, durableClient(b, 64), natstest.Request("echo", time.Second))
+}
+
+// BenchmarkDispatchDurableUnsafe: durable mode for an unsafe tool, whose
+// ledger entry is written synchronously before the send.
+func BenchmarkDispatchDurableUnsafe(b *testing.B) {
 	r := natstest.Request("echo", time.Second)
+	r.Unsafe = true
+	sequential(b, durableClient(b, 64), r)
+}
+
+// sequential dispatches r b.N times, one after another, and reports the
+// latency percentiles.
+func sequential(b *testing.B, c *bridge.Client, r tool.Request) {
 	lat := make([]time.Duration, b.N)
 	b.ResetTimer()
 	for i := range b.N {
@@ -110,6 +147,10 @@ func BenchmarkRawRequestParallel(b *testing.B) {
 
 func BenchmarkDispatchParallel(b *testing.B) {
 	parallel(b, dispatch(echoClient(b, 256), natstest.Request("echo", 5*time.Second)))
+}
+
+func BenchmarkDispatchDurableParallel(b *testing.B) {
+	parallel(b, dispatch(durableClient(b, 256), natstest.Request("echo", 5*time.Second)))
 }
 
 // BenchmarkDispatchBareResponderParallel isolates the sidecar side: the

@@ -29,6 +29,10 @@ type Fault struct {
 	Delay time.Duration `yaml:"delay" json:"delay"`
 	// Drop closes the connection without an answer.
 	Drop bool `yaml:"drop" json:"drop"`
+	// Hit, when set, is called as each matching request starts its fault
+	// (after the write, with Store): a test's signal that the client is
+	// now at that point, to kill it there.
+	Hit func() `yaml:"-" json:"-"`
 }
 
 type activeFault struct {
@@ -73,6 +77,9 @@ func (s *Sim) serveFault(w http.ResponseWriter, r *http.Request, f *Fault) {
 	if f.Store {
 		stored = &recorder{header: http.Header{}, status: http.StatusOK}
 		s.mux.ServeHTTP(stored, r)
+	}
+	if f.Hit != nil {
+		f.Hit()
 	}
 	if f.Delay > 0 {
 		t := time.NewTimer(f.Delay)

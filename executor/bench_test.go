@@ -9,6 +9,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -16,7 +17,7 @@ import (
 // embedded NATS, a Go worker whose tool takes 200 ms): one batch of N
 // calls, then the final answer. The design target: N=16 within 1.10× of
 // N=1. "sequential" runs the same batch one call at a time, as the legacy
-// SDK loop does.
+// SDK loop does. Durable mode (the default) and not.
 //
 //	go test ./executor -run '^$' -bench BenchmarkBatch -benchtime 20x
 func BenchmarkBatch(b *testing.B) {
@@ -32,14 +33,17 @@ func BenchmarkBatch(b *testing.B) {
 		name        string
 		calls       int
 		maxParallel int
-	}{{"calls=1", 1, 16}, {"calls=16", 16, 16}, {"calls=16/sequential", 16, 1}} {
+		durable     bool
+	}{{"calls=1", 1, 16, true}, {"calls=16", 16, 16, true}, {"calls=16/sequential", 16, 1, true},
+		{"calls=1/not_durable", 1, 16, false}, {"calls=16/not_durable", 16, 16, false}} {
 		b.Run(bc.name, func(b *testing.B) {
 			specs := make([]string, bc.calls)
 			for i := range specs {
 				specs[i] = fmt.Sprintf(`slow {"i": "%d"}`, i)
 			}
 			sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls(specs...)}, {Content: "done"}}}
-			h := newHarness(b, sc, config.Executor{MaxParallel: bc.maxParallel}, spec{config.Tool{Name: "slow"}, sleep200})
+			h := newHarnessWith(b, sc, testenv.Options{Executor: config.Executor{MaxParallel: bc.maxParallel},
+				Config: func(c *config.Config) { c.Durability.Enabled = bc.durable }}, spec{config.Tool{Name: "slow"}, sleep200})
 			reqs := make([]executor.Request, b.N)
 			for i := range reqs {
 				reqs[i] = h.setupRun()

@@ -641,6 +641,10 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *re
 	return o
 }
 
+// intendTimeout bounds the ledger write before an unsafe call is marked
+// processing.
+const intendTimeout = 2 * time.Second
+
 // markProcessing sets the Action processing before dispatch. For an
 // unsafe tool it must land (within the submit budget); for others it is
 // best effort, bounded by the finalise timeout.
@@ -651,10 +655,14 @@ func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, def *re
 		defer cancel()
 		if e.recoverer != nil {
 			// Without it a crash before the send leaves the call
-			// "unknown" (interrupted), never run twice: best effort.
-			if err := e.recoverer.Intend(pctx, m.ActionID, m.RunID, m.Tool); err != nil {
+			// "unknown" (interrupted), never run twice: best effort, and
+			// bounded, since a write lost with a NATS node would otherwise
+			// hold the call for the whole budget.
+			ictx, icancel := context.WithTimeout(pctx, intendTimeout)
+			if err := e.recoverer.Intend(ictx, m.ActionID, m.RunID, m.Tool); err != nil {
 				log.Warn("recording the intent to send an unsafe call", "err", err)
 			}
+			icancel()
 		}
 		if _, err := e.core.FinaliseAction(pctx, m.ActionID, upd); err != nil {
 			log.Error("marking an unsafe call processing failed: not running it", "err", err)
@@ -747,7 +755,7 @@ func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry
 	for attempt := 1; ; attempt++ {
 		res.Attempts = attempt
 		reply := d.Dispatch(ctx, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, RunID: m.RunID, Attempt: attempt, Timeout: def.Timeout,
-			MaxDuration: def.MaxDuration, Traceparent: traceparent})
+			MaxDuration: def.MaxDuration, Traceparent: traceparent, Unsafe: def.SideEffects == config.Unsafe})
 		if reply.Err == nil || attempt > def.Retries || ctx.Err() != nil || !reply.Err.Retryable() {
 			return reply
 		}

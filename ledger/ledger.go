@@ -43,6 +43,7 @@ type Config struct {
 // Ledger records dispatches and finds the replies that outlived a sidecar.
 type Ledger struct {
 	cfg     Config
+	js      jetstream.JetStream
 	kv      jetstream.KeyValue
 	replies jetstream.Stream
 }
@@ -85,7 +86,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: reply stream: %w", err)
 	}
-	return &Ledger{cfg: cfg, kv: kv, replies: st}, nil
+	return &Ledger{cfg: cfg, js: js, kv: kv, replies: st}, nil
 }
 
 // Inbox is this sidecar's reply namespace: the bridge sends requests with
@@ -94,6 +95,14 @@ func (l *Ledger) Inbox() string { return l.cfg.Prefix + ".replies." + l.cfg.Inst
 
 // Dispatched records an attempt before it is sent: a restarted sidecar
 // then knows the call may have run, and where its reply is.
+//
+// For an unsafe tool it returns once JetStream has stored the record, so
+// that "no record" proves "never sent". For other tools the record is
+// published without waiting for its acknowledgement: it travels ahead of
+// the request on the same connection and the server stores it first, and
+// should it be lost anyway the call merely runs again after a crash, as
+// such tools may. This keeps durable mode's cost per call low
+// (BENCHMARKS.md).
 func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply string) error {
 	now := time.Now().UTC()
 	e := Entry{RunID: runID, Tool: req.Tool, Attempt: req.Attempt, Reply: reply, Instance: l.cfg.Instance, Dispatched: now,
@@ -102,7 +111,12 @@ func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply 
 	if err != nil {
 		return err
 	}
-	if _, err := l.kv.Put(ctx, req.ActionID, data); err != nil {
+	if req.Unsafe {
+		_, err = l.kv.Put(ctx, req.ActionID, data)
+	} else {
+		_, err = l.js.PublishMsgAsync(&nats.Msg{Subject: "$KV." + l.kv.Bucket() + "." + req.ActionID, Data: data})
+	}
+	if err != nil {
 		return fmt.Errorf("ledger: recording dispatch of %s: %w", req.ActionID, err)
 	}
 	return nil

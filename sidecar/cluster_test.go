@@ -3,17 +3,9 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"os"
-	"os/exec"
-	"os/signal"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
@@ -22,87 +14,9 @@ import (
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/internal/workerproc"
 	"github.com/projectdavid/toolsidecar/sidecar"
-	"github.com/projectdavid/toolsidecar/tool"
-	"github.com/projectdavid/toolsidecar/worker"
 )
-
-// The worker process of the cluster test: this test binary, started with
-// TOOLSIDECAR_TEST_WORKER set to the NATS server list. Each execution
-// appends "tool action_id" to the file TOOLSIDECAR_TEST_EXEC_LOG, so that
-// the test counts executions across processes.
-const (
-	workerEnv  = "TOOLSIDECAR_TEST_WORKER"
-	execLogEnv = "TOOLSIDECAR_TEST_EXEC_LOG"
-)
-
-// workerMain serves look and pay (400 ms each) until SIGTERM.
-func workerMain() int {
-	nc, err := nats.Connect(os.Getenv(workerEnv), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		return 1
-	}
-	defer nc.Close()
-	log, err := os.OpenFile(os.Getenv(execLogEnv), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		return 1
-	}
-	defer log.Close()
-	w := worker.New(nc, testenv.Prefix)
-	h := func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		fmt.Fprintf(log, "%s %s\n", c.Tool, c.ActionID) // one write: atomic with O_APPEND
-		select {
-		case <-time.After(400 * time.Millisecond):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		return []byte(`"` + c.Tool + ` done"`), nil
-	}
-	w.Handle("look", h)
-	w.Handle("pay", h)
-	if err := w.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		return 1
-	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM)
-	<-sigs
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = w.Stop(ctx)
-	return 0
-}
-
-// startWorkerProcess runs workerMain in a process of its own.
-func startWorkerProcess(t *testing.T, urls, execLog string) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), workerEnv+"="+urls, execLogEnv+"="+execLog)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-}
-
-// executions reads the workers' log: how often each action ran, by tool.
-func executions(t *testing.T, path string) (byAction map[string]int, total int) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	byAction = map[string]int{}
-	for line := range strings.Lines(string(b)) {
-		if f := strings.Fields(line); len(f) == 2 {
-			byAction[f[0]+" "+f[1]]++
-			total++
-		}
-	}
-	return byAction, total
-}
 
 // TestClusterNodeLoss: a 3-node NATS cluster holds the ledger, the reply
 // stream and the run leases at 3 replicas; 2 sidecars drive 6 runs (and
@@ -112,6 +26,17 @@ func executions(t *testing.T, path string) (byAction map[string]int, total int) 
 // runs. Every run completes with exactly one output per call and every
 // Action finalised, and no unsafe call runs twice.
 func TestClusterNodeLoss(t *testing.T) {
+	for i := range testenv.SoakReps() {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			resume, execs := clusterNodeLoss(t)
+			t.Logf("FAULT nats_node_loss rep=%d resume_ms=%d executions=%d/18", i, resume.Milliseconds(), execs)
+		})
+	}
+}
+
+// clusterNodeLoss runs it once and returns the time from the node loss to
+// the last run's completion, and how many executions the workers saw.
+func clusterNodeLoss(t *testing.T) (time.Duration, int) {
 	cl := natstest.StartCluster(t, 3)
 	sc := coresim.Scenario{Turns: []coresim.Turn{
 		{Calls: []coresim.Call{{Tool: "look", ArgsJSON: `{}`}, {Tool: "pay", ArgsJSON: `{}`}, {Tool: "look", ArgsJSON: `{"again":1}`}}},
@@ -128,18 +53,11 @@ func TestClusterNodeLoss(t *testing.T) {
 		sidecars = append(sidecars, startOn(t, cfg))
 	}
 	execLog := t.TempDir() + "/exec.log"
-	startWorkerProcess(t, cl.URL(), execLog)
-	startWorkerProcess(t, cl.URL(), execLog)
+	for range 2 {
+		workerproc.Start(t, workerproc.Config{URLs: cl.URL(), Prefix: testenv.Prefix, Delay: 400 * time.Millisecond, ExecLog: execLog})
+	}
 	cc, _ := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey})
-	poll.Until(t, "both workers to serve", func() bool {
-		resp, err := http.Get("http://" + sidecars[0].Addr() + "/readyz?live=1")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(b), `"tools_live":["look","pay"]`)
-	})
+	testenv.WaitLive(t, "http://"+sidecars[0].Addr(), "look", "pay")
 
 	const runs = 6
 	type result struct {
@@ -156,7 +74,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			go func() { sum, _ := s.Drive(context.Background(), r.Request(), nil); results <- result{r, sum} }()
 		}
 	}
-	poll.Until(t, "calls to be running", func() bool { _, n := executions(t, execLog); return n >= runs })
+	poll.Until(t, "calls to be running", func() bool { _, n := workerproc.Executions(t, execLog); return n >= runs })
 	victim := cl.StreamLeader(strings.ToUpper(testenv.Prefix) + "_REPLIES")
 	if victim == nil {
 		t.Fatal("no leader of the reply stream")
@@ -169,27 +87,15 @@ func TestClusterNodeLoss(t *testing.T) {
 			t.Errorf("run %s: %s (%s)", res.run.RunID, res.sum.Status, res.sum.Error)
 		}
 	}
-	t.Logf("all runs completed %s after the node loss", time.Since(lost).Round(time.Millisecond))
-	byAction, total := executions(t, execLog)
+	resume := time.Since(lost)
+	byAction, total := workerproc.Executions(t, execLog)
 	for key, n := range byAction {
 		if strings.HasPrefix(key, "pay ") && n != 1 {
 			t.Errorf("unsafe call %s ran %d times", key, n)
 		}
 	}
 	for _, r := range all {
-		acts, msgs := sim.Actions(r.RunID), sim.ToolMessages(r.ThreadID)
-		if len(acts) != 3 || len(msgs) != 3 {
-			t.Errorf("run %s: %d actions, %d tool messages; want 3 of each", r.RunID, len(acts), len(msgs))
-			continue
-		}
-		for i, a := range acts {
-			if msgs[i].ToolCallID != a.ToolCallID || (a.Status != core.ActionCompleted && a.Status != core.ActionFailed) {
-				t.Errorf("run %s: action %+v, message %+v", r.RunID, a, msgs[i])
-			}
-		}
-	}
-	if v := sim.Violations(); len(v) != 0 {
-		t.Errorf("violations %v", v)
+		testenv.AssertWholeBatches(t, sim, r, 3)
 	}
 	if n := sim.CountRequests("POST", "/v1/completions"); n != 2*runs {
 		t.Errorf("%d completions requests, want %d (one per turn: no run driven twice)", n, 2*runs)
@@ -199,5 +105,5 @@ func TestClusterNodeLoss(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d executions for %d calls", total, 3*runs)
+	return resume, total
 }

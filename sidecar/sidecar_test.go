@@ -22,14 +22,13 @@ import (
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/internal/workerproc"
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(workerEnv) != "" { // a worker process of the cluster test
-		os.Exit(workerMain())
-	}
+	workerproc.MaybeRun() // when started as a worker process of a fault test
 	goleak.VerifyTestMain(m)
 }
 

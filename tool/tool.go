@@ -56,6 +56,10 @@ type Request struct {
 	// Traceparent is forwarded to the worker; a transport makes one when
 	// it is empty.
 	Traceparent string
+	// Unsafe: the tool must not run twice. A durable transport records
+	// the attempt before it sends it and waits until the record is
+	// stored; for other tools it may overlap the two.
+	Unsafe bool
 }
 
 // TimeoutOrDefault is the request's timeout, or [DefaultTimeout].

@@ -5,13 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -236,32 +236,62 @@ func TestSIGTERMDrainsBatch(t *testing.T) {
 	}
 }
 
-// TestSIGKILLMidBatch: the sidecar is killed with SIGKILL while a batch of
-// a read-only and an unsafe call runs, and both calls finish while it is
-// away. Started again and asked to drive the run again, it finishes that
-// batch first. In durable mode (the default) the replies that arrived
-// while it was away were captured: each tool ran once and its real result
-// is the output. Without durability the read-only call runs again and the
-// unsafe one, not run a second time, gets an "interrupted" outcome. Either
-// way the run completes with exactly one output per call, every Action
-// finalised, and an empty contract log.
+// killPoint is where in a batch of a read-only call (look) and an unsafe
+// one (pay) the sidecar process is killed with SIGKILL.
+type killPoint struct {
+	name string
+	// fault parks the sidecar at the point: a request to Core that hangs
+	// (hit is called when it arrives); nil for a kill while the tools run.
+	fault *coresim.Fault
+	// hits is how many parked requests mean the sidecar is there.
+	hits int
+	// afterStart arms the fault once both tools have started (their
+	// Actions are processing), so that it catches the final status only.
+	afterStart bool
+}
+
+// TestSIGKILLMidBatch: the sidecar is killed with SIGKILL at several points
+// of a batch, started again, and asked to drive the run again. In durable
+// mode (the default) nothing is lost and nothing runs twice: each tool ran
+// once, its real result is the output (a reply that came while the sidecar
+// was away was captured by JetStream; a call that never left is run now;
+// an output already in Core is not posted again). Without durability the
+// read-only call runs again and the unsafe one, not run a second time,
+// gets an "interrupted" outcome. Either way the run completes with exactly
+// one output per call, every Action finalised, and an empty contract log.
+// Each point repeats testenv.SoakReps() times; make soak runs 20.
 func TestSIGKILLMidBatch(t *testing.T) {
+	park := func(method, path string, store bool, times int) *coresim.Fault {
+		return &coresim.Fault{Method: method, Path: path, Store: store, Delay: time.Minute, Times: times}
+	}
 	for _, tc := range []struct {
-		name      string
+		kill      killPoint
 		extra     string
 		looks     int32
 		payOutput string
 	}{
-		{"durable", "", 1, `"pay done"`},
-		{"not durable", "durability: {enabled: false}\n", 2, `"error_type":"interrupted"`},
+		{killPoint{name: "before dispatch", fault: park("PUT", "/v1/actions/", true, 2), hits: 2}, "", 1, `"pay done"`},
+		{killPoint{name: "during the tool"}, "", 1, `"pay done"`},
+		{killPoint{name: "after the reply", fault: park("POST", "/v1/messages/tools", false, 2), hits: 1}, "", 1, `"pay done"`},
+		{killPoint{name: "between output and action", fault: park("PUT", "/v1/actions/", false, 2), hits: 1, afterStart: true}, "", 1, `"pay done"`},
+		{killPoint{name: "during the tool, not durable"}, "durability: {enabled: false}\n", 2, `"error_type":"interrupted"`},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			sigkillMidBatch(t, tc.extra, tc.looks, tc.payOutput)
+		t.Run(tc.kill.name, func(t *testing.T) {
+			for i := range testenv.SoakReps() {
+				resume := sigkillMidBatch(t, tc.kill, tc.extra, tc.looks, tc.payOutput)
+				t.Logf("FAULT sigkill/%s rep=%d resume_ms=%d", strings.ReplaceAll(tc.kill.name, " ", "_"), i, resume.Milliseconds())
+				if t.Failed() {
+					return
+				}
+			}
 		})
 	}
 }
 
-func sigkillMidBatch(t *testing.T, extra string, wantLooks int32, wantPay string) {
+// sigkillMidBatch runs one kill at kp and returns the time from the
+// restart to the run's completion.
+func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, wantPay string) time.Duration {
+	t.Helper()
 	sc := coresim.Scenario{Turns: []coresim.Turn{
 		{Calls: []coresim.Call{{Tool: "look", ArgsJSON: `{}`}, {Tool: "pay", ArgsJSON: `{}`}}},
 		{Content: "answer: {{results}}"},
@@ -272,10 +302,12 @@ func sigkillMidBatch(t *testing.T, extra string, wantLooks int32, wantPay string
 	p.start(t)
 	var looks, pays atomic.Int32
 	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	defer release()
 	block := func(n *atomic.Int32) tool.Handler {
 		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
 			if n.Add(1) == 1 {
-				select { // the first execution outlives the sidecar
+				select { // the first execution waits for the test
 				case <-hold:
 				case <-ctx.Done():
 					return nil, ctx.Err()
@@ -285,9 +317,42 @@ func sigkillMidBatch(t *testing.T, extra string, wantLooks int32, wantPay string
 		}
 	}
 	nc := startWorker(t, p.natsURL, map[string]tool.Handler{"look": block(&looks), "pay": block(&pays)})
+	hits := make(chan struct{}, 4)
+	arm := func() {
+		f := *kp.fault
+		f.Hit = func() { hits <- struct{}{} }
+		sim.AddFault(f)
+	}
+	if kp.fault != nil && !kp.afterStart {
+		arm()
+	}
 	run, msgID := newRun(t, srv.URL)
 	first := p.drive(run, msgID)
-	poll.Until(t, "both calls to run", func() bool { return looks.Load() == 1 && pays.Load() == 1 })
+	if kp.fault == nil || kp.afterStart {
+		poll.Until(t, "both calls to run", func() bool { return looks.Load() == 1 && pays.Load() == 1 })
+	}
+	if kp.fault != nil {
+		if kp.afterStart {
+			arm()
+			release()
+		} else {
+			release() // the tools must not be what holds the sidecar
+		}
+		for range kp.hits {
+			select {
+			case <-hits:
+			case <-time.After(poll.Timeout):
+				t.Fatalf("the sidecar never reached %q\n%s", kp.name, p.stderr.String())
+			}
+		}
+		// The replies of calls that returned have reached the server (a
+		// reply written into the socket of a server that dies is lost:
+		// then the unsafe call is interrupted, as RELIABILITY.md says).
+		time.Sleep(50 * time.Millisecond)
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -295,22 +360,17 @@ func sigkillMidBatch(t *testing.T, extra string, wantLooks int32, wantPay string
 	if res := <-first; res.err == nil {
 		t.Fatalf("the first drive survived SIGKILL: %+v", res.sum)
 	}
-	close(hold) // both calls finish while the sidecar is away; their replies wait in the worker's buffer
+	release() // calls still running finish while the sidecar is away; their replies wait in the worker's buffer
+	sim.ClearFaults()
 
+	restarted := time.Now()
 	p.start(t)
-	poll.Until(t, "the worker to reconnect", func() bool {
-		resp, err := http.Get(p.base + "/readyz?live=1")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(b), `"tools_live":["look","pay"]`)
-	})
-	if err := nc.Flush(); err != nil { // the buffered replies have reached the server
+	testenv.WaitLive(t, p.base, "look", "pay") // the worker reconnected
+	if err := nc.Flush(); err != nil {         // the buffered replies have reached the server
 		t.Fatal(err)
 	}
 	res := <-p.drive(run, msgID)
+	resume := time.Since(restarted)
 	if res.err != nil || res.sum.Status != executor.StatusCompleted {
 		t.Fatalf("second drive %+v %v\n%s", res.sum, res.err, p.stderr.String())
 	}
@@ -320,23 +380,12 @@ func sigkillMidBatch(t *testing.T, extra string, wantLooks int32, wantPay string
 	if looks.Load() != wantLooks {
 		t.Errorf("the read-only tool ran %d times, want %d", looks.Load(), wantLooks)
 	}
-	acts := sim.Actions(run.ID)
-	msgs := sim.ToolMessages(run.ThreadID)
-	if len(acts) != 2 || len(msgs) != 2 {
-		t.Fatalf("%d actions, %d tool messages, want 2 of each", len(acts), len(msgs))
-	}
-	for i, a := range acts {
-		if msgs[i].ToolCallID != a.ToolCallID || (a.Status != core.ActionCompleted && a.Status != core.ActionFailed) {
-			t.Errorf("action %+v, message %+v", a, msgs[i])
-		}
-	}
-	if !strings.Contains(msgs[1].Content, wantPay) {
+	testenv.AssertWholeBatches(t, sim, testenv.Run{RunID: run.ID, ThreadID: run.ThreadID}, 2)
+	if msgs := sim.ToolMessages(run.ThreadID); !strings.Contains(msgs[1].Content, wantPay) {
 		t.Errorf("the unsafe call's output %s, want it to contain %s", msgs[1].Content, wantPay)
-	}
-	if v := sim.Violations(); len(v) != 0 {
-		t.Errorf("violations %v", v)
 	}
 	if r, _ := sim.Run(run.ID); r.Status != core.RunCompleted {
 		t.Errorf("Core's run is %s", r.Status)
 	}
+	return resume
 }

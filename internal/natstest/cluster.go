@@ -5,6 +5,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,6 +31,13 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	}
 	c := &Cluster{}
 	root := t.TempDir()
+	t.Cleanup(func() { // at once: a node waits for its peers when they leave one by one
+		var wg sync.WaitGroup
+		for _, ns := range c.Nodes {
+			wg.Go(ns.Shutdown)
+		}
+		wg.Wait()
+	})
 	for i := range n {
 		opts := &server.Options{ServerName: fmt.Sprintf("node-%d", i), Host: "127.0.0.1", Port: clientPorts[i],
 			JetStream: true, StoreDir: filepath.Join(root, fmt.Sprint(i)), NoLog: true, NoSigs: true,
@@ -43,7 +51,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		if !ns.ReadyForConnections(10 * time.Second) {
 			t.Fatalf("cluster node %d not ready", i)
 		}
-		t.Cleanup(ns.Shutdown)
 		c.Nodes = append(c.Nodes, ns)
 	}
 	poll.Until(t, "the JetStream cluster to elect a meta leader", func() bool {

@@ -35,7 +35,23 @@ func Start(t testing.TB) string {
 // connection to it.
 func Connect(t testing.TB) (side, work *nats.Conn) {
 	t.Helper()
-	url := Start(t)
+	return connectTo(t, Start(t))
+}
+
+// ConnectJetStream is Connect on a server with JetStream on (files in a
+// temporary folder), for durable mode.
+func ConnectJetStream(t testing.TB) (side, work *nats.Conn) {
+	t.Helper()
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", AllowAnonymous: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	return connectTo(t, ns.ClientURL())
+}
+
+func connectTo(t testing.TB, url string) (side, work *nats.Conn) {
+	t.Helper()
 	for _, nc := range []**nats.Conn{&side, &work} {
 		var err error
 		if *nc, err = nats.Connect(url); err != nil {

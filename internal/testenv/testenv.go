@@ -9,11 +9,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -69,6 +72,8 @@ type Options struct {
 	NATS   func(*config.NATS)
 	// Sidecar options are passed to sidecar.New.
 	Sidecar []sidecar.Option
+	// Config, when set, edits the whole configuration last.
+	Config func(*config.Config)
 }
 
 // Env is a running sidecar on real parts.
@@ -183,6 +188,9 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) (config.Co
 			c.Timeout = 5 * time.Second
 		}
 		cfg.Tools = append(cfg.Tools, c)
+	}
+	if opts.Config != nil {
+		opts.Config(&cfg)
 	}
 	return cfg, password
 }
@@ -302,13 +310,18 @@ func (l *LogBuffer) String() string {
 // tool message per call, in call order, with the right ids, every Action
 // finalised, and an empty contract log. It returns the Actions.
 func (e *Env) AssertWholeBatches(r Run, wantCalls int) []core.Action {
-	t := e.t
+	e.t.Helper()
+	return AssertWholeBatches(e.t, e.Sim, r, wantCalls)
+}
+
+// AssertWholeBatches is Env.AssertWholeBatches for a simulator of one's own.
+func AssertWholeBatches(t testing.TB, sim *coresim.Sim, r Run, wantCalls int) []core.Action {
 	t.Helper()
-	if v := e.Sim.Violations(); len(v) != 0 {
+	if v := sim.Violations(); len(v) != 0 {
 		t.Errorf("contract violations: %v", v)
 	}
-	acts := e.Sim.Actions(r.RunID)
-	msgs := e.Sim.ToolMessages(r.ThreadID)
+	acts := sim.Actions(r.RunID)
+	msgs := sim.ToolMessages(r.ThreadID)
 	if len(acts) != wantCalls || len(msgs) != wantCalls {
 		t.Fatalf("%d actions and %d tool messages, want %d of each", len(acts), len(msgs), wantCalls)
 	}
@@ -323,6 +336,31 @@ func (e *Env) AssertWholeBatches(r Run, wantCalls int) []core.Action {
 		}
 	}
 	return acts
+}
+
+// WaitLive waits until the sidecar at base (its HTTP API) reports a worker
+// serving each of the tools, named in order.
+func WaitLive(t testing.TB, base string, tools ...string) {
+	t.Helper()
+	want := `"tools_live":["` + strings.Join(tools, `","`) + `"]`
+	poll.Until(t, "workers for "+strings.Join(tools, ", "), func() bool {
+		resp, err := http.Get(base + "/readyz?live=1")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), want)
+	})
+}
+
+// SoakReps is how many times a fault test repeats: 1 in make test, more
+// under make soak (TOOLSIDECAR_SOAK=20).
+func SoakReps() int {
+	if n, err := strconv.Atoi(os.Getenv("TOOLSIDECAR_SOAK")); err == nil && n > 0 {
+		return n
+	}
+	return 1
 }
 
 // Echo answers {"echo": <args>}.
