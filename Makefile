@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 all: build
 
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -buildvcs=auto -o bin/ ./cmd/...
 
 ## demo: embedded NATS, the Core simulator, demo workers, one scripted run.
 demo:
@@ -96,7 +96,7 @@ bench:
 SOAK ?= 20
 SOAK_TESTS := TestSIGKILLMidBatch|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss
 soak:
-	TOOLSIDECAR_SOAK=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh
+	SOAK_REPS=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh
 
 ## fuzz: run every fuzz target for FUZZTIME (CI runs only their seeds);
 ## fuzz-long runs each for at least 10^6 executions (RELIABILITY.md).

@@ -338,16 +338,25 @@ func load(src koanf.Provider, name string, environ, overrides []string) (Config,
 			return Config{}, fmt.Errorf("%w: %s: %w", ErrInvalid, name, err)
 		}
 	}
+	var errs []error
 	for _, kv := range environ {
 		name, val, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, EnvPrefix) || name == APIKeyEnv {
+		if !strings.HasPrefix(name, EnvPrefix) || slices.Contains(otherEnv, name) {
 			continue
 		}
-		for _, key := range known {
-			if envName(key) == name {
-				k.Set(key, val)
+		i := slices.IndexFunc(known, func(key string) bool { return envName(key) == name })
+		if i < 0 {
+			names := make([]string, 0, len(known)+len(otherEnv))
+			for _, key := range known {
+				names = append(names, envName(key))
 			}
+			errs = append(errs, fmt.Errorf("%w: environment variable %s is not a setting%s", ErrInvalid, name, didYouMean(name, append(names, otherEnv...))))
+			continue
 		}
+		k.Set(known[i], val)
+	}
+	if len(errs) > 0 {
+		return Config{}, errors.Join(errs...)
 	}
 	for _, o := range overrides {
 		key, val, ok := strings.Cut(o, "=")
@@ -391,6 +400,46 @@ func durationWithUnit(from, to reflect.Type, data any) (any, error) {
 		}
 	}
 	return data, nil
+}
+
+// otherEnv are the TOOLSIDECAR_ variables that are not configuration keys:
+// the Core key, the log flags' defaults, and the subject prefix that the
+// example workers read.
+var otherEnv = []string{APIKeyEnv, "TOOLSIDECAR_LOG_LEVEL", "TOOLSIDECAR_LOG_FORMAT", "TOOLSIDECAR_PREFIX"}
+
+// didYouMean suggests the closest of names to s, when one is close.
+func didYouMean(s string, names []string) string {
+	best, bestD := "", len(s)/3+2
+	for _, n := range names {
+		if d := editDistance(strings.ToLower(s), strings.ToLower(n)); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %s?)", best)
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 func envName(key string) string {
@@ -565,4 +614,33 @@ func RedactURL(list string) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// Changed lists the keys (dotted, as in the file) whose values differ
+// between a and b, tools aside: what a reload cannot apply, since only
+// tools are reloaded.
+func Changed(a, b Config) []string {
+	var keys []string
+	var walk func(prefix string, x, y reflect.Value)
+	walk = func(prefix string, x, y reflect.Value) {
+		if x.Kind() != reflect.Struct {
+			if !reflect.DeepEqual(x.Interface(), y.Interface()) {
+				keys = append(keys, prefix)
+			}
+			return
+		}
+		for i := range x.NumField() {
+			tag := x.Type().Field(i).Tag.Get("koanf")
+			if tag == "" || tag == "tools" && prefix == "" {
+				continue
+			}
+			key := tag
+			if prefix != "" {
+				key = prefix + "." + tag
+			}
+			walk(key, x.Field(i), y.Field(i))
+		}
+	}
+	walk("", reflect.ValueOf(a), reflect.ValueOf(b))
+	return keys
 }

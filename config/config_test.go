@@ -75,7 +75,7 @@ func TestInvalidConfigs(t *testing.T) {
 }
 
 func TestPrecedence(t *testing.T) {
-	env := []string{"TOOLSIDECAR_CORE_URL=http://env:1", "TOOLSIDECAR_EXECUTOR_MAX_TURNS=3", "TOOLSIDECAR_CORE_STREAM_IDLE_TIMEOUT=9s", "TOOLSIDECAR_UNRELATED=x", "HOME=/root"}
+	env := []string{"TOOLSIDECAR_CORE_URL=http://env:1", "TOOLSIDECAR_EXECUTOR_MAX_TURNS=3", "TOOLSIDECAR_CORE_STREAM_IDLE_TIMEOUT=9s", "TOOLSIDECAR_LOG_LEVEL=debug", "HOME=/root"}
 	cfg, err := load(file.Provider("testdata/good.yaml"), "testdata/good.yaml", env, []string{"core.url=http://flag:2", "nats.url=nats://n:4222"})
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +91,23 @@ func TestPrecedence(t *testing.T) {
 	}
 	if _, err := load(nil, "", []string{"TOOLSIDECAR_EXECUTOR_MAX_TURNS=many"}, nil); !errors.Is(err, ErrInvalid) {
 		t.Errorf("bad env value accepted: %v", err)
+	}
+}
+
+// TestUnknownEnv: a TOOLSIDECAR_ variable that is no setting is an error,
+// each one named, with the closest setting suggested.
+func TestUnknownEnv(t *testing.T) {
+	_, err := load(nil, "", []string{"TOOLSIDECAR_CORE_TIMOUT=5s", "TOOLSIDECAR_FROBNICATE=1", "TOOLSIDECAR_CORE_API_KEY=k"}, nil)
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("err %v, want ErrInvalid", err)
+	}
+	for _, want := range []string{"TOOLSIDECAR_CORE_TIMOUT is not a setting (did you mean TOOLSIDECAR_CORE_TIMEOUT?)", "TOOLSIDECAR_FROBNICATE is not a setting"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "API_KEY") {
+		t.Errorf("the Core key variable is a known one: %v", err)
 	}
 }
 

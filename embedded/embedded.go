@@ -106,6 +106,16 @@ func Start(cfg Config) (*Server, error) {
 		opts.Users = append(opts.Users, &server.User{Username: "anonymous", Password: randomSecret()})
 		opts.NoAuthUser = "anonymous"
 	}
+	if port > 0 {
+		// The server reports a bind failure only through its log (off
+		// here) and a readiness timeout: try the address first, so that a
+		// port in use is said at once, with the address.
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("embedded: cannot listen on %s (nats.embedded.listen): %w", cfg.Listen, err)
+		}
+		ln.Close()
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: %w", err)

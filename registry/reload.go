@@ -21,21 +21,27 @@ import (
 type Reloader struct {
 	path      string
 	overrides []string
+	running   config.Config
 	live      *Live
 	log       *slog.Logger
 	sum       [32]byte // the content in force
 	seen      [32]byte // a new content seen once, loaded when it holds
 	total     *prometheus.CounterVec
 	lastOK    prometheus.Gauge
+	lastTime  prometheus.Gauge
 }
 
 // NewReloader watches path for live. Metrics go on reg.
-func NewReloader(path string, overrides []string, live *Live, reg prometheus.Registerer, log *slog.Logger) *Reloader {
+// running is the configuration in force: keys other than tools that a
+// reload finds changed are reported as needing a restart.
+func NewReloader(path string, overrides []string, running config.Config, live *Live, reg prometheus.Registerer, log *slog.Logger) *Reloader {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	f := promauto.With(reg)
-	r := &Reloader{path: path, overrides: overrides, live: live, log: log,
+	r := &Reloader{path: path, overrides: overrides, running: running, live: live, log: log,
+		lastTime: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "last_reload_timestamp_seconds",
+			Help: "When the configuration was last reloaded (successfully or not), in Unix seconds."}),
 		total: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "reloads_total",
 			Help: "Configuration reloads by result."}, []string{"result"}),
 		lastOK: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "last_reload_successful",
@@ -50,6 +56,7 @@ func NewReloader(path string, overrides []string, live *Live, reg prometheus.Reg
 
 // Reload loads the file now.
 func (r *Reloader) Reload() error {
+	r.lastTime.SetToCurrentTime()
 	cfg, err := config.Load(r.path, r.overrides)
 	if err == nil {
 		var reg *Registry
@@ -58,6 +65,9 @@ func (r *Reloader) Reload() error {
 			r.total.WithLabelValues("success").Inc()
 			r.lastOK.Set(1)
 			r.log.Info("tools reloaded", "tools", len(reg.Names()))
+			if keys := config.Changed(r.running, cfg); len(keys) > 0 {
+				r.log.Warn("the file changed keys that only a restart applies; they are not in force", "keys", keys)
+			}
 			return nil
 		}
 	}

@@ -2,8 +2,10 @@ package registry
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/syncbuf"
 )
 
 func TestReloader(t *testing.T) {
@@ -33,7 +36,8 @@ func TestReloader(t *testing.T) {
 	reg, _ := New(cfg.Tools, cfg.NATS.SubjectPrefix)
 	live := NewLive(reg)
 	preg := prometheus.NewRegistry()
-	r := NewReloader(path, nil, live, preg, nil)
+	logs := &syncbuf.Buffer{}
+	r := NewReloader(path, nil, cfg, live, preg, slog.New(slog.NewTextHandler(logs, nil)))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	trigger := make(chan struct{})
@@ -53,10 +57,17 @@ func TestReloader(t *testing.T) {
 	if testutil.ToFloat64(r.total.WithLabelValues("failure")) != 1 || testutil.ToFloat64(r.total.WithLabelValues("success")) != 1 {
 		t.Errorf("reload counters wrong")
 	}
-	write("tools:\n  - name: c\n")
+	// A change of another key is not applied, and the log says so.
+	write("core: {url: http://other:9000}\ntools:\n  - name: c\n")
 	trigger <- struct{}{}
 	poll.Until(t, "the fixed file", func() bool { n := live.Load().Names(); return len(n) == 1 && n[0] == "c" })
 	if testutil.ToFloat64(r.lastOK) != 1 {
 		t.Error("last_reload_successful not restored")
+	}
+	if !strings.Contains(logs.String(), "only a restart applies") || !strings.Contains(logs.String(), "core.url") {
+		t.Errorf("no restart notice for core.url in the log:\n%s", logs.String())
+	}
+	if ts := testutil.ToFloat64(r.lastTime); time.Since(time.Unix(int64(ts), 0)) > time.Minute {
+		t.Errorf("last reload timestamp %v", ts)
 	}
 }

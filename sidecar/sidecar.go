@@ -108,8 +108,15 @@ type Sidecar struct {
 	shutError error
 }
 
+// StartError is a failure to assemble the sidecar (New): a port in use, a
+// server that cannot be reached, a file that cannot be read.
+type StartError struct{ Err error }
+
+func (e *StartError) Error() string { return "failed to start: " + e.Err.Error() }
+func (e *StartError) Unwrap() error { return e.Err }
+
 // New assembles a sidecar for cfg. On error, whatever it started is
-// stopped again.
+// stopped again, and the error is a *StartError.
 func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	o := options{}
 	for _, opt := range opts {
@@ -122,6 +129,7 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	defer func() {
 		if err != nil {
 			s.undo()
+			err = &StartError{Err: err}
 		}
 	}()
 	reg, err := registry.New(cfg.Tools, cfg.NATS.SubjectPrefix)
@@ -142,7 +150,7 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 		return nil, err
 	}
 	if o.cfgPath != "" {
-		s.reloader = registry.NewReloader(o.cfgPath, o.overrides, s.live, s.metrics, s.log.With("component", "reload"))
+		s.reloader = registry.NewReloader(o.cfgPath, o.overrides, cfg, s.live, s.metrics, s.log.With("component", "reload"))
 	}
 	if err := s.buildServer(); err != nil {
 		return nil, err

@@ -1,11 +1,11 @@
 // Command toolsidecar executes LLM tool calls for Project David
-// applications: see the README. Subcommands: run (default), demo, worker,
-// check, tools. The sidecar itself is assembled by package sidecar; this
+// applications: see the README and "toolsidecar help". The sidecar itself is assembled by package sidecar; this
 // command parses flags, loads the configuration and handles signals.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/demo"
+	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
 )
@@ -31,6 +32,45 @@ type setFlags []string
 func (s *setFlags) String() string     { return strings.Join(*s, ",") }
 func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
 
+// command is a subcommand: its one-line summary and which flags it takes.
+type command struct {
+	name, summary string
+	config        bool // --config and --set
+	logging       bool // --log-level and --log-format
+}
+
+// The standard library's flag package serves: one FlagSet per subcommand
+// gives each its own flags and help, and the binary keeps no dependency
+// for a handful of flags.
+var commands = []command{
+	{"run", "run the sidecar daemon", true, true},
+	{"worker", "serve the exec and http tools over NATS, as a worker process", true, true},
+	{"check", "validate a configuration file and print its tools", true, false},
+	{"tools", "print the tools as Core's assistant tools array (for POST /v1/assistants)", true, false},
+	{"demo", "run the whole loop on the embedded default: Core simulator, NATS, workers", false, false},
+	{"version", "print the version, VCS revision and Go version", false, false},
+	{"help", "show help for a command: toolsidecar help COMMAND", false, false},
+}
+
+func lookup(name string) (command, bool) {
+	for _, c := range commands {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// usage is the top-level help.
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "toolsidecar executes the tool calls of Project David runs.\n\nUsage:\n  toolsidecar COMMAND [flags]\n\nCommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nFlags:\n  -h, --help  show this help\n  --version   print the version\n\n"+
+		"Run \"toolsidecar help COMMAND\" for a command's flags. See the README for the configuration.\n")
+}
+
 // invocation is a parsed command line.
 type invocation struct {
 	cmd     string
@@ -39,61 +79,154 @@ type invocation struct {
 	log     *slog.Logger
 }
 
-// parse reads the subcommand and its flags; a non-zero code means exit.
-func parse(args []string, stderr io.Writer) (invocation, int) {
-	inv := invocation{cmd: "run"}
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		inv.cmd, args = args[0], args[1:]
+// envOr is the environment variable's value, or def.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
 	}
-	fs := flag.NewFlagSet("toolsidecar "+inv.cmd, flag.ContinueOnError)
+	return def
+}
+
+// flagSet builds a command's flags into inv.
+func flagSet(c command, inv *invocation, stderr io.Writer) (*flag.FlagSet, func() error) {
+	fs := flag.NewFlagSet("toolsidecar "+c.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "", "configuration file (YAML)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: toolsidecar %s [flags]\n\n%s.\n", c.name, c.summary)
+		if c.config || c.logging {
+			fmt.Fprintf(stderr, "\nFlags:\n")
+			fs.PrintDefaults()
+		}
+	}
 	var sets setFlags
-	fs.Var(&sets, "set", "override a key: --set core.url=http://core:9000 (repeatable)")
-	if err := fs.Parse(args); err != nil {
-		return inv, 2
+	if c.config {
+		fs.StringVar(&inv.cfgPath, "config", "", "configuration file (YAML)")
+		fs.Var(&sets, "set", "override a key: --set core.url=http://core:9000 (repeatable)")
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "toolsidecar: --log-level: %v\n", err)
-		return inv, 2
+	level, format := new(string), new(string)
+	if c.logging {
+		fs.StringVar(level, "log-level", envOr("TOOLSIDECAR_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLSIDECAR_LOG_LEVEL)")
+		fs.StringVar(format, "log-format", envOr("TOOLSIDECAR_LOG_FORMAT", "json"), "json or text (env TOOLSIDECAR_LOG_FORMAT)")
 	}
-	inv.cfgPath, inv.sets = *cfgPath, sets
-	inv.log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	return inv, 0
+	return fs, func() error {
+		inv.sets = sets
+		inv.log = slog.New(slog.DiscardHandler)
+		if !c.logging {
+			return nil
+		}
+		var lvl slog.Level
+		if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+			return fmt.Errorf("--log-level: %w", err)
+		}
+		opts := &slog.HandlerOptions{Level: lvl}
+		switch *format {
+		case "json":
+			inv.log = slog.New(slog.NewJSONHandler(stderr, opts))
+		case "text":
+			inv.log = slog.New(slog.NewTextHandler(stderr, opts))
+		default:
+			return fmt.Errorf("--log-format: %q is not json or text", *format)
+		}
+		return nil
+	}
+}
+
+// parse reads the subcommand and its flags. done means exit with code
+// (help and version exit 0; a usage error exits 2).
+func parse(args []string, stdout, stderr io.Writer) (inv invocation, code int, done bool) {
+	if len(args) == 0 {
+		usage(stdout)
+		return inv, 0, true
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		usage(stdout)
+		return inv, 0, true
+	case "-version", "--version", "version":
+		fmt.Fprintln(stdout, version.Get())
+		return inv, 0, true
+	case "help":
+		if len(args) == 1 {
+			usage(stdout)
+			return inv, 0, true
+		}
+		c, ok := lookup(args[1])
+		if !ok {
+			fmt.Fprintf(stderr, "toolsidecar: unknown command %q; run \"toolsidecar help\" for the list\n", args[1])
+			return inv, 2, true
+		}
+		fs, _ := flagSet(c, &inv, stdout)
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return inv, 0, true
+	}
+	c, ok := lookup(args[0])
+	if !ok {
+		fmt.Fprintf(stderr, "toolsidecar: unknown command %q; run \"toolsidecar help\" for the list\n", args[0])
+		return inv, 2, true
+	}
+	inv.cmd = c.name
+	fs, finish := flagSet(c, &inv, stderr)
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return inv, 0, true
+		}
+		return inv, 2, true
+	}
+	if fs.NArg() > 0 {
+		hint := ""
+		if c.config && (strings.HasSuffix(fs.Arg(0), ".yaml") || strings.HasSuffix(fs.Arg(0), ".yml")) {
+			hint = fmt.Sprintf(" (did you mean --config %s?)", fs.Arg(0))
+		}
+		fmt.Fprintf(stderr, "toolsidecar %s: unexpected argument %q%s\n", c.name, fs.Arg(0), hint)
+		return inv, 2, true
+	}
+	if err := finish(); err != nil {
+		fmt.Fprintf(stderr, "toolsidecar %s: %v\n", c.name, err)
+		return inv, 2, true
+	}
+	return inv, 0, false
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	inv, code := parse(args, stderr)
-	if code != 0 {
+	inv, code, done := parse(args, stdout, stderr)
+	if done {
 		return code
 	}
-	switch inv.cmd {
-	case "demo":
+	if inv.cmd == "demo" {
 		return runDemo(stdout, stderr)
-	case "run", "worker", "check", "tools":
-	default:
-		fmt.Fprintf(stderr, "toolsidecar: unknown command %q (run, demo, worker, check, tools)\n", inv.cmd)
+	}
+	if inv.cmd == "check" && inv.cfgPath == "" {
+		fmt.Fprintln(stderr, "toolsidecar check: --config FILE is required: there is nothing to check without one")
 		return 2
 	}
 	cfg, err := config.Load(inv.cfgPath, inv.sets)
 	if err != nil {
-		fmt.Fprintf(stderr, "toolsidecar: %v\n", err)
+		fmt.Fprintf(stderr, "toolsidecar %s: %v\n", inv.cmd, err)
 		return 1
 	}
 	switch inv.cmd {
 	case "check", "tools":
 		return printRegistry(inv.cmd, cfg, stdout, stderr)
 	case "worker":
-		return exitCode(inv.log, "toolsidecar worker stopped", serveWorkers(cfg, inv.log))
+		return exitCode(inv.log, "toolsidecar worker", serveWorkers(cfg, inv.log))
 	}
-	return exitCode(inv.log, "toolsidecar stopped", daemon(cfg, inv))
+	if inv.cfgPath == "" {
+		inv.log.Warn("no --config given: running on the defaults, with no tools")
+	}
+	return exitCode(inv.log, "toolsidecar", daemon(cfg, inv))
 }
 
+// exitCode logs a daemon's end: a failure to start and a failure while
+// running read differently.
 func exitCode(log *slog.Logger, what string, err error) int {
-	if err != nil {
-		log.Error(what, "err", err)
+	var start *sidecar.StartError
+	switch {
+	case errors.As(err, &start):
+		log.Error(what+" failed to start", "err", start.Err)
+		return 1
+	case err != nil:
+		log.Error(what+" stopped on an error", "err", err)
 		return 1
 	}
 	return 0

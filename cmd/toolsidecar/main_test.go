@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,7 +33,7 @@ import (
 // TestMain lets the test binary act as the toolsidecar process for the
 // subprocess tests.
 func TestMain(m *testing.M) {
-	if os.Getenv("TOOLSIDECAR_TEST_DAEMON") == "1" {
+	if os.Getenv("TSC_TEST_DAEMON") == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	goleak.VerifyTestMain(m)
@@ -68,8 +69,66 @@ func TestCheckAndTools(t *testing.T) {
 			t.Errorf("%s: exit %d, stderr %q; want 1 naming %q", name, code, errOut.String(), tc.want)
 		}
 	}
-	if code := run([]string{"frobnicate"}, &out, &errOut); code != 2 {
-		t.Errorf("unknown command exit %d", code)
+}
+
+// TestCLI: help lists every command and exits 0; each command has its own
+// flags; stray arguments, a missing config for check and bad log flags are
+// usage errors (exit 2) that say what to do.
+func TestCLI(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string // in stdout, or in stderr when code is not 0
+		not  string // absent from the output
+	}{
+		{nil, 0, "Commands:", ""},
+		{[]string{"--help"}, 0, "  worker   serve the exec and http tools", ""},
+		{[]string{"-h"}, 0, "toolsidecar help COMMAND", ""},
+		{[]string{"help"}, 0, "  version  print the version", ""},
+		{[]string{"help", "check"}, 0, "-config", "-log-format"},
+		{[]string{"help", "run"}, 0, "-log-format", ""},
+		{[]string{"help", "nope"}, 2, `unknown command "nope"`, ""},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`, ""},
+		{[]string{"check", "config.yaml"}, 2, `unexpected argument "config.yaml" (did you mean --config config.yaml?)`, ""},
+		{[]string{"check"}, 2, "--config FILE is required", ""},
+		{[]string{"tools", "--log-level", "debug"}, 2, "flag provided but not defined: -log-level", ""},
+		{[]string{"run", "--log-format", "xml"}, 2, `--log-format: "xml" is not json or text`, ""},
+		{[]string{"run", "--log-level", "loud"}, 2, "--log-level", ""},
+		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`, ""},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(tc.args, &out, &errOut)
+		got := out.String()
+		if tc.code != 0 {
+			got = errOut.String()
+		}
+		if code != tc.code || !strings.Contains(got, tc.out) || (tc.not != "" && strings.Contains(got, tc.not)) {
+			t.Errorf("toolsidecar %v: exit %d, output %q; want exit %d with %q", tc.args, code, got, tc.code, tc.out)
+		}
+	}
+}
+
+// TestVersion builds the binary with VCS stamping (as make build does) and
+// with a link-time version (as the image does): each prints what it
+// carries, the revision included.
+func TestVersion(t *testing.T) {
+	rev, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "toolsidecar")
+	build := exec.Command("go", "build", "-buildvcs=true", "-ldflags", "-X github.com/projectdavid/toolsidecar/internal/version.Version=v9.9.9", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, arg := range []string{"--version", "version"} {
+		out, err := exec.Command(bin, arg).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(out), "toolsidecar v9.9.9 (revision "+strings.TrimSpace(string(rev))) || !strings.Contains(string(out), runtime.Version()) {
+			t.Errorf("%s printed %q, want v9.9.9, revision %s and %s", arg, out, rev, runtime.Version())
+		}
 	}
 }
 
@@ -84,7 +143,7 @@ func freePort(t *testing.T) string {
 }
 
 // daemonProc is the daemon run as a real process (this test binary, with
-// TOOLSIDECAR_TEST_DAEMON set), on fixed loopback ports so that a restart
+// TSC_TEST_DAEMON set), on fixed loopback ports so that a restart
 // comes back where workers and clients expect it.
 type daemonProc struct {
 	cfgPath, base, natsURL string
@@ -113,7 +172,7 @@ func newDaemonConfig(t *testing.T, coreURL, tools string, extra ...string) *daem
 func (p *daemonProc) start(t *testing.T) {
 	t.Helper()
 	p.cmd = exec.Command(os.Args[0], "run", "--config", p.cfgPath)
-	p.cmd.Env = append(os.Environ(), "TOOLSIDECAR_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k")
+	p.cmd.Env = append(os.Environ(), "TSC_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k")
 	p.stderr = &testenv.LogBuffer{}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

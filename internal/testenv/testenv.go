@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/syncbuf"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -289,22 +289,7 @@ func Drive(t testing.TB, base string, r Run, header map[string]string) (*http.Re
 
 // LogBuffer collects a process's or a logger's output; it is safe for
 // concurrent writers.
-type LogBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *LogBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *LogBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type LogBuffer = syncbuf.Buffer
 
 // AssertWholeBatches checks the contract for every batch of a run: one
 // tool message per call, in call order, with the right ids, every Action
@@ -355,9 +340,9 @@ func WaitLive(t testing.TB, base string, tools ...string) {
 }
 
 // SoakReps is how many times a fault test repeats: 1 in make test, more
-// under make soak (TOOLSIDECAR_SOAK=20).
+// under make soak (SOAK_REPS=20).
 func SoakReps() int {
-	if n, err := strconv.Atoi(os.Getenv("TOOLSIDECAR_SOAK")); err == nil && n > 0 {
+	if n, err := strconv.Atoi(os.Getenv("SOAK_REPS")); err == nil && n > 0 {
 		return n
 	}
 	return 1

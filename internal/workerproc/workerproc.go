@@ -23,12 +23,12 @@ import (
 )
 
 const (
-	envURLs   = "TOOLSIDECAR_TEST_WORKER"
-	envLog    = "TOOLSIDECAR_TEST_EXEC_LOG"
-	envPrefix = "TOOLSIDECAR_TEST_PREFIX"
-	envUser   = "TOOLSIDECAR_TEST_USER"
-	envPass   = "TOOLSIDECAR_TEST_PASSWORD"
-	envDelay  = "TOOLSIDECAR_TEST_DELAY"
+	envURLs   = "TSC_TEST_WORKER"
+	envLog    = "TSC_TEST_EXEC_LOG"
+	envPrefix = "TSC_TEST_PREFIX"
+	envUser   = "TSC_TEST_USER"
+	envPass   = "TSC_TEST_PASSWORD"
+	envDelay  = "TSC_TEST_DELAY"
 )
 
 // Tools are the tools a worker process serves: each logs its execution,
