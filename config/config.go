@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -287,15 +288,14 @@ func (t *Tool) applyDefaults() {
 // Load reads path (may be empty: defaults only), then the environment, then
 // the key=value overrides, and validates the result.
 func Load(path string, overrides []string) (Config, error) {
-	var src koanf.Provider
+	var data []byte
 	if path != "" {
-		data, err := readBounded(path, MaxFileBytes)
-		if err != nil {
+		var err error
+		if data, err = readBounded(path, MaxFileBytes); err != nil {
 			return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
-		src = rawbytes.Provider(data)
 	}
-	return load(src, path, os.Environ(), overrides)
+	return load(data, path, os.Environ(), overrides)
 }
 
 // MaxFileBytes bounds a configuration file: `--config /dev/zero` is an
@@ -324,21 +324,33 @@ func readBounded(path string, limit int64) ([]byte, error) {
 // Parse reads a configuration from YAML bytes, with no environment or
 // overrides: for embedded configurations and tests.
 func Parse(data []byte) (Config, error) {
-	return load(rawbytes.Provider(data), "config", nil, nil)
+	return load(data, "config", nil, nil)
 }
 
-func load(src koanf.Provider, name string, environ, overrides []string) (Config, error) {
+// load merges the defaults, the file (data, when not nil), the environment
+// and the overrides, and reports every problem at once (*Problems), each
+// with its key and, for the file's keys, its line.
+func load(data []byte, name string, environ, overrides []string) (Config, error) {
+	if name == "" {
+		name = "the configuration"
+	}
 	k := koanf.New(".")
 	if err := k.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
 		return Config{}, fmt.Errorf("config: defaults: %w", err)
 	}
 	known := k.Keys()
-	if src != nil {
-		if err := k.Load(src, yaml.Parser()); err != nil {
-			return Config{}, fmt.Errorf("%w: %s: %w", ErrInvalid, name, err)
+	var errs []error
+	var pos *lines
+	if data != nil {
+		var err error
+		if pos, err = scanYAML(data); err != nil {
+			return Config{}, &Problems{Source: name, List: []error{err}}
+		}
+		errs = append(errs, pos.unknown...)
+		if err := k.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
+			return Config{}, &Problems{Source: name, List: []error{err}}
 		}
 	}
-	var errs []error
 	for _, kv := range environ {
 		name, val, _ := strings.Cut(kv, "=")
 		if !strings.HasPrefix(name, EnvPrefix) || slices.Contains(otherEnv, name) {
@@ -350,38 +362,61 @@ func load(src koanf.Provider, name string, environ, overrides []string) (Config,
 			for _, key := range known {
 				names = append(names, envName(key))
 			}
-			errs = append(errs, fmt.Errorf("%w: environment variable %s is not a setting%s", ErrInvalid, name, didYouMean(name, append(names, otherEnv...))))
+			errs = append(errs, fmt.Errorf("environment variable %s is not a setting%s", name, didYouMean(name, append(names, otherEnv...))))
 			continue
 		}
 		k.Set(known[i], val)
 	}
-	if len(errs) > 0 {
-		return Config{}, errors.Join(errs...)
-	}
 	for _, o := range overrides {
 		key, val, ok := strings.Cut(o, "=")
 		if !ok || !slices.Contains(known, key) {
-			return Config{}, fmt.Errorf("%w: --set %q: not a known key=value", ErrInvalid, o)
+			errs = append(errs, fmt.Errorf("--set %q: not a known key=value%s", o, didYouMean(key, known)))
+			continue
 		}
 		k.Set(key, val)
 	}
 	var cfg Config
+	// Unknown keys of the file were found by scanYAML, with their lines;
+	// those of the environment and flags just above.
 	err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
 		DecodeHook:       mapstructure.ComposeDecodeHookFunc(durationWithUnit, mapstructure.StringToTimeDurationHookFunc()),
-		ErrorUnused:      true,
+		ErrorUnused:      data == nil,
 		WeaklyTypedInput: true,
 		TagName:          "koanf",
 	}})
 	if err != nil {
-		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		errs = append(errs, decodeErrors(err)...)
 	}
 	for i := range cfg.Tools {
 		cfg.Tools[i].applyDefaults()
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			errs = append(errs, j.Unwrap()...)
+		} else {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return Config{}, &Problems{Source: name, List: tidy(pos.locate(errs))}
 	}
 	return cfg, nil
+}
+
+// decodeErrors splits the decoder's one error into one per key.
+func decodeErrors(err error) []error {
+	var out []error
+	for line := range strings.Lines(err.Error()) {
+		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "* "))
+		if line == "" || strings.HasPrefix(line, "decoding failed") {
+			continue
+		}
+		out = append(out, errors.New(line))
+	}
+	if len(out) == 0 {
+		out = append(out, err)
+	}
+	return out
 }
 
 // durationWithUnit refuses a bare number where a duration goes: YAML's
@@ -402,6 +437,32 @@ func durationWithUnit(from, to reflect.Type, data any) (any, error) {
 	return data, nil
 }
 
+// checkHostPort accepts host:port with a numeric port (0 to 65535; -1
+// for the embedded server's random port).
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < -1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// toolKeys are the keys a tool takes, for suggestions.
+func toolKeys() []string {
+	t := reflect.TypeFor[Tool]()
+	var keys []string
+	for i := range t.NumField() {
+		if tag := strings.Split(t.Field(i).Tag.Get("koanf"), ",")[0]; tag != "" && tag != "-" {
+			keys = append(keys, tag)
+		}
+	}
+	return keys
+}
+
 // otherEnv are the TOOLSIDECAR_ variables that are not configuration keys:
 // the Core key, the log flags' defaults, and the subject prefix that the
 // example workers read.
@@ -409,16 +470,22 @@ var otherEnv = []string{APIKeyEnv, "TOOLSIDECAR_LOG_LEVEL", "TOOLSIDECAR_LOG_FOR
 
 // didYouMean suggests the closest of names to s, when one is close.
 func didYouMean(s string, names []string) string {
+	if best := closest(s, names); best != "" {
+		return fmt.Sprintf(" (did you mean %s?)", best)
+	}
+	return ""
+}
+
+// closest is the name nearest to s by edit distance (case aside), or ""
+// when none is within about a third of s.
+func closest(s string, names []string) string {
 	best, bestD := "", len(s)/3+2
 	for _, n := range names {
 		if d := editDistance(strings.ToLower(s), strings.ToLower(n)); d < bestD {
 			best, bestD = n, d
 		}
 	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %s?)", best)
+	return best
 }
 
 // editDistance is the Levenshtein distance of a and b.
@@ -453,10 +520,27 @@ var toolName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
+		errs = append(errs, &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
 	if u, err := url.Parse(c.Core.URL); c.Core.URL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad("core.url", "must be an http(s) URL, got %q", RedactURL(c.Core.URL))
+	}
+	for key, addr := range map[string]string{"server.listen": c.Server.Listen, "server.ops_listen": c.Server.OpsListen,
+		"nats.embedded.listen": c.NATS.Embedded.Listen, "tracing.otlp_endpoint": c.Tracing.OTLPEndpoint} {
+		if addr == "" && key != "server.listen" && key != "nats.embedded.listen" {
+			continue // optional
+		}
+		if err := checkHostPort(addr); err != nil {
+			bad(key, "must be host:port (127.0.0.1:8080), got %q: %v", addr, err)
+		}
+	}
+	for _, u := range strings.Split(c.NATS.URL, ",") {
+		if c.NATS.URL == "" {
+			break
+		}
+		if p, err := url.Parse(strings.TrimSpace(u)); err != nil || p.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, p.Scheme) {
+			bad("nats.url", "must be nats://, tls://, ws:// or wss:// URLs, separated by commas, got %q", RedactURL(u))
+		}
 	}
 	for key, d := range map[string]time.Duration{
 		"core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout,
@@ -524,6 +608,10 @@ func (c Config) Validate() error {
 		}
 		for _, k := range slices.Sorted(maps.Keys(t.Settings)) {
 			if k != t.Route {
+				if hint := didYouMean(k, toolKeys()); hint != "" {
+					bad(key+"."+k, "unknown key%s", hint)
+					continue
+				}
 				bad(key+"."+k, "unknown key (a tool's own settings go under its route's name, here %q)", t.Route)
 			}
 		}
@@ -536,7 +624,7 @@ func (c Config) Validate() error {
 func (n NATS) validate() []error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: nats.%s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
+		errs = append(errs, &FieldError{Key: "nats." + key, Msg: fmt.Sprintf(format, args...)})
 	}
 	kinds := 0
 	for _, set := range []bool{n.CredsFile != "", n.User != "" || n.PasswordFile != "", n.TokenFile != "", n.NKeySeedFile != ""} {
@@ -643,4 +731,109 @@ func Changed(a, b Config) []string {
 	}
 	walk("", reflect.ValueOf(a), reflect.ValueOf(b))
 	return keys
+}
+
+// FileRef is a file the configuration names: a secret, a certificate.
+type FileRef struct{ Key, Path string }
+
+// Files lists every file the configuration names (keys ending in _file),
+// for `toolsidecar check`.
+func (c Config) Files() []FileRef {
+	var refs []FileRef
+	var walk func(prefix string, v reflect.Value)
+	walk = func(prefix string, v reflect.Value) {
+		switch v.Kind() {
+		case reflect.Struct:
+			for i := range v.NumField() {
+				tag := strings.Split(v.Type().Field(i).Tag.Get("koanf"), ",")[0]
+				if tag == "" || tag == "-" {
+					continue
+				}
+				f := v.Field(i)
+				if f.Kind() == reflect.String && strings.HasSuffix(tag, "_file") && f.String() != "" {
+					refs = append(refs, FileRef{Key: join(prefix, tag), Path: f.String()})
+					continue
+				}
+				walk(join(prefix, tag), f)
+			}
+		case reflect.Slice:
+			for i := range v.Len() {
+				walk(fmt.Sprintf("%s[%d]", prefix, i), v.Index(i))
+			}
+		}
+	}
+	walk("", reflect.ValueOf(c))
+	return refs
+}
+
+// Setting is one effective value and where it came from.
+type Setting struct {
+	Key, Value string
+	Source     string // default, file, env or flag
+}
+
+// Explain loads the configuration as Load does and lists every key with
+// its effective value and its source, URLs redacted (the configuration
+// holds no secret itself: those are files, or the Core key's variable,
+// which is not listed). The tools are one line: `toolsidecar check` shows
+// them.
+func Explain(path string, overrides []string) ([]Setting, error) {
+	if _, err := Load(path, overrides); err != nil {
+		return nil, err
+	}
+	k := koanf.New(".")
+	if err := k.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
+		return nil, err
+	}
+	known := k.Keys()
+	source := map[string]string{}
+	if path != "" {
+		data, err := readBounded(path, MaxFileBytes)
+		if err != nil {
+			return nil, err
+		}
+		fk := koanf.New(".")
+		if err := fk.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
+			return nil, err
+		}
+		for _, key := range fk.Keys() {
+			source[key] = "file"
+		}
+		if err := k.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
+			return nil, err
+		}
+	}
+	for _, kv := range os.Environ() {
+		name, val, _ := strings.Cut(kv, "=")
+		if i := slices.IndexFunc(known, func(key string) bool { return envName(key) == name }); i >= 0 {
+			k.Set(known[i], val)
+			source[known[i]] = "env"
+		}
+	}
+	for _, o := range overrides {
+		key, val, _ := strings.Cut(o, "=")
+		k.Set(key, val)
+		source[key] = "flag"
+	}
+	var out []Setting
+	for _, key := range k.Keys() {
+		if key == "tools" || strings.HasPrefix(key, "tools.") {
+			continue
+		}
+		src := source[key]
+		if src == "" {
+			src = "default"
+		}
+		val := fmt.Sprint(k.Get(key))
+		if strings.Contains(val, "://") {
+			val = RedactURL(val)
+		}
+		out = append(out, Setting{Key: key, Value: val, Source: src})
+	}
+	tsrc := "default"
+	if k.Exists("tools") && source["tools"] != "" {
+		tsrc = source["tools"]
+	}
+	out = append(out, Setting{Key: "tools", Value: fmt.Sprintf("%d tools (toolsidecar check lists them)", len(k.Slices("tools"))), Source: tsrc})
+	return out, nil
 }

@@ -7,12 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/knadh/koanf/providers/file"
 )
 
 func TestShippedConfig(t *testing.T) {
-	cfg, err := load(file.Provider("../config.yaml"), "../config.yaml", nil, nil)
+	cfg, err := load(mustRead(t, "../config.yaml"), "../config.yaml", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +27,7 @@ func TestShippedConfig(t *testing.T) {
 }
 
 func TestGoodConfig(t *testing.T) {
-	cfg, err := load(file.Provider("testdata/good.yaml"), "testdata/good.yaml", nil, nil)
+	cfg, err := load(mustRead(t, "testdata/good.yaml"), "testdata/good.yaml", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +64,7 @@ func TestInvalidConfigs(t *testing.T) {
 	}
 	for name, want := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := load(file.Provider(filepath.Join("testdata", name)), name, nil, nil)
+			_, err := load(mustRead(t, filepath.Join("testdata", name)), name, nil, nil)
 			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
 				t.Fatalf("err = %v, want ErrInvalid naming %q", err, want)
 			}
@@ -76,7 +74,7 @@ func TestInvalidConfigs(t *testing.T) {
 
 func TestPrecedence(t *testing.T) {
 	env := []string{"TOOLSIDECAR_CORE_URL=http://env:1", "TOOLSIDECAR_EXECUTOR_MAX_TURNS=3", "TOOLSIDECAR_CORE_STREAM_IDLE_TIMEOUT=9s", "TOOLSIDECAR_LOG_LEVEL=debug", "HOME=/root"}
-	cfg, err := load(file.Provider("testdata/good.yaml"), "testdata/good.yaml", env, []string{"core.url=http://flag:2", "nats.url=nats://n:4222"})
+	cfg, err := load(mustRead(t, "testdata/good.yaml"), "testdata/good.yaml", env, []string{"core.url=http://flag:2", "nats.url=nats://n:4222"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,5 +179,47 @@ func TestBoundsAndUnits(t *testing.T) {
 	}
 	if got := RedactURL("nats://u:secret@a:4222,nats://b:4222"); strings.Contains(got, "secret") || !strings.Contains(got, "u:xxxxx@a") {
 		t.Errorf("RedactURL: %s", got)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestAllProblemsAtOnce: every problem of a file is reported in one error,
+// in line order, each with its line and key, misspelt keys with the key
+// meant, and no second complaint about a value that could not be decoded.
+func TestAllProblemsAtOnce(t *testing.T) {
+	_, err := load(mustRead(t, "testdata/many-problems.yaml"), "many-problems.yaml", nil, nil)
+	var p *Problems
+	if !errors.As(err, &p) || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("err %v, want *Problems", err)
+	}
+	want := []string{
+		`line 2: core.url: must be an http(s) URL, got "notaurl"`,
+		`line 3: core.timout: unknown key (did you mean core.timeout?)`,
+		`line 4: core.timeout: duration 30 has no unit`,
+		`line 6: server.listen: must be host:port`,
+		`line 8: executor.max_turns: must be at least 1, got 0`,
+		`line 9: executor.max_paralel: unknown key (did you mean executor.max_parallel?)`,
+		`line 12: tools[0].timeuot: unknown key (did you mean timeout?)`,
+		`line 13: tools[1].name: "bad name" must be 1-64 letters`,
+		`line 14: tools[1].side_effects: must be read_only, idempotent or unsafe, got "maybe"`,
+	}
+	if len(p.List) != len(want) {
+		t.Fatalf("%d problems, want %d:\n%v", len(p.List), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(p.List[i].Error(), w) {
+			t.Errorf("problem %d: %q, want it to start %q", i, p.List[i], w)
+		}
+	}
+	if !strings.HasPrefix(err.Error(), "config: invalid: many-problems.yaml has 9 problems\n  line 2: ") {
+		t.Errorf("message %q", err)
 	}
 }

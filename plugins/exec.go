@@ -75,6 +75,16 @@ func execSettings(settings map[string]any) (ExecSettings, error) {
 	return s, nil
 }
 
+// ExecCommand is the program an exec tool's settings run (argv[0]), for
+// `toolsidecar check` to find it.
+func ExecCommand(settings map[string]any) (string, error) {
+	s, err := execSettings(settings)
+	if err != nil {
+		return "", err
+	}
+	return s.Command[0], nil
+}
+
 func newExec(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
 	s, err := execSettings(settings)
 	if err != nil {

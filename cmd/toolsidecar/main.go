@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/internal/version"
+	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
 )
@@ -47,6 +49,7 @@ var commands = []command{
 	{"worker", "serve the exec and http tools over NATS, as a worker process", true, true},
 	{"check", "validate a configuration file and print its tools", true, false},
 	{"tools", "print the tools as Core's assistant tools array (for POST /v1/assistants)", true, false},
+	{"config", "print the effective configuration: each key, its value and its source (default, file, env, flag)", true, false},
 	{"demo", "run the whole loop on the embedded default: Core simulator, NATS, workers", false, false},
 	{"version", "print the version, VCS revision and Go version", false, false},
 	{"help", "show help for a command: toolsidecar help COMMAND", false, false},
@@ -77,6 +80,7 @@ type invocation struct {
 	cfgPath string
 	sets    []string
 	log     *slog.Logger
+	refs    bool // check: open the files and find the programs named
 }
 
 // envOr is the environment variable's value, or def.
@@ -102,6 +106,9 @@ func flagSet(c command, inv *invocation, stderr io.Writer) (*flag.FlagSet, func(
 	if c.config {
 		fs.StringVar(&inv.cfgPath, "config", "", "configuration file (YAML)")
 		fs.Var(&sets, "set", "override a key: --set core.url=http://core:9000 (repeatable)")
+	}
+	if c.name == "check" {
+		fs.BoolVar(&inv.refs, "references", true, "also open the files and find the programs the configuration names (false where they exist only where it runs, as in a pod)")
 	}
 	level, format := new(string), new(string)
 	if c.logging {
@@ -200,6 +207,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "toolsidecar check: --config FILE is required: there is nothing to check without one")
 		return 2
 	}
+	if inv.cmd == "config" {
+		return printConfig(inv, stdout, stderr)
+	}
 	cfg, err := config.Load(inv.cfgPath, inv.sets)
 	if err != nil {
 		fmt.Fprintf(stderr, "toolsidecar %s: %v\n", inv.cmd, err)
@@ -207,7 +217,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch inv.cmd {
 	case "check", "tools":
-		return printRegistry(inv.cmd, cfg, stdout, stderr)
+		return printRegistry(inv, cfg, stdout, stderr)
 	case "worker":
 		return exitCode(inv.log, "toolsidecar worker", serveWorkers(cfg, inv.log))
 	}
@@ -301,13 +311,13 @@ func serveWorkers(cfg config.Config, log *slog.Logger) error {
 
 // printRegistry compiles the tools and prints them: check as a table, tools
 // as Core's assistant tools array.
-func printRegistry(cmd string, cfg config.Config, stdout, stderr io.Writer) int {
+func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) int {
 	reg, err := registry.New(cfg.Tools, cfg.NATS.SubjectPrefix)
 	if err != nil {
 		fmt.Fprintf(stderr, "toolsidecar: %v\n", err)
 		return 1
 	}
-	if cmd == "tools" {
+	if inv.cmd == "tools" {
 		return printTools(stdout, reg)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -316,6 +326,57 @@ func printRegistry(cmd string, cfg config.Config, stdout, stderr io.Writer) int 
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", t.Name, t.Route, t.Subject, t.Timeout, t.Retries, t.SideEffects)
 	}
 	tw.Flush()
+	if problems := checkReferences(cfg); inv.refs && len(problems) > 0 {
+		fmt.Fprintf(stderr, "toolsidecar check: %d of the files and commands the configuration names are not usable:\n", len(problems))
+		for _, p := range problems {
+			fmt.Fprintf(stderr, "  %s\n", p)
+		}
+		return 1
+	}
 	fmt.Fprintf(stdout, "configuration valid: %d tools\n", len(reg.Names()))
+	return 0
+}
+
+// checkReferences opens every file the configuration names and looks up
+// the program of every exec tool, as the daemon will when it needs them.
+func checkReferences(cfg config.Config) []string {
+	var problems []string
+	for _, f := range cfg.Files() {
+		fh, err := os.Open(f.Path)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", f.Key, err))
+			continue
+		}
+		fh.Close()
+	}
+	for i, t := range cfg.Tools {
+		if t.Route != "exec" {
+			continue
+		}
+		own, _ := t.Settings["exec"].(map[string]any)
+		prog, err := plugins.ExecCommand(own)
+		if err == nil {
+			_, err = exec.LookPath(prog)
+		}
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("tools[%d].exec.command: %v", i, err))
+		}
+	}
+	return problems
+}
+
+// printConfig prints every key with its effective value and its source.
+func printConfig(inv invocation, stdout, stderr io.Writer) int {
+	settings, err := config.Explain(inv.cfgPath, inv.sets)
+	if err != nil {
+		fmt.Fprintf(stderr, "toolsidecar config: %v\n", err)
+		return 1
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tVALUE\tSOURCE")
+	for _, st := range settings {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", st.Key, st.Value, st.Source)
+	}
+	tw.Flush()
 	return 0
 }

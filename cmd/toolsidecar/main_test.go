@@ -60,7 +60,10 @@ func TestCheckAndTools(t *testing.T) {
 		"duplicate": {"tools:\n  - {name: a}\n  - {name: a}\n", `tools[1].name: duplicate tool name "a"`},
 		"route":     {"tools:\n  - {name: a, route: smoke}\n", `tools[0].route: unknown route "smoke"`},
 		"schema":    {"tools:\n  - {name: a, parameters: {type: 12}}\n", "tools[0].parameters"},
-		"key":       {"tools:\n  - {name: a, timeuot: 1s}\n", "timeuot"},
+		"key":       {"tools:\n  - {name: a, timeuot: 1s}\n", "line 2: tools[0].timeuot: unknown key (did you mean timeout?)"},
+		"file":      {"core: {api_key_file: /no/such/key}\n", "core.api_key_file: open /no/such/key: no such file or directory"},
+		"command":   {"tools:\n  - {name: a, route: exec, exec: {command: [no-such-binary-xyz]}}\n", `tools[0].exec.command: exec: "no-such-binary-xyz": executable file not found`},
+		"listen":    {"server: {listen: garbage}\n", `line 1: server.listen: must be host:port`},
 	} {
 		p := filepath.Join(dir, name+".yaml")
 		os.WriteFile(p, []byte(tc.yaml), 0o600)
@@ -105,6 +108,33 @@ func TestCLI(t *testing.T) {
 		if code != tc.code || !strings.Contains(got, tc.out) || (tc.not != "" && strings.Contains(got, tc.not)) {
 			t.Errorf("toolsidecar %v: exit %d, output %q; want exit %d with %q", tc.args, code, got, tc.code, tc.out)
 		}
+	}
+}
+
+// TestConfigCommand: `toolsidecar config` shows each key's effective value
+// and where it came from, with the credentials of URLs redacted.
+func TestConfigCommand(t *testing.T) {
+	t.Setenv("TOOLSIDECAR_EXECUTOR_MAX_TURNS", "4")
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	os.WriteFile(path, []byte("core: {url: \"http://core:9000\"}\n"), 0o600)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"config", "--config", path, "--set", "nats.url=nats://u:secretpw@h:4222"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	rows := map[string][]string{}
+	for line := range strings.Lines(out.String()) {
+		if f := strings.Fields(line); len(f) >= 3 {
+			rows[f[0]] = f[1:]
+		}
+	}
+	for key, want := range map[string]string{"executor.max_turns": "4 env", "nats.url": "nats://u:xxxxx@h:4222 flag",
+		"core.url": "http://core:9000 file", "server.max_drives": "512 default"} {
+		if got := strings.Join(rows[key], " "); got != want {
+			t.Errorf("%s: %q, want %q", key, got, want)
+		}
+	}
+	if strings.Contains(out.String(), "secretpw") {
+		t.Error("a URL's password was printed")
 	}
 }
 

@@ -1,0 +1,194 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// FieldError is one problem with one key of the configuration, with the
+// line of the file where the key is, when it comes from a file.
+type FieldError struct {
+	Key  string // dotted path as in the file: tools[0].name
+	Line int    // 0 when the value is not from the file
+	Msg  string
+
+	decode bool // the value could not be decoded at all
+}
+
+func (e *FieldError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("line %d: %s: %s", e.Line, e.Key, e.Msg)
+	}
+	return e.Key + ": " + e.Msg
+}
+
+// Is makes every FieldError an ErrInvalid.
+func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
+
+// Problems is every problem found in a configuration, reported at once.
+type Problems struct {
+	Source string // the file, or "configuration"
+	List   []error
+}
+
+func (p *Problems) Error() string {
+	var b strings.Builder
+	n := len(p.List)
+	fmt.Fprintf(&b, "%s: %s has %d problem", ErrInvalid, p.Source, n)
+	if n > 1 {
+		b.WriteString("s")
+	}
+	for _, e := range p.List {
+		b.WriteString("\n  " + e.Error())
+	}
+	return b.String()
+}
+
+// Is makes Problems an ErrInvalid; Unwrap gives each problem.
+func (p *Problems) Is(target error) bool { return target == ErrInvalid }
+func (p *Problems) Unwrap() []error      { return p.List }
+
+// lines maps each key path of a YAML document to its line, and lists the
+// keys the Config type does not have, with a suggestion for each.
+type lines struct {
+	at      map[string]int
+	unknown []error
+}
+
+// scanYAML reads the document's structure against the Config type.
+func scanYAML(data []byte) (*lines, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	l := &lines{at: map[string]int{}}
+	if len(doc.Content) > 0 {
+		l.walk("", doc.Content[0], reflect.TypeFor[Config]())
+	}
+	return l, nil
+}
+
+func (l *lines) walk(path string, n *yaml.Node, t reflect.Type) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		fields := map[string]reflect.Type{}
+		for i := range t.NumField() {
+			if tag := t.Field(i).Tag.Get("koanf"); tag != "" && tag != "-" {
+				fields[strings.Split(tag, ",")[0]] = t.Field(i).Type
+			}
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			key := join(path, k.Value)
+			l.at[key] = k.Line
+			ft, ok := fields[k.Value]
+			if !ok {
+				if t == reflect.TypeFor[Tool]() {
+					continue // route settings (exec:, http:) are checked by the route kind
+				}
+				l.unknown = append(l.unknown, &FieldError{Key: key, Line: k.Line, Msg: "unknown key" + suggestIn(path, k.Value, fields)})
+				continue
+			}
+			l.walk(key, v, ft)
+		}
+	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+		for i, item := range n.Content {
+			key := fmt.Sprintf("%s[%d]", path, i)
+			l.at[key] = item.Line
+			l.walk(key, item, t.Elem())
+		}
+	}
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// line is the line of key, or of its closest enclosing key in the file.
+func (l *lines) line(key string) int {
+	for key != "" {
+		if n, ok := l.at[key]; ok {
+			return n
+		}
+		i := strings.LastIndexAny(key, ".[")
+		if i < 0 {
+			break
+		}
+		key = key[:i]
+	}
+	return 0
+}
+
+// decodeField finds the key a decoder error names ('core.timeout'
+// expected ...).
+var decodeField = regexp.MustCompile(`'([A-Za-z0-9_.\[\]]+)'`)
+
+// locate gives each problem its line in the file (when it has one).
+func (l *lines) locate(errs []error) []error {
+	out := make([]error, 0, len(errs))
+	for _, err := range errs {
+		var fe *FieldError
+		switch {
+		case l == nil:
+		case errors.As(err, &fe):
+			if fe.Line == 0 {
+				fe.Line = l.line(fe.Key)
+			}
+		default:
+			if m := decodeField.FindStringSubmatch(err.Error()); m != nil {
+				msg := strings.TrimPrefix(err.Error(), "'"+m[1]+"' ")
+				err = &FieldError{Key: m[1], Line: l.line(m[1]), Msg: msg, decode: true}
+			}
+		}
+		out = append(out, err)
+	}
+	return out
+}
+
+// suggestIn suggests the key under path closest to leaf, as a full path.
+func suggestIn(path, leaf string, fields map[string]reflect.Type) string {
+	if best := closest(leaf, slices.Sorted(maps.Keys(fields))); best != "" {
+		return fmt.Sprintf(" (did you mean %s?)", join(path, best))
+	}
+	return ""
+}
+
+// tidy orders the problems by line (those without a line last) and drops
+// a check's complaint about a key whose value could not even be decoded
+// (it would only repeat the decoding error).
+func tidy(errs []error) []error {
+	undecoded := map[string]bool{}
+	for _, err := range errs {
+		if fe, ok := err.(*FieldError); ok && fe.decode {
+			undecoded[fe.Key] = true
+		}
+	}
+	out := errs[:0]
+	for _, err := range errs {
+		if fe, ok := err.(*FieldError); ok && !fe.decode && undecoded[fe.Key] {
+			continue
+		}
+		out = append(out, err)
+	}
+	lineOf := func(err error) int {
+		if fe, ok := err.(*FieldError); ok && fe.Line > 0 {
+			return fe.Line
+		}
+		return 1 << 30
+	}
+	slices.SortStableFunc(out, func(a, b error) int { return lineOf(a) - lineOf(b) })
+	return out
+}

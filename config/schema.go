@@ -1,0 +1,69 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+	"time"
+)
+
+// durationPattern is a Go duration with units (30s, 1m30s, 500ms): a bare
+// number is refused, as the loader refuses it.
+const durationPattern = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+
+// enums are the keys (by name) whose values are a fixed list.
+var enums = map[string][]string{
+	"side_effects": {ReadOnly, Idempotent, Unsafe},
+	"missing_tool": {MissingToolError, MissingToolFailRun},
+}
+
+// JSONSchema describes config.yaml (JSON Schema 2020-12) for editors. It
+// is derived from the Config type, so it names exactly the keys the
+// loader accepts; config.schema.json at the repository's root is its
+// output, checked by a test (go test ./config -run Schema -update
+// rewrites it).
+func JSONSchema() map[string]any {
+	s := schemaOf(reflect.TypeFor[Config](), "")
+	s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+	s["$id"] = "https://github.com/projectdavid/toolsidecar/config.schema.json"
+	s["title"] = "toolsidecar configuration (config.yaml)"
+	return s
+}
+
+func schemaOf(t reflect.Type, name string) map[string]any {
+	if t == reflect.TypeFor[time.Duration]() {
+		return map[string]any{"type": "string", "pattern": durationPattern}
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		props := map[string]any{}
+		var extra any = false
+		for i := range t.NumField() {
+			tag := t.Field(i).Tag.Get("koanf")
+			key := strings.Split(tag, ",")[0]
+			switch {
+			case strings.Contains(tag, "remain"):
+				// A tool's route settings: a mapping under the route's name.
+				extra = map[string]any{"type": "object"}
+			case key != "" && key != "-":
+				props[key] = schemaOf(t.Field(i).Type, key)
+			}
+		}
+		return map[string]any{"type": "object", "properties": props, "additionalProperties": extra}
+	case reflect.Slice:
+		return map[string]any{"type": "array", "items": schemaOf(t.Elem(), "")}
+	case reflect.Map:
+		return map[string]any{"type": "object"}
+	case reflect.Bool:
+		return map[string]any{"type": "boolean"}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return map[string]any{"type": "integer"}
+	case reflect.Float32, reflect.Float64:
+		return map[string]any{"type": "number"}
+	case reflect.String:
+		if e, ok := enums[name]; ok {
+			return map[string]any{"type": "string", "enum": e}
+		}
+		return map[string]any{"type": "string"}
+	}
+	return map[string]any{}
+}
