@@ -231,6 +231,9 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 		case <-w.progress:
 			progress++
 			timer.Reset(next())
+			if req.OnProgress != nil {
+				req.OnProgress()
+			}
 		case <-timer.C:
 			c.cancel(req.ActionID, req.Attempt)
 			if !time.Now().Before(hard) {

@@ -175,6 +175,10 @@ type Server struct {
 	// progress (more are answered 429 with Retry-After). defaults: 1024, 512
 	MaxConnections int `koanf:"max_connections"`
 	MaxDrives      int `koanf:"max_drives"`
+	// SSEKeepalive is how often an SSE drive that has nothing to say sends
+	// a comment, so that proxies and clients do not time it out. default:
+	// 15s
+	SSEKeepalive time.Duration `koanf:"sse_keepalive"`
 	// Proxy answers Core's own API on /v1/... default: true
 	Proxy bool `koanf:"proxy"`
 	// AuthTokenFile holds a bearer token required on every route but
@@ -261,7 +265,7 @@ func Default() Config {
 		NATS:       NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512},
+			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, SSEKeepalive: 15 * time.Second},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
 			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute},
@@ -545,7 +549,7 @@ func (c Config) Validate() error {
 	for key, d := range map[string]time.Duration{
 		"core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout,
 		"server.shutdown_timeout": c.Server.ShutdownTimeout, "executor.cancel_poll": c.Executor.CancelPoll,
-		"executor.submit_budget": c.Executor.SubmitBudget,
+		"executor.submit_budget": c.Executor.SubmitBudget, "server.sse_keepalive": c.Server.SSEKeepalive,
 	} {
 		if d <= 0 {
 			bad(key, "must be positive, got %s", d)

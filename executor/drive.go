@@ -188,6 +188,12 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 		sink(Event{Type: EventDone, Summary: &sum})
 		return sum, fmt.Errorf("executor: reading run %s: %w", req.RunID, err)
 	}
+	if (run.ThreadID != "" && run.ThreadID != req.ThreadID) || (run.AssistantID != "" && run.AssistantID != req.AssistantID) {
+		sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{},
+			Error: fmt.Sprintf("the run belongs to thread %s and assistant %s, not to those of the request", run.ThreadID, run.AssistantID)}
+		sink(Event{Type: EventDone, Summary: &sum})
+		return sum, fmt.Errorf("%w: %s", ErrConflict, sum.Error)
+	}
 	d, leader := e.join(ctx, req.RunID)
 	sub, detach := d.attach(ctx)
 	defer detach()

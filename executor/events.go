@@ -15,6 +15,7 @@ const (
 	EventReasoning  EventType = "reasoning"   // model reasoning
 	EventChunk      EventType = "chunk"       // any other upstream chunk, raw
 	EventToolCall   EventType = "tool_call"   // a call was dispatched
+	EventProgress   EventType = "progress"    // a worker reported a call alive
 	EventToolResult EventType = "tool_result" // a call's outcome was submitted
 	EventError      EventType = "error"       // an upstream error chunk or a bad frame
 	EventDone       EventType = "done"        // the drive ended; Summary is set

@@ -68,6 +68,9 @@ type Tools interface{ Load() *registry.Registry }
 
 // Errors that end a run. They are causes: context.Cause tells them apart.
 var (
+	// ErrConflict: the request names another thread or assistant than
+	// the run's; nothing is driven.
+	ErrConflict = errors.New("executor: the request does not match the run")
 	// ErrRunCancelled: the run was cancelled in Core.
 	ErrRunCancelled = errors.New("executor: run cancelled in Core")
 	// ErrTruncatedTurn: a turn's stream ended without [DONE] and Core had

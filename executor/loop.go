@@ -256,7 +256,7 @@ func (br *batchRun) add(m *core.Manifest) {
 		br.failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
 	}
 	br.start(m, func(ctx context.Context) *outcome {
-		return br.e.call(ctx, br.n, m, def, pre, br.req.Traceparent, br.log)
+		return br.e.call(ctx, br, m, def, pre)
 	})
 }
 
@@ -459,7 +459,7 @@ func (br *batchRun) addOpen(ctx context.Context) {
 							"it was not run again. Check its effect before you call it again", m.Tool)
 					}
 				}
-				return e.call(ctx, br.n, m, def, pre, br.req.Traceparent, br.log)
+				return e.call(ctx, br, m, def, pre)
 			})
 		}
 	}
@@ -604,7 +604,8 @@ func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry
 // call runs one call: Action processing, then attempts until success, a
 // final error, or the retry budget. It never returns an error: a failed
 // call is an outcome.
-func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *registry.Tool, pre *tool.Error, traceparent string, log *slog.Logger) *outcome {
+func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error) *outcome {
+	turn, traceparent, log := br.n, br.req.Traceparent, br.log
 	ctx, span := e.tracer.Start(ctx, "toolsidecar.call", trace.WithAttributes(attribute.String("tool", m.Tool),
 		attribute.String("action_id", m.ActionID), attribute.String("tool_call_id", m.ToolCallID)))
 	defer span.End()
@@ -626,7 +627,10 @@ func (e *Executor) call(ctx context.Context, turn int, m *core.Manifest, def *re
 		// later reconciliation does not run it a second time.
 		reply.Err = tool.NewError(tool.Interrupted, "Core could not be told that the call of unsafe tool %q started, so it was not run", m.Tool)
 	default:
-		reply = e.attempts(ctx, m, def, traceparent, &o.res)
+		progress := func() {
+			br.emit(Event{Type: EventProgress, Turn: turn, Call: &CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}})
+		}
+		reply = e.attempts(ctx, m, def, traceparent, progress, &o.res)
 	}
 	o.res.DurationMS = time.Since(start).Milliseconds()
 	e.settle(o, reply)
@@ -746,7 +750,7 @@ func formatTraceparent(sc trace.SpanContext) string {
 // attempts dispatches with the tool's retry policy: retry a timeout, no
 // responders or a retryable worker error, but never resend an unsafe tool
 // once a worker may have received it.
-func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry.Tool, traceparent string, res *CallResult) tool.Outcome {
+func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry.Tool, traceparent string, progress func(), res *CallResult) tool.Outcome {
 	d := e.routes[def.Route]
 	body := m.Raw
 	// Jittered exponential backoff between attempts, from 50ms, capped at 1s.
@@ -755,7 +759,7 @@ func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry
 	for attempt := 1; ; attempt++ {
 		res.Attempts = attempt
 		reply := d.Dispatch(ctx, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, RunID: m.RunID, Attempt: attempt, Timeout: def.Timeout,
-			MaxDuration: def.MaxDuration, Traceparent: traceparent, Unsafe: def.SideEffects == config.Unsafe})
+			MaxDuration: def.MaxDuration, Traceparent: traceparent, Unsafe: def.SideEffects == config.Unsafe, OnProgress: progress})
 		if reply.Err == nil || attempt > def.Retries || ctx.Err() != nil || !reply.Err.Retryable() {
 			return reply
 		}

@@ -60,6 +60,9 @@ type Config struct {
 	Ready func(ctx context.Context) error
 	// ReadyInfo adds facts to the /readyz answer (durable mode, say).
 	ReadyInfo func() map[string]any
+	// SSEKeepalive is how often a quiet SSE drive sends a comment.
+	// default: 15s
+	SSEKeepalive time.Duration
 	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
@@ -90,6 +93,9 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.SSEKeepalive <= 0 {
+		cfg.SSEKeepalive = 15 * time.Second
 	}
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.DefaultGatherer
@@ -279,15 +285,25 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, driveStatus(err), sum)
 }
 
-// driveStatus is the HTTP status of a drive: 200 with its summary for a
-// drive that ran (whatever the run's status), or Core's own 401, 403 or 404
-// when the caller's identity may not read the run.
+// driveStatus is the HTTP status of a drive, whose summary is the body in
+// every case: 200 for a drive that ended as the run's rules say
+// (completed, cancelled, interrupted, turn limit); Core's own 401, 403 or
+// 404 when the caller's identity may not read the run (404: no such run);
+// 409 when the request names another thread or assistant than the run's;
+// 500 for the sidecar's own bug guard; 502 for a run that failed upstream
+// (Core or the model).
 func driveStatus(err error) int {
-	switch code := core.StatusCode(err); code {
-	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+	switch code := core.StatusCode(err); {
+	case err == nil:
+		return http.StatusOK
+	case code == http.StatusUnauthorized, code == http.StatusForbidden, code == http.StatusNotFound:
 		return code
+	case errors.Is(err, executor.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, executor.ErrGuard):
+		return http.StatusInternalServerError
 	}
-	return http.StatusOK
+	return http.StatusBadGateway
 }
 
 // runID is the shape of a run id the drive API accepts.

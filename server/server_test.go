@@ -567,3 +567,76 @@ func TestDriveAttachAndUnknownRun(t *testing.T) {
 		t.Errorf("unknown run: %d, want 404", resp2.StatusCode)
 	}
 }
+
+// TestDriveStatusCodes: a drive answers 409 when the request names another
+// thread than the run's (nothing is driven), and 502 when the run failed
+// upstream; the summary is the body either way.
+func TestDriveStatusCodes(t *testing.T) {
+	sc := newSidecar(t, threeCalls(), "", standardTools()...)
+	post := func(r testenv.Run, body string) (int, executor.Summary) {
+		resp, err := http.Post(sc.url+"/v1/runs/"+r.RunID+"/drive", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var s executor.Summary
+		json.NewDecoder(resp.Body).Decode(&s)
+		return resp.StatusCode, s
+	}
+	r := sc.env.NewRun()
+	other := r
+	other.ThreadID = "thread_someone_else"
+	if code, s := post(r, sc.driveBody(other)); code != http.StatusConflict || s.Status != executor.StatusFailed || !strings.Contains(s.Error, "belongs to thread "+r.ThreadID) {
+		t.Errorf("mismatched thread: %d %+v, want 409 naming the run's thread", code, s)
+	}
+	if n := sc.env.Sim.CountRequests("POST", "/v1/completions"); n != 0 {
+		t.Errorf("%d completions requests after a conflict, want 0", n)
+	}
+	sc.env.Sim.AddFault(coresim.Fault{Method: "POST", Path: "/v1/completions", Status: 500, Times: 100})
+	if code, s := post(r, sc.driveBody(r)); code != http.StatusBadGateway || s.Status != executor.StatusFailed {
+		t.Errorf("Core failing: %d %+v, want 502 with a failed summary", code, s)
+	}
+}
+
+// TestSSEKeepaliveAndProgress: a quiet SSE drive sends keepalive comments;
+// a worker's progress messages reach the caller as progress events; and
+// tool_call events carry the call, not outcome fields it does not have yet.
+func TestSSEKeepaliveAndProgress(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "slow", ArgsJSON: `{}`}}}, {Content: "done"}}}
+	env := testenv.Start(t, sc, testenv.Options{Server: func(s *config.Server) { s.SSEKeepalive = 30 * time.Millisecond }},
+		testenv.Tool{Config: config.Tool{Name: "slow"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			for range 2 {
+				time.Sleep(50 * time.Millisecond)
+				if err := c.Progress(); err != nil {
+					return nil, err
+				}
+			}
+			time.Sleep(150 * time.Millisecond)
+			return []byte(`"ok"`), nil
+		}})
+	side := &sidecar{env: env, url: env.URL}
+	resp := side.openSSE(t, env.NewRun())
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(raw)
+	if n := strings.Count(body, ": keepalive\n"); n < 1 {
+		t.Errorf("no keepalive comment in a drive quiet for 150 ms:\n%s", body)
+	}
+	if n := strings.Count(body, "event: progress\n"); n != 2 {
+		t.Errorf("%d progress events, want 2:\n%s", n, body)
+	}
+	for ev, err := range sse.Read(strings.NewReader(body), nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type == "tool_call" || ev.Type == "progress" {
+			var fields map[string]any
+			json.Unmarshal([]byte(ev.Data), &fields)
+			if _, has := fields["ok"]; has || fields["tool"] != "slow" || fields["tool_call_id"] == "" {
+				t.Errorf("%s event %s: want the call's ids and no outcome fields", ev.Type, ev.Data)
+			}
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
+	"time"
 
 	sse "github.com/tmaxmax/go-sse"
 
@@ -14,18 +16,30 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 )
 
-// driveSSE streams the drive's events with go-sse: event types content,
-// reasoning, tool_call, tool_result, turn, error and done, each with a JSON
-// payload.
+// driveSSE streams the drive's events with go-sse: event types turn,
+// content, reasoning, tool_call, progress, tool_result, error and done,
+// each with a JSON payload, and a comment every SSEKeepalive while nothing
+// else is sent.
 func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.Request) {
 	sess, err := sse.Upgrade(w, r)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
+	var mu sync.Mutex // the keepalive and the events write to one session
+	write := func(m *sse.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		if sess.Send(m) == nil {
+			_ = sess.Flush()
+		}
+	}
 	// Answer at once: a caller that attaches to a drive in progress may
 	// wait a while for its first event.
+	mu.Lock()
 	_ = sess.Flush()
+	mu.Unlock()
+	sent := make(chan struct{}, 1)
 	send := func(typ string, v any) {
 		data, err := json.Marshal(v)
 		if err != nil {
@@ -33,15 +47,24 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 		}
 		m := &sse.Message{Type: sse.Type(typ)}
 		m.AppendData(string(data))
-		if sess.Send(m) == nil {
-			_ = sess.Flush()
+		write(m)
+		select {
+		case sent <- struct{}{}:
+		default:
 		}
 	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { keepalive(s.cfg.SSEKeepalive, sent, stop, write) })
+	defer func() { close(stop); wg.Wait() }()
 	s.drv.Drive(r.Context(), req, func(e executor.Event) {
 		switch e.Type {
 		case executor.EventContent, executor.EventReasoning, executor.EventError:
 			send(string(e.Type), map[string]any{"turn": e.Turn, "text": e.Text})
-		case executor.EventToolCall, executor.EventToolResult:
+		case executor.EventToolCall, executor.EventProgress:
+			// The call itself, without outcome fields: it has none yet.
+			send(string(e.Type), callRef{Turn: e.Turn, ToolCallID: e.Call.ToolCallID, ActionID: e.Call.ActionID, Tool: e.Call.Tool})
+		case executor.EventToolResult:
 			send(string(e.Type), e.Call)
 		case executor.EventTurn:
 			send("turn", map[string]int{"turn": e.Turn})
@@ -49,6 +72,34 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 			send("done", e.Summary)
 		}
 	})
+}
+
+// callRef names a call in the tool_call and progress events.
+type callRef struct {
+	Turn       int    `json:"turn"`
+	ToolCallID string `json:"tool_call_id"`
+	ActionID   string `json:"action_id"`
+	Tool       string `json:"tool"`
+}
+
+// keepalive writes a comment every interval in which no event was sent,
+// until stop is closed.
+func keepalive(interval time.Duration, sent <-chan struct{}, stop <-chan struct{}, write func(*sse.Message)) {
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-sent:
+			t.Reset(interval)
+		case <-t.C:
+			m := &sse.Message{}
+			m.AppendComment("keepalive")
+			write(m)
+			t.Reset(interval)
+		}
+	}
 }
 
 // completions answers Core's POST /v1/completions in proxy mode. The loop

@@ -404,7 +404,7 @@ func (s *Sidecar) buildServer() error {
 			return err
 		}
 	}
-	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics,
+	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core.URL, s.nc.IsConnected), ReadyInfo: s.readyInfo}
 	if s.cfg.Server.Proxy {
 		scfg.CoreURL = s.cfg.Core.URL

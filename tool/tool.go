@@ -60,6 +60,9 @@ type Request struct {
 	// the attempt before it sends it and waits until the record is
 	// stored; for other tools it may overlap the two.
 	Unsafe bool
+	// OnProgress, when set, is called for each progress message the
+	// worker sends. It must not block.
+	OnProgress func()
 }
 
 // TimeoutOrDefault is the request's timeout, or [DefaultTimeout].
