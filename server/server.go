@@ -7,6 +7,7 @@ package server
 import (
 	"context"
 	"crypto/subtle"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +31,12 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
 )
+
+// OpenAPI is the API's description (OpenAPI 3.1), served at
+// /openapi.json; a test checks the server's real answers against it.
+//
+//go:embed openapi.json
+var OpenAPI []byte
 
 // Driver drives one run; *executor.Executor satisfies it.
 type Driver interface {
@@ -130,6 +137,10 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	}
 	s.mux.HandleFunc("POST /v1/runs/{run_id}/drive", s.limited(s.drive))
 	s.mux.HandleFunc("GET /v1/tools", s.listTools)
+	s.mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(OpenAPI)
+	})
 	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -214,7 +225,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			out["live_error"] = err.Error()
 		}
-		var up, down []string
+		up, down := []string{}, []string{} // lists, never null
 		for _, t := range s.tools.FunctionTools() {
 			if live[t.Function.Name] {
 				up = append(up, t.Function.Name)

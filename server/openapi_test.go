@@ -1,0 +1,193 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	sse "github.com/tmaxmax/go-sse"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/server"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// apiSpec is server/openapi.json, compiled schema by schema on demand.
+type apiSpec struct {
+	doc map[string]any
+	c   *jsonschema.Compiler
+	mu  sync.Mutex
+}
+
+func loadSpec(t *testing.T) *apiSpec {
+	t.Helper()
+	var doc map[string]any
+	if err := json.Unmarshal(server.OpenAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(server.OpenAPI))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	if err := c.AddResource("openapi.json", inst); err != nil {
+		t.Fatal(err)
+	}
+	return &apiSpec{doc: doc, c: c}
+}
+
+// pointer escapes a path for a JSON pointer.
+func pointer(parts ...string) string {
+	r := strings.NewReplacer("~", "~0", "/", "~1")
+	for i, p := range parts {
+		parts[i] = r.Replace(p)
+	}
+	return "/" + strings.Join(parts, "/")
+}
+
+// at walks the document along a JSON pointer.
+func (s *apiSpec) at(ptr string) any {
+	var v any = s.doc
+	r := strings.NewReplacer("~1", "/", "~0", "~")
+	for _, p := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[r.Replace(p)]
+	}
+	return v
+}
+
+// validate checks a JSON body against the schema at ptr.
+func (s *apiSpec) validate(t *testing.T, ptr string, body []byte) {
+	t.Helper()
+	s.mu.Lock()
+	sch, err := s.c.Compile("openapi.json#" + ptr)
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatalf("schema %s: %v", ptr, err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("body is not JSON (%v): %s", err, body)
+	}
+	if err := sch.Validate(inst); err != nil {
+		t.Errorf("body does not match %s: %v\n%s", ptr, err, body)
+	}
+}
+
+// check asserts that the answer to method path (the spec's path template)
+// is documented: its status, its content type, its body (each SSE event's
+// type and data).
+func (s *apiSpec) check(t *testing.T, method, path string, resp *http.Response) {
+	t.Helper()
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	code := strconv.Itoa(resp.StatusCode)
+	respPtr := pointer("paths", path, strings.ToLower(method), "responses", code)
+	r, ok := s.at(respPtr).(map[string]any)
+	if !ok {
+		t.Errorf("%s %s answered %s, which the spec does not document:\n%s", method, path, code, body)
+		return
+	}
+	if ref, ok := r["$ref"].(string); ok {
+		respPtr = strings.TrimPrefix(ref, "#")
+		r = s.at(respPtr).(map[string]any)
+	}
+	ctype, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	content, _ := r["content"].(map[string]any)
+	if _, ok := content[ctype]; !ok {
+		t.Errorf("%s %s %s: content type %q not documented", method, path, code, ctype)
+		return
+	}
+	schemaPtr := respPtr + pointer("content", ctype, "schema")
+	switch ctype {
+	case "application/json":
+		s.validate(t, schemaPtr, body)
+	case "text/event-stream":
+		events := respPtr + pointer("content", ctype, "x-events")
+		for ev, err := range sse.Read(bytes.NewReader(body), nil) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, ok := s.at(events + pointer(ev.Type)).(map[string]any)
+			if !ok {
+				t.Errorf("SSE event %q is not documented", ev.Type)
+				continue
+			}
+			s.validate(t, strings.TrimPrefix(ref["$ref"].(string), "#"), []byte(ev.Data))
+		}
+	}
+}
+
+// TestOpenAPIConformance exercises every route and the drive's statuses,
+// and checks each real answer against server/openapi.json.
+func TestOpenAPIConformance(t *testing.T) {
+	spec := loadSpec(t)
+	progress := func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		if err := c.Progress(); err != nil {
+			return nil, err
+		}
+		return testenv.Echo(ctx, c)
+	}
+	sc := newSidecar(t, threeCalls(), "", testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: progress}, standardTools()[1])
+	do := func(method, url, body string, header ...string) *http.Response {
+		req, _ := http.NewRequest(method, sc.url+url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	const drive = "/v1/runs/{run_id}/drive"
+	r := sc.env.NewRun()
+	spec.check(t, "POST", drive, do("POST", "/v1/runs/"+r.RunID+"/drive", sc.driveBody(r), "Accept", "text/event-stream"))
+	r2 := sc.env.NewRun()
+	spec.check(t, "POST", drive, do("POST", "/v1/runs/"+r2.RunID+"/drive", sc.driveBody(r2)))
+	other := r2
+	other.ThreadID = "thread_x"
+	for _, c := range []struct{ url, body string }{
+		{"/v1/runs/" + r2.RunID + "/drive", sc.driveBody(other)},                              // 409
+		{"/v1/runs/run_missing/drive", sc.driveBody(r2)},                                      // 404
+		{"/v1/runs/" + r2.RunID + "/drive", `{"thread_id": "x"}`},                             // 400
+		{"/v1/runs/" + r2.RunID + "/drive", `{"model": "` + strings.Repeat("m", 5000) + `"}`}, // 413
+	} {
+		spec.check(t, "POST", drive, do("POST", c.url, c.body))
+	}
+	r3 := sc.env.NewRun()
+	sc.env.Sim.AddFault(coresim.Fault{Method: "POST", Path: "/v1/completions", Status: 500, Times: 100})
+	spec.check(t, "POST", drive, do("POST", "/v1/runs/"+r3.RunID+"/drive", sc.driveBody(r3))) // 502
+	sc.env.Sim.ClearFaults()
+	for _, p := range []string{"/v1/tools", "/healthz", "/readyz", "/metrics", "/openapi.json"} {
+		spec.check(t, "GET", p, do("GET", p, ""))
+	}
+	spec.check(t, "GET", "/readyz", do("GET", "/readyz?live=1", ""))
+
+	// With a token: 401 on the API, health still open.
+	auth := newSidecar(t, threeCalls(), "s3cret", standardTools()...)
+	for _, p := range []string{"/v1/tools", "/metrics", "/openapi.json"} {
+		resp, err := http.Get(auth.url + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.check(t, "GET", p, resp)
+	}
+	if t.Failed() {
+		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
+	}
+}
