@@ -69,6 +69,25 @@ func WithHTTPClient(hc *http.Client) Option {
 	}
 }
 
+// WithRoundTripper wraps the transport of every call (after
+// WithHTTPClient, if both are given): tracing, say.
+func WithRoundTripper(wrap func(http.RoundTripper) http.RoundTripper) Option {
+	return func(c *Client) error {
+		clients := []*http.Client{c.hc, c.streamHC}
+		if c.hc == c.streamHC { // WithHTTPClient: one client for both
+			clients = clients[:1]
+		}
+		for _, hc := range clients {
+			rt := hc.Transport
+			if rt == nil {
+				rt = http.DefaultTransport
+			}
+			hc.Transport = wrap(rt)
+		}
+		return nil
+	}
+}
+
 // WithObserver registers an [Observer].
 func WithObserver(o Observer) Option {
 	return func(c *Client) error { c.observe = o; return nil }

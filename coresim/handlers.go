@@ -59,7 +59,8 @@ func (s *Sim) listMessages(w http.ResponseWriter, r *http.Request) {
 func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	s.mu.Lock()
-	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Body: body, At: s.now(), Key: r.Header.Get("X-API-Key")})
+	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Body: body, At: s.now(), Key: r.Header.Get("X-API-Key"),
+		Traceparent: r.Header.Get("traceparent")})
 	s.mu.Unlock()
 	if err != nil {
 		detail(w, http.StatusRequestEntityTooLarge, "request body too large")

@@ -59,6 +59,8 @@ type Request struct {
 	At     time.Time
 	// Key is the X-API-Key the request carried.
 	Key string
+	// Traceparent is the W3C trace context the request carried.
+	Traceparent string
 }
 
 // Config configures a [Sim].

@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/projectdavid/toolsidecar/core"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // One driver per run: a second Drive of a run that is being driven attaches
@@ -180,6 +182,11 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	if req.CallerKey != "" {
 		ctx = core.AsCaller(ctx, req.CallerKey)
 	}
+	// One span per drive request, from the ownership check on: the loop of
+	// a drive this request leads runs under it.
+	ctx, span := e.tracer.Start(ctx, "toolsidecar.drive", trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("toolsidecar.run_id", req.RunID)))
+	defer span.End()
 	// Ownership before work: the caller must be able to read the run with
 	// its own identity, or nothing is dispatched (nor joined) for it.
 	run, err := e.core.GetRun(ctx, req.RunID)
@@ -197,6 +204,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	d, leader := e.join(ctx, req.RunID)
 	sub, detach := d.attach(ctx)
 	defer detach()
+	span.SetAttributes(attribute.Bool("toolsidecar.attached", !leader))
 	if !leader {
 		e.obs.DriveAttached()
 		sub.deliver(sink, ctx.Done())

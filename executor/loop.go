@@ -15,6 +15,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectdavid/toolsidecar/batch"
@@ -27,15 +28,16 @@ import (
 
 // run is the loop of one drive: check the run, reconcile with Core, then
 // turns until the run ends.
+// Its span is the drive's, which Drive started.
 func (e *Executor) run(ctx context.Context, req Request, run core.Run, emit Sink) (Summary, error) {
-	ctx, span := e.tracer.Start(ctx, "toolsidecar.drive", trace.WithAttributes(attribute.String("run_id", req.RunID)))
-	defer span.End()
+	span := trace.SpanFromContext(ctx)
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Calls: []CallResult{}}
 	e.obs.RunStarted()
 	err := e.loop(ctx, req, run, emit, log, &sum)
-	log.Info("drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
-	span.SetAttributes(attribute.String("status", sum.Status), attribute.Int("turns", sum.Turns), attribute.Int("calls", len(sum.Calls)))
+	log.InfoContext(ctx, "drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
+	span.SetAttributes(attribute.String("toolsidecar.status", sum.Status), attribute.Int("toolsidecar.turns", sum.Turns),
+		attribute.Int("toolsidecar.calls", len(sum.Calls)))
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}
@@ -307,7 +309,8 @@ func (br *batchRun) wait(ctx, tctx context.Context, tr *turnResult, awaited func
 }
 
 func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log *slog.Logger) turnResult {
-	ctx, span := e.tracer.Start(ctx, "toolsidecar.turn", trace.WithAttributes(attribute.Int("turn", n)))
+	ctx, span := e.tracer.Start(ctx, "toolsidecar.turn", trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.Int("toolsidecar.turn", n)))
 	defer span.End()
 	var tr turnResult
 	tctx, cancelTurn := context.WithCancelCause(ctx)
@@ -606,11 +609,13 @@ func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry
 // call is an outcome.
 func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error) *outcome {
 	turn, traceparent, log := br.n, br.req.Traceparent, br.log
-	ctx, span := e.tracer.Start(ctx, "toolsidecar.call", trace.WithAttributes(attribute.String("tool", m.Tool),
-		attribute.String("action_id", m.ActionID), attribute.String("tool_call_id", m.ToolCallID)))
+	// OpenTelemetry's GenAI conventions for a tool execution span.
+	ctx, span := e.tracer.Start(ctx, "execute_tool "+m.Tool, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
+		attribute.String("gen_ai.operation.name", "execute_tool"), attribute.String("gen_ai.tool.name", m.Tool),
+		attribute.String("gen_ai.tool.call.id", m.ToolCallID), attribute.String("toolsidecar.action_id", m.ActionID)))
 	defer span.End()
-	if sc := span.SpanContext(); sc.IsValid() {
-		traceparent = formatTraceparent(sc) // the worker continues this call's trace
+	if span.SpanContext().IsValid() {
+		traceparent = traceparentOf(ctx) // the worker continues this call's trace
 	}
 	start := time.Now()
 	e.obs.CallsInFlight(1)
@@ -635,13 +640,17 @@ func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def
 	o.res.DurationMS = time.Since(start).Milliseconds()
 	e.settle(o, reply)
 	if !o.res.OK {
-		log.Info("call failed", "error_type", o.res.ErrorType, "err", o.res.Error, "attempts", o.res.Attempts)
+		log.InfoContext(ctx, "call failed", "error_type", o.res.ErrorType, "err", o.res.Error, "attempts", o.res.Attempts,
+			"duration", time.Since(start))
 		span.SetStatus(codes.Error, o.res.ErrorType)
 		e.obs.CallDone(m.Tool, o.res.ErrorType, time.Since(start))
 	} else {
 		e.obs.CallDone(m.Tool, "ok", time.Since(start))
 	}
-	span.SetAttributes(attribute.Int("attempts", o.res.Attempts), attribute.Bool("ok", o.res.OK))
+	span.SetAttributes(attribute.Int("toolsidecar.attempts", o.res.Attempts), attribute.Bool("toolsidecar.ok", o.res.OK))
+	if !o.res.OK {
+		span.SetAttributes(attribute.String("error.type", o.res.ErrorType))
+	}
 	return o
 }
 
@@ -742,9 +751,12 @@ func truncate(s string, limit int) string {
 	return s[:cut] + fmt.Sprintf("… (%d more bytes cut)", len(s)-cut)
 }
 
-// formatTraceparent renders a span context as a W3C traceparent.
-func formatTraceparent(sc trace.SpanContext) string {
-	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
+// traceparentOf is the W3C traceparent of ctx's span, written by
+// OpenTelemetry's propagator.
+func traceparentOf(ctx context.Context) string {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	return carrier.Get("traceparent")
 }
 
 // attempts dispatches with the tool's retry policy: retry a timeout, no

@@ -25,19 +25,44 @@ type Metrics struct {
 	known       func(tool string) bool
 }
 
+// latencyBuckets are the call-latency buckets: round values from 5 ms to
+// 5 min, and the longest a call may take (its timeout times its attempts)
+// when that is longer, so that no tool's slow calls pile into +Inf.
+func latencyBuckets(longest time.Duration) []float64 {
+	b := []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	if s := longest.Seconds(); s > b[len(b)-1] {
+		b = append(b, s)
+	}
+	return b
+}
+
 // NewMetrics registers the loop's metrics on reg. known tells registered
-// tool names from the model's inventions.
-func NewMetrics(reg prometheus.Registerer, known func(tool string) bool) *Metrics {
+// tool names from the model's inventions; tools are the registered ones,
+// whose series start at zero (so that rate() and absent() work from the
+// first scrape); longest is the longest a call may last.
+func NewMetrics(reg prometheus.Registerer, known func(tool string) bool, tools []string, longest time.Duration) *Metrics {
+	m := newMetrics(reg, known, latencyBuckets(longest))
+	for _, t := range tools {
+		m.calls.WithLabelValues(t, "ok")
+		m.callSeconds.WithLabelValues(t)
+	}
+	for _, st := range []string{StatusCompleted, StatusMaxTurns, StatusCancelled, StatusFailed, StatusInterrupted} {
+		m.runs.WithLabelValues(st)
+	}
+	return m
+}
+
+func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets []float64) *Metrics {
 	f := promauto.With(reg)
 	return &Metrics{
 		calls: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "calls_total",
 			Help: "Tool calls by tool and outcome (ok or an error type)."}, []string{"tool", "outcome"}),
 		callSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "call_duration_seconds",
-			Help: "Duration of a call, retries included.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}, []string{"tool"}),
+			Help: "Duration of a call, retries included.", Buckets: buckets}, []string{"tool"}),
 		batchSize: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "batch_size",
 			Help: "Calls per batch.", Buckets: []float64{1, 2, 4, 8, 16, 32, 64}}),
 		joinWait: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "batch_join_wait_seconds",
-			Help: "Time from a batch's first outcome to its last.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}),
+			Help: "Time from a batch's first outcome to its last.", Buckets: buckets}),
 		turns: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "run_turns",
 			Help: "Completions requests per drive.", Buckets: []float64{1, 2, 3, 4, 5, 7, 10, 15, 20}}),
 		runs: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "runs_total",

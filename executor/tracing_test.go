@@ -5,9 +5,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
@@ -29,8 +31,9 @@ func TestTracing(t *testing.T) {
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	defer tp.Shutdown(context.Background())
-	h := newHarnessWith(t, twoTurns(calls("rec", "rec")...), testenv.Options{Sidecar: []sidecar.Option{sidecar.WithTracer(tp.Tracer("test"))}},
+	h := newHarnessWith(t, twoTurns(calls("rec", "rec")...), testenv.Options{Sidecar: []sidecar.Option{sidecar.WithTracerProvider(tp)}},
 		spec{config.Tool{Name: "rec"}, record})
+	began := time.Now()
 	if _, err := h.drive(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -39,17 +42,47 @@ func TestTracing(t *testing.T) {
 	for _, s := range spans {
 		byName[s.Name()] = append(byName[s.Name()], s)
 	}
-	if len(byName["toolsidecar.drive"]) != 1 || len(byName["toolsidecar.turn"]) != 2 || len(byName["toolsidecar.call"]) != 2 {
+	if len(byName["toolsidecar.drive"]) != 1 || len(byName["toolsidecar.turn"]) != 2 || len(byName["execute_tool rec"]) != 2 {
 		t.Fatalf("spans %v", byName)
 	}
 	drive := byName["toolsidecar.drive"][0]
 	traceID := drive.SpanContext().TraceID()
 	callIDs := map[string]bool{}
-	for _, c := range byName["toolsidecar.call"] {
+	for _, c := range byName["execute_tool rec"] {
 		if c.SpanContext().TraceID() != traceID || c.Parent().SpanID() != byName["toolsidecar.turn"][0].SpanContext().SpanID() {
 			t.Errorf("call span %v not under the first turn", c.SpanContext())
 		}
+		attrs := map[string]string{}
+		for _, a := range c.Attributes() {
+			attrs[string(a.Key)] = a.Value.String()
+		}
+		if c.SpanKind() != trace.SpanKindInternal || attrs["gen_ai.operation.name"] != "execute_tool" || attrs["gen_ai.tool.name"] != "rec" ||
+			!strings.HasPrefix(attrs["gen_ai.tool.call.id"], "call_") {
+			t.Errorf("call span kind %v, attributes %v: want GenAI's execute_tool conventions", c.SpanKind(), attrs)
+		}
 		callIDs[c.SpanContext().SpanID().String()] = true
+	}
+	// Every request to Core is a client span of the drive's trace, and
+	// carries it to Core as traceparent.
+	clients := 0
+	for _, s := range spans {
+		if s.SpanKind() == trace.SpanKindClient {
+			clients++
+			if s.SpanContext().TraceID() != traceID {
+				t.Errorf("Core request span %q outside the drive's trace", s.Name())
+			}
+		}
+	}
+	for _, r := range h.sim.Requests() {
+		if r.At.Before(began) {
+			continue // the test's own set-up
+		}
+		if !strings.Contains(r.Traceparent, traceID.String()) {
+			t.Errorf("%s %s reached Core without the drive's traceparent (%q)", r.Method, r.Path, r.Traceparent)
+		}
+	}
+	if clients == 0 {
+		t.Error("no client span for the requests to Core")
 	}
 	if len(seen) != 2 {
 		t.Fatalf("worker saw %d calls", len(seen))

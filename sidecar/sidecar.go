@@ -22,6 +22,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
 
@@ -30,6 +32,7 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
@@ -47,7 +50,7 @@ type Option func(*options)
 type options struct {
 	log       *slog.Logger
 	apiKey    *string
-	tracer    trace.Tracer
+	tp        trace.TracerProvider
 	cfgPath   string
 	overrides []string
 }
@@ -60,8 +63,9 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 // TOOLSIDECAR_CORE_API_KEY
 func WithAPIKey(key string) Option { return func(o *options) { o.apiKey = &key } }
 
-// WithTracer replaces the tracer that the tracing section would build.
-func WithTracer(t trace.Tracer) Option { return func(o *options) { o.tracer = t } }
+// WithTracerProvider replaces the tracer provider that the tracing section
+// would build.
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(o *options) { o.tp = tp } }
 
 // WithReload watches the configuration file at path (loaded with the given
 // --set overrides) and puts its tools in force when it changes, and on
@@ -98,6 +102,7 @@ type Sidecar struct {
 	opsHS       *http.Server // nil without server.ops_listen
 	opsLn       net.Listener
 	stopTracing func(context.Context) error
+	tp          trace.TracerProvider
 	cancelBase  context.CancelCauseFunc
 
 	runCtx    context.Context // ends when shutdown begins; stops the reloader
@@ -142,11 +147,19 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	if err := s.connectNATS(); err != nil {
 		return nil, err
 	}
+	s.stopTracing = func(context.Context) error { return nil }
+	otel.SetTextMapPropagator(propagator) // the server reads callers' traceparent through it
+	if s.tp = o.tp; s.tp == nil {
+		if s.tp, s.stopTracing, err = tracerProvider(s.cfg.Tracing); err != nil {
+			return nil, err
+		}
+	}
+	s.registerInfo()
 	cc, err := s.coreClient(o.apiKey)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.buildExecutor(cc, o.tracer); err != nil {
+	if err := s.buildExecutor(cc); err != nil {
 		return nil, err
 	}
 	if o.cfgPath != "" {
@@ -365,25 +378,25 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 	if hc != nil {
 		opts = append(opts, core.WithHTTPClient(hc))
 	}
+	// Calls to Core become client spans of the drive, and carry its
+	// traceparent.
+	opts = append(opts, core.WithRoundTripper(func(rt http.RoundTripper) http.RoundTripper {
+		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(s.tp), otelhttp.WithPropagators(propagator))
+	}))
 	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout,
 		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout}, opts...)
 }
 
 // buildExecutor wires the loop: NATS for route nats, the in-process
 // transport for every other route kind.
-func (s *Sidecar) buildExecutor(cc *core.Client, tr trace.Tracer) error {
-	s.stopTracing = func(context.Context) error { return nil }
-	if tr == nil {
-		var err error
-		if tr, s.stopTracing, err = tracer(s.cfg.Tracing); err != nil {
-			return err
-		}
-	}
+func (s *Sidecar) buildExecutor(cc *core.Client) error {
+	tr := s.tp.Tracer("github.com/projectdavid/toolsidecar")
 	plugins.SetMaxProcesses(s.cfg.Executor.MaxExecProcesses)
 	local := plugins.NewLocal(s.live, s.log.With("component", "plugins"))
 	opts := []executor.Option{executor.WithLogger(s.log.With("component", "executor")), executor.WithTracer(tr),
 		executor.WithRecoverer(recoverer(s.ledger)),
-		executor.WithObserver(executor.NewMetrics(s.metrics, func(t string) bool { _, ok := s.live.Load().Lookup(t); return ok }))}
+		executor.WithObserver(executor.NewMetrics(s.metrics, func(t string) bool { _, ok := s.live.Load().Lookup(t); return ok },
+			s.live.Load().Names(), longestCall(s.live.Load())))}
 	for _, kind := range registry.Kinds() {
 		if kind != registry.Nats {
 			opts = append(opts, executor.WithRoute(kind, local))
@@ -578,6 +591,31 @@ func recoverer(l *ledger.Ledger) executor.Recoverer {
 		return nil
 	}
 	return l
+}
+
+// longestCall is the longest any registered tool's call may last: its
+// timeout (or max_duration, which progress may reach) times its attempts.
+func longestCall(reg *registry.Registry) time.Duration {
+	var longest time.Duration
+	for _, t := range reg.Tools() {
+		longest = max(longest, max(t.Timeout, t.MaxDuration)*time.Duration(t.Retries+1))
+	}
+	return longest
+}
+
+// registerInfo adds toolsidecar_build_info and the NATS connection gauge.
+func (s *Sidecar) registerInfo() {
+	v := version.Get()
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "build_info",
+		Help: "Always 1; the labels say which build runs."}, []string{"version", "revision", "goversion"})
+	info.WithLabelValues(v.Version, v.Revision, v.GoVersion).Set(1)
+	s.metrics.MustRegister(info, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "nats_connected",
+		Help: "1 while the sidecar's NATS connection is up, else 0."}, func() float64 {
+		if s.nc.IsConnected() {
+			return 1
+		}
+		return 0
+	}))
 }
 
 // runLeases is the ledger's leases as the executor's.

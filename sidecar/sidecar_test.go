@@ -3,10 +3,12 @@ package sidecar_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -188,5 +190,38 @@ func TestServeWorkers(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("worker stop: %v", err)
+	}
+}
+
+// TestMetricsAtStart: before any call, /metrics has every registered
+// tool's series at zero, latency buckets with round bounds that reach past
+// the longest tool's timeout, the build's info and the NATS connection.
+func TestMetricsAtStart(t *testing.T) {
+	env := testenv.New(t, oneCall("echo"),
+		testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo},
+		testenv.Tool{Config: config.Tool{Name: "slow", Timeout: 400 * time.Second}})
+	resp, err := http.Get(env.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	body := string(b)
+	for _, want := range []string{
+		`toolsidecar_calls_total{outcome="ok",tool="echo"} 0`,
+		`toolsidecar_calls_total{outcome="ok",tool="slow"} 0`,
+		`toolsidecar_call_duration_seconds_bucket{tool="slow",le="0.25"} 0`,
+		`toolsidecar_call_duration_seconds_bucket{tool="slow",le="300"} 0`,
+		`toolsidecar_call_duration_seconds_bucket{tool="slow",le="400"} 0`,
+		`toolsidecar_runs_total{status="completed"} 0`,
+		`toolsidecar_nats_connected 1`,
+		`toolsidecar_build_info{goversion="` + runtime.Version() + `"`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(body, `le="0.0390625"`) {
+		t.Error("exponential buckets with odd bounds are still there")
 	}
 }

@@ -2,8 +2,8 @@ package sidecar
 
 import (
 	"context"
+	"os"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -13,28 +13,46 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/internal/version"
 )
 
-// tracer builds the OpenTelemetry tracer: a no-op unless
-// tracing.otlp_endpoint is set. Shutdown flushes the spans still buffered.
-func tracer(cfg config.Tracing) (trace.Tracer, func(context.Context) error, error) {
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	if cfg.OTLPEndpoint == "" {
-		return noop.NewTracerProvider().Tracer(""), func(context.Context) error { return nil }, nil
+// propagator reads and writes W3C trace context and baggage: on the API
+// (a caller's traceparent), to Core and to workers.
+var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// tracerProvider builds OpenTelemetry's tracer provider: a no-op unless
+// tracing.otlp_endpoint is set or the standard OTEL_EXPORTER_OTLP_ENDPOINT
+// (or _TRACES_ENDPOINT) variable is. The exporter reads the other standard
+// OTEL_EXPORTER_OTLP_* variables (headers, timeout, TLS); the resource
+// takes OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, the host and the
+// SDK. Shutdown flushes the spans still buffered.
+func tracerProvider(cfg config.Tracing) (trace.TracerProvider, func(context.Context) error, error) {
+	fromEnv := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+	if cfg.OTLPEndpoint == "" && !fromEnv {
+		return noop.NewTracerProvider(), func(context.Context) error { return nil }, nil
 	}
-	opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(cfg.OTLPEndpoint)}
-	if cfg.Insecure {
-		opts = append(opts, otlptracehttp.WithInsecure())
+	var opts []otlptracehttp.Option
+	if cfg.OTLPEndpoint != "" { // the file's endpoint wins over the environment's
+		opts = append(opts, otlptracehttp.WithEndpoint(cfg.OTLPEndpoint))
+		if cfg.Insecure {
+			opts = append(opts, otlptracehttp.WithInsecure())
+		}
 	}
 	// New does not connect: the exporter dials when it first sends.
 	exp, err := otlptracehttp.New(context.Background(), opts...)
 	if err != nil {
 		return nil, nil, err
 	}
+	res, err := resource.New(context.Background(),
+		resource.WithAttributes(attribute.String("service.name", cfg.ServiceName), attribute.String("service.version", version.Get().Version)),
+		resource.WithFromEnv(), resource.WithHost(), resource.WithTelemetrySDK())
+	if err != nil {
+		return nil, nil, err
+	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))),
-		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", cfg.ServiceName))),
+		sdktrace.WithResource(res),
 	)
-	return tp.Tracer("github.com/projectdavid/toolsidecar"), tp.Shutdown, nil
+	return tp, tp.Shutdown, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/demo"
+	"github.com/projectdavid/toolsidecar/internal/logging"
 	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
@@ -125,15 +126,11 @@ func flagSet(c command, inv *invocation, stderr io.Writer) (*flag.FlagSet, func(
 		if err := lvl.UnmarshalText([]byte(*level)); err != nil {
 			return fmt.Errorf("--log-level: %w", err)
 		}
-		opts := &slog.HandlerOptions{Level: lvl}
-		switch *format {
-		case "json":
-			inv.log = slog.New(slog.NewJSONHandler(stderr, opts))
-		case "text":
-			inv.log = slog.New(slog.NewTextHandler(stderr, opts))
-		default:
-			return fmt.Errorf("--log-format: %q is not json or text", *format)
+		log, err := logging.New(stderr, *format, lvl)
+		if err != nil {
+			return fmt.Errorf("--log-format: %w", err)
 		}
+		inv.log = log
 		return nil
 	}
 }
