@@ -38,20 +38,33 @@ func NewReloader(path string, overrides []string, running config.Config, live *L
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	f := promauto.With(reg)
-	r := &Reloader{path: path, overrides: overrides, running: running, live: live, log: log,
-		lastTime: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "last_reload_timestamp_seconds",
-			Help: "When the configuration was last reloaded (successfully or not), in Unix seconds."}),
-		total: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "reloads_total",
-			Help: "Configuration reloads by result."}, []string{"result"}),
-		lastOK: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "last_reload_successful",
-			Help: "Whether the last configuration reload succeeded."}),
-	}
-	r.lastOK.Set(1)
+	r := &Reloader{path: path, overrides: overrides, running: running, live: live, log: log}
+	r.total, r.lastOK, r.lastTime = reloadMetrics(reg)
 	if data, err := os.ReadFile(path); err == nil {
 		r.sum = sha256.Sum256(data)
 	}
 	return r
+}
+
+// RegisterReloadMetrics registers the reload series of a sidecar that has
+// no file to reload: the configuration in force loaded, and nothing was
+// reloaded since. Dashboards and alerts then find them everywhere.
+func RegisterReloadMetrics(reg prometheus.Registerer) { reloadMetrics(reg) }
+
+// reloadMetrics registers the reload series, as of a successful start.
+func reloadMetrics(reg prometheus.Registerer) (total *prometheus.CounterVec, lastOK, lastTime prometheus.Gauge) {
+	f := promauto.With(reg)
+	lastTime = f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "last_reload_timestamp_seconds",
+		Help: "When the configuration was last loaded or reloaded (successfully or not), in Unix seconds."})
+	total = f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "reloads_total",
+		Help: "Configuration reloads by result."}, []string{"result"})
+	lastOK = f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "config", Name: "last_reload_successful",
+		Help: "Whether the last configuration load or reload succeeded."})
+	total.WithLabelValues("success")
+	total.WithLabelValues("failure")
+	lastOK.Set(1)
+	lastTime.SetToCurrentTime()
+	return total, lastOK, lastTime
 }
 
 // Reload loads the file now.

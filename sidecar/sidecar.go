@@ -162,7 +162,9 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	if err := s.buildExecutor(cc); err != nil {
 		return nil, err
 	}
-	if o.cfgPath != "" {
+	if o.cfgPath == "" {
+		registry.RegisterReloadMetrics(s.metrics)
+	} else {
 		s.reloader = registry.NewReloader(o.cfgPath, o.overrides, cfg, s.live, s.metrics, s.log.With("component", "reload"))
 	}
 	if err := s.buildServer(); err != nil {

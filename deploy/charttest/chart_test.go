@@ -6,6 +6,7 @@ package charttest
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -62,6 +63,7 @@ type objects struct {
 	policies    []*networkingv1.NetworkPolicy
 	svcMonitors []*monitoringv1.ServiceMonitor
 	podMonitors []*monitoringv1.PodMonitor
+	rules       []*monitoringv1.PrometheusRule
 }
 
 func decode(t *testing.T, manifest string) objects {
@@ -93,6 +95,8 @@ func decode(t *testing.T, manifest string) objects {
 			target = add(&o.svcMonitors)
 		case "PodMonitor":
 			target = add(&o.podMonitors)
+		case "PrometheusRule":
+			target = add(&o.rules)
 		default:
 			t.Fatalf("unexpected kind %q: add it to the strict decoder", meta.Kind)
 		}
@@ -356,5 +360,37 @@ func TestDurableStore(t *testing.T) {
 	}
 	if off := decode(t, render(t, "", "durability.enabled=false")); strings.Contains(off.configMaps[0].Data["config.yaml"], "store_dir") {
 		t.Error("durability off still configures a store")
+	}
+}
+
+// TestAlertsAndDashboard: with both enabled, the chart renders the alert
+// rules as a PrometheusRule (decoded strictly) and the dashboard as a
+// ConfigMap Grafana's sidecar picks up, from the files a test in the main
+// module checks against /metrics.
+func TestAlertsAndDashboard(t *testing.T) {
+	o := decode(t, render(t, "", "prometheusRule.enabled=true", "grafanaDashboard.enabled=true"))
+	if len(o.rules) != 1 || len(o.rules[0].Spec.Groups) != 1 || len(o.rules[0].Spec.Groups[0].Rules) < 5 {
+		t.Fatalf("PrometheusRule %+v", o.rules)
+	}
+	for _, r := range o.rules[0].Spec.Groups[0].Rules {
+		if r.Alert == "" || r.Expr.String() == "" || r.Labels["severity"] == "" {
+			t.Errorf("rule %+v lacks a name, an expression or a severity", r)
+		}
+	}
+	var dash *corev1.ConfigMap
+	for _, cm := range o.configMaps {
+		if cm.Labels["grafana_dashboard"] == "1" {
+			dash = cm
+		}
+	}
+	var d struct {
+		Title  string `json:"title"`
+		Panels []any  `json:"panels"`
+	}
+	if dash == nil || json.Unmarshal([]byte(dash.Data["toolsidecar.json"]), &d) != nil || d.Title != "toolsidecar" || len(d.Panels) < 10 {
+		t.Errorf("dashboard ConfigMap %v", dash)
+	}
+	if off := decode(t, render(t, "")); len(off.rules) != 0 {
+		t.Error("a PrometheusRule by default")
 	}
 }

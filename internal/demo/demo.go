@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectdavid/toolsidecar"
 	"github.com/projectdavid/toolsidecar/config"
@@ -91,31 +92,38 @@ var ErrContract = errors.New("demo: contract violations recorded")
 
 // Run performs the demo and writes the transcript to out.
 func Run(ctx context.Context, out io.Writer) error {
+	_, err := run(ctx, out)
+	return err
+}
+
+// run is Run; it also returns the sidecar's metrics as they were at the
+// end of the run.
+func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) {
 	start := time.Now()
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: apiKey, Scenario: Scenario()})
 	defer srv.Close()
 	dir, err := os.MkdirTemp("", "toolsidecar-demo-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
 	password, err := workerPassword(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s, err := startSidecar(srv.URL, filepath.Join(dir, "worker-password"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer s.Shutdown(context.Background())
 	stopWorkers, err := startWorkers(s, password)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer stopWorkers()
 	req, err := setUp(ctx, srv.URL, s.Tools().FunctionTools())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Fprintf(out, "toolsidecar demo: embedded NATS at %s, Core simulator at %s, %d tools, set up in %s\n",
 		s.NATSURL(), srv.URL, len(s.Tools().Names()), ms(time.Since(start)))
@@ -131,13 +139,13 @@ func Run(ctx context.Context, out io.Writer) error {
 	}
 	switch {
 	case derr != nil:
-		return derr
+		return s.Metrics(), derr
 	case sum.Status != executor.StatusCompleted:
-		return fmt.Errorf("demo: run ended %s: %s", sum.Status, sum.Error)
+		return s.Metrics(), fmt.Errorf("demo: run ended %s: %s", sum.Status, sum.Error)
 	case len(v) > 0:
-		return ErrContract
+		return s.Metrics(), ErrContract
 	}
-	return nil
+	return s.Metrics(), nil
 }
 
 const apiKey = "demo-key"

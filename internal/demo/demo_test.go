@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -38,5 +39,46 @@ func TestDemo(t *testing.T) {
 	m := regexp.MustCompile(`← search_hotels\s+\S+\s+(\d+)ms attempts=1  ok`).FindStringSubmatch(s)
 	if m == nil || len(m[1]) < 4 {
 		t.Errorf("search_hotels did not succeed past its timeout:\n%s", s)
+	}
+}
+
+// TestDashboardAndAlertMetricsExist: every toolsidecar metric that the
+// Grafana dashboard and the alert rules query is served after a demo run,
+// so that neither can refer to a metric that was renamed or never existed.
+func TestDashboardAndAlertMetricsExist(t *testing.T) {
+	var out bytes.Buffer
+	g, err := run(context.Background(), &out)
+	if err != nil {
+		t.Fatalf("demo failed: %v\n%s", err, out.String())
+	}
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]bool{}
+	for _, f := range fams {
+		served[f.GetName()] = true
+	}
+	metric := regexp.MustCompile(`toolsidecar_[a-z0-9_]+`)
+	for _, file := range []string{"../../deploy/helm/toolsidecar/files/dashboard.json", "../../deploy/helm/toolsidecar/files/alerts.yaml"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := metric.FindAllString(string(b), -1)
+		if len(names) < 5 {
+			t.Fatalf("%s queries %d metrics", file, len(names))
+		}
+		for _, n := range names {
+			base := n
+			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+				if s, ok := strings.CutSuffix(n, suffix); ok && served[s] {
+					base = s
+				}
+			}
+			if !served[base] {
+				t.Errorf("%s queries %s, which /metrics does not serve", file, n)
+			}
+		}
 	}
 }
