@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -31,6 +32,11 @@ type ConnectConfig struct {
 	// OnReconnect, when set, is called after each reconnection, on NATS's
 	// callback goroutine: it must not block.
 	OnReconnect func()
+	// FirstTry is how long the first connection is retried (with
+	// backoff, each failure logged) before Connect gives up: a server
+	// that starts a little after the sidecar, as in a rollout, is not a
+	// crash. Zero: one attempt. Refused credentials end it at once.
+	FirstTry time.Duration
 }
 
 // Connect dials NATS, reconnecting forever, and counts reconnections in
@@ -83,9 +89,19 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 	if cfg.CertFile != "" || cfg.KeyFile != "" {
 		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
 	}
-	nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
-	if err != nil {
-		return nil, fmt.Errorf("bridge: connecting to NATS at %s: %w", config.RedactURL(cfg.URL), err)
+	give := time.Now().Add(cfg.FirstTry)
+	wait := 250 * time.Millisecond
+	for {
+		nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
+		if err == nil {
+			return nc, nil
+		}
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || time.Now().Add(wait).After(give) {
+			return nil, fmt.Errorf("bridge: connecting to NATS at %s: %w", config.RedactURL(cfg.URL), err)
+		}
+		log.Warn("NATS unreachable; retrying", "url", config.RedactURL(cfg.URL), "err", err, "retry_in", wait,
+			"gives_up_in", time.Until(give).Round(time.Second))
+		time.Sleep(wait)
+		wait = min(2*wait, 5*time.Second)
 	}
-	return nc, nil
 }

@@ -115,6 +115,10 @@ type NATS struct {
 	NKeySeedFile string   `koanf:"nkey_seed_file"`
 	TLS          TLS      `koanf:"tls"`
 	Embedded     Embedded `koanf:"embedded"`
+	// ConnectRetry is how long the first connection to an external NATS
+	// is retried, each failure logged, before the sidecar gives up.
+	// default: 30s
+	ConnectRetry time.Duration `koanf:"connect_retry"`
 }
 
 // TLS configures the client side of a TLS connection. All optional.
@@ -262,7 +266,7 @@ func Default() Config {
 	return Config{
 		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second},
 		Core:       Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second},
-		NATS:       NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}},
+		NATS:       NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, SSEKeepalive: 15 * time.Second},
@@ -550,6 +554,7 @@ func (c Config) Validate() error {
 		"core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout,
 		"server.shutdown_timeout": c.Server.ShutdownTimeout, "executor.cancel_poll": c.Executor.CancelPoll,
 		"executor.submit_budget": c.Executor.SubmitBudget, "server.sse_keepalive": c.Server.SSEKeepalive,
+		"nats.connect_retry": c.NATS.ConnectRetry,
 	} {
 		if d <= 0 {
 			bad(key, "must be positive, got %s", d)

@@ -359,7 +359,7 @@ func readNATSSecrets(n config.NATS, cc *bridge.ConnectConfig) error {
 // readNATSSecrets.
 func connectConfig(c config.NATS, url, name string) bridge.ConnectConfig {
 	return bridge.ConnectConfig{URL: url, Name: name, CredsFile: c.CredsFile, User: c.User, NKeySeedFile: c.NKeySeedFile,
-		CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile}
+		CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile, FirstTry: c.ConnectRetry}
 }
 
 func (s *Sidecar) coreClient(key *string) (*core.Client, error) {

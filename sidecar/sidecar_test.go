@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
@@ -223,5 +225,44 @@ func TestMetricsAtStart(t *testing.T) {
 	}
 	if strings.Contains(body, `le="0.0390625"`) {
 		t.Error("exponential buckets with odd bounds are still there")
+	}
+}
+
+// TestNATSStartsLate: an external NATS that comes up a little after the
+// sidecar (a rollout) is waited for, each failed attempt logged; one that
+// never comes is a start-up error naming its address once connect_retry
+// has passed.
+func TestNATSStartsLate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	_, srv := coresim.NewServer(coresim.Config{APIKey: testenv.APIKey, Scenario: oneCall("echo")})
+	defer srv.Close()
+	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, nil)
+	cfg.NATS.URL, cfg.NATS.ConnectRetry = "nats://"+addr, 300*time.Millisecond
+	if _, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey)); err == nil || !strings.Contains(err.Error(), "failed to start") || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("no NATS at all: %v, want a start-up error naming %s", err, addr)
+	}
+	up := make(chan *embedded.Server, 1)
+	time.AfterFunc(700*time.Millisecond, func() {
+		ns, err := embedded.Start(embedded.Config{Listen: addr, StoreDir: t.TempDir(), AllowAnonymous: true})
+		if err != nil {
+			t.Error(err)
+		}
+		up <- ns
+	})
+	defer func() { (<-up).Shutdown() }()
+	cfg.NATS.ConnectRetry = 30 * time.Second
+	logs := &testenv.LogBuffer{}
+	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	if err != nil {
+		t.Fatalf("NATS up after 0.7 s: %v", err)
+	}
+	defer s.Shutdown(context.Background())
+	if !strings.Contains(logs.String(), "NATS unreachable; retrying") {
+		t.Errorf("the retries were not logged:\n%s", logs)
 	}
 }
