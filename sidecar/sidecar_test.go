@@ -266,3 +266,22 @@ func TestNATSStartsLate(t *testing.T) {
 		t.Errorf("the retries were not logged:\n%s", logs)
 	}
 }
+
+// TestEmbeddedPortTaken: an embedded NATS port in use is a start-up error
+// at once, naming the address and the key that sets it.
+func TestEmbeddedPortTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, srv := coresim.NewServer(coresim.Config{APIKey: testenv.APIKey, Scenario: oneCall("echo")})
+	defer srv.Close()
+	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, nil)
+	cfg.NATS.Embedded.Listen = ln.Addr().String()
+	_, err = sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
+	var se *sidecar.StartError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "cannot listen on "+ln.Addr().String()+" (nats.embedded.listen)") {
+		t.Fatalf("err %v, want a StartError naming %s and nats.embedded.listen", err, ln.Addr())
+	}
+}
