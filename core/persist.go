@@ -114,6 +114,7 @@ func (c *Client) persist(ctx context.Context, endpoint string, landed func(conte
 	b := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}
 	b.Reset()
 	uncertain := false
+	var lastErr error // the last write's failure: what the caller needs to hear
 	for attempt := 1; ; attempt++ {
 		if uncertain && landed != nil {
 			ok, err := landed(ctx)
@@ -124,7 +125,7 @@ func (c *Client) persist(ctx context.Context, endpoint string, landed func(conte
 				// The read failed: the write's effect is still unknown,
 				// so do not write again blindly; wait and read again.
 				if werr := sleep(ctx, b.NextBackOff()); werr != nil {
-					return fmt.Errorf("%w: %s: checking whether an earlier attempt landed: %w", ErrBudget, endpoint, err)
+					return fmt.Errorf("%w: %s after %d attempts: %w (then checking whether it landed: %v)", ErrBudget, endpoint, attempt-1, lastErr, err)
 				}
 				continue
 			}
@@ -133,6 +134,7 @@ func (c *Client) persist(ctx context.Context, endpoint string, landed func(conte
 		if err == nil {
 			return nil
 		}
+		lastErr = err
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, endpoint, attempt, err)
 		}

@@ -98,11 +98,11 @@ func (l *Ledger) Inbox() string { return l.cfg.Prefix + ".replies." + l.cfg.Inst
 //
 // For an unsafe tool it returns once JetStream has stored the record, so
 // that "no record" proves "never sent". For other tools the record is
-// published without waiting for its acknowledgement: it travels ahead of
-// the request on the same connection and the server stores it first, and
-// should it be lost anyway the call merely runs again after a crash, as
-// such tools may. This keeps durable mode's cost per call low
-// (BENCHMARKS.md).
+// published without waiting for its acknowledgement (it leaves ahead of
+// the request, on the same connection, and is normally stored long before
+// the worker answers): should the sidecar die before it is stored, the
+// call merely runs again on the next drive, as such tools may. This keeps
+// durable mode's cost per call low (BENCHMARKS.md).
 func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply string) error {
 	now := time.Now().UTC()
 	e := Entry{RunID: runID, Tool: req.Tool, Attempt: req.Attempt, Reply: reply, Instance: l.cfg.Instance, Dispatched: now,

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
@@ -62,7 +63,7 @@ func TestRecover(t *testing.T) {
 		t.Fatalf("intended action: ok %v err %v, want ErrNeverSent", ok, err)
 	}
 	reply := l.Inbox() + ".tok1"
-	req := tool.Request{Tool: "pay", ActionID: "act_1", Attempt: 1, Timeout: 2 * time.Second}
+	req := tool.Request{Tool: "pay", ActionID: "act_1", Attempt: 1, Timeout: 2 * time.Second, Unsafe: true}
 	if err := l.Dispatched(ctx, req, "run_1", reply); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func TestRecover(t *testing.T) {
 		t.Fatalf("awaited reply: %+v ok %v err %v", out, ok, err)
 	}
 	// An error reply is recovered as the error it is.
-	req2 := tool.Request{Tool: "pay", ActionID: "act_2", Attempt: 1, Timeout: time.Second}
+	req2 := tool.Request{Tool: "pay", ActionID: "act_2", Attempt: 1, Timeout: time.Second, Unsafe: true}
 	l.Dispatched(ctx, req2, "run_1", l.Inbox()+".tok2")
 	nc.PublishMsg(wire.ErrorMsg(l.Inbox()+".tok2", tool.NewError(tool.ToolFailed, "card declined")))
 	nc.Flush()
@@ -86,11 +87,27 @@ func TestRecover(t *testing.T) {
 		t.Errorf("error reply: %+v ok %v", out, ok)
 	}
 	// With await and no reply, Recover gives up at the deadline.
-	req3 := tool.Request{Tool: "pay", ActionID: "act_3", Attempt: 1, Timeout: 200 * time.Millisecond}
+	req3 := tool.Request{Tool: "pay", ActionID: "act_3", Attempt: 1, Timeout: 200 * time.Millisecond, Unsafe: true}
 	l.Dispatched(ctx, req3, "run_1", l.Inbox()+".tok3")
 	if _, ok, err := l.Recover(ctx, "act_3", true); ok || err != nil {
 		t.Errorf("no reply by the deadline: ok %v err %v", ok, err)
 	}
+}
+
+// TestDispatchedWithoutWaiting: the record of a read-only call is
+// published without waiting, and is stored all the same.
+func TestDispatchedWithoutWaiting(t *testing.T) {
+	l, nc := open(t)
+	ctx := context.Background()
+	reply := l.Inbox() + ".tok4"
+	if err := l.Dispatched(ctx, tool.Request{Tool: "look", ActionID: "act_4", Attempt: 1, Timeout: time.Second}, "run_1", reply); err != nil {
+		t.Fatal(err)
+	}
+	nc.Publish(reply, []byte(`"seen"`))
+	poll.Until(t, "the record and its reply", func() bool {
+		out, ok, err := l.Recover(ctx, "act_4", false)
+		return err == nil && ok && string(out.Data) == `"seen"`
+	})
 }
 
 // TestNoJetStream: a server without JetStream is reported as such.
