@@ -33,7 +33,12 @@ export const ERROR_CODES: Record<ErrorType, number> = {
   tool_error: 422,
 };
 
-/** Throw a ToolError from a handler to choose the error type the model sees. */
+/**
+ * Throw a ToolError from a handler to choose the error type the model sees.
+ * Any other Error thrown is a `tool_error`, as a Go handler's returned error
+ * is; a thrown value that is not an Error is a `worker_crash`, as a Go
+ * panic is (docs/worker-protocol.md, "Errors").
+ */
 export class ToolError extends Error {
   constructor(
     readonly type: ErrorType,
@@ -44,14 +49,25 @@ export class ToolError extends Error {
   }
 }
 
-/** One call, as a handler receives it. */
-export interface Call {
+/**
+ * The reason of `call.signal` when the sidecar cancelled the call (it no
+ * longer waits for the reply): `call.signal.reason instanceof CancelledBySidecar`.
+ */
+export class CancelledBySidecar extends ToolError {
+  constructor() {
+    super("cancelled", "cancelled by the sidecar");
+    this.name = "CancelledBySidecar";
+  }
+}
+
+/** One call, as a handler receives it; A is the type of its arguments. */
+export interface Call<A = unknown> {
   tool: string;
   runId: string;
   actionId: string;
   toolCallId: string;
-  /** The model's arguments, parsed. */
-  args: unknown;
+  /** The model's arguments, parsed (the sidecar validated them against the tool's schema). */
+  args: A;
   /** The request body, the manifest as Core sent it. */
   manifest: Uint8Array;
   attempt: number;
@@ -60,14 +76,20 @@ export interface Call {
   /** The Action ID: stable across retries, for de-duplication. */
   idempotencyKey: string;
   traceparent: string;
-  /** Aborted on cancellation by the sidecar or at the deadline. */
+  /**
+   * Aborted on cancellation by the sidecar (reason: a CancelledBySidecar)
+   * or at the deadline (reason: a ToolError of type "timeout").
+   */
   signal: AbortSignal;
   /** Tell the sidecar the call is alive; restarts both deadlines. */
   progress(): void;
 }
 
-/** A handler returns the result: a string or bytes as is, anything else as JSON. */
-export type Handler = (call: Call) => unknown | Promise<unknown>;
+/**
+ * A handler returns the result: a string or bytes as is, anything else as
+ * JSON. Type its arguments with the parameter: `Handler<{ city: string }>`.
+ */
+export type Handler<A = any> = (call: Call<A>) => unknown | Promise<unknown>;
 
 export interface ServeOptions {
   /** Subject prefix; default "toolsidecar.tools". */
@@ -77,6 +99,8 @@ export interface ServeOptions {
   version?: string;
   /** Calls run at once across tools; default 64. */
   concurrency?: number;
+  /** Aborting it stops the worker, as stop() does. */
+  signal?: AbortSignal;
 }
 
 /** A running worker. */
@@ -121,7 +145,7 @@ export async function serve(nc: NatsConnection, tools: Record<string, Handler>, 
   const cancelSub: Subscription = nc.subscribe(`${prefix}.cancel.*`, {
     callback: (_err, m) => {
       const id = m.subject.slice(`${prefix}.cancel.`.length);
-      inflight.get(id)?.abort(new ToolError("cancelled", "cancelled by the sidecar"));
+      inflight.get(id)?.abort(new CancelledBySidecar());
     },
   });
 
@@ -148,14 +172,21 @@ export async function serve(nc: NatsConnection, tools: Record<string, Handler>, 
     });
   }
 
-  return {
+  let stopping: Promise<void> | undefined;
+  const worker: Worker = {
     service,
-    async stop() {
-      await service.stop();
-      cancelSub.unsubscribe();
-      await Promise.allSettled([...running]);
+    stop() {
+      stopping ??= (async () => {
+        await service.stop();
+        cancelSub.unsubscribe();
+        await Promise.allSettled([...running]);
+      })();
+      return stopping;
     },
   };
+  if (opts.signal?.aborted) await worker.stop();
+  opts.signal?.addEventListener("abort", () => void worker.stop(), { once: true });
+  return worker;
 }
 
 async function handle(
@@ -217,8 +248,7 @@ async function handle(
     ]);
     msg.respond(encode(result));
   } catch (e) {
-    const reason = controller.signal.reason;
-    if (reason instanceof ToolError && reason.type === "cancelled" && reason.message === "cancelled by the sidecar") {
+    if (controller.signal.reason instanceof CancelledBySidecar) {
       return; // the sidecar stopped waiting; nobody reads a reply
     }
     replyError(msg, e);

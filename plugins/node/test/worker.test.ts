@@ -2,7 +2,8 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { createInbox, headers, type NatsConnection } from "@nats-io/nats-core";
-import { serve, ToolError, type Worker } from "../src/index.js";
+import { execFileSync } from "node:child_process";
+import { CancelledBySidecar, serve, ToolError, type Handler, type Worker } from "../src/index.js";
 
 // A real NATS server is started by scripts/with-nats.sh (npm run test:nats).
 const url = process.env.NATS_URL;
@@ -35,7 +36,7 @@ before(async () => {
   worker = await serve(
     nc,
     {
-      echo: (call) => ({ args: call.args, attempt: call.attempt, key: call.idempotencyKey, trace: call.traceparent, callId: call.toolCallId }),
+      echo: ((call) => ({ args: call.args, attempt: call.attempt, key: call.idempotencyKey, trace: call.traceparent, callId: call.toolCallId })) as Handler<{ x: number }>,
       text: () => "plain text",
       typed: () => {
         throw new ToolError("rate_limited", "slow down");
@@ -127,7 +128,7 @@ test("the cancel subject aborts the call and no reply is sent", async () => {
   await new Promise((r) => setTimeout(r, 100));
   side.publish(`${prefix}.cancel.act_hang`);
   const reason = await cancelled;
-  assert.ok(reason instanceof ToolError && reason.type === "cancelled");
+  assert.ok(reason instanceof CancelledBySidecar && reason.type === "cancelled");
   await new Promise((r) => setTimeout(r, 100));
   assert.equal(replies, 0);
 });
@@ -138,4 +139,27 @@ test("endpoints are micro endpoints found through $SRV.INFO", async () => {
   const subjects = info.endpoints.map((e: { subject: string }) => e.subject).sort();
   assert.ok(subjects.includes(`${prefix}.echo`) && subjects.includes(`${prefix}.hang`), subjects.join(","));
   assert.equal(info.endpoints[0].queue_group, "toolsidecar");
+});
+
+test("serve({ signal }) stops the worker when the signal aborts", async () => {
+  const conn = await connect({ servers: url });
+  const ac = new AbortController();
+  const w = await serve(conn, { ping: () => "pong" }, { prefix: "nodestop", signal: ac.signal, name: "stoppable" });
+  const ok = await side.request("nodestop.ping", manifest("ping", "act_p", {}), { timeout: 2000 });
+  assert.equal(decoder.decode(ok.data), "pong");
+  ac.abort();
+  await w.stop(); // the same stop, already under way
+  await assert.rejects(side.request("nodestop.ping", manifest("ping", "act_q", {}), { timeout: 500 }));
+  await conn.drain();
+});
+
+test("typed handlers: Handler<A> gives call.args the type A", () => {
+  const h: Handler<{ city: string }> = (call) => call.args.city.toUpperCase();
+  assert.equal(typeof h, "function");
+});
+
+test("npm pack ships exactly the library, its types, README and LICENSE", () => {
+  const out = execFileSync("npm", ["pack", "--dry-run", "--json", "--ignore-scripts=false"], { cwd: new URL("../..", import.meta.url), encoding: "utf8" });
+  const files = (JSON.parse(out)[0].files as Array<{ path: string }>).map((f) => f.path).sort();
+  assert.deepEqual(files, ["LICENSE", "README.md", "dist/src/index.d.ts", "dist/src/index.js", "package.json"]);
 });

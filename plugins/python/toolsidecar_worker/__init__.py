@@ -25,13 +25,18 @@ cancels the handler's task. The worker also answers NATS micro's
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Awaitable, Callable, Dict, Optional, Union
 
 __all__ = ["Call", "ToolError", "Worker", "serve", "ERROR_CODES"]
+
+log = logging.getLogger("toolsidecar_worker")
 
 ERROR_CODES = {
     "invalid_args": 400,
@@ -66,18 +71,39 @@ class Call:
     args: Any
     manifest: bytes
     attempt: int
-    deadline: Optional[float]  # unix seconds, restarted by progress()
+    deadline: Optional[float]  # unix seconds, moved on by progress()
     idempotency_key: str
     traceparent: str
     _progress: Callable[[], Awaitable[None]] = field(repr=False, default=None)  # type: ignore[assignment]
+    _loop: Optional[asyncio.AbstractEventLoop] = field(repr=False, default=None)
 
     async def progress(self) -> None:
         """Tell the sidecar the call is alive; restarts both deadlines."""
         if self._progress is not None:
             await self._progress()
 
+    def progress_sync(self) -> None:
+        """progress() for a synchronous handler, which runs in a thread."""
+        if self._progress is not None and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._progress(), self._loop).result()
 
-Handler = Callable[[Call], Awaitable[Any]]
+
+#: A handler is an ``async def`` (run on the event loop) or a plain
+#: function (run in the loop's default executor, so that it does not block
+#: the loop); either returns the result.
+Handler = Callable[[Call], Union[Awaitable[Any], Any]]
+
+
+async def _invoke(handler: Handler, call: Call, loop: asyncio.AbstractEventLoop) -> Any:
+    """Run a handler: a coroutine function on the loop, a plain function in
+    the default executor. An exception raised before the first await is
+    raised here, inside the call's task, like any other."""
+    if inspect.iscoroutinefunction(handler):
+        return await handler(call)
+    result = await loop.run_in_executor(None, functools.partial(handler, call))
+    if inspect.isawaitable(result):  # a plain function that returned a coroutine
+        result = await result
+    return result
 
 
 def _encode(result: Any) -> bytes:
@@ -156,13 +182,14 @@ class Worker:
                 if msg.reply:
                     await self._nc.publish(msg.reply, b"", headers={"Tool-Progress": "1"})
                 if budget:
-                    state["deadline"] = time.time() + budget
+                    state["deadline"] = call.deadline = time.time() + budget
 
+            loop = asyncio.get_running_loop()
             call = Call(tool=tool, run_id=m.get("run_id", ""), action_id=action_id, tool_call_id=m.get("tool_call_id", ""),
                         args=m.get("args"), manifest=msg.data, attempt=int(h.get("Tool-Attempt", "1") or 1),
                         deadline=deadline, idempotency_key=h.get("Tool-Idempotency-Key", ""),
-                        traceparent=h.get("traceparent", ""), _progress=progress)
-            task = asyncio.ensure_future(handler(call))
+                        traceparent=h.get("traceparent", ""), _progress=progress, _loop=loop)
+            task = asyncio.ensure_future(_invoke(handler, call, loop))
             if action_id:
                 self._tasks[action_id] = task
             try:
@@ -185,6 +212,7 @@ class Worker:
             except ToolError as e:
                 await self._reply_error(msg, e.type, e.message)
             except Exception as e:  # a failed tool is an outcome, not a crash
+                log.exception("tool %s failed (action %s)", tool, action_id)
                 await self._reply_error(msg, "tool_error", str(e) or type(e).__name__)
             finally:
                 self._tasks.pop(action_id, None)

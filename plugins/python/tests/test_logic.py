@@ -1,0 +1,174 @@
+"""Tests of the Python worker's logic against an in-memory connection.
+
+They run everywhere (no nats-py needed): FakeConn has the part of nats-py's
+connection interface the library uses (subscribe with queue and coroutine
+callback, publish with reply and headers, flush, msg.respond), and delivers
+messages as nats-py does, each callback as a task. test_worker.py runs the
+same library against a real server where nats-py exists.
+"""
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from toolsidecar_worker import ToolError, serve  # noqa: E402
+
+PREFIX = "t"
+
+
+class FakeMsg:
+    def __init__(self, conn, subject, data, reply, headers):
+        self._conn, self.subject, self.data, self.reply, self.headers = conn, subject, data, reply, headers
+
+    async def respond(self, data):
+        await self._conn.publish(self.reply, data)
+
+
+class FakeSub:
+    def __init__(self, conn, subject, cb):
+        self._conn, self.subject, self.cb = conn, subject, cb
+
+    async def unsubscribe(self):
+        self._conn.subs.remove(self)
+
+
+def matches(pattern, subject):
+    p, s = pattern.split("."), subject.split(".")
+    return len(p) == len(s) and all(a in ("*", b) for a, b in zip(p, s))
+
+
+class FakeConn:
+    def __init__(self):
+        self.subs = []
+        self.published = []  # (subject, data, headers)
+        self._n = 0
+
+    async def subscribe(self, subject, queue="", cb=None):
+        sub = FakeSub(self, subject, cb)
+        self.subs.append(sub)
+        return sub
+
+    async def publish(self, subject, payload=b"", reply="", headers=None):
+        self.published.append((subject, payload, headers))
+        for sub in list(self.subs):
+            if matches(sub.subject, subject):
+                asyncio.ensure_future(sub.cb(FakeMsg(self, subject, payload, reply, headers)))
+
+    async def flush(self):
+        await asyncio.sleep(0)
+
+    def new_inbox(self):
+        self._n += 1
+        return f"_INBOX.{self._n}"
+
+    async def request(self, subject, payload, headers=None, timeout=2):
+        inbox, got = self.new_inbox(), asyncio.get_running_loop().create_future()
+
+        async def on(m):
+            if not (m.headers or {}).get("Tool-Progress") and not got.done():
+                got.set_result(m)
+
+        sub = await self.subscribe(inbox, cb=on)
+        await self.publish(subject, payload, reply=inbox, headers=headers)
+        try:
+            return await asyncio.wait_for(got, timeout)
+        finally:
+            await sub.unsubscribe()
+
+
+def manifest(tool, action_id, args=None):
+    return json.dumps({"type": "tool_call_manifest", "run_id": "run_1", "action_id": action_id,
+                       "tool_call_id": "call_" + action_id, "tool": tool, "args": args or {}}).encode()
+
+
+class LogicTest(unittest.IsolatedAsyncioTestCase):
+    async def asyncSetUp(self):
+        self.nc = FakeConn()
+        self.cancelled = asyncio.Event()
+        self.deadlines = []
+        self.sync_thread = None
+
+        def sync_tool(call):  # a plain function: runs in a thread, not on the loop
+            self.sync_thread = threading.current_thread()
+            time.sleep(0.05)
+            return {"sync": call.args}
+
+        def sync_fails(call):
+            raise RuntimeError("disk full")
+
+        async def fails_at_once(call):
+            raise KeyError("no such key")  # before its first await
+
+        async def typed(call):
+            raise ToolError("rate_limited", "slow down")
+
+        async def hang(call):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+
+        async def slow(call):
+            self.deadlines.append(call.deadline)
+            await asyncio.sleep(0.05)
+            await call.progress()
+            self.deadlines.append(call.deadline)
+            return "done"
+
+        self.worker = await serve(self.nc, {"sync_tool": sync_tool, "sync_fails": sync_fails, "fails_at_once": fails_at_once,
+                                            "typed": typed, "hang": hang, "slow": slow}, prefix=PREFIX)
+
+    async def asyncTearDown(self):
+        await self.worker.stop()
+
+    async def test_sync_handler_replies_from_a_thread(self):
+        r = await self.nc.request(f"{PREFIX}.sync_tool", manifest("sync_tool", "a1", {"x": 1}))
+        self.assertEqual(json.loads(r.data), {"sync": {"x": 1}})
+        self.assertIsNot(self.sync_thread, threading.main_thread())
+
+    async def test_failures_become_typed_replies_and_tracebacks(self):
+        for tool, type_, message in [("sync_fails", "tool_error", "disk full"), ("fails_at_once", "tool_error", "'no such key'"),
+                                     ("typed", "rate_limited", "slow down")]:
+            with self.subTest(tool=tool):
+                if type_ == "tool_error":
+                    with self.assertLogs("toolsidecar_worker", "ERROR") as logs:
+                        r = await self.nc.request(f"{PREFIX}.{tool}", manifest(tool, "a_" + tool))
+                    self.assertIn("Traceback", "\n".join(logs.output))
+                else:
+                    r = await self.nc.request(f"{PREFIX}.{tool}", manifest(tool, "a_" + tool))
+                self.assertEqual(r.headers["Tool-Error-Type"], type_)
+                self.assertEqual(r.headers["Nats-Service-Error"], message)
+
+    async def test_cancelled_call_gets_no_reply(self):
+        inbox = self.nc.new_inbox()
+        replies = []
+
+        async def on(m):
+            replies.append(m)
+
+        await self.nc.subscribe(inbox, cb=on)
+        await self.nc.publish(f"{PREFIX}.hang", manifest("hang", "a_h"), reply=inbox)
+        await asyncio.sleep(0.05)
+        await self.nc.publish(f"{PREFIX}.cancel.a_h", b"")
+        await asyncio.wait_for(self.cancelled.wait(), 2)
+        await asyncio.sleep(0.05)
+        self.assertEqual(replies, [])
+
+    async def test_progress_moves_the_deadline(self):
+        deadline = str(int(time.time() * 1000) + 500)
+        r = await self.nc.request(f"{PREFIX}.slow", manifest("slow", "a_s"), headers={"Tool-Deadline": deadline})
+        self.assertEqual(r.data, b"done")
+        self.assertEqual(len(self.deadlines), 2)
+        self.assertGreater(self.deadlines[1], self.deadlines[0])
+        progress = [h for _, _, h in self.nc.published if h and h.get("Tool-Progress") == "1"]
+        self.assertEqual(len(progress), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
