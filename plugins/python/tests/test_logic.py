@@ -16,7 +16,8 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from toolsidecar_worker import ToolError, serve  # noqa: E402
+from toolsidecar_worker import serve  # noqa: E402
+from shared import hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "t"
 
@@ -81,9 +82,6 @@ class FakeConn:
             await sub.unsubscribe()
 
 
-def manifest(tool, action_id, args=None):
-    return json.dumps({"type": "tool_call_manifest", "run_id": "run_1", "action_id": action_id,
-                       "tool_call_id": "call_" + action_id, "tool": tool, "args": args or {}}).encode()
 
 
 class LogicTest(unittest.IsolatedAsyncioTestCase):
@@ -104,15 +102,7 @@ class LogicTest(unittest.IsolatedAsyncioTestCase):
         async def fails_at_once(call):
             raise KeyError("no such key")  # before its first await
 
-        async def typed(call):
-            raise ToolError("rate_limited", "slow down")
-
-        async def hang(call):
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
+        hang = hang_until_cancelled(self.cancelled)
 
         async def slow(call):
             self.deadlines.append(call.deadline)

@@ -17,14 +17,12 @@ try:
 except ImportError:  # pragma: no cover
     raise unittest.SkipTest("nats-py is not importable here")
 
-from toolsidecar_worker import ToolError, serve  # noqa: E402
+from toolsidecar_worker import serve  # noqa: E402
+from shared import hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "pytest"
 
 
-def manifest(tool, action_id, args):
-    return json.dumps({"type": "tool_call_manifest", "run_id": "run_1", "action_id": action_id,
-                       "tool_call_id": "call_" + action_id, "tool": tool, "args": args}).encode()
 
 
 class WorkerTest(unittest.IsolatedAsyncioTestCase):
@@ -36,15 +34,7 @@ class WorkerTest(unittest.IsolatedAsyncioTestCase):
         async def echo(call):
             return {"args": call.args, "attempt": call.attempt, "key": call.idempotency_key}
 
-        async def typed(call):
-            raise ToolError("rate_limited", "slow down")
-
-        async def hang(call):
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
+        hang = hang_until_cancelled(self.cancelled)
 
         self.worker = await serve(self.nc, {"echo": echo, "typed": typed, "hang": hang}, prefix=PREFIX)
 
