@@ -37,6 +37,9 @@ type ConnectConfig struct {
 	// that starts a little after the sidecar, as in a rollout, is not a
 	// crash. Zero: one attempt. Refused credentials end it at once.
 	FirstTry time.Duration
+	// OnRetry, when set, is told each failure of the first connection
+	// that will be retried.
+	OnRetry func(err error)
 }
 
 // Connect dials NATS, reconnecting forever, and counts reconnections in
@@ -101,6 +104,9 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 		}
 		log.Warn("NATS unreachable; retrying", "url", config.RedactURL(cfg.URL), "err", err, "retry_in", wait,
 			"gives_up_in", time.Until(give).Round(time.Second))
+		if cfg.OnRetry != nil {
+			cfg.OnRetry(err)
+		}
 		time.Sleep(wait)
 		wait = min(2*wait, 5*time.Second)
 	}

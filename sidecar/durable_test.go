@@ -3,7 +3,6 @@ package sidecar_test
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -50,12 +49,7 @@ func TestNATSOutageMidBatch(t *testing.T) {
 // return to the run's completion.
 func natsOutage(t *testing.T, outage time.Duration) time.Duration {
 	store := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testenv.FreeAddr(t)
 	start := func() *embedded.Server {
 		ns, err := embedded.Start(embedded.Config{Listen: addr, StoreDir: store, AllowAnonymous: true})
 		if err != nil {

@@ -211,6 +211,15 @@ func (s *Sidecar) connectNATS() error {
 		cc, extra = bridge.ConnectConfig{URL: ns.InProcessURL(), Name: "toolsidecar"}, ns.ConnectOptions()
 	} else if err := readNATSSecrets(s.cfg.NATS, &cc); err != nil {
 		return err
+	} else {
+		// While the first connection is retried, the probes say why the
+		// sidecar is not ready yet.
+		w := &startingProbes{log: s.log}
+		defer w.stop()
+		cc.OnRetry = func(err error) {
+			w.notReady(fmt.Sprintf("starting: connecting to NATS at %s: %v (retrying)", config.RedactURL(cc.URL), err),
+				s.cfg.Server.Listen, s.cfg.Server.OpsListen)
+		}
 	}
 	// After a reconnection, calls in flight look for the replies that came
 	// while the sidecar was cut off (durable mode keeps them).

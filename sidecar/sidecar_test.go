@@ -233,12 +233,7 @@ func TestMetricsAtStart(t *testing.T) {
 // never comes is a start-up error naming its address once connect_retry
 // has passed.
 func TestNATSStartsLate(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testenv.FreeAddr(t)
 	_, srv := coresim.NewServer(coresim.Config{APIKey: testenv.APIKey, Scenario: oneCall("echo")})
 	defer srv.Close()
 	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, nil)
@@ -246,8 +241,23 @@ func TestNATSStartsLate(t *testing.T) {
 	if _, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey)); err == nil || !strings.Contains(err.Error(), "failed to start") || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("no NATS at all: %v, want a start-up error naming %s", err, addr)
 	}
+	api := testenv.FreeAddr(t)
+	cfg.Server.Listen = api
 	up := make(chan *embedded.Server, 1)
-	time.AfterFunc(700*time.Millisecond, func() {
+	probed := make(chan struct{})
+	go func() { // while the sidecar waits, its probes say why it is not ready
+		defer close(probed)
+		poll.Until(t, "/readyz to say why the sidecar is not ready", func() bool {
+			resp, err := http.Get("http://" + api + "/readyz")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode == 503 && strings.Contains(string(b), "starting: connecting to NATS at nats://"+addr)
+		})
+	}()
+	time.AfterFunc(1500*time.Millisecond, func() {
 		ns, err := embedded.Start(embedded.Config{Listen: addr, StoreDir: t.TempDir(), AllowAnonymous: true})
 		if err != nil {
 			t.Error(err)
@@ -259,9 +269,10 @@ func TestNATSStartsLate(t *testing.T) {
 	logs := &testenv.LogBuffer{}
 	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
-		t.Fatalf("NATS up after 0.7 s: %v", err)
+		t.Fatalf("NATS up after 1.5 s: %v", err)
 	}
 	defer s.Shutdown(context.Background())
+	<-probed
 	if !strings.Contains(logs.String(), "NATS unreachable; retrying") {
 		t.Errorf("the retries were not logged:\n%s", logs)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -162,16 +161,6 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // daemonProc is the daemon run as a real process (this test binary, with
 // TSC_TEST_DAEMON set), on fixed loopback ports so that a restart
 // comes back where workers and clients expect it.
@@ -186,7 +175,7 @@ const workerPassword = "worker-secret-8d1f"
 
 func newDaemonConfig(t *testing.T, coreURL, tools string, extra ...string) *daemonProc {
 	t.Helper()
-	natsAddr, httpAddr := freePort(t), freePort(t)
+	natsAddr, httpAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	dir := t.TempDir()
 	p := &daemonProc{cfgPath: filepath.Join(dir, "config.yaml"), base: "http://" + httpAddr, natsURL: "nats://" + natsAddr}
 	pwFile := filepath.Join(dir, "worker-password")

@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -337,6 +338,18 @@ func WaitLive(t testing.TB, base string, tools ...string) {
 		b, _ := io.ReadAll(resp.Body)
 		return strings.Contains(string(b), want)
 	})
+}
+
+// FreeAddr is a loopback address whose port is free at the time of the
+// call, for a server that must come back on the same address.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // SoakReps is how many times a fault test repeats: 1 in make test, more
