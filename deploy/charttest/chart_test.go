@@ -19,6 +19,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -64,6 +65,8 @@ type objects struct {
 	svcMonitors []*monitoringv1.ServiceMonitor
 	podMonitors []*monitoringv1.PodMonitor
 	rules       []*monitoringv1.PrometheusRule
+	accounts    []*corev1.ServiceAccount
+	pdbs        []*policyv1.PodDisruptionBudget
 }
 
 func decode(t *testing.T, manifest string) objects {
@@ -97,6 +100,10 @@ func decode(t *testing.T, manifest string) objects {
 			target = add(&o.podMonitors)
 		case "PrometheusRule":
 			target = add(&o.rules)
+		case "ServiceAccount":
+			target = add(&o.accounts)
+		case "PodDisruptionBudget":
+			target = add(&o.pdbs)
 		default:
 			t.Fatalf("unexpected kind %q: add it to the strict decoder", meta.Kind)
 		}
@@ -177,7 +184,7 @@ func TestDefaultValues(t *testing.T) {
 	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Errorf("pod securityContext %+v", psc)
 	}
-	if c.Resources.Requests.Memory().String() != "32Mi" || c.Resources.Limits.Memory().String() != "128Mi" {
+	if c.Resources.Requests.Memory().String() != "48Mi" || c.Resources.Limits.Memory().String() != "256Mi" {
 		t.Errorf("resources %+v", c.Resources)
 	}
 	if pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds != 45 {
@@ -261,6 +268,11 @@ func TestEmbeddedMode(t *testing.T) {
 
 func TestWorkersWithHPA(t *testing.T) {
 	o := decode(t, render(t, "../helm/examples/workers-hpa.yaml"))
+	for _, d := range o.deployments {
+		if p := d.Spec.Template.Spec; p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken || p.ServiceAccountName == "" {
+			t.Errorf("%s: service account %q, automount %v", d.Name, p.ServiceAccountName, p.AutomountServiceAccountToken)
+		}
+	}
 	if len(o.deployments) != 2 || len(o.hpas) != 1 || len(o.podMonitors) != 1 {
 		t.Fatalf("%d deployments, %d hpas, %d pod monitors", len(o.deployments), len(o.hpas), len(o.podMonitors))
 	}
@@ -392,5 +404,48 @@ func TestAlertsAndDashboard(t *testing.T) {
 	}
 	if off := decode(t, render(t, "")); len(off.rules) != 0 {
 		t.Error("a PrometheusRule by default")
+	}
+}
+
+// TestPodHygiene: the pods run under their own ServiceAccount without an API
+// token; the sidecar's Go heap follows its memory limit (GOMEMLIMIT), a
+// startup probe guards a slow start, and extra env, volumes, a PDB and a
+// name override are there when asked for.
+func TestPodHygiene(t *testing.T) {
+	o := decode(t, render(t, ""))
+	pod := o.deployments[0].Spec.Template.Spec
+	if len(o.accounts) != 1 || o.accounts[0].AutomountServiceAccountToken == nil || *o.accounts[0].AutomountServiceAccountToken ||
+		pod.ServiceAccountName != o.accounts[0].Name || pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Errorf("service account %+v, pod account %q automount %v", o.accounts, pod.ServiceAccountName, pod.AutomountServiceAccountToken)
+	}
+	c := sidecar(t, o.deployments[0])
+	var memlimit bool
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory" {
+			memlimit = true
+		}
+	}
+	if !memlimit || c.StartupProbe == nil || c.StartupProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("GOMEMLIMIT from the limit %v, startup probe %+v", memlimit, c.StartupProbe)
+	}
+	if len(o.pdbs) != 0 {
+		t.Error("a PodDisruptionBudget by default")
+	}
+	x := decode(t, render(t, "", "podDisruptionBudget.enabled=true", "nameOverride=tools", "sidecar.extraEnv[0].name=OTEL_SERVICE_NAME",
+		"sidecar.extraEnv[0].value=assistant", "extraVolumes[0].name=scratch", "extraVolumes[0].emptyDir.medium=Memory",
+		"sidecar.extraVolumeMounts[0].name=scratch", "sidecar.extraVolumeMounts[0].mountPath=/scratch"))
+	if len(x.pdbs) != 1 || x.pdbs[0].Spec.MaxUnavailable == nil || x.pdbs[0].Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PDB %+v", x.pdbs)
+	}
+	xc := sidecar(t, x.deployments[0])
+	if !strings.Contains(x.deployments[0].Name, "-tools") || x.deployments[0].Labels["app.kubernetes.io/name"] != "tools" {
+		t.Errorf("nameOverride: deployment %q labels %v", x.deployments[0].Name, x.deployments[0].Labels)
+	}
+	if fmt.Sprint(xc.Env) == fmt.Sprint(c.Env) || xc.VolumeMounts[len(xc.VolumeMounts)-1].MountPath != "/scratch" {
+		t.Errorf("extra env %v, mounts %v", xc.Env, xc.VolumeMounts)
+	}
+	vols := x.deployments[0].Spec.Template.Spec.Volumes
+	if v := vols[len(vols)-1]; v.Name != "scratch" || v.EmptyDir == nil {
+		t.Errorf("extra volume %+v", v)
 	}
 }

@@ -1,13 +1,26 @@
 {{/* Names and labels. */}}
 {{- define "toolsidecar.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "toolsidecar.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "toolsidecar.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "toolsidecar.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
 
@@ -122,6 +135,16 @@ add it to the pod's containers, with the volumes of toolsidecar.podVolumes.
   args: ["run", "--config", "/etc/toolsidecar/config.yaml", "--log-level", {{ .Values.sidecar.logLevel | quote }}]
   ports:
     - { name: http, containerPort: {{ .Values.sidecar.port }}, protocol: TCP }
+  env:
+    # The Go runtime keeps the heap under the container's memory limit.
+    - name: GOMEMLIMIT
+      valueFrom:
+        resourceFieldRef: { resource: limits.memory, divisor: "1" }
+    {{- with .Values.sidecar.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  startupProbe:
+    {{- toYaml .Values.sidecar.startupProbe | nindent 4 }}
   livenessProbe:
     {{- toYaml .Values.sidecar.livenessProbe | nindent 4 }}
   readinessProbe:
@@ -136,6 +159,9 @@ add it to the pod's containers, with the volumes of toolsidecar.podVolumes.
     {{- if (include "toolsidecar.embeddedStore" .) }}
     - { name: toolsidecar-store, mountPath: {{ .Values.nats.embedded.storeDir | quote }} }
     {{- end }}
+    {{- with .Values.sidecar.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
 {{- define "toolsidecar.podVolumes" -}}
@@ -146,6 +172,9 @@ add it to the pod's containers, with the volumes of toolsidecar.podVolumes.
 {{- if (include "toolsidecar.embeddedStore" .) }}
 - name: toolsidecar-store
   {{- toYaml .Values.nats.embedded.storeVolume | nindent 2 }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
