@@ -25,7 +25,8 @@ var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceCont
 // (or _TRACES_ENDPOINT) variable is. The exporter reads the other standard
 // OTEL_EXPORTER_OTLP_* variables (headers, timeout, TLS); the resource
 // takes OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, the host and the
-// SDK. Shutdown flushes the spans still buffered.
+// SDK; OTEL_TRACES_SAMPLER, when set, replaces tracing.sample_ratio.
+// Shutdown flushes the spans still buffered.
 func tracerProvider(cfg config.Tracing) (trace.TracerProvider, func(context.Context) error, error) {
 	fromEnv := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 	if cfg.OTLPEndpoint == "" && !fromEnv {
@@ -49,10 +50,10 @@ func tracerProvider(cfg config.Tracing) (trace.TracerProvider, func(context.Cont
 	if err != nil {
 		return nil, nil, err
 	}
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))),
-		sdktrace.WithResource(res),
-	)
+	popts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
+	if os.Getenv("OTEL_TRACES_SAMPLER") == "" { // else the SDK reads OTEL_TRACES_SAMPLER(_ARG)
+		popts = append(popts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))))
+	}
+	tp := sdktrace.NewTracerProvider(popts...)
 	return tp, tp.Shutdown, nil
 }
