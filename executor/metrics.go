@@ -42,14 +42,20 @@ func latencyBuckets(longest time.Duration) []float64 {
 // first scrape); longest is the longest a call may last.
 func NewMetrics(reg prometheus.Registerer, known func(tool string) bool, tools []string, longest time.Duration) *Metrics {
 	m := newMetrics(reg, known, latencyBuckets(longest))
-	for _, t := range tools {
-		m.calls.WithLabelValues(t, "ok")
-		m.callSeconds.WithLabelValues(t)
-	}
+	m.InitTools(tools)
 	for _, st := range []string{StatusCompleted, StatusMaxTurns, StatusCancelled, StatusFailed, StatusInterrupted} {
 		m.runs.WithLabelValues(st)
 	}
 	return m
+}
+
+// InitTools starts the series of tools at zero: at start, and for the
+// tools a reload adds.
+func (m *Metrics) InitTools(tools []string) {
+	for _, t := range tools {
+		m.calls.WithLabelValues(t, "ok")
+		m.callSeconds.WithLabelValues(t)
+	}
 }
 
 func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets []float64) *Metrics {

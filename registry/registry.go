@@ -15,6 +15,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -257,7 +258,12 @@ func collect(ve *jsonschema.ValidationError, out *[]Problem) {
 }
 
 // Live holds the registry in force; a reload swaps it atomically.
-type Live struct{ p atomic.Pointer[Registry] }
+type Live struct {
+	p atomic.Pointer[Registry]
+
+	mu       sync.Mutex
+	watchers []func(*Registry)
+}
 
 // NewLive holds r.
 func NewLive(r *Registry) *Live {
@@ -269,5 +275,20 @@ func NewLive(r *Registry) *Live {
 // Load returns the registry in force.
 func (l *Live) Load() *Registry { return l.p.Load() }
 
-// Store puts r in force.
-func (l *Live) Store(r *Registry) { l.p.Store(r) }
+// Store puts r in force, then tells the watchers.
+func (l *Live) Store(r *Registry) {
+	l.p.Store(r)
+	l.mu.Lock()
+	watchers := l.watchers
+	l.mu.Unlock()
+	for _, fn := range watchers {
+		fn(r)
+	}
+}
+
+// Watch calls fn with each registry put in force from now on (a reload).
+func (l *Live) Watch(fn func(*Registry)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.watchers = append(l.watchers, fn)
+}

@@ -402,12 +402,14 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 // transport for every other route kind.
 func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	tr := s.tp.Tracer("github.com/projectdavid/toolsidecar")
+	metrics := executor.NewMetrics(s.metrics, func(t string) bool { _, ok := s.live.Load().Lookup(t); return ok },
+		s.live.Load().Names(), longestCall(s.live.Load()))
+	s.live.Watch(func(r *registry.Registry) { metrics.InitTools(r.Names()) })
 	plugins.SetMaxProcesses(s.cfg.Executor.MaxExecProcesses)
 	local := plugins.NewLocal(s.live, s.log.With("component", "plugins"))
 	opts := []executor.Option{executor.WithLogger(s.log.With("component", "executor")), executor.WithTracer(tr),
 		executor.WithRecoverer(recoverer(s.ledger)),
-		executor.WithObserver(executor.NewMetrics(s.metrics, func(t string) bool { _, ok := s.live.Load().Lookup(t); return ok },
-			s.live.Load().Names(), longestCall(s.live.Load())))}
+		executor.WithObserver(metrics)}
 	for _, kind := range registry.Kinds() {
 		if kind != registry.Nats {
 			opts = append(opts, executor.WithRoute(kind, local))

@@ -149,6 +149,10 @@ func TestReload(t *testing.T) {
 	if got := env.Sidecar.Tools().Names(); len(got) != 2 {
 		t.Fatalf("tools after reload %v", got)
 	}
+	// The tool the reload added has its series from then on, at zero.
+	if n := counterWith(t, env.Sidecar, "toolsidecar_calls_total", `tool="b"`); n != 1 {
+		t.Errorf("%d toolsidecar_calls_total series for the reloaded tool b, want 1", n)
+	}
 	write("tools:\n  - {name: a}\n  - {name: a}\n")
 	if err := env.Sidecar.Reload(); err == nil {
 		t.Error("a bad file was accepted")
@@ -295,4 +299,29 @@ func TestEmbeddedPortTaken(t *testing.T) {
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), "cannot listen on "+ln.Addr().String()+" (nats.embedded.listen)") {
 		t.Fatalf("err %v, want a StartError naming %s and nats.embedded.listen", err, ln.Addr())
 	}
+}
+
+// counterWith counts the series of a metric whose labels include label
+// (name="value").
+func counterWith(t *testing.T, s *sidecar.Sidecar, metric, label string) int {
+	t.Helper()
+	fams, err := s.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, value, _ := strings.Cut(label, "=")
+	n := 0
+	for _, f := range fams {
+		if f.GetName() != metric {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == name && `"`+l.GetValue()+`"` == value {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
