@@ -1,11 +1,13 @@
 package bridge
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -92,22 +94,29 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 	if cfg.CertFile != "" || cfg.KeyFile != "" {
 		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
 	}
-	give := time.Now().Add(cfg.FirstTry)
-	wait := 250 * time.Millisecond
-	for {
-		nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
-		if err == nil {
-			return nc, nil
-		}
-		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || time.Now().Add(wait).After(give) {
-			return nil, fmt.Errorf("bridge: connecting to NATS at %s: %w", config.RedactURL(cfg.URL), err)
-		}
-		log.Warn("NATS unreachable; retrying", "url", config.RedactURL(cfg.URL), "err", err, "retry_in", wait,
-			"gives_up_in", time.Until(give).Round(time.Second))
-		if cfg.OnRetry != nil {
-			cfg.OnRetry(err)
-		}
-		time.Sleep(wait)
-		wait = min(2*wait, 5*time.Second)
+	retry := []backoff.RetryOption{
+		backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: 250 * time.Millisecond, RandomizationFactor: 0.2,
+			Multiplier: 2, MaxInterval: 5 * time.Second}),
+		backoff.WithMaxElapsedTime(cfg.FirstTry),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			log.Warn("NATS unreachable; retrying", "url", config.RedactURL(cfg.URL), "err", err, "retry_in", wait)
+			if cfg.OnRetry != nil {
+				cfg.OnRetry(err)
+			}
+		}),
 	}
+	if cfg.FirstTry <= 0 {
+		retry = append(retry, backoff.WithMaxTries(1))
+	}
+	nc, err := backoff.Retry(context.Background(), func() (*nats.Conn, error) {
+		nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) {
+			return nil, backoff.Permanent(err) // refused credentials do not improve with time
+		}
+		return nc, err
+	}, retry...)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: connecting to NATS at %s: %w", config.RedactURL(cfg.URL), err)
+	}
+	return nc, nil
 }

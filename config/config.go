@@ -296,14 +296,20 @@ func (t *Tool) applyDefaults() {
 // Load reads path (may be empty: defaults only), then the environment, then
 // the key=value overrides, and validates the result.
 func Load(path string, overrides []string) (Config, error) {
+	cfg, _, err := loadPath(path, overrides)
+	return cfg, err
+}
+
+// loadPath reads path (if any) and loads it with the environment.
+func loadPath(path string, overrides []string) (Config, *layers, error) {
 	var data []byte
 	if path != "" {
 		var err error
 		if data, err = readBounded(path, MaxFileBytes); err != nil {
-			return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+			return Config{}, nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
-	return load(data, path, os.Environ(), overrides)
+	return loadLayers(data, path, os.Environ(), overrides)
 }
 
 // MaxFileBytes bounds a configuration file: `--config /dev/zero` is an
@@ -339,24 +345,45 @@ func Parse(data []byte) (Config, error) {
 // and the overrides, and reports every problem at once (*Problems), each
 // with its key and, for the file's keys, its line.
 func load(data []byte, name string, environ, overrides []string) (Config, error) {
+	cfg, _, err := loadLayers(data, name, environ, overrides)
+	return cfg, err
+}
+
+// layers is the merged configuration and where each key's value came
+// from: "file", "env" or "flag" (absent: the default).
+type layers struct {
+	k      *koanf.Koanf
+	source map[string]string
+}
+
+// loadLayers is load, with the merged layers for `toolsidecar config`.
+func loadLayers(data []byte, name string, environ, overrides []string) (Config, *layers, error) {
 	if name == "" {
 		name = "the configuration"
 	}
 	k := koanf.New(".")
 	if err := k.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
-		return Config{}, fmt.Errorf("config: defaults: %w", err)
+		return Config{}, nil, fmt.Errorf("config: defaults: %w", err)
 	}
 	known := k.Keys()
+	ls := &layers{k: k, source: map[string]string{}}
 	var errs []error
 	var pos *lines
 	if data != nil {
 		var err error
 		if pos, err = scanYAML(data); err != nil {
-			return Config{}, &Problems{Source: name, List: []error{err}}
+			return Config{}, nil, &Problems{Source: name, List: []error{err}}
 		}
 		errs = append(errs, pos.unknown...)
-		if err := k.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
-			return Config{}, &Problems{Source: name, List: []error{err}}
+		fk := koanf.New(".")
+		if err := fk.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
+			return Config{}, nil, &Problems{Source: name, List: []error{err}}
+		}
+		for _, key := range fk.Keys() {
+			ls.source[key] = "file"
+		}
+		if err := k.Merge(fk); err != nil {
+			return Config{}, nil, &Problems{Source: name, List: []error{err}}
 		}
 	}
 	for _, kv := range environ {
@@ -374,6 +401,7 @@ func load(data []byte, name string, environ, overrides []string) (Config, error)
 			continue
 		}
 		k.Set(known[i], val)
+		ls.source[known[i]] = "env"
 	}
 	for _, o := range overrides {
 		key, val, ok := strings.Cut(o, "=")
@@ -382,6 +410,7 @@ func load(data []byte, name string, environ, overrides []string) (Config, error)
 			continue
 		}
 		k.Set(key, val)
+		ls.source[key] = "flag"
 	}
 	var cfg Config
 	// Unknown keys of the file were found by scanYAML, with their lines;
@@ -406,9 +435,9 @@ func load(data []byte, name string, environ, overrides []string) (Config, error)
 		}
 	}
 	if len(errs) > 0 {
-		return Config{}, &Problems{Source: name, List: tidy(pos.locate(errs))}
+		return Config{}, nil, &Problems{Source: name, List: tidy(pos.locate(errs))}
 	}
-	return cfg, nil
+	return cfg, ls, nil
 }
 
 // decodeErrors splits the decoder's one error into one per key.
@@ -787,43 +816,11 @@ type Setting struct {
 // which is not listed). The tools are one line: `toolsidecar check` shows
 // them.
 func Explain(path string, overrides []string) ([]Setting, error) {
-	if _, err := Load(path, overrides); err != nil {
+	_, ls, err := loadPath(path, overrides)
+	if err != nil {
 		return nil, err
 	}
-	k := koanf.New(".")
-	if err := k.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
-		return nil, err
-	}
-	known := k.Keys()
-	source := map[string]string{}
-	if path != "" {
-		data, err := readBounded(path, MaxFileBytes)
-		if err != nil {
-			return nil, err
-		}
-		fk := koanf.New(".")
-		if err := fk.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
-			return nil, err
-		}
-		for _, key := range fk.Keys() {
-			source[key] = "file"
-		}
-		if err := k.Load(rawbytes.Provider(data), yaml.Parser()); err != nil {
-			return nil, err
-		}
-	}
-	for _, kv := range os.Environ() {
-		name, val, _ := strings.Cut(kv, "=")
-		if i := slices.IndexFunc(known, func(key string) bool { return envName(key) == name }); i >= 0 {
-			k.Set(known[i], val)
-			source[known[i]] = "env"
-		}
-	}
-	for _, o := range overrides {
-		key, val, _ := strings.Cut(o, "=")
-		k.Set(key, val)
-		source[key] = "flag"
-	}
+	k, source := ls.k, ls.source
 	var out []Setting
 	for _, key := range k.Keys() {
 		if key == "tools" || strings.HasPrefix(key, "tools.") {

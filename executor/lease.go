@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/internal/clock"
 )
 
 // One driver per run across sidecars: in durable mode, a drive first takes
@@ -114,19 +114,20 @@ const acquireFor = 15 * time.Second
 
 // acquire takes a run's lease, retrying while NATS fails to answer.
 func (e *Executor) acquire(ctx context.Context, runID string) (Lease, string, error) {
-	give := time.Now().Add(acquireFor)
-	wait := 50 * time.Millisecond
-	for {
-		lease, holder, err := e.leases.Acquire(ctx, runID)
-		if err == nil || ctx.Err() != nil || time.Now().Add(wait).After(give) {
-			return lease, holder, err
-		}
-		e.log.Warn("taking the run's lease failed; retrying", "run_id", runID, "err", err)
-		if clock.Sleep(ctx, wait) != nil {
-			return nil, "", err
-		}
-		wait = min(2*wait, time.Second)
+	type acquired struct {
+		lease  Lease
+		holder string
 	}
+	got, err := backoff.Retry(ctx, func() (acquired, error) {
+		lease, holder, err := e.leases.Acquire(ctx, runID)
+		return acquired{lease, holder}, err
+	}, backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.2,
+		Multiplier: 2, MaxInterval: time.Second}),
+		backoff.WithMaxElapsedTime(acquireFor),
+		backoff.WithNotify(func(err error, _ time.Duration) {
+			e.log.Warn("taking the run's lease failed; retrying", "run_id", runID, "err", err)
+		}))
+	return got.lease, got.holder, err
 }
 
 // runLeased runs the loop while the lease is held, publishing its events

@@ -142,13 +142,29 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 		_, _ = w.Write(OpenAPI)
 	})
 	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-		})
+		mux.HandleFunc("GET /healthz", health)
 		mux.HandleFunc("GET /readyz", s.ready)
 		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	}
 	return s, nil
+}
+
+// health answers liveness: the process serves.
+func health(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// Starting answers while the sidecar is still starting: /healthz 200 as
+// usual, every other path 503 with reason(), so that a probe says why the
+// sidecar is not ready yet.
+func Starting(reason func() string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			health(w, r)
+			return
+		}
+		writeError(w, http.StatusServiceUnavailable, reason())
+	})
 }
 
 // Ops is the handler of the ops listener: /healthz, /readyz and /metrics,

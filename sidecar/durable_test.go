@@ -185,14 +185,11 @@ func TestDurableModeReported(t *testing.T) {
 		return out
 	}
 	gauge := func(s *sidecar.Sidecar) float64 {
-		fams, _ := s.Metrics().Gather()
-		for _, f := range fams {
-			if f.GetName() == "toolsidecar_durable" {
-				return f.GetMetric()[0].GetGauge().GetValue()
-			}
+		v, n := metric(t, s, "toolsidecar_durable")
+		if n != 1 {
+			t.Fatalf("%d toolsidecar_durable series, want 1", n)
 		}
-		t.Fatal("no toolsidecar_durable series")
-		return -1
+		return v
 	}
 	on := testenv.New(t, oneCall("echo"))
 	if got := readyz(on.URL); got["durable"] != true || gauge(on.Sidecar) != 1 {

@@ -94,7 +94,7 @@ func TestTwoSidecarsOneDriver(t *testing.T) {
 		sum, _ := b.Drive(context.Background(), r.Request(), func(e executor.Event) { events = append(events, e) })
 		gotB <- sum
 	}()
-	poll.Until(t, "B to follow A's drive", func() bool { return counter(t, b, "toolsidecar_drives_attached_total") == 1 })
+	poll.Until(t, "B to follow A's drive", func() bool { n, _ := metric(t, b, "toolsidecar_drives_attached_total"); return n == 1 })
 	release()
 	sumA, sumB := <-gotA, <-gotB
 	if sumA.Status != executor.StatusCompleted || sumB.Status != sumA.Status || sumB.Content != sumA.Content || len(sumB.Calls) != 1 {
@@ -121,23 +121,4 @@ func TestTwoSidecarsOneDriver(t *testing.T) {
 	if v := sim.Violations(); len(v) != 0 {
 		t.Errorf("violations %v", v)
 	}
-}
-
-// counter reads a counter of the sidecar's registry (0 when absent).
-func counter(t *testing.T, s *sidecar.Sidecar, name string) float64 {
-	t.Helper()
-	fams, err := s.Metrics().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() == name {
-			sum := 0.0
-			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-			return sum
-		}
-	}
-	return 0
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,7 +151,7 @@ func TestReload(t *testing.T) {
 		t.Fatalf("tools after reload %v", got)
 	}
 	// The tool the reload added has its series from then on, at zero.
-	if n := counterWith(t, env.Sidecar, "toolsidecar_calls_total", `tool="b"`); n != 1 {
+	if _, n := metric(t, env.Sidecar, "toolsidecar_calls_total", "tool=b"); n != 1 {
 		t.Errorf("%d toolsidecar_calls_total series for the reloaded tool b, want 1", n)
 	}
 	write("tools:\n  - {name: a}\n  - {name: a}\n")
@@ -301,27 +302,29 @@ func TestEmbeddedPortTaken(t *testing.T) {
 	}
 }
 
-// counterWith counts the series of a metric whose labels include label
-// (name="value").
-func counterWith(t *testing.T, s *sidecar.Sidecar, metric, label string) int {
+// metric reads a metric of the sidecar's registry: the sum of its
+// counter and gauge series whose labels include each "name=value" given,
+// and how many series matched.
+func metric(t *testing.T, s *sidecar.Sidecar, name string, labels ...string) (sum float64, series int) {
 	t.Helper()
 	fams, err := s.Metrics().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	name, value, _ := strings.Cut(label, "=")
-	n := 0
 	for _, f := range fams {
-		if f.GetName() != metric {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			have := map[string]bool{}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == name && `"`+l.GetValue()+`"` == value {
-					n++
-				}
+				have[l.GetName()+"="+l.GetValue()] = true
+			}
+			if !slices.ContainsFunc(labels, func(l string) bool { return !have[l] }) {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				series++
 			}
 		}
 	}
-	return n
+	return sum, series
 }

@@ -1,12 +1,13 @@
 package sidecar
 
 import (
-	"encoding/json"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/projectdavid/toolsidecar/server"
 )
 
 // startingProbes answers the probes while the sidecar is still starting
@@ -31,17 +32,10 @@ func (p *startingProbes) notReady(reason string, addrs ...string) {
 		return
 	}
 	p.started = true
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		if r.URL.Path == "/healthz" {
-			_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
-			return
-		}
+	h := server.Starting(func() string {
 		p.mu.Lock()
-		why := p.reason
-		p.mu.Unlock()
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_ = json.NewEncoder(w).Encode(map[string]string{"error": why})
+		defer p.mu.Unlock()
+		return p.reason
 	})
 	for _, addr := range addrs {
 		if addr == "" {

@@ -24,3 +24,21 @@ def hang_until_cancelled(cancelled: asyncio.Event):
             cancelled.set()
             raise
     return hang
+
+
+async def assert_cancel_gets_no_reply(test, conn, prefix, action_id, cancelled: asyncio.Event):
+    """The cancel subject stops a hanging call, and no reply follows."""
+    inbox = conn.new_inbox()
+    replies = []
+
+    async def on_reply(m):  # nats-py takes coroutine callbacks only
+        replies.append(m)
+
+    await conn.subscribe(inbox, cb=on_reply)
+    await conn.publish(f"{prefix}.hang", manifest("hang", action_id), reply=inbox)
+    await conn.flush()
+    await asyncio.sleep(0.1)
+    await conn.publish(f"{prefix}.cancel.{action_id}", b"")
+    await asyncio.wait_for(cancelled.wait(), 5)
+    await asyncio.sleep(0.1)
+    test.assertEqual(replies, [])

@@ -17,7 +17,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from toolsidecar_worker import serve  # noqa: E402
-from shared import hang_until_cancelled, manifest, typed  # noqa: E402
+from shared import assert_cancel_gets_no_reply, hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "t"
 
@@ -136,19 +136,7 @@ class LogicTest(unittest.IsolatedAsyncioTestCase):
                 self.assertEqual(r.headers["Nats-Service-Error"], message)
 
     async def test_cancelled_call_gets_no_reply(self):
-        inbox = self.nc.new_inbox()
-        replies = []
-
-        async def on(m):
-            replies.append(m)
-
-        await self.nc.subscribe(inbox, cb=on)
-        await self.nc.publish(f"{PREFIX}.hang", manifest("hang", "a_h"), reply=inbox)
-        await asyncio.sleep(0.05)
-        await self.nc.publish(f"{PREFIX}.cancel.a_h", b"")
-        await asyncio.wait_for(self.cancelled.wait(), 2)
-        await asyncio.sleep(0.05)
-        self.assertEqual(replies, [])
+        await assert_cancel_gets_no_reply(self, self.nc, PREFIX, "a_h", self.cancelled)
 
     async def test_progress_moves_the_deadline(self):
         deadline = str(int(time.time() * 1000) + 500)

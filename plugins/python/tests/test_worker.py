@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
     raise unittest.SkipTest("nats-py is not importable here")
 
 from toolsidecar_worker import serve  # noqa: E402
-from shared import hang_until_cancelled, manifest, typed  # noqa: E402
+from shared import assert_cancel_gets_no_reply, hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "pytest"
 
@@ -55,20 +55,7 @@ class WorkerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(r.headers["Nats-Service-Error"], "slow down")
 
     async def test_cancel_subject(self):
-        inbox = self.side.new_inbox()
-        replies = []
-
-        async def on_reply(m):  # nats-py takes coroutine callbacks only
-            replies.append(m)
-
-        await self.side.subscribe(inbox, cb=on_reply)
-        await self.side.publish(f"{PREFIX}.hang", manifest("hang", "act_h", {}), reply=inbox)
-        await self.side.flush()
-        await asyncio.sleep(0.1)
-        await self.side.publish(f"{PREFIX}.cancel.act_h", b"")
-        await asyncio.wait_for(self.cancelled.wait(), 5)
-        await asyncio.sleep(0.1)
-        self.assertEqual(replies, [])
+        await assert_cancel_gets_no_reply(self, self.side, PREFIX, "act_h", self.cancelled)
 
     async def test_info(self):
         r = await self.side.request("$SRV.INFO", b"", timeout=2)
