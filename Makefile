@@ -94,7 +94,7 @@ bench:
 ## soak: the durable-mode fault suite of RELIABILITY.md, each fault
 ## SOAK times (make test runs each once), then a summary per fault.
 SOAK ?= 20
-SOAK_TESTS := TestSIGKILLMidBatch|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss
+SOAK_TESTS := TestSIGKILLMidBatch|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss|TestLeaseHolderKilled
 soak:
 	SOAK_REPS=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
@@ -461,6 +462,92 @@ func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, 
 	testenv.AssertWholeBatches(t, sim, testenv.Run{RunID: run.ID, ThreadID: run.ThreadID}, 2)
 	if msgs := sim.ToolMessages(run.ThreadID); !strings.Contains(msgs[1].Content, wantPay) {
 		t.Errorf("the unsafe call's output %s, want it to contain %s", msgs[1].Content, wantPay)
+	}
+	if r, _ := sim.Run(run.ID); r.Status != core.RunCompleted {
+		t.Errorf("Core's run is %s", r.Status)
+	}
+	return resume
+}
+
+// TestLeaseHolderKilled: two sidecar processes share an external NATS
+// server with JetStream. A run driven through sidecar A is driven again
+// through sidecar B, which follows A; A is killed with SIGKILL while the
+// unsafe tool runs, and the tool finishes while no sidecar listens. Once
+// A's lease expires, B takes the run over: the real result captured by
+// JetStream is the output, each tool ran once, every Action is finalised.
+func TestLeaseHolderKilled(t *testing.T) {
+	for i := range testenv.SoakReps() {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Logf("FAULT lease_holder_sigkill rep=%d resume_ms=%d", i, leaseHolderKilled(t).Milliseconds())
+		})
+	}
+}
+
+// leaseHolderKilled runs it once and returns the time from the kill to
+// the run's completion through B.
+func leaseHolderKilled(t *testing.T) time.Duration {
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir(), AllowAnonymous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "look", ArgsJSON: `{}`}, {Tool: "pay", ArgsJSON: `{}`}}},
+		{Content: "answer: {{results}}"},
+	}}
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: "k", Scenario: sc})
+	defer srv.Close()
+	side := func(instance string) *daemonProc {
+		http := testenv.FreeAddr(t)
+		p := &daemonProc{cfgPath: filepath.Join(t.TempDir(), "config.yaml"), base: "http://" + http, natsURL: ns.ClientURL()}
+		os.WriteFile(p.cfgPath, []byte(fmt.Sprintf("instance_id: %s\ncore: {url: %q}\nnats: {url: %q}\n"+
+			"durability: {lease_ttl: 2s}\nserver: {listen: %q}\n"+
+			"tools:\n  - {name: look, side_effects: read_only, timeout: 10s}\n  - {name: pay, side_effects: unsafe, timeout: 10s}\n",
+			instance, srv.URL, ns.ClientURL(), http)), 0o600)
+		p.start(t)
+		return p
+	}
+	a, b := side("sc-a"), side("sc-b")
+	var looks, pays atomic.Int32
+	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	defer release()
+	wnc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wnc.Close()
+	count := func(n *atomic.Int32) tool.Handler {
+		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			n.Add(1)
+			<-hold
+			return []byte(`"` + c.Tool + ` done"`), nil
+		}
+	}
+	natstest.WorkerOn(t, wnc, "toolsidecar.tools", map[string]tool.Handler{"look": count(&looks), "pay": count(&pays)})
+	run, msgID := newRun(t, srv.URL)
+	first := a.drive(run, msgID)
+	poll.Until(t, "both calls to run", func() bool { return looks.Load() == 1 && pays.Load() == 1 })
+	second := b.drive(run, msgID)
+	poll.Until(t, "B to follow A", func() bool { return strings.Contains(b.stderr.String(), "run driven by another sidecar: following it") })
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	a.cmd.Wait()
+	<-first
+	killed := time.Now()
+	release() // the tools finish while no sidecar listens; JetStream keeps the replies
+	res := <-second
+	if res.err != nil || res.sum.Status != executor.StatusCompleted {
+		t.Fatalf("B's drive %+v %v\n%s", res.sum, res.err, b.stderr.String())
+	}
+	resume := time.Since(killed)
+	if pays.Load() != 1 || looks.Load() != 1 {
+		t.Errorf("pay ran %d times, look %d; want each once", pays.Load(), looks.Load())
+	}
+	testenv.AssertWholeBatches(t, sim, testenv.Run{RunID: run.ID, ThreadID: run.ThreadID}, 2)
+	if msgs := sim.ToolMessages(run.ThreadID); msgs[1].Content != `"pay done"` {
+		t.Errorf("the unsafe call's output %s, want its real result", msgs[1].Content)
 	}
 	if r, _ := sim.Run(run.ID); r.Status != core.RunCompleted {
 		t.Errorf("Core's run is %s", r.Status)
