@@ -63,12 +63,18 @@ CHART        := deploy/helm/toolsidecar
 bin/helm:
 	GOBIN=$(CURDIR)/bin $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
 
+APP_CHART    := deploy/helm/examples/assistant-app
+
 chart-lint: bin/helm
 	bin/helm lint $(CHART) --strict --kube-version $(KUBE_VERSION)
 	for f in deploy/helm/examples/*.yaml; do \
 		bin/helm lint $(CHART) --strict --kube-version $(KUBE_VERSION) -f $$f || exit 1; \
 		bin/helm template rel $(CHART) --kube-version $(KUBE_VERSION) -f $$f > /dev/null || exit 1; \
 	done
+	# The example application chart takes this chart as a file:// dependency:
+	# packaged afresh on each run, offline.
+	bin/helm dependency update $(APP_CHART) --skip-refresh > /dev/null
+	bin/helm lint $(APP_CHART) --strict --kube-version $(KUBE_VERSION)
 
 ## chart-test: render every mode and decode it strictly into the Kubernetes
 ## API types (a Go module of its own under deploy/).

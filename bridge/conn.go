@@ -59,6 +59,15 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 				log.Warn("nats disconnected", "err", err)
 			}
 		}),
+		// Asynchronous errors (a reply refused because its requester is
+		// gone, a slow consumer) go to the log, not to stderr unformatted.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			log.Warn("nats async error", "subject", subject, "err", err)
+		}),
 	}
 	var reconnects prometheus.Counter
 	if reg != nil {

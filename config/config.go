@@ -96,6 +96,10 @@ type Core struct {
 	Timeout time.Duration `koanf:"timeout"`
 	// StreamIdleTimeout bounds the silence between frames. default: 280s
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
+	// ReadinessCheck makes /readyz also require Core to answer. Off by
+	// default: a Core outage is not the sidecar's, and would mark every
+	// application pod NotReady at once. default: false
+	ReadinessCheck bool `koanf:"readiness_check"`
 }
 
 // NATS is the worker bus.

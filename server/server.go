@@ -142,11 +142,29 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 		_, _ = w.Write(OpenAPI)
 	})
 	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
-		mux.HandleFunc("GET /healthz", health)
-		mux.HandleFunc("GET /readyz", s.ready)
-		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+		probes(mux, s.ready, cfg.Gatherer)
 	}
 	return s, nil
+}
+
+// Probes is the ops handler of a process without the API (`toolsidecar
+// worker`): /healthz, /readyz (503 with ready's error) and /metrics from g.
+func Probes(ready func(context.Context) error, g prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	probes(mux, func(w http.ResponseWriter, r *http.Request) {
+		if err := ready(r.Context()); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}, g)
+	return mux
+}
+
+func probes(mux *http.ServeMux, ready http.HandlerFunc, g prometheus.Gatherer) {
+	mux.HandleFunc("GET /healthz", health)
+	mux.HandleFunc("GET /readyz", ready)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 }
 
 // health answers liveness: the process serves.

@@ -199,14 +199,7 @@ func TestDurableModeReported(t *testing.T) {
 	defer srv.Close()
 	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, nil)
 	cfg.NATS.URL = natstest.Start(t) // no JetStream
-	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	s := startOn(t, cfg)
 	if got := readyz("http://" + s.Addr()); got["durable"] != false || got["durable_off"] != "the NATS server has no JetStream" || gauge(s) != 0 {
 		t.Errorf("no JetStream: readyz %v, gauge %v", got, gauge(s))
 	}

@@ -21,8 +21,9 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// startOn runs a sidecar of cfg on an external NATS server (cfg.NATS.URL)
-// until the test ends. Its log is printed if the test fails.
+// startOn runs a sidecar of cfg (on an external NATS server when
+// cfg.NATS.URL is set) until the test ends. Its log is printed if the test
+// fails.
 func startOn(t *testing.T, cfg config.Config) *sidecar.Sidecar {
 	t.Helper()
 	logs := &testenv.LogBuffer{}

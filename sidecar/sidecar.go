@@ -431,7 +431,7 @@ func (s *Sidecar) buildServer() error {
 		}
 	}
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
-		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core.URL, s.nc.IsConnected), ReadyInfo: s.readyInfo}
+		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, s.nc.IsConnected), ReadyInfo: s.readyInfo}
 	if s.cfg.Server.Proxy {
 		scfg.CoreURL = s.cfg.Core.URL
 	}
@@ -642,14 +642,18 @@ func (l runLeases) Acquire(ctx context.Context, runID string) (executor.Lease, s
 	return lease, "", nil
 }
 
-// readiness: NATS connected and Core answering HTTP at all.
-func readiness(coreURL string, natsUp func() bool) func(context.Context) error {
+// readiness: NATS connected, and, with core.readiness_check, Core answering
+// HTTP at all.
+func readiness(cc config.Core, natsUp func() bool) func(context.Context) error {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	return func(ctx context.Context) error {
 		if !natsUp() {
 			return errors.New("NATS not connected")
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, coreURL, nil)
+		if !cc.ReadinessCheck {
+			return nil
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, cc.URL, nil)
 		if err != nil {
 			return err
 		}

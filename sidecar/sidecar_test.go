@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
-	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
@@ -179,16 +179,7 @@ func TestServeWorkers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sidecar.ServeWorkers(ctx, cfg, nil) }()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := bridge.Open(nc, "w")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := natstest.Client(t, natstest.Dial(t, url), "w")
 	poll.Until(t, "the worker to serve shout", func() bool { live, _ := c.Live(context.Background(), 50*time.Millisecond); return live["shout"] })
 	out := c.Dispatch(context.Background(), tool.Request{Tool: "shout", Body: []byte(`{"args": {"q": "hi"}}`), Timeout: 5 * time.Second})
 	if out.Err != nil || string(out.Data) != `{"ARGS": {"Q": "HI"}}` {
@@ -327,4 +318,91 @@ func metric(t *testing.T, s *sidecar.Sidecar, name string, labels ...string) (su
 		}
 	}
 	return sum, series
+}
+
+// TestWorkerOps: `toolsidecar worker` with server.ops_listen answers the
+// probes (ready once NATS is connected) and exports, per tool, the calls in
+// flight (what a worker HPA scales on), completed and failed.
+func TestWorkerOps(t *testing.T) {
+	url := natstest.Start(t)
+	release := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		io.WriteString(w, `{"ok": true}`)
+	}))
+	defer api.Close()
+	cfg := config.Default()
+	cfg.NATS.URL = url
+	cfg.NATS.SubjectPrefix = "w"
+	cfg.Server.OpsListen = testenv.FreeAddr(t)
+	cfg.Tools = []config.Tool{{Name: "held", Route: "http", Timeout: 30 * time.Second,
+		Settings: map[string]any{"http": map[string]any{"url": api.URL}}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sidecar.ServeWorkers(ctx, cfg, nil) }()
+	ops := "http://" + cfg.Server.OpsListen
+	get := func(path string) (int, string) {
+		resp, err := http.Get(ops + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	poll.Until(t, "the worker's /readyz to answer 200", func() bool { code, _ := get("/readyz"); return code == 200 })
+
+	c := natstest.Client(t, natstest.Dial(t, url), "w")
+	outs := make(chan tool.Outcome, 2)
+	for range 2 {
+		go func() {
+			outs <- c.Dispatch(context.Background(), tool.Request{Tool: "held", Body: []byte(`{"args": {}}`), Timeout: 30 * time.Second})
+		}()
+	}
+	poll.Until(t, "2 calls in flight on /metrics", func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `toolsidecar_worker_calls_in_flight{tool="held"} 2`)
+	})
+	close(release)
+	for range 2 {
+		if out := <-outs; out.Err != nil {
+			t.Errorf("outcome %v", out.Err)
+		}
+	}
+	_, body := get("/metrics")
+	for _, want := range []string{`toolsidecar_worker_calls_in_flight{tool="held"} 0`, `toolsidecar_worker_calls_total{tool="held"} 2`,
+		`toolsidecar_worker_call_errors_total{tool="held"} 0`, `toolsidecar_worker_runners 64`, `toolsidecar_nats_reconnects_total 0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("worker stop: %v", err)
+	}
+	if code, _ := get("/healthz"); code != 0 {
+		t.Errorf("ops listener still answers after the worker stopped: %d", code)
+	}
+}
+
+// TestReadinessWithoutCore: Core down does not make the sidecar NotReady
+// (that would take every application pod out of its Service at once),
+// unless core.readiness_check asks for it.
+func TestReadinessWithoutCore(t *testing.T) {
+	down := "http://" + testenv.FreeAddr(t) // nothing listens there
+	for _, check := range []bool{false, true} {
+		cfg, _ := testenv.Config(t, down, testenv.Options{}, nil)
+		cfg.Core.ReadinessCheck = check
+		s := startOn(t, cfg)
+		resp, err := http.Get("http://" + s.Addr() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := map[bool]int{false: 200, true: 503}[check]
+		if resp.StatusCode != want || (check && !strings.Contains(string(b), "core unreachable")) {
+			t.Errorf("readiness_check %v: /readyz %d %s, want %d", check, resp.StatusCode, b, want)
+		}
+	}
 }

@@ -3,13 +3,23 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/server"
 	"github.com/projectdavid/toolsidecar/worker"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/net/netutil"
 )
 
 // ErrNothingToServe: the configuration has no tool that runs in process.
@@ -37,12 +47,15 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	if err := readNATSSecrets(cfg.NATS, &cc); err != nil {
 		return err
 	}
-	nc, err := bridge.Connect(cc, nil, log)
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	nc, err := bridge.Connect(cc, metrics, log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	w := worker.New(nc, cfg.NATS.SubjectPrefix, worker.WithLogger(log.With("component", "worker")))
+	metrics.MustRegister(workerCollector{w})
 	served := 0
 	for _, t := range reg.Tools() {
 		if t.Handler == nil {
@@ -58,10 +71,77 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	if err := w.Start(); err != nil {
 		return err
 	}
+	stopOps, err := serveOps(cfg.Server, nc, metrics, log)
+	if err != nil {
+		_ = w.Stop(context.Background())
+		return err
+	}
 	<-ctx.Done()
 	log.Info("worker stopping: finishing calls in flight")
-	if err := w.Stop(context.Background()); err != nil {
+	err = w.Stop(context.Background())
+	stopOps()
+	if err != nil {
 		return err
 	}
 	return nc.Drain()
+}
+
+// serveOps serves /healthz, /readyz (NATS connected) and /metrics on
+// server.ops_listen, when it is set, for a worker's probes and scraping.
+// The returned func stops it.
+func serveOps(c config.Server, nc *nats.Conn, g prometheus.Gatherer, log *slog.Logger) (func(), error) {
+	if c.OpsListen == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", c.OpsListen)
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: server.ops_listen: %w", err)
+	}
+	ready := func(context.Context) error {
+		if !nc.IsConnected() {
+			return errors.New("NATS not connected")
+		}
+		return nil
+	}
+	hs := &http.Server{Handler: server.Probes(ready, g), ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
+		WriteTimeout: writeTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = hs.Serve(netutil.LimitListener(ln, c.MaxConnections)) })
+	log.Info("ops listener", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(ctx)
+		wg.Wait()
+	}, nil
+}
+
+// workerCollector exports the worker library's per-tool figures, read at
+// scrape time: calls in flight (the signal to scale workers on), calls
+// completed and failed.
+type workerCollector struct{ w *worker.Worker }
+
+var (
+	workerInFlight = prometheus.NewDesc("toolsidecar_worker_calls_in_flight", "Calls a worker process is running.", []string{"tool"}, nil)
+	workerCalls    = prometheus.NewDesc("toolsidecar_worker_calls_total", "Calls a worker process completed (any outcome).", []string{"tool"}, nil)
+	workerErrors   = prometheus.NewDesc("toolsidecar_worker_call_errors_total", "Calls a worker process answered with an error.", []string{"tool"}, nil)
+	workerRunners  = prometheus.NewDesc("toolsidecar_worker_runners", "Calls a worker process runs at once at most.", nil, nil)
+)
+
+func (workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{workerInFlight, workerCalls, workerErrors, workerRunners} {
+		ch <- d
+	}
+}
+
+func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
+	runners := 0
+	for _, st := range c.w.Stats() {
+		ch <- prometheus.MustNewConstMetric(workerInFlight, prometheus.GaugeValue, float64(st.InFlight), st.Tool)
+		ch <- prometheus.MustNewConstMetric(workerCalls, prometheus.CounterValue, float64(st.Completed), st.Tool)
+		ch <- prometheus.MustNewConstMetric(workerErrors, prometheus.CounterValue, float64(st.Errors), st.Tool)
+		runners = st.Runners
+	}
+	ch <- prometheus.MustNewConstMetric(workerRunners, prometheus.GaugeValue, float64(runners))
 }

@@ -1,8 +1,9 @@
-// Package worker is the Go library for tool workers: it serves handlers over
-// NATS in the queue group "toolsidecar", turns errors and panics into
-// micro-style error replies, sends progress, cancels a handler's context on
-// the cancel subject, and answers micro's discovery. It links neither the
-// NATS server nor Prometheus, so a worker binary stays small.
+// Package worker is the Go library for tool workers: it serves handlers as
+// the endpoints of a NATS micro service (queue group "toolsidecar"; $SRV.PING,
+// $SRV.INFO and $SRV.STATS answered by nats.go/micro), turns errors and
+// panics into micro-style error replies, sends progress, and cancels a
+// handler's context on the cancel subject. It links neither the NATS server
+// nor Prometheus, so a worker binary stays small.
 package worker
 
 import (
@@ -10,13 +11,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
-	"github.com/projectdavid/toolsidecar/discovery"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
 )
@@ -47,6 +51,13 @@ func WithLogger(l *slog.Logger) Option {
 // tests that need two independent workers.
 func WithQueueGroup(q string) Option { return func(w *Worker) { w.queue = q } }
 
+// WithService names the micro service that $SRV.INFO and $SRV.STATS report
+// (name: letters, digits, '-' and '_'; version: SemVer).
+// default: "toolsidecar-worker" and the toolsidecar module's version
+func WithService(name, version string) Option {
+	return func(w *Worker) { w.name, w.version = name, version }
+}
+
 // Worker serves handlers over NATS.
 type Worker struct {
 	nc       *nats.Conn
@@ -55,12 +66,17 @@ type Worker struct {
 	limit    int
 	log      *slog.Logger
 	handlers map[string]tool.Handler
+	name     string
+	version  string
 
 	jobs     chan job      // unbuffered: a call waits for a free runner
-	stop     chan struct{} // closed by Stop once the subscriptions drained
+	stop     chan struct{} // closed by Stop once the endpoints drained
 	stopOnce sync.Once
 	runners  sync.WaitGroup
-	subs     []*nats.Subscription
+	svc      micro.Service
+	cancel   *nats.Subscription
+	ownSubs  int // subscriptions the service holds on nc (see Stop)
+	stats    map[string]*endpointStats
 
 	mu       sync.Mutex
 	inflight map[attemptKey]context.CancelCauseFunc
@@ -73,7 +89,8 @@ var ErrCancelledBySidecar = errors.New("worker: cancelled by the sidecar")
 // New builds a worker; register handlers, then Start. No I/O.
 func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 	w := &Worker{nc: nc, prefix: subjectPrefix, queue: wire.QueueGroup, limit: 64,
-		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, inflight: map[attemptKey]context.CancelCauseFunc{}}
+		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, inflight: map[attemptKey]context.CancelCauseFunc{},
+		name: "toolsidecar-worker", version: moduleVersion(), stats: map[string]*endpointStats{}}
 	for _, o := range opts {
 		o(w)
 	}
@@ -82,80 +99,132 @@ func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 }
 
 // Handle registers the handler of a tool. It must be called before Start.
-func (w *Worker) Handle(name string, h tool.Handler) { w.handlers[name] = h }
+func (w *Worker) Handle(name string, h tool.Handler) {
+	w.handlers[name] = h
+	w.stats[name] = &endpointStats{}
+}
 
 type job struct {
 	name string
 	h    tool.Handler
-	m    *nats.Msg
+	st   *endpointStats
+	req  micro.Request
 }
 
-// Start starts the runners, then subscribes every registered tool, the
-// cancel subject and micro's discovery subjects.
+// endpointStats are the figures of one tool that micro's own cannot give:
+// micro times its handler, which here only hands the call to a runner.
+// They are the "data" of the endpoint in $SRV.STATS.
+type endpointStats struct {
+	InFlight    atomic.Int64
+	Completed   atomic.Int64
+	Errors      atomic.Int64
+	HandlerTime atomic.Int64 // nanoseconds, summed
+}
+
+// StatsData is the "data" object of an endpoint in $SRV.STATS.
+type StatsData struct {
+	InFlight             int64  `json:"in_flight"`
+	Completed            int64  `json:"completed"`
+	Errors               int64  `json:"errors"`
+	AverageHandlerTimeNs int64  `json:"average_handler_time_ns"`
+	Runners              int    `json:"runners"`
+	Tool                 string `json:"tool"`
+}
+
+func (w *Worker) statsData(e *micro.Endpoint) any {
+	st := w.stats[e.Name]
+	if st == nil {
+		return nil
+	}
+	return st.data(e.Name, w.limit)
+}
+
+func (st *endpointStats) data(name string, runners int) StatsData {
+	d := StatsData{InFlight: st.InFlight.Load(), Completed: st.Completed.Load(), Errors: st.Errors.Load(), Runners: runners, Tool: name}
+	if d.Completed > 0 {
+		d.AverageHandlerTimeNs = st.HandlerTime.Load() / d.Completed
+	}
+	return d
+}
+
+// Stats reports each tool's figures, as $SRV.STATS does, for a process
+// that exports them otherwise (Prometheus in `toolsidecar worker`).
+func (w *Worker) Stats() []StatsData {
+	out := make([]StatsData, 0, len(w.stats))
+	for name, st := range w.stats {
+		out = append(out, st.data(name, w.limit))
+	}
+	return out
+}
+
+// Start starts the runners, subscribes the cancel subject, then adds the
+// micro service with one endpoint per registered tool.
 func (w *Worker) Start() error {
 	// A fixed set of long-lived runners, not a goroutine per call: their
 	// stacks stay grown, which matters on the hot path (JSON decoding).
 	for range w.limit {
 		w.runners.Go(w.runLoop)
 	}
-	var endpoints []discovery.Endpoint
-	for name, h := range w.handlers {
-		subject := wire.Subject(w.prefix, name)
-		sub, err := w.nc.QueueSubscribe(subject, w.queue, w.serve(name, h))
-		if err != nil {
-			w.abort()
-			return fmt.Errorf("worker: subscribing %s: %w", name, err)
-		}
-		w.subs = append(w.subs, sub)
-		endpoints = append(endpoints, discovery.Endpoint{Name: name, Subject: subject, QueueGroup: w.queue})
-	}
-	sub, err := w.nc.Subscribe(wire.CancelWildcard(w.prefix), w.onCancel)
-	if err != nil {
+	var err error
+	if w.cancel, err = w.nc.Subscribe(wire.CancelWildcard(w.prefix), w.onCancel); err != nil {
 		w.abort()
 		return fmt.Errorf("worker: subscribing cancel: %w", err)
 	}
-	w.subs = append(w.subs, sub)
-	subs, err := discovery.Serve(w.nc, "toolsidecar-worker", endpoints)
+	before := w.nc.NumSubscriptions()
+	w.svc, err = micro.AddService(w.nc, micro.Config{Name: w.name, Version: w.version,
+		Description: "toolsidecar tool worker", QueueGroup: w.queue, StatsHandler: w.statsData})
 	if err != nil {
 		w.abort()
-		return err
+		return fmt.Errorf("worker: %w", err)
 	}
-	w.subs = append(w.subs, subs...)
+	for name, h := range w.handlers {
+		if err := w.svc.AddEndpoint(name, w.serve(name, h, w.stats[name]), micro.WithEndpointSubject(wire.Subject(w.prefix, name))); err != nil {
+			w.abort()
+			return fmt.Errorf("worker: adding endpoint %s: %w", name, err)
+		}
+	}
+	w.ownSubs = w.nc.NumSubscriptions() - before
 	return w.nc.Flush()
 }
 
 // abort undoes a failed Start.
 func (w *Worker) abort() {
-	for _, s := range w.subs {
-		_ = s.Unsubscribe()
+	if w.svc != nil {
+		_ = w.svc.Stop()
 	}
-	w.subs = nil
+	if w.cancel != nil {
+		_ = w.cancel.Unsubscribe()
+	}
 	w.stopOnce.Do(func() { close(w.stop) })
 	w.runners.Wait()
 }
 
-// Stop drains the subscriptions (no new calls), waits for the calls in
-// flight to finish, and, when ctx ends first, cancels them and waits for
-// their handlers to return.
+// Stop drains the endpoints (no new calls), waits for the calls in flight
+// to finish, and, when ctx ends first, cancels them and waits for their
+// handlers to return.
 func (w *Worker) Stop(ctx context.Context) error {
-	for _, s := range w.subs {
-		_ = s.Drain()
+	if w.svc == nil {
+		return nil // never started
 	}
-	// Drain is asynchronous: wait until every subscription has delivered
-	// what it had, so that no callback hands a call over after the stop.
-	for _, s := range w.subs {
-		for s.IsValid() && ctx.Err() == nil && w.nc.IsConnected() {
+	// The service stops by itself when the connection closes; then there
+	// is nothing to drain.
+	if !w.svc.Stopped() {
+		before := w.nc.NumSubscriptions()
+		_ = w.svc.Stop()
+		// micro's Stop only starts the endpoints' drain. A call already
+		// delivered must still reach a runner, so wait until the service's
+		// subscriptions are gone (counted at Start: micro does not expose
+		// them). An application that subscribes on the same connection
+		// meanwhile only makes this wait until ctx ends.
+		for w.nc.NumSubscriptions() > before-w.ownSubs && ctx.Err() == nil && w.nc.IsConnected() {
 			time.Sleep(5 * time.Millisecond)
 		}
-		// Disconnected, a drain cannot finish: drop the subscription here.
-		_ = s.Unsubscribe()
 	}
 	w.stopOnce.Do(func() { close(w.stop) })
 	done := make(chan struct{})
 	go func() { w.runners.Wait(); close(done) }()
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
 		w.mu.Lock()
 		for _, cancel := range w.inflight {
@@ -163,8 +232,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 		w.mu.Unlock()
 		<-done
-		return nil
 	}
+	// Cancels keep reaching the calls in flight until the last returns.
+	_ = w.cancel.Unsubscribe()
+	return nil
 }
 
 // runLoop runs calls until the worker stops.
@@ -172,7 +243,7 @@ func (w *Worker) runLoop() {
 	for {
 		select {
 		case j := <-w.jobs:
-			w.run(j.name, j.h, j.m)
+			w.run(j)
 		case <-w.stop:
 			return
 		}
@@ -206,31 +277,49 @@ type attemptKey struct {
 	attempt int
 }
 
-// serve hands each message to a runner; it blocks while all runners are
-// busy, which holds back this subscription only.
-func (w *Worker) serve(name string, h tool.Handler) nats.MsgHandler {
-	return func(m *nats.Msg) {
+// serve hands each request to a runner; it blocks while all runners are
+// busy, which holds back this endpoint only. Runners answer on the reply
+// subject directly: micro's Request is not safe to answer from another
+// goroutine than its handler's.
+func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.HandlerFunc {
+	return func(r micro.Request) {
 		select {
-		case w.jobs <- job{name, h, m}:
+		case w.jobs <- job{name, h, st, r}:
 		case <-w.stop:
-			w.respond(m, nil, tool.NewError(tool.WorkerCrash, "worker stopping"))
+			w.respond(r.Reply(), r.Subject(), nil, tool.NewError(tool.WorkerCrash, "worker stopping"))
 		}
 	}
 }
 
-func (w *Worker) run(name string, h tool.Handler, m *nats.Msg) {
-	call, err := tool.ParseCall(name, m.Data)
+func (w *Worker) run(j job) {
+	j.st.InFlight.Add(1)
+	start := time.Now()
+	err := w.call(j)
+	j.st.HandlerTime.Add(int64(time.Since(start)))
+	j.st.InFlight.Add(-1)
+	j.st.Completed.Add(1)
 	if err != nil {
-		w.respond(m, nil, err)
-		return
+		j.st.Errors.Add(1)
 	}
-	call.Attempt, _ = strconv.Atoi(m.Header.Get(tool.HeaderAttempt))
-	call.IdempotencyKey = m.Header.Get(tool.HeaderIdempotencyKey)
-	call.Traceparent = m.Header.Get(tool.HeaderTraceparent)
+}
+
+// call runs one call and replies; it returns the call's error, if any.
+func (w *Worker) call(j job) error {
+	m := j.req
+	hdr := m.Headers()
+	reply := m.Reply()
+	call, err := tool.ParseCall(j.name, m.Data())
+	if err != nil {
+		w.respond(reply, m.Subject(), nil, err)
+		return err
+	}
+	call.Attempt, _ = strconv.Atoi(hdr.Get(tool.HeaderAttempt))
+	call.IdempotencyKey = hdr.Get(tool.HeaderIdempotencyKey)
+	call.Traceparent = hdr.Get(tool.HeaderTraceparent)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	var extend func()
-	if ms, err := strconv.ParseInt(m.Header.Get(tool.HeaderDeadline), 10, 64); err == nil {
+	if ms, err := strconv.ParseInt(hdr.Get(tool.HeaderDeadline), 10, 64); err == nil {
 		call.Deadline = time.UnixMilli(ms)
 		budget := time.Until(call.Deadline)
 		t := time.AfterFunc(budget, func() { cancel(context.DeadlineExceeded) })
@@ -238,9 +327,9 @@ func (w *Worker) run(name string, h tool.Handler, m *nats.Msg) {
 		// Progress restarts the sidecar's timeout, so it restarts ours.
 		extend = func() { t.Reset(budget) }
 	}
-	if m.Reply != "" {
+	if reply != "" {
 		call.SetProgress(func() error {
-			if err := w.nc.PublishMsg(wire.ProgressMsg(m.Reply)); err != nil {
+			if err := w.nc.PublishMsg(wire.ProgressMsg(reply)); err != nil {
 				return fmt.Errorf("worker: progress: %w", err)
 			}
 			if extend != nil {
@@ -260,25 +349,47 @@ func (w *Worker) run(name string, h tool.Handler, m *nats.Msg) {
 			w.mu.Unlock()
 		}()
 	}
-	data, err := tool.Invoke(ctx, h, call, w.log)
+	data, err := tool.Invoke(ctx, j.h, call, w.log)
 	if errors.Is(context.Cause(ctx), ErrCancelledBySidecar) {
-		return // the sidecar stopped waiting; nobody reads a reply
+		return ErrCancelledBySidecar // the sidecar stopped waiting; nobody reads a reply
 	}
-	w.respond(m, data, err)
+	w.respond(reply, m.Subject(), data, err)
+	return err
 }
 
-func (w *Worker) respond(m *nats.Msg, data []byte, err error) {
-	if m.Reply == "" {
+func (w *Worker) respond(reply, subject string, data []byte, err error) {
+	if reply == "" {
 		return
 	}
-	out := &nats.Msg{Subject: m.Reply, Data: data} // success: no header to encode
+	out := &nats.Msg{Subject: reply, Data: data} // success: no header to encode
 	if err != nil {
-		out = wire.ErrorMsg(m.Reply, tool.AsError(err))
+		out = wire.ErrorMsg(reply, tool.AsError(err))
 	}
 	if perr := w.nc.PublishMsg(out); perr != nil {
-		w.log.Error("reply failed", "subject", m.Subject, "err", perr)
+		w.log.Error("reply failed", "subject", subject, "err", perr)
 		if errors.Is(perr, nats.ErrMaxPayload) {
-			_ = w.nc.PublishMsg(wire.ErrorMsg(m.Reply, tool.NewError(tool.ToolFailed, "result of %d bytes exceeds the NATS max payload", len(data))))
+			_ = w.nc.PublishMsg(wire.ErrorMsg(reply, tool.NewError(tool.ToolFailed, "result of %d bytes exceeds the NATS max payload", len(data))))
 		}
 	}
+}
+
+// moduleVersion is the toolsidecar module's version as micro wants it
+// (SemVer without the "v"), or 0.0.0 in a source build.
+func moduleVersion() string {
+	const mod = "github.com/projectdavid/toolsidecar"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v := bi.Main.Version
+		if bi.Main.Path != mod {
+			v = ""
+			for _, d := range bi.Deps {
+				if d.Path == mod {
+					v = d.Version
+				}
+			}
+		}
+		if v = strings.TrimPrefix(v, "v"); v != "" && v != "(devel)" {
+			return v
+		}
+	}
+	return "0.0.0"
 }

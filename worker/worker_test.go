@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -12,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/nats-io/nats.go"
-	"github.com/projectdavid/toolsidecar/bridge"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
@@ -39,11 +40,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		cur.Add(-1)
 		return []byte("ok"), nil
 	}}, worker.WithConcurrency(2))
-	c, err := bridge.Open(side, natstest.Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := natstest.Client(t, side, natstest.Prefix)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -81,11 +78,7 @@ func TestProgressExtendsDeadline(t *testing.T) {
 		}
 		return []byte("done"), nil
 	}})
-	c, err := bridge.Open(side, natstest.Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := natstest.Client(t, side, natstest.Prefix)
 	r := c.Dispatch(context.Background(), natstest.Request("slow", 400*time.Millisecond))
 	if r.Err != nil || string(r.Data) != "done" || r.Progress == 0 {
 		t.Fatalf("outcome %+v", r)
@@ -107,11 +100,7 @@ func TestStopCancelsAtDeadline(t *testing.T) {
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := bridge.Open(side, natstest.Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := natstest.Client(t, side, natstest.Prefix)
 	got := make(chan tool.Outcome, 1)
 	go func() { got <- c.Dispatch(context.Background(), natstest.Request("hang", time.Minute)) }()
 	<-started
@@ -151,11 +140,7 @@ func TestLateCancelSparesNextAttempt(t *testing.T) {
 			return nil, ctx.Err()
 		}
 	}})
-	c, err := bridge.Open(side, natstest.Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := natstest.Client(t, side, natstest.Prefix)
 	cancel := func(action, attempt string) {
 		m := nats.NewMsg(wire.CancelSubject(natstest.Prefix, action))
 		m.Header.Set(tool.HeaderAttempt, attempt)
@@ -211,11 +196,7 @@ func TestProgressCannotOutlastMaxDuration(t *testing.T) {
 			}
 		}
 	}})
-	c, err := bridge.Open(side, natstest.Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := natstest.Client(t, side, natstest.Prefix)
 	req := natstest.Request("chatty", 200*time.Millisecond)
 	req.MaxDuration = 700 * time.Millisecond
 	start := time.Now()
@@ -228,5 +209,117 @@ func TestProgressCannotOutlastMaxDuration(t *testing.T) {
 	}
 	if err := <-stopped; !errors.Is(err, worker.ErrCancelledBySidecar) {
 		t.Errorf("worker stopped by %v, want the cancel subject", err)
+	}
+}
+
+// TestServiceStats: the worker is a micro service. $SRV.PING finds it,
+// $SRV.INFO lists each tool's endpoint in the queue group, and $SRV.STATS
+// reports what each endpoint did: requests, and in its data the calls
+// completed, the errors and the calls in flight.
+func TestServiceStats(t *testing.T) {
+	side, work := natstest.Connect(t)
+	natstest.Worker(t, work, map[string]tool.Handler{
+		"ok":   func(ctx context.Context, c *tool.Call) ([]byte, error) { return []byte("fine"), nil },
+		"fail": func(ctx context.Context, c *tool.Call) ([]byte, error) { return nil, errors.New("boom") },
+	}, worker.WithService("flights", "1.4.0"))
+	c := natstest.Client(t, side, natstest.Prefix)
+	for range 3 {
+		if r := c.Dispatch(context.Background(), natstest.Request("ok", time.Minute)); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	for range 2 {
+		if r := c.Dispatch(context.Background(), natstest.Request("fail", time.Minute)); r.Err == nil {
+			t.Fatal("fail succeeded")
+		}
+	}
+
+	var ping micro.Ping
+	request(t, side, "$SRV.PING.flights", &ping)
+	if ping.Name != "flights" || ping.Version != "1.4.0" {
+		t.Errorf("ping %+v", ping)
+	}
+	var info micro.Info
+	request(t, side, "$SRV.INFO.flights", &info)
+	subjects := map[string]string{}
+	for _, e := range info.Endpoints {
+		subjects[e.Subject] = e.QueueGroup
+	}
+	for _, name := range []string{"ok", "fail"} {
+		if q, ok := subjects[wire.Subject(natstest.Prefix, name)]; !ok || q != wire.QueueGroup {
+			t.Errorf("info endpoints %+v: no %s in queue group %s", info.Endpoints, name, wire.QueueGroup)
+		}
+	}
+	var stats micro.Stats
+	request(t, side, "$SRV.STATS.flights", &stats)
+	want := map[string]worker.StatsData{"ok": {Completed: 3, Tool: "ok"}, "fail": {Completed: 2, Errors: 2, Tool: "fail"}}
+	for _, e := range stats.Endpoints {
+		var d worker.StatsData
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			t.Fatalf("endpoint %s data %s: %v", e.Name, e.Data, err)
+		}
+		w := want[e.Name]
+		if d.Completed != w.Completed || d.Errors != w.Errors || d.InFlight != 0 || d.Tool != w.Tool || e.NumRequests != int(w.Completed) {
+			t.Errorf("endpoint %s: requests %d, data %+v; want %+v", e.Name, e.NumRequests, d, w)
+		}
+		delete(want, e.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("endpoints missing from stats: %v", want)
+	}
+}
+
+func request(t *testing.T, nc *nats.Conn, subject string, v any) {
+	t.Helper()
+	m, err := nc.Request(subject, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s: %v", subject, err)
+	}
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		t.Fatalf("%s: %v in %s", subject, err, m.Data)
+	}
+}
+
+// TestStopRunsDelivered: with one runner busy and two more calls already
+// delivered to the worker's connection, Stop still runs those two (they
+// were routed here; only new calls go elsewhere) instead of answering
+// "worker stopping".
+func TestStopRunsDelivered(t *testing.T) {
+	side, work := natstest.Connect(t)
+	release := make(chan struct{})
+	var ran atomic.Int32
+	w := worker.New(work, natstest.Prefix, worker.WithConcurrency(1))
+	w.Handle("held", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		ran.Add(1)
+		<-release
+		return []byte("done"), nil
+	})
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := natstest.Client(t, side, natstest.Prefix)
+	var wg sync.WaitGroup
+	outs := make(chan tool.Outcome, 3)
+	for range 3 {
+		wg.Go(func() { outs <- c.Dispatch(context.Background(), natstest.Request("held", time.Minute)) })
+	}
+	poll.Until(t, "3 requests at the worker and 1 handler running", func() bool {
+		return work.Stats().InMsgs >= 3 && ran.Load() == 1
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(context.Background()) }()
+	close(release)
+	wg.Wait()
+	close(outs)
+	for r := range outs {
+		if r.Err != nil || string(r.Data) != "done" {
+			t.Errorf("outcome %+v, want done", r)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if ran.Load() != 3 {
+		t.Errorf("%d calls ran, want 3", ran.Load())
 	}
 }

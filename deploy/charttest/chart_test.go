@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
@@ -20,11 +21,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 )
 
 const (
 	chart       = "../helm/toolsidecar"
+	appChart    = "../helm/examples/assistant-app"
 	kubeVersion = "1.31.0"
 )
 
@@ -44,15 +47,51 @@ func helm(t *testing.T, args ...string) string {
 	return out.String()
 }
 
+// render renders the toolsidecar chart alone.
 func render(t *testing.T, valuesFile string, set ...string) string {
-	args := []string{"template", "rel", chart, "--namespace", "ai", "--kube-version", kubeVersion}
+	return renderChart(t, chart, valuesFile, set...)
+}
+
+// renderApp renders the example application chart, which adds the sidecar
+// to its own Deployment through the toolsidecar chart's named templates.
+func renderApp(t *testing.T, set ...string) string {
+	depOnce.Do(func() { helm(t, "dependency", "update", appChart, "--skip-refresh") })
+	return renderChart(t, appChart, "", set...)
+}
+
+var depOnce sync.Once
+
+func renderChart(t *testing.T, path, valuesFile string, set ...string) string {
+	args := []string{"template", "rel", path, "--namespace", "ai", "--kube-version", kubeVersion}
 	if valuesFile != "" {
 		args = append(args, "-f", valuesFile)
 	}
 	for _, s := range set {
-		args = append(args, "--set", s)
+		flag := "--set"
+		if strings.Contains(s, "=[") || strings.Contains(s, "={") {
+			flag = "--set-json"
+		}
+		args = append(args, flag, s)
 	}
 	return helm(t, args...)
+}
+
+// renderFails renders the toolsidecar chart and returns helm's error output.
+func renderFails(t *testing.T, set ...string) string {
+	t.Helper()
+	args := []string{"template", "rel", chart, "--kube-version", kubeVersion}
+	for _, s := range set {
+		flag := "--set"
+		if strings.Contains(s, "=[") || strings.Contains(s, "={") {
+			flag = "--set-json"
+		}
+		args = append(args, flag, s)
+	}
+	out, err := exec.Command(helmPath(), args...).CombinedOutput()
+	if err == nil {
+		t.Errorf("%v rendered:\n%.300s", set, out)
+	}
+	return string(out)
 }
 
 // objects decodes every document strictly into its typed API object.
@@ -142,171 +181,400 @@ func examples(t *testing.T) []string {
 	return files
 }
 
-func sidecar(t *testing.T, d *appsv1.Deployment) corev1.Container {
+// app returns the example application's Deployment and its sidecar
+// container, wherever the mode put it.
+func app(t *testing.T, o objects) (*appsv1.Deployment, corev1.Container) {
 	t.Helper()
-	for _, c := range d.Spec.Template.Spec.Containers {
-		if c.Name == "toolsidecar" {
-			return c
+	for _, d := range o.deployments {
+		if d.Name != "rel-assistant-app" {
+			continue
 		}
+		pod := d.Spec.Template.Spec
+		for _, c := range append(append([]corev1.Container{}, pod.InitContainers...), pod.Containers...) {
+			if c.Name == "toolsidecar" {
+				return d, c
+			}
+		}
+		t.Fatalf("the application's pod has no toolsidecar container: %+v", pod)
 	}
-	t.Fatalf("deployment %s has no toolsidecar container", d.Name)
-	return corev1.Container{}
+	t.Fatalf("no application Deployment among %d", len(o.deployments))
+	return nil, corev1.Container{}
 }
 
-// TestDefaultValues asserts the fields that matter on the default render.
-func TestDefaultValues(t *testing.T) {
+func configOf(t *testing.T, o objects, name string) string {
+	t.Helper()
+	for _, cm := range o.configMaps {
+		if cm.Name == name {
+			return cm.Data["config.yaml"]
+		}
+	}
+	t.Fatalf("no ConfigMap %s", name)
+	return ""
+}
+
+func volume(pod corev1.PodSpec, name string) *corev1.Volume {
+	for i := range pod.Volumes {
+		if pod.Volumes[i].Name == name {
+			return &pod.Volumes[i]
+		}
+	}
+	return nil
+}
+
+func mount(c corev1.Container, name string) *corev1.VolumeMount {
+	for i := range c.VolumeMounts {
+		if c.VolumeMounts[i].Name == name {
+			return &c.VolumeMounts[i]
+		}
+	}
+	return nil
+}
+
+func hasAll(t *testing.T, what, text string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(text, w) {
+			t.Errorf("%s lacks %q:\n%s", what, w, text)
+		}
+	}
+}
+
+// TestDefaultInstall: installed alone, the chart deploys no placeholder
+// application: only the sidecar's configuration, with the API on loopback,
+// probes and metrics on the ops port, and readiness that does not hang on
+// Core.
+func TestDefaultInstall(t *testing.T) {
 	o := decode(t, render(t, ""))
-	if len(o.deployments) != 1 || len(o.configMaps) != 1 || len(o.services) != 1 {
-		t.Fatalf("objects: %d deployments, %d configmaps, %d services", len(o.deployments), len(o.configMaps), len(o.services))
+	if len(o.deployments) != 0 || len(o.services) != 0 || len(o.accounts) != 0 || len(o.configMaps) != 1 {
+		t.Fatalf("default install: %d deployments, %d services, %d service accounts, %d configmaps; want only the config",
+			len(o.deployments), len(o.services), len(o.accounts), len(o.configMaps))
 	}
-	d := o.deployments[0]
+	cfg := configOf(t, o, "rel-toolsidecar-config")
+	hasAll(t, "config.yaml", cfg, `listen: "127.0.0.1:8080"`, `ops_listen: "0.0.0.0:9090"`, "readiness_check: false",
+		`url: ""`, "name: get_flight_times", "max_parallel: 16")
+	if strings.Contains(cfg, "api_key_file") {
+		t.Error("no Secret configured, yet an api_key_file is set")
+	}
+}
+
+// TestExampleAppNative: the example application chart gets the sidecar as a
+// native sidecar (an init container that restarts always), with every
+// probe on the ops port, GOMEMLIMIT from its own limit, which is above the
+// measured peak, and the volumes its mounts need.
+func TestExampleAppNative(t *testing.T) {
+	o := decode(t, renderApp(t))
+	d, c := app(t, o)
 	pod := d.Spec.Template.Spec
-	if len(pod.Containers) != 2 || pod.Containers[0].Name != "assistant-app" {
-		t.Fatalf("the example pod must hold the app and the sidecar: %v", pod.Containers)
+	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Name != "toolsidecar" || c.RestartPolicy == nil ||
+		*c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Fatalf("native mode: init containers %v, restart policy %v", pod.InitContainers, c.RestartPolicy)
 	}
-	c := sidecar(t, d)
+	if len(pod.Containers) != 1 || pod.Containers[0].Name != "app" {
+		t.Errorf("containers %v: want the application's only", pod.Containers)
+	}
 	if got := strings.Join(c.Args, " "); got != "run --config /etc/toolsidecar/config.yaml --log-level info" {
 		t.Errorf("args %q", got)
 	}
 	if c.Image != "ghcr.io/projectdavid/toolsidecar:0.1.0" {
 		t.Errorf("image %q (tag defaults to appVersion)", c.Image)
 	}
-	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" ||
-		c.ReadinessProbe.HTTPGet.Port.String() != "http" {
-		t.Errorf("probes %+v %+v", c.LivenessProbe, c.ReadinessProbe)
+	if len(c.Ports) != 1 || c.Ports[0].Name != "ops" || c.Ports[0].ContainerPort != 9090 {
+		t.Errorf("ports %+v: only the ops port leaves the pod", c.Ports)
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		want := map[string]string{"startup": "/healthz", "liveness": "/healthz", "readiness": "/readyz"}[name]
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != want || p.HTTPGet.Port.String() != "ops" {
+			t.Errorf("%s probe %+v: want %s on port ops", name, p, want)
+		}
+	}
+	var memlimit bool
+	for _, e := range c.Env {
+		if r := e.ValueFrom; e.Name == "GOMEMLIMIT" && r != nil && r.ResourceFieldRef != nil && r.ResourceFieldRef.Resource == "limits.memory" &&
+			r.ResourceFieldRef.ContainerName == "toolsidecar" {
+			memlimit = true
+		}
+	}
+	peak := resource.MustParse("130Mi") // BENCHMARKS.md, about 1,000 runs in flight
+	if lim := c.Resources.Limits.Memory(); !memlimit || lim.Cmp(peak) <= 0 {
+		t.Errorf("GOMEMLIMIT from the limit: %v; limit %v must be above the measured peak %v", memlimit, lim, peak)
 	}
 	sc := c.SecurityContext
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
 		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || fmt.Sprint(sc.Capabilities.Drop) != "[ALL]" {
 		t.Errorf("container securityContext %+v", sc)
 	}
-	psc := pod.SecurityContext
-	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Errorf("pod securityContext %+v", psc)
-	}
-	if c.Resources.Requests.Memory().String() != "48Mi" || c.Resources.Limits.Memory().String() != "256Mi" {
-		t.Errorf("resources %+v", c.Resources)
-	}
 	if pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds != 45 {
 		t.Errorf("grace period %v, want shutdownTimeout + 15", pod.TerminationGracePeriodSeconds)
 	}
-	cfg := o.configMaps[0].Data["config.yaml"]
-	for _, want := range []string{`listen: "0.0.0.0:8080"`, `url: ""`, "name: get_flight_times", "max_parallel: 16"} {
-		if !strings.Contains(cfg, want) {
-			t.Errorf("config.yaml lacks %q:\n%s", want, cfg)
+	// Every mount has its volume; the config volume names the ConfigMap
+	// the release renders.
+	for _, m := range c.VolumeMounts {
+		if volume(pod, m.Name) == nil {
+			t.Errorf("mount %s has no volume", m.Name)
 		}
 	}
-	if strings.Contains(cfg, "api_key_file") {
-		t.Error("no Secret configured, yet an api_key_file is set")
+	cv := volume(pod, "toolsidecar-config")
+	if cv == nil || cv.ConfigMap == nil {
+		t.Fatalf("no config volume: %+v", pod.Volumes)
+	}
+	configOf(t, o, cv.ConfigMap.Name)
+	if k := volume(pod, "core-api-key"); k == nil || k.Secret == nil || k.Secret.SecretName != "projectdavid-core" ||
+		mount(c, "core-api-key") == nil || !mount(c, "core-api-key").ReadOnly {
+		t.Errorf("Core API key not mounted read-only from its Secret: %+v", k)
+	}
+	var sdk string
+	for _, e := range pod.Containers[0].Env {
+		if e.Name == "ENTITIES_BASE_URL" {
+			sdk = e.Value
+		}
+	}
+	if sdk != "http://127.0.0.1:8080" {
+		t.Errorf("the SDK points at %q, want the sidecar on loopback", sdk)
 	}
 }
 
-// TestChecksumRollsPods: changing the configuration changes the pod template.
+// TestExampleAppClassic: sidecar.mode classic puts the sidecar among the
+// ordinary containers, for clusters before native sidecars.
+func TestExampleAppClassic(t *testing.T) {
+	d, c := app(t, decode(t, renderApp(t, "toolsidecar.sidecar.mode=classic")))
+	pod := d.Spec.Template.Spec
+	if len(pod.InitContainers) != 0 || len(pod.Containers) != 2 || pod.Containers[1].Name != "toolsidecar" || c.RestartPolicy != nil {
+		t.Errorf("classic mode: init containers %v, containers %v, restart policy %v", pod.InitContainers, pod.Containers, c.RestartPolicy)
+	}
+}
+
+// TestChecksumRollsPods: changing the sidecar's configuration changes the
+// application's pod template.
 func TestChecksumRollsPods(t *testing.T) {
 	sum := func(set ...string) string {
-		o := decode(t, render(t, "", set...))
-		return o.deployments[0].Spec.Template.Annotations["checksum/config"]
+		d, _ := app(t, decode(t, renderApp(t, set...)))
+		return d.Spec.Template.Annotations["checksum/toolsidecar-config"]
 	}
-	a, b := sum(), sum("executor.maxParallel=8")
+	a, b := sum(), sum("toolsidecar.executor.maxParallel=8")
 	if len(a) != 64 || a == b {
-		t.Fatalf("checksum/config %q then %q: a config change must change it", a, b)
+		t.Fatalf("checksum %q then %q: a config change must change it", a, b)
 	}
 	if a != sum() {
 		t.Error("checksum is not stable")
 	}
 }
 
-// TestSecretReferences: the API key comes from an existing Secret as a
-// file, never from values.
-func TestSecretReferences(t *testing.T) {
-	o := decode(t, render(t, "../helm/examples/external-nats.yaml"))
-	d := o.deployments[0]
-	var found bool
-	for _, v := range d.Spec.Template.Spec.Volumes {
-		if v.Name == "core-api-key" {
-			found = v.Secret != nil && v.Secret.SecretName == "projectdavid-core" && v.Secret.Items[0].Key == "api-key"
+// TestMonitoringOnOpsPort: the ServiceMonitor scrapes the ops port of the
+// application's own pods (through a headless Service that selects them by
+// podSelector), and the NetworkPolicy selects those pods, opens the ops port
+// to the monitoring namespace only and keeps the application's own port
+// open.
+func TestMonitoringOnOpsPort(t *testing.T) {
+	o := decode(t, renderApp(t))
+	d, _ := app(t, o)
+	podLabels := d.Spec.Template.Labels
+	selects := func(sel map[string]string) bool {
+		for k, v := range sel {
+			if podLabels[k] != v {
+				return false
+			}
+		}
+		return len(sel) > 0
+	}
+	var ops *corev1.Service
+	for _, s := range o.services {
+		if s.Name == "rel-toolsidecar-ops" {
+			ops = s
 		}
 	}
-	if !found {
-		t.Fatalf("no core-api-key volume from Secret projectdavid-core: %+v", d.Spec.Template.Spec.Volumes)
+	if ops == nil || ops.Spec.ClusterIP != "None" || !selects(ops.Spec.Selector) || len(ops.Spec.Ports) != 1 || ops.Spec.Ports[0].TargetPort.String() != "ops" {
+		t.Fatalf("ops Service %+v: want headless, selecting the application's pods, on port ops", ops)
 	}
-	c := sidecar(t, d)
-	mounted := false
-	for _, m := range c.VolumeMounts {
-		mounted = mounted || (m.Name == "core-api-key" && m.ReadOnly && m.MountPath == "/var/run/secrets/toolsidecar/core")
+	if len(o.svcMonitors) != 1 {
+		t.Fatalf("%d ServiceMonitors", len(o.svcMonitors))
 	}
-	if !mounted {
-		t.Errorf("secret not mounted read-only: %+v", c.VolumeMounts)
-	}
-	for _, e := range c.Env {
-		if strings.Contains(strings.ToLower(e.Name), "key") && e.Value != "" {
-			t.Errorf("a key in clear in env: %s", e.Name)
+	sm := o.svcMonitors[0]
+	for k, v := range sm.Spec.Selector.MatchLabels {
+		if ops.Labels[k] != v {
+			t.Errorf("the ServiceMonitor's selector %v misses the ops Service's labels %v", sm.Spec.Selector.MatchLabels, ops.Labels)
 		}
 	}
-	cfg := o.configMaps[0].Data["config.yaml"]
-	for _, want := range []string{"api_key_file: /var/run/secrets/toolsidecar/core/api-key", `url: "nats://nats.nats.svc:4222"`,
-		"creds_file: /var/run/secrets/toolsidecar/nats/nats.creds", "auth_token_file: /var/run/secrets/toolsidecar/token/token"} {
-		if !strings.Contains(cfg, want) {
-			t.Errorf("config.yaml lacks %q:\n%s", want, cfg)
-		}
+	if ep := sm.Spec.Endpoints; len(ep) != 1 || ep[0].Port != "ops" || ep[0].Path != "/metrics" || sm.Labels["release"] != "prometheus" {
+		t.Errorf("ServiceMonitor %+v", sm.Spec)
 	}
-	if len(o.svcMonitors) != 1 || o.svcMonitors[0].Spec.Endpoints[0].Path != "/metrics" || o.svcMonitors[0].Labels["release"] != "prometheus" {
-		t.Errorf("service monitor %+v", o.svcMonitors)
+	if len(o.policies) != 1 {
+		t.Fatalf("%d NetworkPolicies", len(o.policies))
 	}
-	if len(o.policies) != 1 || o.policies[0].Spec.Ingress[0].Ports[0].Port.String() != "http" {
-		t.Errorf("network policy %+v", o.policies)
+	np := o.policies[0].Spec
+	if !selects(np.PodSelector.MatchLabels) || len(np.Ingress) != 2 {
+		t.Fatalf("NetworkPolicy %+v: want the application's pods, 2 rules", np)
+	}
+	metrics, own := np.Ingress[0], np.Ingress[1]
+	if metrics.Ports[0].Port.String() != "ops" || metrics.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "monitoring" {
+		t.Errorf("metrics rule %+v", metrics)
+	}
+	if own.Ports[0].Port.IntValue() != 8000 || len(own.From) != 0 {
+		t.Errorf("the application's own rule %+v: its port 8000, from anywhere", own)
 	}
 }
 
-func TestEmbeddedMode(t *testing.T) {
-	o := decode(t, render(t, "../helm/examples/embedded.yaml"))
-	cfg := o.configMaps[0].Data["config.yaml"]
-	if !strings.Contains(cfg, `url: ""`) || !strings.Contains(cfg, `listen: "127.0.0.1:4222"`) || !strings.Contains(cfg, "route: http") {
-		t.Errorf("embedded config:\n%s", cfg)
+// TestSelectorsRequired: what selects the application's pods refuses to
+// render without podSelector, and a NetworkPolicy without the application's
+// own ingress rules, rather than cut its traffic off; an explicit empty
+// list is accepted.
+func TestSelectorsRequired(t *testing.T) {
+	for _, what := range []string{"serviceMonitor", "podMonitor", "networkPolicy"} {
+		set := []string{what + ".enabled=true"}
+		if what == "networkPolicy" {
+			set = append(set, "networkPolicy.applicationIngress=[]")
+		}
+		if out := renderFails(t, set...); !strings.Contains(out, what+" selects your application's pods: set podSelector") {
+			t.Errorf("%s without podSelector: %s", what, out)
+		}
+	}
+	if out := renderFails(t, "networkPolicy.enabled=true", "podSelector.app=x"); !strings.Contains(out, "networkPolicy.applicationIngress") {
+		t.Errorf("NetworkPolicy without the application's rules: %s", out)
+	}
+	o := decode(t, render(t, "", "networkPolicy.enabled=true", "podSelector.app=x", "networkPolicy.applicationIngress=[]"))
+	if len(o.policies) != 1 || len(o.policies[0].Spec.Ingress) != 1 {
+		t.Errorf("applicationIngress [] must leave the ops rule alone: %+v", o.policies)
 	}
 }
 
+// TestEmbeddedStore: with the embedded server in durable mode (the
+// default), JetStream's files go to a volume mounted at store_dir, since
+// the root filesystem is read-only; with an external NATS or durability
+// off there is none, and the cluster example keeps 3 replicas.
+func TestEmbeddedStore(t *testing.T) {
+	o := decode(t, renderApp(t))
+	d, c := app(t, o)
+	hasAll(t, "config.yaml", configOf(t, o, "rel-toolsidecar-config"), `store_dir: "/var/lib/toolsidecar/jetstream"`, "enabled: true")
+	m, v := mount(c, "toolsidecar-store"), volume(d.Spec.Template.Spec, "toolsidecar-store")
+	if m == nil || m.MountPath != "/var/lib/toolsidecar/jetstream" || m.ReadOnly || v == nil || v.EmptyDir == nil || v.EmptyDir.SizeLimit.String() != "1Gi" {
+		t.Errorf("store: mount %+v, volume %+v", m, v)
+	}
+	for _, set := range []string{"toolsidecar.nats.url=nats://nats:4222", "toolsidecar.durability.enabled=false"} {
+		o := decode(t, renderApp(t, set))
+		d, _ := app(t, o)
+		if volume(d.Spec.Template.Spec, "toolsidecar-store") != nil || strings.Contains(configOf(t, o, "rel-toolsidecar-config"), "store_dir") {
+			t.Errorf("%s: a store volume or store_dir remains", set)
+		}
+	}
+	ext := decode(t, render(t, "../helm/examples/external-nats.yaml"))
+	if cfg := configOf(t, ext, "rel-toolsidecar-config"); !strings.Contains(cfg, "replicas: 3") || strings.Contains(cfg, "store_dir") {
+		t.Errorf("external cluster config:\n%s", cfg)
+	}
+}
+
+// TestExternalNATSTLSAndCredentials: an external NATS over TLS with a
+// credentials file: both come from Secrets, mounted read-only where the
+// rendered config.yaml looks for them, in the sidecar and in the workers.
+func TestExternalNATSTLSAndCredentials(t *testing.T) {
+	set := []string{"toolsidecar.nats.url=tls://nats.nats.svc:4222", "toolsidecar.nats.credsSecret.name=toolsidecar-nats",
+		"toolsidecar.nats.tls.secretName=nats-tls", "toolsidecar.nats.tls.certKey=tls.crt", "toolsidecar.nats.tls.keyKey=tls.key",
+		"toolsidecar.workers.enabled=true", "toolsidecar.workers.tools[0].name=shout", "toolsidecar.workers.tools[0].route=http",
+		"toolsidecar.workers.tools[0].http.url=http://shout:8080"}
+	o := decode(t, renderApp(t, set...))
+	d, c := app(t, o)
+	var w *appsv1.Deployment
+	for _, x := range o.deployments {
+		if x.Name == "rel-toolsidecar-worker" {
+			w = x
+		}
+	}
+	if w == nil {
+		t.Fatal("no worker Deployment")
+	}
+	for _, p := range []struct {
+		name   string
+		pod    corev1.PodSpec
+		c      corev1.Container
+		config string
+	}{
+		{"sidecar", d.Spec.Template.Spec, c, configOf(t, o, "rel-toolsidecar-config")},
+		{"worker", w.Spec.Template.Spec, w.Spec.Template.Spec.Containers[0], configOf(t, o, "rel-toolsidecar-worker-config")},
+	} {
+		hasAll(t, p.name+" config.yaml", p.config, `url: "tls://nats.nats.svc:4222"`, "creds_file: /var/run/secrets/toolsidecar/nats/nats.creds",
+			"ca_file: /var/run/secrets/toolsidecar/nats-tls/ca.crt", "cert_file: /var/run/secrets/toolsidecar/nats-tls/tls.crt",
+			"key_file: /var/run/secrets/toolsidecar/nats-tls/tls.key")
+		for vol, secret := range map[string]string{"nats-creds": "toolsidecar-nats", "nats-tls": "nats-tls"} {
+			v, m := volume(p.pod, vol), mount(p.c, vol)
+			if v == nil || v.Secret == nil || v.Secret.SecretName != secret || m == nil || !m.ReadOnly {
+				t.Errorf("%s: %s volume %+v, mount %+v; want Secret %s mounted read-only", p.name, vol, v, m, secret)
+			}
+		}
+	}
+}
+
+// TestWorkersWithHPA: the worker Deployment has its probes and metrics on
+// the ops port, a PDB, and an HPA that scales on calls in flight per pod
+// rather than CPU; its pods carry no API token.
 func TestWorkersWithHPA(t *testing.T) {
 	o := decode(t, render(t, "../helm/examples/workers-hpa.yaml"))
-	for _, d := range o.deployments {
-		if p := d.Spec.Template.Spec; p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken || p.ServiceAccountName == "" {
-			t.Errorf("%s: service account %q, automount %v", d.Name, p.ServiceAccountName, p.AutomountServiceAccountToken)
-		}
+	if len(o.deployments) != 1 || len(o.hpas) != 1 || len(o.pdbs) != 1 || len(o.podMonitors) != 2 || len(o.accounts) != 1 {
+		t.Fatalf("%d deployments, %d hpas, %d pdbs, %d pod monitors, %d service accounts", len(o.deployments), len(o.hpas), len(o.pdbs),
+			len(o.podMonitors), len(o.accounts))
 	}
-	if len(o.deployments) != 2 || len(o.hpas) != 1 || len(o.podMonitors) != 1 {
-		t.Fatalf("%d deployments, %d hpas, %d pod monitors", len(o.deployments), len(o.hpas), len(o.podMonitors))
+	w := o.deployments[0]
+	p := w.Spec.Template.Spec
+	if w.Spec.Replicas != nil {
+		t.Error("worker replicas must be left to the HPA")
 	}
-	var w *appsv1.Deployment
-	for _, d := range o.deployments {
-		if strings.HasSuffix(d.Name, "-worker") {
-			w = d
-		}
+	if p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken || p.ServiceAccountName != o.accounts[0].Name ||
+		o.accounts[0].AutomountServiceAccountToken == nil || *o.accounts[0].AutomountServiceAccountToken {
+		t.Errorf("service account %q, automount %v", p.ServiceAccountName, p.AutomountServiceAccountToken)
 	}
-	if w == nil || w.Spec.Replicas != nil {
-		t.Fatalf("worker deployment %v: replicas must be left to the HPA", w)
-	}
-	c := w.Spec.Template.Spec.Containers[0]
+	c := p.Containers[0]
 	if strings.Join(c.Args[:3], " ") != "worker --config /etc/toolsidecar/config.yaml" || c.SecurityContext == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
 		t.Errorf("worker container %+v", c)
 	}
-	h := o.hpas[0]
-	if h.Spec.ScaleTargetRef.Name != w.Name || h.Spec.MaxReplicas != 8 || *h.Spec.MinReplicas != 2 {
-		t.Errorf("hpa %+v", h.Spec)
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Port.String() != "ops" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" ||
+		len(c.Ports) != 1 || c.Ports[0].Name != "ops" {
+		t.Errorf("worker probes %+v %+v, ports %+v", c.LivenessProbe, c.ReadinessProbe, c.Ports)
+	}
+	hasAll(t, "worker config.yaml", configOf(t, o, "rel-toolsidecar-worker-config"), `ops_listen: "0.0.0.0:9090"`)
+	h := o.hpas[0].Spec
+	if h.ScaleTargetRef.Name != w.Name || h.MaxReplicas != 8 || *h.MinReplicas != 2 || len(h.Metrics) != 1 {
+		t.Fatalf("hpa %+v", h)
+	}
+	m := h.Metrics[0]
+	if m.Type != autoscalingv2.PodsMetricSourceType || m.Pods.Metric.Name != "toolsidecar_worker_calls_in_flight" ||
+		m.Pods.Target.AverageValue == nil || m.Pods.Target.AverageValue.String() != "32" {
+		t.Errorf("hpa metric %+v: want calls in flight per pod", m)
+	}
+	var workerMonitor bool
+	for _, pm := range o.podMonitors {
+		if pm.Spec.Selector.MatchLabels["app.kubernetes.io/component"] == "worker" && pm.Spec.PodMetricsEndpoints[0].Port != nil &&
+			*pm.Spec.PodMetricsEndpoints[0].Port == "ops" {
+			workerMonitor = true
+		}
+	}
+	if !workerMonitor {
+		t.Error("no PodMonitor on the workers' ops port")
+	}
+	if pdb := o.pdbs[0]; pdb.Spec.Selector.MatchLabels["app.kubernetes.io/component"] != "worker" {
+		t.Errorf("PDB %+v", pdb.Spec)
+	}
+}
+
+// TestWorkerChecksumFollowsNATS: a change of the workers' NATS settings,
+// not only of their tools, rolls them.
+func TestWorkerChecksumFollowsNATS(t *testing.T) {
+	sum := func(set ...string) string {
+		o := decode(t, render(t, "../helm/examples/workers-hpa.yaml", set...))
+		return o.deployments[0].Spec.Template.Annotations["checksum/config"]
+	}
+	base := sum()
+	for _, set := range []string{"nats.url=nats://other:4222", "nats.credsSecret.name=creds", "nats.tls.secretName=tls"} {
+		if got := sum(set); got == base {
+			t.Errorf("%s left the workers' checksum unchanged", set)
+		}
 	}
 }
 
 // TestSchemaRejects: values.schema.json catches bad values before render.
 func TestSchemaRejects(t *testing.T) {
-	for _, set := range []string{"executor.missingTool=ignore", "sidecar.port=0", "tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x"} {
-		cmd := exec.Command(helmPath(), "template", "rel", chart, "--kube-version", kubeVersion, "--set", set)
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			t.Errorf("--set %s rendered:\n%.200s", set, out)
-		}
+	for _, set := range []string{"executor.missingTool=ignore", "sidecar.port=0", "sidecar.opsPort=70000", "sidecar.mode=sideways",
+		"tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x", "workers.hpa.targetAverageValue=lots"} {
+		renderFails(t, set)
 	}
-	cmd := exec.Command(helmPath(), "template", "rel", chart, "--kube-version", kubeVersion, "--set", "workers.enabled=true")
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "workers.enabled needs nats.url") {
-		t.Errorf("workers without NATS: %v %s", err, out)
+	if out := renderFails(t, "workers.enabled=true"); !strings.Contains(out, "workers.enabled needs nats.url") {
+		t.Errorf("workers without NATS: %s", out)
 	}
 }
 
@@ -318,60 +586,33 @@ func helmPath() string {
 	return bin
 }
 
-// TestRenderedConfigLoads: the config.yaml the chart renders passes the
-// daemon's own strict loader, in every mode.
+// TestRenderedConfigLoads: every config.yaml the charts render (sidecar and
+// workers, every example) passes the daemon's own strict loader.
 func TestRenderedConfigLoads(t *testing.T) {
+	var renders []string
 	for _, f := range append([]string{""}, examples(t)...) {
-		o := decode(t, render(t, f))
-		for _, cm := range o.configMaps {
+		renders = append(renders, render(t, f))
+	}
+	renders = append(renders, renderApp(t))
+	seen := 0
+	for _, r := range renders {
+		for _, cm := range decode(t, r).configMaps {
+			body, ok := cm.Data["config.yaml"]
+			if !ok {
+				continue
+			}
+			seen++
 			path := filepath.Join(t.TempDir(), "config.yaml")
-			os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600)
+			os.WriteFile(path, []byte(body), 0o600)
 			cmd := exec.Command("go", "run", "./cmd/toolsidecar", "check", "--references=false", "--config", path) // its files live in the pod
 			cmd.Dir = "../.."
 			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Errorf("%s %s: the daemon rejects the rendered config: %v\n%s\n%s", f, cm.Name, err, out, cm.Data["config.yaml"])
+				t.Errorf("%s: the daemon rejects the rendered config: %v\n%s\n%s", cm.Name, err, out, body)
 			}
 		}
 	}
-}
-
-// TestDurableStore: with the embedded server (the default), JetStream's
-// files go to a volume mounted at store_dir, since the root filesystem is
-// read-only; with an external NATS there is no store volume, and the
-// cluster example keeps 3 replicas.
-func TestDurableStore(t *testing.T) {
-	o := decode(t, render(t, ""))
-	cfg := o.configMaps[0].Data["config.yaml"]
-	if !strings.Contains(cfg, `store_dir: "/var/lib/toolsidecar/jetstream"`) || !strings.Contains(cfg, "enabled: true") {
-		t.Errorf("default config has no durable store:\n%s", cfg)
-	}
-	pod := o.deployments[0].Spec.Template.Spec
-	var mounted bool
-	for _, m := range sidecar(t, o.deployments[0]).VolumeMounts {
-		if m.Name == "toolsidecar-store" && m.MountPath == "/var/lib/toolsidecar/jetstream" && !m.ReadOnly {
-			mounted = true
-		}
-	}
-	var vol *corev1.Volume
-	for i := range pod.Volumes {
-		if pod.Volumes[i].Name == "toolsidecar-store" {
-			vol = &pod.Volumes[i]
-		}
-	}
-	if !mounted || vol == nil || vol.EmptyDir == nil || vol.EmptyDir.SizeLimit.String() != "1Gi" {
-		t.Errorf("store volume: mounted %v, volume %+v", mounted, vol)
-	}
-	ext := decode(t, render(t, "../helm/examples/external-nats.yaml"))
-	for _, v := range ext.deployments[0].Spec.Template.Spec.Volumes {
-		if v.Name == "toolsidecar-store" {
-			t.Error("an external NATS needs no store volume")
-		}
-	}
-	if cfg := ext.configMaps[0].Data["config.yaml"]; !strings.Contains(cfg, "replicas: 3") || strings.Contains(cfg, "store_dir") {
-		t.Errorf("external cluster config:\n%s", cfg)
-	}
-	if off := decode(t, render(t, "", "durability.enabled=false")); strings.Contains(off.configMaps[0].Data["config.yaml"], "store_dir") {
-		t.Error("durability off still configures a store")
+	if seen < 6 {
+		t.Errorf("only %d rendered configs checked", seen)
 	}
 }
 
@@ -407,45 +648,28 @@ func TestAlertsAndDashboard(t *testing.T) {
 	}
 }
 
-// TestPodHygiene: the pods run under their own ServiceAccount without an API
-// token; the sidecar's Go heap follows its memory limit (GOMEMLIMIT), a
-// startup probe guards a slow start, and extra env, volumes, a PDB and a
-// name override are there when asked for.
-func TestPodHygiene(t *testing.T) {
-	o := decode(t, render(t, ""))
-	pod := o.deployments[0].Spec.Template.Spec
-	if len(o.accounts) != 1 || o.accounts[0].AutomountServiceAccountToken == nil || *o.accounts[0].AutomountServiceAccountToken ||
-		pod.ServiceAccountName != o.accounts[0].Name || pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
-		t.Errorf("service account %+v, pod account %q automount %v", o.accounts, pod.ServiceAccountName, pod.AutomountServiceAccountToken)
+// TestExtras: extra env, volumes and mounts reach the sidecar, and a name
+// override renames the ConfigMap and the volume that points at it alike.
+func TestExtras(t *testing.T) {
+	base, _ := app(t, decode(t, renderApp(t)))
+	_, bc := app(t, decode(t, renderApp(t)))
+	o := decode(t, renderApp(t, "toolsidecar.nameOverride=tools", "toolsidecar.sidecar.extraEnv[0].name=OTEL_SERVICE_NAME",
+		"toolsidecar.sidecar.extraEnv[0].value=assistant", "toolsidecar.extraVolumes[0].name=scratch", "toolsidecar.extraVolumes[0].emptyDir.medium=Memory",
+		"toolsidecar.sidecar.extraVolumeMounts[0].name=scratch", "toolsidecar.sidecar.extraVolumeMounts[0].mountPath=/scratch"))
+	d, c := app(t, o)
+	if len(c.Env) != len(bc.Env)+1 || c.Env[len(c.Env)-1].Name != "OTEL_SERVICE_NAME" {
+		t.Errorf("extra env %v", c.Env)
 	}
-	c := sidecar(t, o.deployments[0])
-	var memlimit bool
-	for _, e := range c.Env {
-		if e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory" {
-			memlimit = true
-		}
+	if m := mount(c, "scratch"); m == nil || m.MountPath != "/scratch" {
+		t.Errorf("extra mount %v", c.VolumeMounts)
 	}
-	if !memlimit || c.StartupProbe == nil || c.StartupProbe.HTTPGet.Path != "/healthz" {
-		t.Errorf("GOMEMLIMIT from the limit %v, startup probe %+v", memlimit, c.StartupProbe)
+	pod := d.Spec.Template.Spec
+	if v := volume(pod, "scratch"); v == nil || v.EmptyDir == nil || len(pod.Volumes) != len(base.Spec.Template.Spec.Volumes)+1 {
+		t.Errorf("extra volume: %+v", pod.Volumes)
 	}
-	if len(o.pdbs) != 0 {
-		t.Error("a PodDisruptionBudget by default")
+	cv := volume(pod, "toolsidecar-config")
+	if cv == nil || cv.ConfigMap.Name != "rel-tools-config" {
+		t.Fatalf("config volume %+v after nameOverride", cv)
 	}
-	x := decode(t, render(t, "", "podDisruptionBudget.enabled=true", "nameOverride=tools", "sidecar.extraEnv[0].name=OTEL_SERVICE_NAME",
-		"sidecar.extraEnv[0].value=assistant", "extraVolumes[0].name=scratch", "extraVolumes[0].emptyDir.medium=Memory",
-		"sidecar.extraVolumeMounts[0].name=scratch", "sidecar.extraVolumeMounts[0].mountPath=/scratch"))
-	if len(x.pdbs) != 1 || x.pdbs[0].Spec.MaxUnavailable == nil || x.pdbs[0].Spec.MaxUnavailable.IntValue() != 1 {
-		t.Errorf("PDB %+v", x.pdbs)
-	}
-	xc := sidecar(t, x.deployments[0])
-	if !strings.Contains(x.deployments[0].Name, "-tools") || x.deployments[0].Labels["app.kubernetes.io/name"] != "tools" {
-		t.Errorf("nameOverride: deployment %q labels %v", x.deployments[0].Name, x.deployments[0].Labels)
-	}
-	if fmt.Sprint(xc.Env) == fmt.Sprint(c.Env) || xc.VolumeMounts[len(xc.VolumeMounts)-1].MountPath != "/scratch" {
-		t.Errorf("extra env %v, mounts %v", xc.Env, xc.VolumeMounts)
-	}
-	vols := x.deployments[0].Spec.Template.Spec.Volumes
-	if v := vols[len(vols)-1]; v.Name != "scratch" || v.EmptyDir == nil {
-		t.Errorf("extra volume %+v", v)
-	}
+	configOf(t, o, "rel-tools-config")
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -92,4 +93,27 @@ const Manifest = `{"type": "tool_call_manifest", "run_id": "run_1", "action_id":
 // Request is one attempt of the named tool with [Manifest] as body.
 func Request(name string, timeout time.Duration) tool.Request {
 	return tool.Request{Tool: name, Body: []byte(Manifest), ActionID: "act_1", Attempt: 2, Timeout: timeout}
+}
+
+// Client opens a sidecar's dispatch client on nc under prefix, closed when
+// the test ends.
+func Client(t testing.TB, nc *nats.Conn, prefix string) *bridge.Client {
+	t.Helper()
+	c, err := bridge.Open(nc, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Dial connects to url, closed when the test ends.
+func Dial(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }

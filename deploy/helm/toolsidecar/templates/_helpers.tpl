@@ -42,6 +42,25 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* The NATS client settings, shared by the sidecar's and the workers' config.yaml. */}}
+{{- define "toolsidecar.natsClient" -}}
+url: {{ .Values.nats.url | quote }}
+subject_prefix: {{ .Values.nats.subjectPrefix }}
+{{- if .Values.nats.credsSecret.name }}
+creds_file: /var/run/secrets/toolsidecar/nats/{{ .Values.nats.credsSecret.key }}
+{{- end }}
+{{- with .Values.nats.tls }}
+{{- if .secretName }}
+tls:
+  ca_file: /var/run/secrets/toolsidecar/nats-tls/{{ .caKey }}
+  {{- if .certKey }}
+  cert_file: /var/run/secrets/toolsidecar/nats-tls/{{ .certKey }}
+  key_file: /var/run/secrets/toolsidecar/nats-tls/{{ .keyKey }}
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* The sidecar's config.yaml. Secrets are files, never values. */}}
 {{- define "toolsidecar.config" -}}
 durability:
@@ -55,12 +74,9 @@ core:
   {{- end }}
   timeout: {{ .Values.core.timeout }}
   stream_idle_timeout: {{ .Values.core.streamIdleTimeout }}
+  readiness_check: {{ .Values.core.readinessCheck }}
 nats:
-  url: {{ .Values.nats.url | quote }}
-  subject_prefix: {{ .Values.nats.subjectPrefix }}
-  {{- if .Values.nats.credsSecret.name }}
-  creds_file: /var/run/secrets/toolsidecar/nats/{{ .Values.nats.credsSecret.key }}
-  {{- end }}
+  {{- include "toolsidecar.natsClient" . | nindent 2 }}
   embedded:
     listen: {{ .Values.nats.embedded.listen | quote }}
     allow_anonymous: {{ .Values.nats.embedded.allowAnonymous }}
@@ -72,7 +88,9 @@ nats:
       {{- toYaml . | nindent 6 }}
     {{- end }}
 server:
-  listen: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" .Values.sidecar.bindAll) (int .Values.sidecar.port) | quote }}
+  # The API stays inside the pod; probes and scrapers use the ops port.
+  listen: {{ printf "127.0.0.1:%d" (int .Values.sidecar.port) | quote }}
+  ops_listen: {{ printf "0.0.0.0:%d" (int .Values.sidecar.opsPort) | quote }}
   proxy: {{ .Values.sidecar.proxy }}
   {{- if .Values.sidecar.authTokenSecret.name }}
   auth_token_file: /var/run/secrets/toolsidecar/token/{{ .Values.sidecar.authTokenSecret.key }}
@@ -90,7 +108,41 @@ tools:
 {{- toYaml .Values.tools | nindent 2 }}
 {{- end -}}
 
-{{/* Secret-backed volumes shared by the sidecar and the workers. */}}
+{{/* The workers' config.yaml. */}}
+{{- define "toolsidecar.workerConfig" -}}
+nats:
+  {{- include "toolsidecar.natsClient" . | nindent 2 }}
+server:
+  ops_listen: {{ printf "0.0.0.0:%d" (int .Values.workers.opsPort) | quote }}
+tools:
+{{- toYaml .Values.workers.tools | nindent 2 }}
+{{- end -}}
+
+{{/* The NATS secrets as volumes and mounts, shared by the sidecar and the workers. */}}
+{{- define "toolsidecar.natsVolumes" -}}
+{{- if .Values.nats.credsSecret.name }}
+- name: nats-creds
+  secret:
+    secretName: {{ .Values.nats.credsSecret.name }}
+    items: [{ key: {{ .Values.nats.credsSecret.key }}, path: {{ .Values.nats.credsSecret.key }} }]
+{{- end }}
+{{- if .Values.nats.tls.secretName }}
+- name: nats-tls
+  secret:
+    secretName: {{ .Values.nats.tls.secretName }}
+{{- end }}
+{{- end -}}
+
+{{- define "toolsidecar.natsMounts" -}}
+{{- if .Values.nats.credsSecret.name }}
+- { name: nats-creds, mountPath: /var/run/secrets/toolsidecar/nats, readOnly: true }
+{{- end }}
+{{- if .Values.nats.tls.secretName }}
+- { name: nats-tls, mountPath: /var/run/secrets/toolsidecar/nats-tls, readOnly: true }
+{{- end }}
+{{- end -}}
+
+{{/* The sidecar's secret-backed volumes and mounts. */}}
 {{- define "toolsidecar.secretVolumes" -}}
 {{- if .Values.core.apiKeySecret.name }}
 - name: core-api-key
@@ -98,12 +150,7 @@ tools:
     secretName: {{ .Values.core.apiKeySecret.name }}
     items: [{ key: {{ .Values.core.apiKeySecret.key }}, path: {{ .Values.core.apiKeySecret.key }} }]
 {{- end }}
-{{- if .Values.nats.credsSecret.name }}
-- name: nats-creds
-  secret:
-    secretName: {{ .Values.nats.credsSecret.name }}
-    items: [{ key: {{ .Values.nats.credsSecret.key }}, path: {{ .Values.nats.credsSecret.key }} }]
-{{- end }}
+{{- include "toolsidecar.natsVolumes" . }}
 {{- if .Values.sidecar.authTokenSecret.name }}
 - name: auth-token
   secret:
@@ -116,69 +163,22 @@ tools:
 {{- if .Values.core.apiKeySecret.name }}
 - { name: core-api-key, mountPath: /var/run/secrets/toolsidecar/core, readOnly: true }
 {{- end }}
-{{- if .Values.nats.credsSecret.name }}
-- { name: nats-creds, mountPath: /var/run/secrets/toolsidecar/nats, readOnly: true }
-{{- end }}
+{{- include "toolsidecar.natsMounts" . }}
 {{- if .Values.sidecar.authTokenSecret.name }}
 - { name: auth-token, mountPath: /var/run/secrets/toolsidecar/token, readOnly: true }
-{{- end }}
-{{- end -}}
-
-{{/*
-The sidecar container block. This is what joins an application's pod:
-add it to the pod's containers, with the volumes of toolsidecar.podVolumes.
-*/}}
-{{- define "toolsidecar.sidecarContainer" -}}
-- name: toolsidecar
-  image: {{ include "toolsidecar.image" . }}
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
-  args: ["run", "--config", "/etc/toolsidecar/config.yaml", "--log-level", {{ .Values.sidecar.logLevel | quote }}]
-  ports:
-    - { name: http, containerPort: {{ .Values.sidecar.port }}, protocol: TCP }
-  env:
-    # The Go runtime keeps the heap under the container's memory limit.
-    - name: GOMEMLIMIT
-      valueFrom:
-        resourceFieldRef: { resource: limits.memory, divisor: "1" }
-    {{- with .Values.sidecar.extraEnv }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-  startupProbe:
-    {{- toYaml .Values.sidecar.startupProbe | nindent 4 }}
-  livenessProbe:
-    {{- toYaml .Values.sidecar.livenessProbe | nindent 4 }}
-  readinessProbe:
-    {{- toYaml .Values.sidecar.readinessProbe | nindent 4 }}
-  resources:
-    {{- toYaml .Values.sidecar.resources | nindent 4 }}
-  securityContext:
-    {{- toYaml .Values.securityContext | nindent 4 }}
-  volumeMounts:
-    - { name: toolsidecar-config, mountPath: /etc/toolsidecar, readOnly: true }
-    {{- include "toolsidecar.secretMounts" . | nindent 4 }}
-    {{- if (include "toolsidecar.embeddedStore" .) }}
-    - { name: toolsidecar-store, mountPath: {{ .Values.nats.embedded.storeDir | quote }} }
-    {{- end }}
-    {{- with .Values.sidecar.extraVolumeMounts }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-{{- end -}}
-
-{{- define "toolsidecar.podVolumes" -}}
-- name: toolsidecar-config
-  configMap:
-    name: {{ include "toolsidecar.fullname" . }}-config
-{{ include "toolsidecar.secretVolumes" . }}
-{{- if (include "toolsidecar.embeddedStore" .) }}
-- name: toolsidecar-store
-  {{- toYaml .Values.nats.embedded.storeVolume | nindent 2 }}
-{{- end }}
-{{- with .Values.extraVolumes }}
-{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
 {{/* Non-empty when the embedded server keeps JetStream files: durable mode without an external NATS. */}}
 {{- define "toolsidecar.embeddedStore" -}}
 {{- if and .Values.durability.enabled (not .Values.nats.url) -}}true{{- end -}}
+{{- end -}}
+
+
+{{/* The podSelector labels, required by what selects the application's pods. */}}
+{{- define "toolsidecar.podSelector" -}}
+{{- if not .root.Values.podSelector -}}
+{{- fail (printf "%s selects your application's pods: set podSelector to their labels" .what) -}}
+{{- end -}}
+{{- toYaml .root.Values.podSelector -}}
 {{- end -}}

@@ -1,0 +1,103 @@
+{{/*
+The named templates an application's chart calls to add toolsidecar to its
+own pods. Declare this chart as a dependency and pass its scope, in your
+Deployment (or StatefulSet, Job...) template:
+
+  {{- $ts := .Subcharts.toolsidecar }}
+  metadata:
+    annotations:
+      {{- include "toolsidecar.podAnnotations" $ts | nindent 8 }}
+  spec:
+    terminationGracePeriodSeconds: {{ include "toolsidecar.terminationGracePeriodSeconds" $ts }}
+    initContainers:
+      {{- include "toolsidecar.initContainers" $ts | nindent 8 }}
+    containers:
+      - name: my-app ...
+      {{- include "toolsidecar.containers" $ts | nindent 8 }}
+    volumes:
+      {{- include "toolsidecar.volumes" $ts | nindent 8 }}
+
+initContainers and containers each render the sidecar or nothing, after
+sidecar.mode: both are included, so that switching modes changes no template.
+Point the SDK at http://127.0.0.1:<sidecar.port>.
+*/}}
+
+{{/* The sidecar as a native sidecar (sidecar.mode native), or nothing. */}}
+{{- define "toolsidecar.initContainers" -}}
+{{- if eq .Values.sidecar.mode "native" -}}
+{{ include "toolsidecar.sidecarContainer" . }}
+  # A native sidecar (Kubernetes 1.29+): started and ready before the
+  # application's containers, stopped after them.
+  restartPolicy: Always
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar as an ordinary container (sidecar.mode classic), or nothing. */}}
+{{- define "toolsidecar.containers" -}}
+{{- if eq .Values.sidecar.mode "classic" -}}
+{{ include "toolsidecar.sidecarContainer" . }}
+{{- end -}}
+{{- end -}}
+
+{{/* A checksum of the sidecar's configuration: a change rolls the pods. */}}
+{{- define "toolsidecar.podAnnotations" -}}
+checksum/toolsidecar-config: {{ include "toolsidecar.config" . | sha256sum }}
+{{- end -}}
+
+{{/* Longer than the sidecar's drain, so that batches finish on SIGTERM. */}}
+{{- define "toolsidecar.terminationGracePeriodSeconds" -}}
+{{ add 15 (trimSuffix "s" .Values.sidecar.shutdownTimeout | int) }}
+{{- end -}}
+
+{{/* The pod volumes the sidecar mounts. */}}
+{{- define "toolsidecar.volumes" -}}
+- name: toolsidecar-config
+  configMap:
+    name: {{ include "toolsidecar.fullname" . }}-config
+{{- include "toolsidecar.secretVolumes" . }}
+{{- if (include "toolsidecar.embeddedStore" .) }}
+- name: toolsidecar-store
+  {{- toYaml .Values.nats.embedded.storeVolume | nindent 2 }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The sidecar container, in either mode. */}}
+{{- define "toolsidecar.sidecarContainer" -}}
+- name: toolsidecar
+  image: {{ include "toolsidecar.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["run", "--config", "/etc/toolsidecar/config.yaml", "--log-level", {{ .Values.sidecar.logLevel | quote }}]
+  ports:
+    # The API listens on 127.0.0.1:{{ .Values.sidecar.port }}, inside the pod only.
+    - { name: ops, containerPort: {{ .Values.sidecar.opsPort }}, protocol: TCP }
+  env:
+    # The Go runtime keeps the heap under the container's memory limit.
+    - name: GOMEMLIMIT
+      valueFrom:
+        resourceFieldRef: { containerName: toolsidecar, resource: limits.memory, divisor: "1" }
+    {{- with .Values.sidecar.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  startupProbe:
+    {{- toYaml .Values.sidecar.startupProbe | nindent 4 }}
+  livenessProbe:
+    {{- toYaml .Values.sidecar.livenessProbe | nindent 4 }}
+  readinessProbe:
+    {{- toYaml .Values.sidecar.readinessProbe | nindent 4 }}
+  resources:
+    {{- toYaml .Values.sidecar.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - { name: toolsidecar-config, mountPath: /etc/toolsidecar, readOnly: true }
+    {{- include "toolsidecar.secretMounts" . | nindent 4 }}
+    {{- if (include "toolsidecar.embeddedStore" .) }}
+    - { name: toolsidecar-store, mountPath: {{ .Values.nats.embedded.storeDir | quote }} }
+    {{- end }}
+    {{- with .Values.sidecar.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
