@@ -33,7 +33,8 @@ plugins/node/node_modules/.package-lock.json: plugins/node/package-lock.json plu
 test-node: node-build
 	cd plugins/node && npm test
 
-## test-python: the Python worker's tests; they need nats-py, and skip
+## test-python: the Python worker's tests: its logic against an in-memory
+## connection and its sdist always; the real-NATS ones need nats-py and skip
 ## themselves (saying so) where it cannot be imported.
 test-python:
 	scripts/with-nats.sh python3 -m unittest discover -v -s plugins/python/tests
