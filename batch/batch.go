@@ -25,15 +25,17 @@ type Batch[T any] struct {
 	submit func(i int, v T) error
 	group  errgroup.Group
 
-	mu      sync.Mutex
-	results []T
-	ready   []chan struct{}
-	closed  bool
-	added   chan struct{} // signalled on Go and on Close
-	queue   []func()      // tasks waiting for a slot under the limit
-	running int           // goroutines running tasks, at most limit
-	limit   int
-	errs    []error
+	mu       sync.Mutex
+	results  []T
+	ready    []chan struct{}
+	closed   bool
+	added    chan struct{}    // signalled on Go and on Close
+	queue    []func()         // tasks waiting for a slot under the limit
+	finished []bool           // by index: the task has run
+	after    map[int][]func() // tasks waiting for the task at an index
+	running  int              // goroutines running tasks, at most limit
+	limit    int
+	errs     []error
 
 	submitter sync.WaitGroup
 	done      chan struct{} // closed when every result is submitted
@@ -55,6 +57,15 @@ func New[T any](ctx context.Context, limit int, submit func(i int, v T) error) *
 // Go adds a task; it never blocks on the parallelism limit. It returns the
 // task's index.
 func (b *Batch[T]) Go(task func(ctx context.Context) T) int {
+	return b.GoAfter(-1, task)
+}
+
+// GoAfter adds a task that starts only once task prev (an index Go or
+// GoAfter returned) has finished, so that tasks can run in sequence inside
+// a parallel batch; prev < 0 means no predecessor. A task waiting for its
+// predecessor holds no slot of the limit. Its result is still submitted at
+// its own index.
+func (b *Batch[T]) GoAfter(prev int, task func(ctx context.Context) T) int {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -63,21 +74,46 @@ func (b *Batch[T]) Go(task func(ctx context.Context) T) int {
 	i := len(b.results)
 	var zero T
 	b.results = append(b.results, zero)
+	b.finished = append(b.finished, false)
 	done := make(chan struct{})
 	b.ready = append(b.ready, done)
 	run := func() {
 		v := task(b.ctx)
 		b.mu.Lock()
 		b.results[i] = v
+		b.finished[i] = true
+		next := b.after[i]
+		delete(b.after, i)
 		b.mu.Unlock()
 		close(done)
+		for _, n := range next {
+			b.launch(n)
+		}
 	}
+	if prev >= 0 && prev < i && !b.finished[prev] {
+		if b.after == nil {
+			b.after = map[int][]func(){}
+		}
+		b.after[prev] = append(b.after[prev], run)
+		b.mu.Unlock()
+		b.signal()
+		return i
+	}
+	b.mu.Unlock()
+	b.launch(run)
+	b.signal()
+	return i
+}
+
+// launch starts run under the limit, or queues it.
+func (b *Batch[T]) launch(run func()) {
 	// At the limit the task waits in the queue and a finishing task picks
 	// it up on its own goroutine: no goroutine exists only to feed others,
 	// and the caller (a stream reader) never blocks. The count is kept
 	// here, under the same lock as the queue, rather than with the group's
 	// SetLimit, whose slot is freed only after a goroutine has returned:
 	// a task queued in that gap would wait forever.
+	b.mu.Lock()
 	start := b.limit < 1 || b.running < b.limit
 	if start {
 		b.running++
@@ -88,8 +124,6 @@ func (b *Batch[T]) Go(task func(ctx context.Context) T) int {
 	if start {
 		b.group.Go(func() error { b.drain(run); return nil })
 	}
-	b.signal()
-	return i
 }
 
 // drain runs task, then every task queued meanwhile, until the queue is

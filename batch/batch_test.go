@@ -177,3 +177,53 @@ func Example() {
 	// submit 1 call 1
 	// submit 2 call 2
 }
+
+// TestGoAfter: a task added with GoAfter starts only once its predecessor
+// has finished, and holds no slot while it waits: with a limit of 2, task 0
+// running and task 1 waiting for it, task 2 (independent) still runs.
+// Results are submitted in index order. In a synctest bubble, "started" is
+// exact.
+func TestGoAfter(t *testing.T) { synctest.Test(t, testGoAfter) }
+
+func testGoAfter(t *testing.T) {
+	var started [4]atomic.Bool
+	release0, release2 := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var submitted []int
+	b := New(context.Background(), 2, func(i int, v int) error {
+		mu.Lock()
+		submitted = append(submitted, v)
+		mu.Unlock()
+		return nil
+	})
+	task := func(i int, release chan struct{}) func(context.Context) int {
+		return func(context.Context) int {
+			started[i].Store(true)
+			if release != nil {
+				<-release
+			}
+			return i
+		}
+	}
+	b.Go(task(0, release0))
+	b.GoAfter(0, task(1, nil))
+	b.Go(task(2, release2))
+	b.GoAfter(1, task(3, nil)) // a chain: 0, 1, 3
+	synctest.Wait()
+	if !started[0].Load() || started[1].Load() || !started[2].Load() || started[3].Load() {
+		t.Fatalf("started %v %v %v %v: want 0 and 2 running, 1 and 3 waiting for their predecessor", started[0].Load(), started[1].Load(),
+			started[2].Load(), started[3].Load())
+	}
+	close(release0)
+	synctest.Wait()
+	if !started[1].Load() || !started[3].Load() {
+		t.Fatal("the chain did not run once task 0 finished")
+	}
+	close(release2)
+	if _, err := b.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(submitted, []int{0, 1, 2, 3}) {
+		t.Errorf("submitted %v, want index order", submitted)
+	}
+}

@@ -231,7 +231,24 @@ type Executor struct {
 	// the drive ends interrupted, keeping the outcome for the next drive.
 	// default: 2m
 	SubmitBudget time.Duration `koanf:"submit_budget"`
+	// Lanes sets the policy of each lane a tool names (tools[].lane). A
+	// lane no entry names has on_error: continue. default: none
+	Lanes map[string]Lane `koanf:"lanes"`
 }
+
+// Lane is the policy of an ordered lane.
+type Lane struct {
+	// OnError: continue (a failed call does not stop the next) or
+	// skip_rest (the calls after a failed one get an error outcome saying
+	// why, and do not run). default: continue
+	OnError string `koanf:"on_error"`
+}
+
+// Lane error policies.
+const (
+	LaneContinue = "continue"
+	LaneSkipRest = "skip_rest"
+)
 
 // Side-effect classes.
 const (
@@ -258,6 +275,12 @@ type Tool struct {
 	SideEffects string `koanf:"side_effects"`
 	// Route: nats (default), or another registered route kind.
 	Route string `koanf:"route"`
+	// Lane names an ordered lane: the calls of one batch whose tools share
+	// a lane run one after another in the model's call order (a
+	// create_file before its write_file), while every other call still
+	// runs in parallel. executor.lanes sets the lane's policy.
+	// default: "" (none)
+	Lane string `koanf:"lane"`
 	// Settings holds every other key of the tool: the settings of its route
 	// kind, under the kind's name (exec: {...}). Any other key is an error
 	// here; the registry hands the settings to the kind, which decodes and
@@ -276,7 +299,7 @@ func Default() Config {
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, SSEKeepalive: 15 * time.Second},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
-			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute},
+			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{}},
 		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }
@@ -621,6 +644,19 @@ func (c Config) Validate() error {
 	if c.Executor.MissingTool != MissingToolError && c.Executor.MissingTool != MissingToolFailRun {
 		bad("executor.missing_tool", "must be error or fail_run, got %q", c.Executor.MissingTool)
 	}
+	lanes := map[string]bool{}
+	for _, t := range c.Tools {
+		lanes[t.Lane] = t.Lane != ""
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Executor.Lanes)) {
+		key := "executor.lanes." + name
+		if !lanes[name] {
+			bad(key, "no tool names this lane%s", didYouMean(name, slices.Collect(maps.Keys(lanes))))
+		}
+		if p := c.Executor.Lanes[name].OnError; p != "" && p != LaneContinue && p != LaneSkipRest {
+			bad(key+".on_error", "must be continue or skip_rest, got %q", p)
+		}
+	}
 	if c.Tracing.SampleRatio < 0 || c.Tracing.SampleRatio > 1 {
 		bad("tracing.sample_ratio", "must be between 0 and 1, got %v", c.Tracing.SampleRatio)
 	}
@@ -647,6 +683,9 @@ func (c Config) Validate() error {
 		}
 		if t.MaxDuration < 0 {
 			bad(key+".max_duration", "must not be negative")
+		}
+		if t.Lane != "" && !toolName.MatchString(t.Lane) {
+			bad(key+".lane", "%q must be 1-64 letters, digits, _ or -", t.Lane)
 		}
 		for _, k := range slices.Sorted(maps.Keys(t.Settings)) {
 			if k != t.Route {

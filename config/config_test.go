@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ func TestShippedConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := Default()
-	if cfg.Core != def.Core || cfg.Executor != def.Executor || cfg.Server != def.Server || cfg.Tracing != def.Tracing {
+	if cfg.Core != def.Core || !reflect.DeepEqual(cfg.Executor, def.Executor) || cfg.Server != def.Server || cfg.Tracing != def.Tracing {
 		t.Errorf("config.yaml claims to show the defaults but differs:\n%+v\n%+v", cfg, def)
 	}
 	if len(cfg.Tools) != 3 || cfg.Tools[0].Name != "get_flight_times" || cfg.Tools[0].Retries != 2 || cfg.Tools[0].SideEffects != ReadOnly {
@@ -221,5 +222,26 @@ func TestAllProblemsAtOnce(t *testing.T) {
 	}
 	if !strings.HasPrefix(err.Error(), "config: invalid: many-problems.yaml has 9 problems\n  line 2: ") {
 		t.Errorf("message %q", err)
+	}
+}
+
+// TestLaneProblems: a lane policy that no tool uses is reported with the
+// lane it probably meant, and an unknown on_error is refused.
+func TestLaneProblems(t *testing.T) {
+	yaml := `
+executor:
+  lanes:
+    filez: { on_error: skip_rest }
+    files: { on_error: stop }
+tools:
+  - { name: create_file, lane: files }
+  - { name: write_file, lane: files }
+`
+	_, err := load([]byte(yaml), "lanes.yaml", nil, nil)
+	for _, want := range []string{`executor.lanes.filez: no tool names this lane (did you mean files?)`,
+		`executor.lanes.files.on_error: must be continue or skip_rest, got "stop"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
 	}
 }

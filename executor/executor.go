@@ -232,6 +232,8 @@ type CallResult struct {
 	ToolCallID string `json:"tool_call_id"`
 	ActionID   string `json:"action_id"`
 	Tool       string `json:"tool"`
+	// Lane is the ordered lane the call ran in, if any.
+	Lane       string `json:"lane,omitempty"`
 	OK         bool   `json:"ok"`
 	ErrorType  string `json:"error_type,omitempty"`
 	Error      string `json:"error,omitempty"`

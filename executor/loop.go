@@ -236,12 +236,13 @@ type batchRun struct {
 	b        *batch.Batch[*outcome]
 	reg      *registry.Registry
 	seen     map[string]bool
+	lanes    map[string]*lane
 	failRun  error
 	coreDown atomic.Bool // a submission ran out of budget: keep the rest
 }
 
 func (e *Executor) newBatch(ctx, tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
-	br := &batchRun{e: e, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), seen: map[string]bool{}}
+	br := &batchRun{e: e, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), seen: map[string]bool{}, lanes: map[string]*lane{}}
 	br.b = batch.New(tctx, e.cfg.MaxParallel, func(i int, o *outcome) error { return br.submit(ctx, o) })
 	return br
 }
@@ -257,24 +258,69 @@ func (br *batchRun) add(m *core.Manifest) {
 	if pre != nil && pre.Type == tool.NotFound && def == nil && br.e.cfg.MissingTool == config.MissingToolFailRun && br.failRun == nil {
 		br.failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
 	}
-	br.start(m, func(ctx context.Context) *outcome {
+	var ln *lane
+	if def != nil && def.Config.Lane != "" {
+		ln = br.lane(def.Config.Lane)
+	}
+	br.start(m, ln, func(ctx context.Context) *outcome {
 		return br.e.call(ctx, br, m, def, pre)
 	})
 }
 
-// start announces a call and runs it in the batch. A panic outside the
-// worker (in the sidecar's own code) becomes the call's error outcome.
-func (br *batchRun) start(m *core.Manifest, run func(context.Context) *outcome) {
-	br.emit(Event{Type: EventToolCall, Turn: br.n, Call: &CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}})
-	br.b.Go(func(ctx context.Context) (o *outcome) {
+// lane is an ordered lane of one batch: the calls whose tools name it run
+// one after another, in the order the model made them.
+type lane struct {
+	name     string
+	skipRest bool
+	last     int                    // batch index of the lane's last call; -1 before the first
+	failed   atomic.Pointer[string] // under skip_rest: why the rest does not run
+}
+
+func (br *batchRun) lane(name string) *lane {
+	ln := br.lanes[name]
+	if ln == nil {
+		ln = &lane{name: name, last: -1, skipRest: br.e.cfg.Lanes[name].OnError == config.LaneSkipRest}
+		br.lanes[name] = ln
+	}
+	return ln
+}
+
+// start announces a call and runs it in the batch, after the previous call
+// of its lane when it has one. A panic outside the worker (in the
+// sidecar's own code) becomes the call's error outcome.
+func (br *batchRun) start(m *core.Manifest, ln *lane, run func(context.Context) *outcome) {
+	laneName := ""
+	if ln != nil {
+		laneName = ln.name
+	}
+	br.emit(Event{Type: EventToolCall, Turn: br.n, Call: &CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool, Lane: laneName}})
+	task := func(ctx context.Context) (o *outcome) {
 		defer func() {
 			if p := recover(); p != nil {
 				br.log.Error("call panicked in the sidecar", "action_id", m.ActionID, "panic", fmt.Sprint(p))
 				o = br.e.failed(br.n, m, tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p))
 			}
+			if ln != nil {
+				o.res.Lane = ln.name
+				if ln.skipRest && !o.res.OK {
+					why := fmt.Sprintf("call %s (%s) earlier in lane %q failed with %s, and the lane skips the rest", m.ToolCallID, m.Tool, ln.name, o.res.ErrorType)
+					ln.failed.CompareAndSwap(nil, &why)
+				}
+			}
 		}()
+		if ln != nil {
+			if why := ln.failed.Load(); why != nil {
+				br.e.obs.CallDone(m.Tool, string(tool.Skipped), 0)
+				return br.e.failed(br.n, m, tool.NewError(tool.Skipped, "not run: %s", *why))
+			}
+		}
 		return run(ctx)
-	})
+	}
+	if ln == nil {
+		br.b.Go(task)
+		return
+	}
+	ln.last = br.b.GoAfter(ln.last, task)
 }
 
 // wait closes the batch, joins it, and sorts its result into tr.
@@ -442,15 +488,17 @@ func (br *batchRun) addOpen(ctx context.Context) {
 			br.log.Info("submitting a kept outcome", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
 			kept.res.Turn = br.n
 			kept.recorded = kept.recorded || recorded[m.ToolCallID]
-			br.start(m, func(context.Context) *outcome { return kept })
+			br.start(m, nil, func(context.Context) *outcome { return kept })
 		case recorded[m.ToolCallID]:
 			br.log.Info("output already in Core; finalising the Action", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
-			br.start(m, func(context.Context) *outcome { return e.alreadyRecorded(br.n, m) })
+			br.start(m, nil, func(context.Context) *outcome { return e.alreadyRecorded(br.n, m) })
 		default:
 			def, pre := e.precheck(br.reg, m)
 			processing := oc.status == core.ActionProcessing
 			br.log.Info("finishing an open call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID, "status", oc.status)
-			br.start(m, func(ctx context.Context) *outcome {
+			// Open calls finishing a previous drive's batch run without
+			// lanes: the order they were made in is not known here.
+			br.start(m, nil, func(ctx context.Context) *outcome {
 				if processing {
 					// It may have run: its reply may be in the ledger.
 					o, neverSent := e.recovered(ctx, br, m, def)

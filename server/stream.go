@@ -63,7 +63,7 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 			send(string(e.Type), map[string]any{"turn": e.Turn, "text": e.Text})
 		case executor.EventToolCall, executor.EventProgress:
 			// The call itself, without outcome fields: it has none yet.
-			send(string(e.Type), callRef{Turn: e.Turn, ToolCallID: e.Call.ToolCallID, ActionID: e.Call.ActionID, Tool: e.Call.Tool})
+			send(string(e.Type), callRef{Turn: e.Turn, ToolCallID: e.Call.ToolCallID, ActionID: e.Call.ActionID, Tool: e.Call.Tool, Lane: e.Call.Lane})
 		case executor.EventToolResult:
 			send(string(e.Type), e.Call)
 		case executor.EventTurn:
@@ -80,6 +80,7 @@ type callRef struct {
 	ToolCallID string `json:"tool_call_id"`
 	ActionID   string `json:"action_id"`
 	Tool       string `json:"tool"`
+	Lane       string `json:"lane,omitempty"`
 }
 
 // keepalive writes a comment every interval in which no event was sent,

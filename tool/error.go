@@ -21,6 +21,13 @@ const (
 	// call whose effect is unknown after a fault, and which is therefore
 	// not run again.
 	Interrupted ErrorType = "interrupted"
+	// Skipped is produced by the sidecar: a call of an ordered lane with
+	// on_error skip_rest that did not run because an earlier call of its
+	// lane failed.
+	Skipped ErrorType = "skipped"
+	// BudgetExceeded is produced by the sidecar: a call past one of the
+	// run's or the tool's budgets, not dispatched.
+	BudgetExceeded ErrorType = "budget_exceeded"
 )
 
 // ErrNeverSent: a durable transport knows that no attempt of the call
@@ -32,6 +39,7 @@ var ErrNeverSent = errors.New("the call was never sent to a worker")
 var codes = map[ErrorType]int{
 	InvalidArgs: 400, NotFound: 404, Timeout: 504, WorkerCrash: 500,
 	RateLimited: 429, Cancelled: 499, ToolFailed: 422, Interrupted: 409,
+	Skipped: 424, BudgetExceeded: 402,
 }
 
 // Known reports whether t is one of the taxonomy's types.

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -171,7 +172,7 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) (config.Co
 	if opts.NATS != nil {
 		opts.NATS(&cfg.NATS)
 	}
-	if opts.Executor != (config.Executor{}) {
+	if !reflect.DeepEqual(opts.Executor, config.Executor{}) {
 		cfg.Executor = opts.Executor
 	}
 	if cfg.Executor.CancelPoll == 0 {

@@ -1,0 +1,136 @@
+package sidecar_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// The features no other tool executor offers (README, "Writing tools"),
+// each driven through coresim and real workers and asserted on the wire.
+
+// batchOf is a scenario of one batch of calls, then a final answer.
+func batchOf(calls ...string) coresim.Scenario {
+	var cs []coresim.Call
+	for i, name := range calls {
+		cs = append(cs, coresim.Call{Tool: name, ArgsJSON: `{"n": ` + string(rune('0'+i)) + `}`})
+	}
+	return coresim.Scenario{Turns: []coresim.Turn{{Calls: cs}, {Content: "{{results}}"}}}
+}
+
+// toolMessages is what Core received, by tool_call_id order of the batch:
+// each call's tool message as decoded JSON (or its text).
+func toolMessages(t *testing.T, env *testenv.Env, r testenv.Run) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, m := range env.Sim.ToolMessages(r.ThreadID) {
+		var v map[string]any
+		if json.Unmarshal([]byte(m.Content), &v) != nil {
+			v = map[string]any{"text": m.Content}
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// TestLanes: create_file and write_file share the lane "files"; search has
+// none. write_file starts only once create_file has returned, while search
+// runs at the same time as create_file (create_file waits for it to start:
+// were the batch sequential, that wait would fail). Outcomes reach Core in
+// call order.
+func TestLanes(t *testing.T) {
+	var created, searching atomic.Bool
+	var order []string
+	var mu sync.Mutex
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+	searchStarted := make(chan struct{})
+	env := testenv.Start(t, batchOf("create_file", "search", "write_file"), testenv.Options{},
+		testenv.Tool{Config: config.Tool{Name: "create_file", Lane: "files"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			note("create_file")
+			select {
+			case <-searchStarted:
+			case <-time.After(10 * time.Second):
+				return nil, errors.New("search never ran beside create_file")
+			}
+			created.Store(true)
+			return []byte(`"created"`), nil
+		}},
+		testenv.Tool{Config: config.Tool{Name: "write_file", Lane: "files"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			note("write_file")
+			if !created.Load() {
+				return nil, errors.New("write_file ran before create_file returned")
+			}
+			return []byte(`"written"`), nil
+		}},
+		testenv.Tool{Config: config.Tool{Name: "search"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			note("search")
+			if searching.CompareAndSwap(false, true) {
+				close(searchStarted)
+			}
+			return []byte(`"found"`), nil
+		}})
+	r := env.NewRun()
+	code, sum := driveHTTP(t, env, r)
+	if code != 200 || sum.Status != "completed" {
+		t.Fatalf("drive: %d %+v", code, sum)
+	}
+	for _, c := range sum.Calls {
+		if !c.OK {
+			t.Errorf("call %s: %s %s", c.Tool, c.ErrorType, c.Error)
+		}
+		if want := map[string]string{"create_file": "files", "write_file": "files"}[c.Tool]; c.Lane != want {
+			t.Errorf("call %s reported lane %q, want %q", c.Tool, c.Lane, want)
+		}
+	}
+	env.AssertWholeBatches(r, 3)
+	msgs := toolMessages(t, env, r)
+	if msgs[0]["text"] != `"created"` || msgs[1]["text"] != `"found"` || msgs[2]["text"] != `"written"` {
+		t.Errorf("tool messages %v, want call order", msgs)
+	}
+	if strings.Join(order, ",") == "create_file,write_file,search" {
+		t.Errorf("order at the workers %v: search waited for the lane", order)
+	}
+}
+
+// TestLaneSkipRest: in a lane with on_error skip_rest, a failed call stops
+// the rest of its lane: the next call gets a "skipped" outcome naming the
+// failure and never reaches a worker, while the call outside the lane runs.
+func TestLaneSkipRest(t *testing.T) {
+	var wrote atomic.Int32
+	env := testenv.Start(t, batchOf("create_file", "search", "write_file"),
+		testenv.Options{Executor: config.Executor{Lanes: map[string]config.Lane{"files": {OnError: config.LaneSkipRest}}}},
+		testenv.Tool{Config: config.Tool{Name: "create_file", Lane: "files"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			return nil, tool.NewError(tool.ToolFailed, "disk full")
+		}},
+		testenv.Tool{Config: config.Tool{Name: "write_file", Lane: "files"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			wrote.Add(1)
+			return []byte(`"written"`), nil
+		}},
+		testenv.Tool{Config: config.Tool{Name: "search"}, Handler: testenv.Echo})
+	r := env.NewRun()
+	if code, sum := driveHTTP(t, env, r); code != 200 || sum.Status != "completed" {
+		t.Fatalf("drive: %d %+v", code, sum)
+	}
+	acts := env.AssertWholeBatches(r, 3)
+	msgs := toolMessages(t, env, r)
+	if msgs[0]["error_type"] != "tool_error" || msgs[2]["error_type"] != "skipped" ||
+		!strings.Contains(msgs[2]["error"].(string), `lane "files" failed with tool_error`) {
+		t.Errorf("tool messages %v: want create_file's error, then write_file skipped saying why", msgs)
+	}
+	if _, failed := msgs[1]["error"]; failed {
+		t.Errorf("search, outside the lane, failed: %v", msgs[1])
+	}
+	if wrote.Load() != 0 || acts[2].Status != "failed" {
+		t.Errorf("write_file ran %d times, action %s", wrote.Load(), acts[2].Status)
+	}
+}
