@@ -234,7 +234,33 @@ type Executor struct {
 	// Lanes sets the policy of each lane a tool names (tools[].lane). A
 	// lane no entry names has on_error: continue. default: none
 	Lanes map[string]Lane `koanf:"lanes"`
+	// RunBudget bounds what one drive of a run may spend on tools.
+	// default: no bound
+	RunBudget RunBudget `koanf:"run_budget"`
 }
+
+// RunBudget bounds one drive of a run. Zero fields do not bound. A call
+// past a budget is not dispatched: its outcome is a budget_exceeded error
+// telling the model which budget and what is left.
+type RunBudget struct {
+	// MaxCalls bounds the tool calls of the drive.
+	MaxCalls int `koanf:"max_calls"`
+	// MaxToolTime bounds the time the drive's calls take, summed.
+	MaxToolTime time.Duration `koanf:"max_tool_time"`
+	// MaxResultBytes bounds the bytes the drive's calls return, summed.
+	MaxResultBytes int64 `koanf:"max_result_bytes"`
+	// OnBudget: continue (the model reads the budget_exceeded outcomes and
+	// the run goes on) or stop (once a call was refused, the drive ends
+	// after its batch, with status budget_exceeded, instead of asking for
+	// another turn). The tools' own budgets obey it too. default: continue
+	OnBudget string `koanf:"on_budget"`
+}
+
+// Budget policies.
+const (
+	OnBudgetContinue = "continue"
+	OnBudgetStop     = "stop"
+)
 
 // Lane is the policy of an ordered lane.
 type Lane struct {
@@ -281,6 +307,15 @@ type Tool struct {
 	// runs in parallel. executor.lanes sets the lane's policy.
 	// default: "" (none)
 	Lane string `koanf:"lane"`
+	// MaxCallsPerRun bounds this tool's calls in one drive of a run.
+	// default: 0 (no bound)
+	MaxCallsPerRun int `koanf:"max_calls_per_run"`
+	// Rate bounds this tool's calls per second across all the sidecar's
+	// runs (a token bucket of RateBurst); a call over it is not
+	// dispatched. default: 0 (no bound)
+	Rate float64 `koanf:"rate"`
+	// RateBurst is the bucket's size. default: 1 when Rate is set
+	RateBurst int `koanf:"rate_burst"`
 	// Settings holds every other key of the tool: the settings of its route
 	// kind, under the kind's name (exec: {...}). Any other key is an error
 	// here; the registry hands the settings to the kind, which decodes and
@@ -299,7 +334,8 @@ func Default() Config {
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, SSEKeepalive: 15 * time.Second},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
-			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{}},
+			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{},
+			RunBudget: RunBudget{OnBudget: OnBudgetContinue}},
 		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }
@@ -644,6 +680,12 @@ func (c Config) Validate() error {
 	if c.Executor.MissingTool != MissingToolError && c.Executor.MissingTool != MissingToolFailRun {
 		bad("executor.missing_tool", "must be error or fail_run, got %q", c.Executor.MissingTool)
 	}
+	if b := c.Executor.RunBudget; b.MaxCalls < 0 || b.MaxToolTime < 0 || b.MaxResultBytes < 0 {
+		bad("executor.run_budget", "limits must not be negative")
+	}
+	if p := c.Executor.RunBudget.OnBudget; p != "" && p != OnBudgetContinue && p != OnBudgetStop {
+		bad("executor.run_budget.on_budget", "must be continue or stop, got %q", p)
+	}
 	lanes := map[string]bool{}
 	for _, t := range c.Tools {
 		lanes[t.Lane] = t.Lane != ""
@@ -683,6 +725,9 @@ func (c Config) Validate() error {
 		}
 		if t.MaxDuration < 0 {
 			bad(key+".max_duration", "must not be negative")
+		}
+		if t.MaxCallsPerRun < 0 || t.Rate < 0 || t.RateBurst < 0 {
+			bad(key, "max_calls_per_run, rate and rate_burst must not be negative")
 		}
 		if t.Lane != "" && !toolName.MatchString(t.Lane) {
 			bad(key+".lane", "%q must be 1-64 letters, digits, _ or -", t.Lane)

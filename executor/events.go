@@ -57,6 +57,8 @@ type Observer interface {
 	// CallRecovered: a reply kept by the durable ledger was submitted
 	// instead of running the call again.
 	CallRecovered()
+	// BudgetExceeded: a call was refused by a budget (one of [Budgets]).
+	BudgetExceeded(budget string)
 }
 
 type nopObserver struct{}
@@ -69,3 +71,4 @@ func (nopObserver) CallsInFlight(int)                      {}
 func (nopObserver) DriveAttached()                         {}
 func (nopObserver) GuardTripped()                          {}
 func (nopObserver) CallRecovered()                         {}
+func (nopObserver) BudgetExceeded(string)                  {}

@@ -161,6 +161,8 @@ type Executor struct {
 
 	keptMu sync.Mutex
 	kept   map[string]*outcome // outcomes Core did not take, by Action
+
+	rates rates // the tools' rate budgets, across runs
 }
 
 // Stop makes every drive end after its current batch is joined and
@@ -224,6 +226,7 @@ type Request struct {
 	CallerKey string `json:"-"`
 
 	leaseLost <-chan struct{} // closed when the run's lease passed to another sidecar
+	budget    *budget         // what the drive has spent; set by run
 }
 
 // CallResult is the outcome of one call as the application sees it.
@@ -254,4 +257,6 @@ type Summary struct {
 	Content string       `json:"content"`
 	Calls   []CallResult `json:"calls"`
 	Error   string       `json:"error,omitempty"`
+	// Budget is the drive's spending against its budgets, when any is set.
+	Budget *BudgetReport `json:"budget,omitempty"`
 }

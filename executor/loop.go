@@ -34,7 +34,11 @@ func (e *Executor) run(ctx context.Context, req Request, run core.Run, emit Sink
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Calls: []CallResult{}}
 	e.obs.RunStarted()
+	req.budget = newBudget(e.cfg.RunBudget)
 	err := e.loop(ctx, req, run, emit, log, &sum)
+	if budgeted(e.cfg.RunBudget, e.tools.Load()) {
+		sum.Budget = req.budget.report()
+	}
 	log.InfoContext(ctx, "drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
 	span.SetAttributes(attribute.String("toolsidecar.status", sum.Status), attribute.Int("toolsidecar.turns", sum.Turns),
 		attribute.Int("toolsidecar.calls", len(sum.Calls)))
@@ -102,6 +106,10 @@ func (e *Executor) loop(ctx context.Context, req Request, run core.Run, emit Sin
 		}
 		if len(tr.calls) == 0 {
 			return e.completed(ctx, req.RunID, sum)
+		}
+		if req.budget.stopped() {
+			sum.Status, sum.Error = StatusBudget, "a call exceeded its budget and run_budget.on_budget is stop: no further turn was requested"
+			return nil
 		}
 		last = tr.calls
 	}
@@ -257,6 +265,15 @@ func (br *batchRun) add(m *core.Manifest) {
 	def, pre := br.e.precheck(br.reg, m)
 	if pre != nil && pre.Type == tool.NotFound && def == nil && br.e.cfg.MissingTool == config.MissingToolFailRun && br.failRun == nil {
 		br.failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
+	}
+	if pre == nil && br.req.budget != nil {
+		// Admitted here, as the calls stream in: the model's order decides
+		// which calls a budget refuses.
+		var which string
+		if pre, which = br.e.admit(br.req.budget, def); pre != nil {
+			br.e.obs.BudgetExceeded(which)
+			br.log.Info("call refused by a budget", "action_id", m.ActionID, "tool", m.Tool, "budget", which)
+		}
 	}
 	var ln *lane
 	if def != nil && def.Config.Lane != "" {
@@ -687,6 +704,9 @@ func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def
 	}
 	o.res.DurationMS = time.Since(start).Milliseconds()
 	e.settle(o, reply)
+	if pre == nil && br.req.budget != nil {
+		br.req.budget.spend(time.Since(start), len(o.content))
+	}
 	if !o.res.OK {
 		log.InfoContext(ctx, "call failed", "error_type", o.res.ErrorType, "err", o.res.Error, "attempts", o.res.Attempts,
 			"duration", time.Since(start))

@@ -22,6 +22,7 @@ type Metrics struct {
 	attached    prometheus.Counter
 	guard       prometheus.Counter
 	recovered   prometheus.Counter
+	budget      *prometheus.CounterVec
 	known       func(tool string) bool
 }
 
@@ -43,8 +44,11 @@ func latencyBuckets(longest time.Duration) []float64 {
 func NewMetrics(reg prometheus.Registerer, known func(tool string) bool, tools []string, longest time.Duration) *Metrics {
 	m := newMetrics(reg, known, latencyBuckets(longest))
 	m.InitTools(tools)
-	for _, st := range []string{StatusCompleted, StatusMaxTurns, StatusCancelled, StatusFailed, StatusInterrupted} {
+	for _, st := range []string{StatusCompleted, StatusMaxTurns, StatusCancelled, StatusFailed, StatusInterrupted, StatusBudget} {
 		m.runs.WithLabelValues(st)
+	}
+	for _, b := range Budgets {
+		m.budget.WithLabelValues(b)
 	}
 	return m
 }
@@ -83,9 +87,14 @@ func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets
 			Help: "Turns refused because a call of the previous batch had no recorded outcome (a bug if ever non-zero)."}),
 		recovered: f.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "calls_recovered_total",
 			Help: "Replies kept by the durable ledger and submitted after their sidecar went away, instead of running the call again."}),
+		budget: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "budget_exceeded_total",
+			Help: "Calls not dispatched because a budget refused them, by budget."}, []string{"budget"}),
 		known: known,
 	}
 }
+
+// BudgetExceeded implements [Observer].
+func (m *Metrics) BudgetExceeded(budget string) { m.budget.WithLabelValues(budget).Inc() }
 
 // CallRecovered implements [Observer].
 func (m *Metrics) CallRecovered() { m.recovered.Inc() }

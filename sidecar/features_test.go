@@ -134,3 +134,88 @@ func TestLaneSkipRest(t *testing.T) {
 		t.Errorf("write_file ran %d times, action %s", wrote.Load(), acts[2].Status)
 	}
 }
+
+// TestBudgets: a call past a budget is not dispatched; its outcome is a
+// budget_exceeded error naming the budget and what is left, and the
+// summary reports the spending. Under on_budget stop the drive ends after
+// the batch instead of asking for another turn.
+func TestBudgets(t *testing.T) {
+	t.Run("run calls, continue", func(t *testing.T) {
+		var ran atomic.Int32
+		count := func(ctx context.Context, c *tool.Call) ([]byte, error) { ran.Add(1); return []byte(`"ok"`), nil }
+		env := testenv.Start(t, batchOf("a", "a", "a"), testenv.Options{Executor: config.Executor{RunBudget: config.RunBudget{MaxCalls: 2}}},
+			testenv.Tool{Config: config.Tool{Name: "a"}, Handler: count})
+		r := env.NewRun()
+		code, sum := driveHTTP(t, env, r)
+		if code != 200 || sum.Status != "completed" || sum.Turns != 2 {
+			t.Fatalf("drive: %d %+v", code, sum)
+		}
+		env.AssertWholeBatches(r, 3)
+		msgs := toolMessages(t, env, r)
+		if msgs[2]["error_type"] != "budget_exceeded" || !strings.Contains(msgs[2]["error"].(string), "at most 2 tool calls per run; 2 made, none left") {
+			t.Errorf("third call's message %v", msgs[2])
+		}
+		b := sum.Budget
+		if ran.Load() != 2 || b == nil || b.Calls != 2 || b.MaxCalls != 2 || b.Refused != 1 || b.ToolCalls["a"] != 2 {
+			t.Errorf("worker ran %d calls; budget report %+v", ran.Load(), b)
+		}
+	})
+	t.Run("tool calls per run, stop", func(t *testing.T) {
+		env := testenv.Start(t, batchOf("b", "b"), testenv.Options{Executor: config.Executor{RunBudget: config.RunBudget{OnBudget: config.OnBudgetStop}}},
+			testenv.Tool{Config: config.Tool{Name: "b", MaxCallsPerRun: 1}, Handler: testenv.Echo})
+		r := env.NewRun()
+		code, sum := driveHTTP(t, env, r)
+		if code != 200 || sum.Status != "budget_exceeded" || sum.Turns != 1 {
+			t.Fatalf("drive: %d %+v, want budget_exceeded after 1 turn", code, sum)
+		}
+		if n := env.Sim.CountRequests("POST", "/v1/completions"); n != 1 {
+			t.Errorf("%d completions requests: the stopped run asked for another turn", n)
+		}
+		env.AssertWholeBatches(r, 2)
+		if msgs := toolMessages(t, env, r); msgs[1]["error_type"] != "budget_exceeded" ||
+			!strings.Contains(msgs[1]["error"].(string), "b may be called 1 times per run") {
+			t.Errorf("second call's message %v", msgs[1])
+		}
+	})
+	t.Run("run result bytes, across turns", func(t *testing.T) {
+		sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "d", ArgsJSON: `{}`}}},
+			{Calls: []coresim.Call{{Tool: "d", ArgsJSON: `{}`}}}, {Content: "{{results}}"}}}
+		big := []byte(`"` + strings.Repeat("x", 98) + `"`)
+		env := testenv.Start(t, sc, testenv.Options{Executor: config.Executor{RunBudget: config.RunBudget{MaxResultBytes: 50}}},
+			testenv.Tool{Config: config.Tool{Name: "d"}, Handler: func(context.Context, *tool.Call) ([]byte, error) { return big, nil }})
+		r := env.NewRun()
+		code, sum := driveHTTP(t, env, r)
+		if code != 200 || sum.Status != "completed" || sum.Turns != 3 {
+			t.Fatalf("drive: %d %+v", code, sum)
+		}
+		if msgs := toolMessages(t, env, r); msgs[1]["error_type"] != "budget_exceeded" ||
+			!strings.Contains(msgs[1]["error"].(string), "at most 50 bytes of tool results per run; 100 returned, none left") {
+			t.Errorf("second turn's message %v", msgs[1])
+		}
+		if b := sum.Budget; b == nil || b.ResultBytes != 100 || b.MaxResultBytes != 50 {
+			t.Errorf("budget report %+v", b)
+		}
+	})
+	t.Run("tool rate across runs", func(t *testing.T) {
+		env := testenv.Start(t, batchOf("c", "c"), testenv.Options{},
+			testenv.Tool{Config: config.Tool{Name: "c", Rate: 0.01, RateBurst: 1}, Handler: testenv.Echo})
+		r := env.NewRun()
+		if code, sum := driveHTTP(t, env, r); code != 200 || sum.Status != "completed" || sum.Budget == nil || sum.Budget.Refused != 1 {
+			t.Fatalf("drive: %d %+v", code, sum)
+		}
+		if msgs := toolMessages(t, env, r); msgs[1]["error_type"] != "budget_exceeded" ||
+			!strings.Contains(msgs[1]["error"].(string), "c is called at most 0.01 times per second across all runs") {
+			t.Errorf("second call's message %v", msgs[1])
+		}
+		// The bucket is the sidecar's, not the run's: another run finds it empty.
+		r2 := env.NewRun()
+		if _, sum := driveHTTP(t, env, r2); sum.Budget == nil || sum.Budget.Refused != 2 {
+			t.Errorf("second run: %+v, want both calls refused by the shared rate", sum.Budget)
+		}
+		refused, _ := metric(t, env.Sidecar, "toolsidecar_budget_exceeded_total", "budget=tool_rate")
+		calls, _ := metric(t, env.Sidecar, "toolsidecar_calls_total", "tool=c", "outcome=budget_exceeded")
+		if refused != 3 || calls != 3 {
+			t.Errorf("metrics: %v refusals by tool_rate, %v budget_exceeded calls of c; want 3 of each", refused, calls)
+		}
+	})
+}
