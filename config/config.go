@@ -276,6 +276,13 @@ const (
 	LaneSkipRest = "skip_rest"
 )
 
+// DedupeRun answers a repeated call of a run from its earlier result.
+const DedupeRun = "run"
+
+// MaxDedupeTTL is the longest a result may answer repeats: the durable
+// ledger's retention.
+const MaxDedupeTTL = 24 * time.Hour
+
 // Side-effect classes.
 const (
 	ReadOnly   = "read_only"
@@ -316,6 +323,13 @@ type Tool struct {
 	Rate float64 `koanf:"rate"`
 	// RateBurst is the bucket's size. default: 1 when Rate is set
 	RateBurst int `koanf:"rate_burst"`
+	// Dedupe: "run" answers a call that repeats an earlier call of the
+	// same run (same tool, same arguments as canonical JSON) with that
+	// call's result, without dispatching; read_only tools only.
+	// default: "" (off)
+	Dedupe string `koanf:"dedupe"`
+	// DedupeTTL is how long a result may answer a repeat. default: 10m
+	DedupeTTL time.Duration `koanf:"dedupe_ttl"`
 	// Settings holds every other key of the tool: the settings of its route
 	// kind, under the kind's name (exec: {...}). Any other key is an error
 	// here; the registry hands the settings to the kind, which decodes and
@@ -353,6 +367,9 @@ func (t *Tool) applyDefaults() {
 	}
 	if t.Route == "" {
 		t.Route = "nats"
+	}
+	if t.Dedupe != "" && t.DedupeTTL == 0 {
+		t.DedupeTTL = 10 * time.Minute
 	}
 }
 
@@ -728,6 +745,15 @@ func (c Config) Validate() error {
 		}
 		if t.MaxCallsPerRun < 0 || t.Rate < 0 || t.RateBurst < 0 {
 			bad(key, "max_calls_per_run, rate and rate_burst must not be negative")
+		}
+		switch {
+		case t.Dedupe != "" && t.Dedupe != DedupeRun:
+			bad(key+".dedupe", "must be run or empty, got %q", t.Dedupe)
+		case t.Dedupe != "" && t.SideEffects != ReadOnly:
+			bad(key+".dedupe", "only a read_only tool may answer a repeated call from an earlier result (side_effects is %s)", t.SideEffects)
+		}
+		if t.DedupeTTL < 0 || t.DedupeTTL > MaxDedupeTTL {
+			bad(key+".dedupe_ttl", "must be between 0 and %s", MaxDedupeTTL)
 		}
 		if t.Lane != "" && !toolName.MatchString(t.Lane) {
 			bad(key+".lane", "%q must be 1-64 letters, digits, _ or -", t.Lane)

@@ -59,6 +59,8 @@ type Observer interface {
 	CallRecovered()
 	// BudgetExceeded: a call was refused by a budget (one of [Budgets]).
 	BudgetExceeded(budget string)
+	// CallDeduped: a call was answered from an earlier call of its run.
+	CallDeduped(tool string)
 }
 
 type nopObserver struct{}
@@ -72,3 +74,4 @@ func (nopObserver) DriveAttached()                         {}
 func (nopObserver) GuardTripped()                          {}
 func (nopObserver) CallRecovered()                         {}
 func (nopObserver) BudgetExceeded(string)                  {}
+func (nopObserver) CallDeduped(string)                     {}

@@ -163,6 +163,7 @@ type Executor struct {
 	kept   map[string]*outcome // outcomes Core did not take, by Action
 
 	rates rates // the tools' rate budgets, across runs
+	memo  Memo  // results of dedupe tools
 }
 
 // Stop makes every drive end after its current batch is joined and
@@ -199,12 +200,15 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 	}
 	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second,
-		drives: map[string]*drive{}, kept: map[string]*outcome{}}
+		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes)}
 	for _, o := range opts {
 		o(e)
 	}
 	return e
 }
+
+// memMemoBytes bounds the results the memo in memory keeps.
+const memMemoBytes = 32 << 20
 
 // Request names the run to drive; the body of every completions request
 // is built from it.
@@ -247,6 +251,9 @@ type CallResult struct {
 	// Submitted reports that the tool message and the Action's final
 	// status reached Core.
 	Submitted bool `json:"submitted"`
+	// DedupedFrom is the tool_call_id of the earlier call of the run whose
+	// result answered this one (dedupe: run); it was not dispatched.
+	DedupedFrom string `json:"deduped_from,omitempty"`
 }
 
 // Summary is the result of a drive.

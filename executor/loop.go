@@ -236,6 +236,7 @@ type outcome struct {
 // batchRun is one batch being joined: the calls of a turn, or those a
 // reconciliation found open.
 type batchRun struct {
+	ctx      context.Context // the drive's: for lookups while the stream is read
 	e        *Executor
 	req      Request
 	n        int
@@ -250,7 +251,7 @@ type batchRun struct {
 }
 
 func (e *Executor) newBatch(ctx, tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
-	br := &batchRun{e: e, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), seen: map[string]bool{}, lanes: map[string]*lane{}}
+	br := &batchRun{ctx: ctx, e: e, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), seen: map[string]bool{}, lanes: map[string]*lane{}}
 	br.b = batch.New(tctx, e.cfg.MaxParallel, func(i int, o *outcome) error { return br.submit(ctx, o) })
 	return br
 }
@@ -266,6 +267,16 @@ func (br *batchRun) add(m *core.Manifest) {
 	if pre != nil && pre.Type == tool.NotFound && def == nil && br.e.cfg.MissingTool == config.MissingToolFailRun && br.failRun == nil {
 		br.failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
 	}
+	var memoKey string
+	if pre == nil {
+		var hit *MemoEntry
+		if hit, memoKey = br.e.deduped(br.ctx, m, def); hit != nil {
+			br.log.Info("call answered from an earlier call of the run", "action_id", m.ActionID, "tool", m.Tool, "from", hit.ToolCallID)
+			br.e.obs.CallDeduped(m.Tool)
+			br.start(m, nil, func(context.Context) *outcome { return br.e.fromMemo(br.n, m, hit) })
+			return
+		}
+	}
 	if pre == nil && br.req.budget != nil {
 		// Admitted here, as the calls stream in: the model's order decides
 		// which calls a budget refuses.
@@ -280,7 +291,9 @@ func (br *batchRun) add(m *core.Manifest) {
 		ln = br.lane(def.Config.Lane)
 	}
 	br.start(m, ln, func(ctx context.Context) *outcome {
-		return br.e.call(ctx, br, m, def, pre)
+		o := br.e.call(ctx, br, m, def, pre)
+		br.e.remember(ctx, memoKey, def, o)
+		return o
 	})
 }
 
@@ -786,6 +799,14 @@ func (e *Executor) settle(o *outcome, reply tool.Outcome) {
 	}
 	o.res.Output = o.content
 	o.done = time.Now()
+}
+
+// fromMemo is the outcome of a call answered by an earlier call's result.
+func (e *Executor) fromMemo(turn int, m *core.Manifest, hit *MemoEntry) *outcome {
+	o := newOutcome(turn, m)
+	e.settle(o, tool.Outcome{Data: []byte(hit.Content)})
+	o.res.DedupedFrom = hit.ToolCallID
+	return o
 }
 
 // alreadyRecorded is the outcome of a call whose tool message Core has:

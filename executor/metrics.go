@@ -23,6 +23,7 @@ type Metrics struct {
 	guard       prometheus.Counter
 	recovered   prometheus.Counter
 	budget      *prometheus.CounterVec
+	deduped     *prometheus.CounterVec
 	known       func(tool string) bool
 }
 
@@ -89,9 +90,14 @@ func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets
 			Help: "Replies kept by the durable ledger and submitted after their sidecar went away, instead of running the call again."}),
 		budget: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "budget_exceeded_total",
 			Help: "Calls not dispatched because a budget refused them, by budget."}, []string{"budget"}),
+		deduped: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "calls_deduped_total",
+			Help: "Calls answered from an earlier call of their run (dedupe: run), without dispatching."}, []string{"tool"}),
 		known: known,
 	}
 }
+
+// CallDeduped implements [Observer].
+func (m *Metrics) CallDeduped(tool string) { m.deduped.WithLabelValues(m.label(tool)).Inc() }
 
 // BudgetExceeded implements [Observer].
 func (m *Metrics) BudgetExceeded(budget string) { m.budget.WithLabelValues(budget).Inc() }

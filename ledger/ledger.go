@@ -45,6 +45,7 @@ type Ledger struct {
 	cfg     Config
 	js      jetstream.JetStream
 	kv      jetstream.KeyValue
+	memo    jetstream.KeyValue
 	replies jetstream.Stream
 }
 
@@ -86,7 +87,33 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: reply stream: %w", err)
 	}
-	return &Ledger{cfg: cfg, js: js, kv: kv, replies: st}, nil
+	memo, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + "_DEDUPE", TTL: Retention,
+		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar results that answer repeated calls, by run, tool and arguments"})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: dedupe bucket: %w", err)
+	}
+	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, replies: st}, nil
+}
+
+// Recall returns the result remembered under key (a hex digest).
+func (l *Ledger) Recall(ctx context.Context, key string) ([]byte, bool, error) {
+	e, err := l.memo.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("ledger: recall: %w", err)
+	}
+	return e.Value(), true, nil
+}
+
+// Remember stores a result under key, for repeats of its call; a result
+// too large for one NATS message is refused with an error.
+func (l *Ledger) Remember(ctx context.Context, key string, value []byte) error {
+	if _, err := l.memo.Put(ctx, key, value); err != nil {
+		return fmt.Errorf("ledger: remember: %w", err)
+	}
+	return nil
 }
 
 // Inbox is this sidecar's reply namespace: the bridge sends requests with

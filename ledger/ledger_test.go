@@ -126,3 +126,33 @@ func TestNoJetStream(t *testing.T) {
 		t.Fatalf("err %v, want ErrNoJetStream", err)
 	}
 }
+
+// TestRememberRecall: a remembered result is found by its key by another
+// ledger on the same JetStream (a restarted or second sidecar), an unknown
+// key is a miss, and a result larger than a NATS message is refused with
+// an error rather than truncated.
+func TestRememberRecall(t *testing.T) {
+	conn := server(t)
+	ctx := context.Background()
+	nc := conn()
+	a, err := ledger.Open(ctx, nc, ledger.Config{Prefix: "t", Instance: "pod-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Remember(ctx, "k1", []byte(`{"content": "sunny"}`)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := ledger.Open(ctx, conn(), ledger.Config{Prefix: "t", Instance: "pod-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok, err := b.Recall(ctx, "k1"); !ok || err != nil || string(v) != `{"content": "sunny"}` {
+		t.Errorf("recall from another ledger: %q %v %v", v, ok, err)
+	}
+	if _, ok, err := b.Recall(ctx, "k2"); ok || err != nil {
+		t.Errorf("unknown key: %v %v", ok, err)
+	}
+	if err := a.Remember(ctx, "big", make([]byte, nc.MaxPayload()+1)); err == nil {
+		t.Errorf("a result over the max payload of %d bytes was accepted", nc.MaxPayload())
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -218,4 +219,53 @@ func TestBudgets(t *testing.T) {
 			t.Errorf("metrics: %v refusals by tool_rate, %v budget_exceeded calls of c; want 3 of each", refused, calls)
 		}
 	})
+}
+
+// TestDedupe: the model repeats a read_only call in a later turn, with the
+// same arguments in another key order and a new tool_call_id. With dedupe:
+// run the repeat is answered from the first call's result without reaching
+// a worker; its output is still submitted for its own tool_call_id, and
+// the summary says which call served it. Both memos: the durable ledger's
+// bucket and the one in memory.
+func TestDedupe(t *testing.T) {
+	for _, durable := range []bool{true, false} {
+		t.Run(map[bool]string{true: "durable", false: "in memory"}[durable], func(t *testing.T) {
+			sc := coresim.Scenario{Turns: []coresim.Turn{
+				{Calls: []coresim.Call{{Tool: "search", ArgsJSON: `{"q": "x", "n": 1}`}}},
+				{Calls: []coresim.Call{{Tool: "search", ArgsJSON: `{"n": 1, "q": "x"}`}, {Tool: "search", ArgsJSON: `{"q": "y", "n": 1}`}}},
+				{Content: "{{results}}"}}}
+			var served atomic.Int32
+			var mu sync.Mutex
+			seen := map[string]int{}
+			env := testenv.Start(t, sc, testenv.Options{Config: func(c *config.Config) { c.Durability.Enabled = durable }},
+				testenv.Tool{Config: config.Tool{Name: "search", Dedupe: config.DedupeRun, DedupeTTL: time.Minute},
+					Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+						var a struct{ Q string }
+						json.Unmarshal(c.Args, &a)
+						mu.Lock()
+						seen[a.Q]++
+						mu.Unlock()
+						return fmt.Appendf(nil, `{"q": %q, "served": %d}`, a.Q, served.Add(1)), nil
+					}})
+			r := env.NewRun()
+			code, sum := driveHTTP(t, env, r)
+			if code != 200 || sum.Status != "completed" || len(sum.Calls) != 3 {
+				t.Fatalf("drive: %d %+v", code, sum)
+			}
+			if seen["x"] != 1 || seen["y"] != 1 {
+				t.Errorf("the worker saw %v: want x once (its repeat deduplicated) and y once", seen)
+			}
+			env.AssertWholeBatches(r, 3)
+			msgs := env.Sim.ToolMessages(r.ThreadID)
+			if msgs[1].Content != msgs[0].Content || msgs[2].Content == msgs[0].Content {
+				t.Errorf("tool messages %q, %q, %q: want the repeat to carry the first result", msgs[0].Content, msgs[1].Content, msgs[2].Content)
+			}
+			if sum.Calls[1].DedupedFrom != sum.Calls[0].ToolCallID || sum.Calls[1].ToolCallID == sum.Calls[0].ToolCallID || sum.Calls[2].DedupedFrom != "" {
+				t.Errorf("summary calls %+v: want the repeat marked deduped from the first", sum.Calls)
+			}
+			if n, _ := metric(t, env.Sidecar, "toolsidecar_calls_deduped_total", "tool=search"); n != 1 {
+				t.Errorf("calls_deduped_total %v, want 1", n)
+			}
+		})
+	}
 }

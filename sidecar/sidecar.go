@@ -7,6 +7,7 @@ package sidecar
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -418,6 +419,9 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	if s.leases != nil {
 		opts = append(opts, executor.WithLeases(runLeases{s.leases}))
 	}
+	if s.ledger != nil {
+		opts = append(opts, executor.WithMemo(ledgerMemo{s.ledger, s.log.With("component", "dedupe")}))
+	}
 	s.exec = executor.New(s.cfg.Executor, cc, s.live, s.client, opts...)
 	return nil
 }
@@ -595,6 +599,31 @@ func (s *Sidecar) readyInfo() map[string]any {
 		return map[string]any{"durable": true}
 	}
 	return map[string]any{"durable": false, "durable_off": s.durableOff}
+}
+
+// ledgerMemo is the durable ledger as the executor's dedupe memo.
+type ledgerMemo struct {
+	l   *ledger.Ledger
+	log *slog.Logger
+}
+
+func (m ledgerMemo) Recall(ctx context.Context, key string) (executor.MemoEntry, bool) {
+	var e executor.MemoEntry
+	b, ok, err := m.l.Recall(ctx, key)
+	if err != nil {
+		m.log.Warn("dedupe lookup failed; the call runs", "err", err)
+	}
+	if !ok || json.Unmarshal(b, &e) != nil {
+		return e, false
+	}
+	return e, true
+}
+
+func (m ledgerMemo) Remember(ctx context.Context, key string, e executor.MemoEntry) {
+	b, _ := json.Marshal(e)
+	if err := m.l.Remember(ctx, key, b); err != nil {
+		m.log.Warn("dedupe: result not remembered", "err", err)
+	}
 }
 
 // recoverer is the ledger as the executor's Recoverer, or nil when not

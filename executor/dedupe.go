@@ -1,0 +1,144 @@
+package executor
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/registry"
+)
+
+// Memo remembers the results of dedupe tools by run, tool and arguments,
+// so that a call the model repeats in a later turn under a new
+// tool_call_id is answered without dispatching. The durable ledger is one
+// (a JetStream bucket); without it the executor keeps a bounded memo in
+// memory.
+type Memo interface {
+	// Recall finds the entry stored under key; a miss or an error is false.
+	Recall(ctx context.Context, key string) (MemoEntry, bool)
+	// Remember stores an entry, best effort.
+	Remember(ctx context.Context, key string, e MemoEntry)
+}
+
+// MemoEntry is a remembered result.
+type MemoEntry struct {
+	ToolCallID string    `json:"tool_call_id"` // the call that produced it
+	Content    string    `json:"content"`
+	Expires    time.Time `json:"expires"`
+}
+
+// WithMemo stores dedupe results in m. default: a memo in memory
+func WithMemo(m Memo) Option { return func(e *Executor) { e.memo = m } }
+
+// dedupeKey names a call by its run, its tool and its arguments as
+// canonical JSON (keys sorted, no spaces), so that {"a":1,"b":2} and
+// {"b": 2, "a": 1} are the same call. ok is false for arguments that are
+// not JSON.
+func dedupeKey(m *core.Manifest) (string, bool) {
+	d := json.NewDecoder(bytes.NewReader(argsOrEmpty(m.Args)))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return "", false
+	}
+	canon, err := json.Marshal(v)
+	if err != nil {
+		return "", false
+	}
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(m.RunID), []byte(m.Tool), canon} {
+		h.Write(part)
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)), true
+}
+
+// deduped answers a call of a dedupe tool from an earlier call of its run,
+// when there is one; key is where the call's own result is to be
+// remembered ("" when the call is not deduplicated).
+func (e *Executor) deduped(ctx context.Context, m *core.Manifest, def *registry.Tool) (hit *MemoEntry, key string) {
+	if def == nil || def.Config.Dedupe != config.DedupeRun {
+		return nil, ""
+	}
+	key, ok := dedupeKey(m)
+	if !ok {
+		return nil, ""
+	}
+	if me, ok := e.memo.Recall(ctx, key); ok && time.Now().Before(me.Expires) {
+		return &me, key
+	}
+	return nil, key
+}
+
+// remember stores a successful result of a dedupe tool.
+func (e *Executor) remember(ctx context.Context, key string, def *registry.Tool, o *outcome) {
+	if key == "" || !o.res.OK {
+		return
+	}
+	ttl := def.Config.DedupeTTL
+	if ttl <= 0 {
+		ttl = 10 * time.Minute
+	}
+	e.memo.Remember(context.WithoutCancel(ctx), key, MemoEntry{ToolCallID: o.m.ToolCallID, Content: o.content, Expires: time.Now().Add(ttl)})
+}
+
+// memMemo is the memo in memory: entries expire with their TTL, and the
+// oldest are dropped beyond maxBytes of content, so that it cannot grow
+// without bound.
+type memMemo struct {
+	mu       sync.Mutex
+	maxBytes int
+	bytes    int
+	order    *list.List // of *memItem, oldest first
+	items    map[string]*list.Element
+}
+
+type memItem struct {
+	key string
+	e   MemoEntry
+}
+
+func newMemMemo(maxBytes int) *memMemo {
+	return &memMemo{maxBytes: maxBytes, order: list.New(), items: map[string]*list.Element{}}
+}
+
+func (m *memMemo) Recall(_ context.Context, key string) (MemoEntry, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	el, ok := m.items[key]
+	if !ok {
+		return MemoEntry{}, false
+	}
+	return el.Value.(*memItem).e, true
+}
+
+func (m *memMemo) Remember(_ context.Context, key string, e MemoEntry) {
+	if len(e.Content) > m.maxBytes {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if el, ok := m.items[key]; ok {
+		m.drop(el)
+	}
+	m.items[key] = m.order.PushBack(&memItem{key, e})
+	m.bytes += len(e.Content)
+	now := time.Now()
+	for front := m.order.Front(); front != nil && (m.bytes > m.maxBytes || now.After(front.Value.(*memItem).e.Expires)); front = m.order.Front() {
+		m.drop(front)
+	}
+}
+
+func (m *memMemo) drop(el *list.Element) {
+	it := el.Value.(*memItem)
+	m.order.Remove(el)
+	delete(m.items, it.key)
+	m.bytes -= len(it.e.Content)
+}
