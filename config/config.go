@@ -237,6 +237,10 @@ type Executor struct {
 	// RunBudget bounds what one drive of a run may spend on tools.
 	// default: no bound
 	RunBudget RunBudget `koanf:"run_budget"`
+	// MaxHedgeRatio caps hedged requests (tools[].hedge_after) at this
+	// fraction of the calls of hedging tools, across all runs, so that a
+	// slow pool is not doubled in load. default: 0.1
+	MaxHedgeRatio float64 `koanf:"max_hedge_ratio"`
 }
 
 // RunBudget bounds one drive of a run. Zero fields do not bound. A call
@@ -275,6 +279,23 @@ const (
 	LaneContinue = "continue"
 	LaneSkipRest = "skip_rest"
 )
+
+// ParseHedge reads tools[].hedge_after: a positive duration, or a
+// percentile "pNN" (50 to 99.9) of the tool's recent latencies.
+func ParseHedge(s string) (after time.Duration, percentile float64, err error) {
+	if p, ok := strings.CutPrefix(s, "p"); ok {
+		v, err := strconv.ParseFloat(p, 64)
+		if err != nil || v < 50 || v > 99.9 {
+			return 0, 0, fmt.Errorf("%q: a percentile is p50 to p99.9", s)
+		}
+		return 0, v, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, 0, fmt.Errorf("%q: want a positive duration (250ms) or a percentile (p95)", s)
+	}
+	return d, 0, nil
+}
 
 // DedupeRun answers a repeated call of a run from its earlier result.
 const DedupeRun = "run"
@@ -330,6 +351,12 @@ type Tool struct {
 	Dedupe string `koanf:"dedupe"`
 	// DedupeTTL is how long a result may answer a repeat. default: 10m
 	DedupeTTL time.Duration `koanf:"dedupe_ttl"`
+	// HedgeAfter, for a read_only tool: an attempt still unanswered after
+	// this long is sent a second time (to any worker of the queue group);
+	// the first reply wins and the other is cancelled. A duration ("250ms")
+	// or a percentile of the tool's own recent latencies ("p95").
+	// default: "" (no hedging)
+	HedgeAfter string `koanf:"hedge_after"`
 	// Settings holds every other key of the tool: the settings of its route
 	// kind, under the kind's name (exec: {...}). Any other key is an error
 	// here; the registry hands the settings to the kind, which decodes and
@@ -349,7 +376,7 @@ func Default() Config {
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
 			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{},
-			RunBudget: RunBudget{OnBudget: OnBudgetContinue}},
+			RunBudget: RunBudget{OnBudget: OnBudgetContinue}, MaxHedgeRatio: 0.1},
 		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }
@@ -697,6 +724,9 @@ func (c Config) Validate() error {
 	if c.Executor.MissingTool != MissingToolError && c.Executor.MissingTool != MissingToolFailRun {
 		bad("executor.missing_tool", "must be error or fail_run, got %q", c.Executor.MissingTool)
 	}
+	if r := c.Executor.MaxHedgeRatio; r < 0 || r > 1 {
+		bad("executor.max_hedge_ratio", "must be between 0 and 1, got %v", r)
+	}
 	if b := c.Executor.RunBudget; b.MaxCalls < 0 || b.MaxToolTime < 0 || b.MaxResultBytes < 0 {
 		bad("executor.run_budget", "limits must not be negative")
 	}
@@ -754,6 +784,13 @@ func (c Config) Validate() error {
 		}
 		if t.DedupeTTL < 0 || t.DedupeTTL > MaxDedupeTTL {
 			bad(key+".dedupe_ttl", "must be between 0 and %s", MaxDedupeTTL)
+		}
+		if t.HedgeAfter != "" {
+			if _, _, err := ParseHedge(t.HedgeAfter); err != nil {
+				bad(key+".hedge_after", "%v", err)
+			} else if t.SideEffects != ReadOnly {
+				bad(key+".hedge_after", "only a read_only tool may be sent twice at once (side_effects is %s)", t.SideEffects)
+			}
 		}
 		if t.Lane != "" && !toolName.MatchString(t.Lane) {
 			bad(key+".lane", "%q must be 1-64 letters, digits, _ or -", t.Lane)

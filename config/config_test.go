@@ -245,3 +245,34 @@ tools:
 		}
 	}
 }
+
+// TestFeatureProblems: dedupe and hedging are for read_only tools only,
+// hedge_after is a duration or a percentile, and the hedge ratio and the
+// budget policy are checked.
+func TestFeatureProblems(t *testing.T) {
+	yaml := `
+executor:
+  max_hedge_ratio: 2
+  run_budget: { on_budget: halt, max_calls: -1 }
+tools:
+  - { name: book, side_effects: unsafe, dedupe: run, hedge_after: 1s }
+  - { name: look, side_effects: read_only, dedupe: always, hedge_after: p20 }
+  - { name: seek, side_effects: read_only, hedge_after: soon, max_calls_per_run: -2 }
+`
+	_, err := load([]byte(yaml), "features.yaml", nil, nil)
+	for _, want := range []string{
+		`executor.max_hedge_ratio: must be between 0 and 1, got 2`,
+		`executor.run_budget: limits must not be negative`,
+		`executor.run_budget.on_budget: must be continue or stop, got "halt"`,
+		`tools[0].dedupe: only a read_only tool may answer a repeated call`,
+		`tools[0].hedge_after: only a read_only tool may be sent twice at once`,
+		`tools[1].dedupe: must be run or empty, got "always"`,
+		`tools[1].hedge_after: "p20": a percentile is p50 to p99.9`,
+		`tools[2].hedge_after: "soon": want a positive duration`,
+		`tools[2]: max_calls_per_run, rate and rate_burst must not be negative`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}

@@ -61,6 +61,9 @@ type Observer interface {
 	BudgetExceeded(budget string)
 	// CallDeduped: a call was answered from an earlier call of its run.
 	CallDeduped(tool string)
+	// Hedged: a straggling attempt was sent again; won says the copy
+	// answered first.
+	Hedged(tool string, won bool)
 }
 
 type nopObserver struct{}
@@ -75,3 +78,4 @@ func (nopObserver) GuardTripped()                          {}
 func (nopObserver) CallRecovered()                         {}
 func (nopObserver) BudgetExceeded(string)                  {}
 func (nopObserver) CallDeduped(string)                     {}
+func (nopObserver) Hedged(string, bool)                    {}

@@ -162,8 +162,9 @@ type Executor struct {
 	keptMu sync.Mutex
 	kept   map[string]*outcome // outcomes Core did not take, by Action
 
-	rates rates // the tools' rate budgets, across runs
-	memo  Memo  // results of dedupe tools
+	rates rates   // the tools' rate budgets, across runs
+	memo  Memo    // results of dedupe tools
+	hedge *hedger // when to send a straggler again
 }
 
 // Stop makes every drive end after its current batch is joined and
@@ -198,9 +199,13 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 	if cfg.MaxErrorBytes < 1 {
 		cfg.MaxErrorBytes = def.MaxErrorBytes
 	}
+	if cfg.MaxHedgeRatio <= 0 {
+		cfg.MaxHedgeRatio = def.MaxHedgeRatio
+	}
 	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second,
-		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes)}
+		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
+		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}}
 	for _, o := range opts {
 		o(e)
 	}
@@ -251,6 +256,8 @@ type CallResult struct {
 	// Submitted reports that the tool message and the Action's final
 	// status reached Core.
 	Submitted bool `json:"submitted"`
+	// Hedged reports that a straggling attempt was sent a second time.
+	Hedged bool `json:"hedged,omitempty"`
 	// DedupedFrom is the tool_call_id of the earlier call of the run whose
 	// result answered this one (dedupe: run); it was not dispatched.
 	DedupedFrom string `json:"deduped_from,omitempty"`

@@ -24,6 +24,7 @@ type Metrics struct {
 	recovered   prometheus.Counter
 	budget      *prometheus.CounterVec
 	deduped     *prometheus.CounterVec
+	hedges      *prometheus.CounterVec
 	known       func(tool string) bool
 }
 
@@ -92,8 +93,20 @@ func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets
 			Help: "Calls not dispatched because a budget refused them, by budget."}, []string{"budget"}),
 		deduped: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "calls_deduped_total",
 			Help: "Calls answered from an earlier call of their run (dedupe: run), without dispatching."}, []string{"tool"}),
+		hedges: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "hedges_total",
+			Help: "Straggling attempts sent a second time (hedge_after), by tool and by which copy answered first (hedge or primary)."},
+			[]string{"tool", "winner"}),
 		known: known,
 	}
+}
+
+// Hedged implements [Observer].
+func (m *Metrics) Hedged(tool string, won bool) {
+	winner := "primary"
+	if won {
+		winner = "hedge"
+	}
+	m.hedges.WithLabelValues(m.label(tool), winner).Inc()
 }
 
 // CallDeduped implements [Observer].

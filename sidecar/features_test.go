@@ -15,6 +15,7 @@ import (
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // The features no other tool executor offers (README, "Writing tools"),
@@ -267,5 +268,51 @@ func TestDedupe(t *testing.T) {
 				t.Errorf("calls_deduped_total %v, want 1", n)
 			}
 		})
+	}
+}
+
+// TestHedging: a read_only tool's attempt still unanswered after
+// hedge_after is sent again as the next attempt; the copy answers first and
+// wins, and the straggler is cancelled on the cancel subject (its handler
+// sees the sidecar's cancellation). Both copies reached the worker pool.
+func TestHedging(t *testing.T) {
+	var deliveries atomic.Int32
+	cancelled := make(chan error, 1)
+	env := testenv.Start(t, batchOf("lookup"), testenv.Options{},
+		testenv.Tool{Config: config.Tool{Name: "lookup", HedgeAfter: "100ms", Retries: 1},
+			Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+				deliveries.Add(1)
+				if c.Attempt == 1 { // the straggler: stalls until told to stop
+					<-ctx.Done()
+					cancelled <- context.Cause(ctx)
+					return nil, ctx.Err()
+				}
+				return []byte(`"from the hedge"`), nil
+			}})
+	r := env.NewRun()
+	code, sum := driveHTTP(t, env, r)
+	if code != 200 || sum.Status != "completed" {
+		t.Fatalf("drive: %d %+v", code, sum)
+	}
+	env.AssertWholeBatches(r, 1)
+	if msgs := env.Sim.ToolMessages(r.ThreadID); msgs[0].Content != `"from the hedge"` {
+		t.Errorf("tool message %q, want the hedge's answer", msgs[0].Content)
+	}
+	if c := sum.Calls[0]; !c.OK || !c.Hedged || c.Attempts != 2 {
+		t.Errorf("call %+v: want ok, hedged, 2 attempts", c)
+	}
+	select {
+	case cause := <-cancelled:
+		if !errors.Is(cause, worker.ErrCancelledBySidecar) {
+			t.Errorf("the straggler stopped for %v, want the sidecar's cancel", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the straggler was never cancelled")
+	}
+	if deliveries.Load() != 2 {
+		t.Errorf("%d deliveries, want the attempt and its hedge", deliveries.Load())
+	}
+	if n, _ := metric(t, env.Sidecar, "toolsidecar_hedges_total", "tool=lookup", "winner=hedge"); n != 1 {
+		t.Errorf("hedges_total{winner=hedge} %v, want 1", n)
 	}
 }
