@@ -237,6 +237,13 @@ type Executor struct {
 	// RunBudget bounds what one drive of a run may spend on tools.
 	// default: no bound
 	RunBudget RunBudget `koanf:"run_budget"`
+	// ClaimCheckBytes: a successful result larger than this is stored by
+	// reference (a JetStream object store in durable mode, else memory);
+	// the model gets a preview, the size and a handle, and reads further
+	// pages with the built-in tool read_tool_result. default: 0 (off)
+	ClaimCheckBytes int `koanf:"claim_check_bytes"`
+	// ClaimCheckPreviewBytes is the size of the preview. default: 1 KiB
+	ClaimCheckPreviewBytes int `koanf:"claim_check_preview_bytes"`
 	// MaxHedgeRatio caps hedged requests (tools[].hedge_after) at this
 	// fraction of the calls of hedging tools, across all runs, so that a
 	// slow pool is not doubled in load. default: 0.1
@@ -295,6 +302,33 @@ func ParseHedge(s string) (after time.Duration, percentile float64, err error) {
 		return 0, 0, fmt.Errorf("%q: want a positive duration (250ms) or a percentile (p95)", s)
 	}
 	return d, 0, nil
+}
+
+// ReadToolResult is the built-in tool that reads a page of a result stored
+// by claim-check; it is registered when executor.claim_check_bytes is set.
+const ReadToolResult = "read_tool_result"
+
+// BuiltinRoute is the route of the sidecar's own tools.
+const BuiltinRoute = "builtin"
+
+// RegisteredTools is the configured tools plus the built-in tools the
+// configuration turns on: what the registry serves and lists.
+func (c Config) RegisteredTools() []Tool {
+	if c.Executor.ClaimCheckBytes <= 0 {
+		return c.Tools
+	}
+	return append(slices.Clip(c.Tools), Tool{
+		Name: ReadToolResult,
+		Description: "Read a page of a large tool result that was stored by reference: pass the handle given in that result's " +
+			"claim_check, a byte offset (0 is the start; next_offset continues) and a length.",
+		Parameters: map[string]any{"type": "object", "required": []any{"handle"}, "additionalProperties": false,
+			"properties": map[string]any{
+				"handle": map[string]any{"type": "string", "minLength": 1, "maxLength": 128},
+				"offset": map[string]any{"type": "integer", "minimum": 0},
+				"length": map[string]any{"type": "integer", "minimum": 1, "maximum": c.Executor.ClaimCheckBytes},
+			}},
+		Timeout: 10 * time.Second, MaxDuration: 10 * time.Second, SideEffects: ReadOnly, Route: BuiltinRoute,
+	})
 }
 
 // DedupeRun answers a repeated call of a run from its earlier result.
@@ -376,7 +410,7 @@ func Default() Config {
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
 			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{},
-			RunBudget: RunBudget{OnBudget: OnBudgetContinue}, MaxHedgeRatio: 0.1},
+			RunBudget: RunBudget{OnBudget: OnBudgetContinue}, MaxHedgeRatio: 0.1, ClaimCheckPreviewBytes: 1 << 10},
 		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }
@@ -723,6 +757,19 @@ func (c Config) Validate() error {
 	}
 	if c.Executor.MissingTool != MissingToolError && c.Executor.MissingTool != MissingToolFailRun {
 		bad("executor.missing_tool", "must be error or fail_run, got %q", c.Executor.MissingTool)
+	}
+	if cc := c.Executor.ClaimCheckBytes; cc != 0 {
+		switch {
+		case cc < 0 || cc >= c.Executor.MaxResultBytes:
+			bad("executor.claim_check_bytes", "must be between 1 and executor.max_result_bytes (%d), got %d", c.Executor.MaxResultBytes, cc)
+		case c.Executor.ClaimCheckPreviewBytes < 1 || c.Executor.ClaimCheckPreviewBytes >= cc:
+			bad("executor.claim_check_preview_bytes", "must be between 1 and claim_check_bytes (%d), got %d", cc, c.Executor.ClaimCheckPreviewBytes)
+		}
+		for i, t := range c.Tools {
+			if t.Name == ReadToolResult {
+				bad(fmt.Sprintf("tools[%d].name", i), "%s is the built-in tool that claim-check adds", ReadToolResult)
+			}
+		}
 	}
 	if r := c.Executor.MaxHedgeRatio; r < 0 || r > 1 {
 		bad("executor.max_hedge_ratio", "must be between 0 and 1, got %v", r)

@@ -247,17 +247,20 @@ tools:
 }
 
 // TestFeatureProblems: dedupe and hedging are for read_only tools only,
-// hedge_after is a duration or a percentile, and the hedge ratio and the
-// budget policy are checked.
+// hedge_after is a duration or a percentile, the hedge ratio, the budget
+// policy and the claim-check size are checked, and the built-in tool's
+// name is reserved.
 func TestFeatureProblems(t *testing.T) {
 	yaml := `
 executor:
   max_hedge_ratio: 2
   run_budget: { on_budget: halt, max_calls: -1 }
+  claim_check_bytes: 2000000
 tools:
   - { name: book, side_effects: unsafe, dedupe: run, hedge_after: 1s }
   - { name: look, side_effects: read_only, dedupe: always, hedge_after: p20 }
   - { name: seek, side_effects: read_only, hedge_after: soon, max_calls_per_run: -2 }
+  - { name: read_tool_result, side_effects: read_only }
 `
 	_, err := load([]byte(yaml), "features.yaml", nil, nil)
 	for _, want := range []string{
@@ -270,6 +273,8 @@ tools:
 		`tools[1].hedge_after: "p20": a percentile is p50 to p99.9`,
 		`tools[2].hedge_after: "soon": want a positive duration`,
 		`tools[2]: max_calls_per_run, rate and rate_burst must not be negative`,
+		`executor.claim_check_bytes: must be between 1 and executor.max_result_bytes (1048576), got 2000000`,
+		`tools[3].name: read_tool_result is the built-in tool that claim-check adds`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)

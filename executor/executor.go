@@ -162,9 +162,10 @@ type Executor struct {
 	keptMu sync.Mutex
 	kept   map[string]*outcome // outcomes Core did not take, by Action
 
-	rates rates   // the tools' rate budgets, across runs
-	memo  Memo    // results of dedupe tools
-	hedge *hedger // when to send a straggler again
+	rates   rates       // the tools' rate budgets, across runs
+	memo    Memo        // results of dedupe tools
+	hedge   *hedger     // when to send a straggler again
+	results ResultStore // claim-checked results
 }
 
 // Stop makes every drive end after its current batch is joined and
@@ -205,7 +206,8 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second,
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
-		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}}
+		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)}}
+	e.routes[registry.Builtin] = builtin{e}
 	for _, o := range opts {
 		o(e)
 	}
@@ -256,6 +258,9 @@ type CallResult struct {
 	// Submitted reports that the tool message and the Action's final
 	// status reached Core.
 	Submitted bool `json:"submitted"`
+	// ClaimCheck is the handle under which the call's large result was
+	// stored; the model read a preview (read_tool_result reads the rest).
+	ClaimCheck string `json:"claim_check,omitempty"`
 	// Hedged reports that a straggling attempt was sent a second time.
 	Hedged bool `json:"hedged,omitempty"`
 	// DedupedFrom is the tool_call_id of the earlier call of the run whose

@@ -716,6 +716,9 @@ func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def
 		reply = e.attempts(ctx, m, def, traceparent, progress, &o.res)
 	}
 	o.res.DurationMS = time.Since(start).Milliseconds()
+	if cc := e.cfg.ClaimCheckBytes; cc > 0 && reply.Err == nil && len(reply.Data) > cc && len(reply.Data) <= e.cfg.MaxResultBytes && def.Route != registry.Builtin {
+		reply.Data, o.res.ClaimCheck = e.claimCheck(ctx, m, reply.Data, log)
+	}
 	e.settle(o, reply)
 	if pre == nil && br.req.budget != nil {
 		br.req.budget.spend(time.Since(start), len(o.content))

@@ -46,6 +46,7 @@ type Ledger struct {
 	js      jetstream.JetStream
 	kv      jetstream.KeyValue
 	memo    jetstream.KeyValue
+	results jetstream.ObjectStore
 	replies jetstream.Stream
 }
 
@@ -92,7 +93,32 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: dedupe bucket: %w", err)
 	}
-	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, replies: st}, nil
+	results, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: name + "_RESULTS", TTL: Retention,
+		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar results stored by claim-check, by run and handle"})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: result store: %w", err)
+	}
+	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st}, nil
+}
+
+// PutResult stores a result by claim-check; it expires with the ledger.
+func (l *Ledger) PutResult(ctx context.Context, name string, data []byte) error {
+	if _, err := l.results.PutBytes(ctx, name, data); err != nil {
+		return fmt.Errorf("ledger: storing result %s: %w", name, err)
+	}
+	return nil
+}
+
+// GetResult returns a result stored by claim-check.
+func (l *Ledger) GetResult(ctx context.Context, name string) ([]byte, bool, error) {
+	b, err := l.results.GetBytes(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrObjectNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("ledger: reading result %s: %w", name, err)
+	}
+	return b, true, nil
 }
 
 // Recall returns the result remembered under key (a hex digest).

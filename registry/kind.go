@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -21,10 +22,21 @@ type Kind func(def *Tool, settings map[string]any) (tool.Handler, error)
 // Nats is the route kind of tools served by workers on NATS.
 const Nats = "nats"
 
+// Builtin is the route kind of the sidecar's own tools (read_tool_result):
+// the executor answers their calls itself.
+const Builtin = config.BuiltinRoute
+
 var (
 	kindsMu sync.RWMutex
-	kinds   = map[string]Kind{Nats: buildNats}
+	kinds   = map[string]Kind{Nats: buildNats, Builtin: buildBuiltin}
 )
+
+func buildBuiltin(def *Tool, settings map[string]any) (tool.Handler, error) {
+	if settings != nil {
+		return nil, fmt.Errorf("%s: route builtin takes no settings", Builtin)
+	}
+	return nil, nil
+}
 
 func buildNats(def *Tool, settings map[string]any) (tool.Handler, error) {
 	if settings != nil {

@@ -73,7 +73,7 @@ func (r *Reloader) Reload() error {
 	cfg, err := config.Load(r.path, r.overrides)
 	if err == nil {
 		var reg *Registry
-		if reg, err = New(cfg.Tools, cfg.NATS.SubjectPrefix); err == nil {
+		if reg, err = New(cfg.RegisteredTools(), cfg.NATS.SubjectPrefix); err == nil {
 			r.live.Store(reg)
 			r.total.WithLabelValues("success").Inc()
 			r.lastOK.Set(1)

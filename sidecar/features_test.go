@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -314,5 +316,67 @@ func TestHedging(t *testing.T) {
 	}
 	if n, _ := metric(t, env.Sidecar, "toolsidecar_hedges_total", "tool=lookup", "winner=hedge"); n != 1 {
 		t.Errorf("hedges_total{winner=hedge} %v, want 1", n)
+	}
+}
+
+// TestClaimCheck: a result over claim_check_bytes reaches the model as a
+// bounded preview with its size and a handle; in the next turn the model
+// calls the built-in read_tool_result, which the sidecar answers itself
+// (no worker sees it) with the page asked for, and the tools list offers
+// it. Both stores: the durable ledger's object store and memory.
+func TestClaimCheck(t *testing.T) {
+	report := make([]byte, 10000)
+	for i := range report {
+		report[i] = 'a' + byte(i%26)
+	}
+	for _, durable := range []bool{true, false} {
+		t.Run(map[bool]string{true: "durable", false: "in memory"}[durable], func(t *testing.T) {
+			sc := coresim.Scenario{Turns: []coresim.Turn{
+				{Calls: []coresim.Call{{ID: "call_report", Tool: "report", ArgsJSON: `{}`}}},
+				{Calls: []coresim.Call{{Tool: "read_tool_result", ArgsJSON: `{"handle": "call_report", "offset": 500, "length": 1000}`}}},
+				{Content: "{{results}}"}}}
+			var ran atomic.Int32
+			env := testenv.Start(t, sc, testenv.Options{
+				Executor: config.Executor{ClaimCheckBytes: 2000, ClaimCheckPreviewBytes: 500},
+				Config:   func(c *config.Config) { c.Durability.Enabled = durable }},
+				testenv.Tool{Config: config.Tool{Name: "report"}, Handler: func(context.Context, *tool.Call) ([]byte, error) {
+					ran.Add(1)
+					return report, nil
+				}})
+			if !slices.Contains(env.Registry.Names(), "read_tool_result") {
+				t.Errorf("tools %v lack the built-in read_tool_result", env.Registry.Names())
+			}
+			r := env.NewRun()
+			code, sum := driveHTTP(t, env, r)
+			if code != 200 || sum.Status != "completed" || len(sum.Calls) != 2 {
+				t.Fatalf("drive: %d %+v", code, sum)
+			}
+			env.AssertWholeBatches(r, 2)
+			msgs := env.Sim.ToolMessages(r.ThreadID)
+			var first struct {
+				ClaimCheck executor.ClaimCheck `json:"claim_check"`
+			}
+			if err := json.Unmarshal([]byte(msgs[0].Content), &first); err != nil || len(msgs[0].Content) > 2000 {
+				t.Fatalf("first tool message (%d bytes) %.300s: %v", len(msgs[0].Content), msgs[0].Content, err)
+			}
+			cc := first.ClaimCheck
+			if cc.Handle != "call_report" || cc.SizeBytes != 10000 || cc.Preview != string(report[:500]) || sum.Calls[0].ClaimCheck != "call_report" {
+				t.Errorf("claim check %+v (summary %q)", cc, sum.Calls[0].ClaimCheck)
+			}
+			var page struct {
+				Offset, Length, SizeBytes int
+				Data                      string
+				NextOffset                *int `json:"next_offset"`
+			}
+			if err := json.Unmarshal([]byte(msgs[1].Content), &page); err != nil {
+				t.Fatalf("second tool message %.300s: %v", msgs[1].Content, err)
+			}
+			if page.Data != string(report[500:1500]) || page.NextOffset == nil || *page.NextOffset != 1500 {
+				t.Errorf("page %+v: want bytes 500 to 1500 and next_offset 1500", page)
+			}
+			if ran.Load() != 1 {
+				t.Errorf("the worker ran %d calls, want 1: read_tool_result is the sidecar's", ran.Load())
+			}
+		})
 	}
 }

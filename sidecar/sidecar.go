@@ -138,7 +138,7 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 			err = &StartError{Err: err}
 		}
 	}()
-	reg, err := registry.New(cfg.Tools, cfg.NATS.SubjectPrefix)
+	reg, err := registry.New(cfg.RegisteredTools(), cfg.NATS.SubjectPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -412,7 +412,7 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 		executor.WithRecoverer(recoverer(s.ledger)),
 		executor.WithObserver(metrics)}
 	for _, kind := range registry.Kinds() {
-		if kind != registry.Nats {
+		if kind != registry.Nats && kind != registry.Builtin { // the executor answers builtin itself
 			opts = append(opts, executor.WithRoute(kind, local))
 		}
 	}
@@ -420,7 +420,7 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 		opts = append(opts, executor.WithLeases(runLeases{s.leases}))
 	}
 	if s.ledger != nil {
-		opts = append(opts, executor.WithMemo(ledgerMemo{s.ledger, s.log.With("component", "dedupe")}))
+		opts = append(opts, executor.WithMemo(ledgerMemo{s.ledger, s.log.With("component", "dedupe")}), executor.WithResultStore(s.ledger))
 	}
 	s.exec = executor.New(s.cfg.Executor, cc, s.live, s.client, opts...)
 	return nil

@@ -56,6 +56,18 @@ func TestCheckAndTools(t *testing.T) {
 		t.Fatalf("tools output %s: %v", out.String(), err)
 	}
 	dir := t.TempDir()
+	// Claim-check on: the built-in read_tool_result is listed for the
+	// assistant, after the configured tools.
+	cc := filepath.Join(dir, "claim-check.yaml")
+	os.WriteFile(cc, []byte("executor: {claim_check_bytes: 4096}\ntools:\n  - {name: report}\n"), 0o600)
+	out.Reset()
+	if code := run([]string{"tools", "--config", cc}, &out, &errOut); code != 0 {
+		t.Fatalf("tools exit %d: %s", code, errOut.String())
+	}
+	tools = nil
+	if err := json.Unmarshal(out.Bytes(), &tools); err != nil || len(tools) != 2 || tools[1].Function.Name != "read_tool_result" {
+		t.Errorf("tools with claim-check %s: %v", out.String(), err)
+	}
 	for name, tc := range map[string]struct{ yaml, want string }{
 		"duplicate": {"tools:\n  - {name: a}\n  - {name: a}\n", `tools[1].name: duplicate tool name "a"`},
 		"route":     {"tools:\n  - {name: a, route: smoke}\n", `tools[0].route: unknown route "smoke"`},
