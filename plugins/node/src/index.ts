@@ -172,6 +172,10 @@ export async function serve(nc: NatsConnection, tools: Record<string, Handler>, 
     });
   }
 
+  // The server knows every subscription once this resolves: a caller
+  // that is told the worker serves can send it calls at once.
+  await nc.flush();
+
   let stopping: Promise<void> | undefined;
   const worker: Worker = {
     service,
