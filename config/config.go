@@ -223,9 +223,14 @@ type Executor struct {
 	// MaxExecProcesses bounds the exec-route processes running at once,
 	// across all runs. default: 64
 	MaxExecProcesses int `koanf:"max_exec_processes"`
-	// CancelPoll is how often Core is asked whether the run was cancelled
-	// while a batch runs. default: 500ms
+	// CancelPoll is how often Core is asked whether a run was cancelled
+	// while its batch runs. default: 500ms
 	CancelPoll time.Duration `koanf:"cancel_poll"`
+	// CancelPollRPS bounds those reads, for all runs together, per second:
+	// with more runs waiting than it covers, each is read less often than
+	// cancel_poll. A cancel sent through the sidecar (proxy mode) is seen
+	// at once, without reads. default: 25
+	CancelPollRPS float64 `koanf:"cancel_poll_rps"`
 	// SubmitBudget bounds how long one outcome's writes to Core (its tool
 	// message, its Action's status) are retried through Core faults before
 	// the drive ends interrupted, keeping the outcome for the next drive.
@@ -410,7 +415,8 @@ func Default() Config {
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
 			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{},
-			RunBudget: RunBudget{OnBudget: OnBudgetContinue}, MaxHedgeRatio: 0.1, ClaimCheckPreviewBytes: 1 << 10},
+			RunBudget: RunBudget{OnBudget: OnBudgetContinue}, MaxHedgeRatio: 0.1, ClaimCheckPreviewBytes: 1 << 10,
+			CancelPollRPS: 25},
 		Tracing: Tracing{ServiceName: "toolsidecar", SampleRatio: 1},
 	}
 }
@@ -770,6 +776,9 @@ func (c Config) Validate() error {
 				bad(fmt.Sprintf("tools[%d].name", i), "%s is the built-in tool that claim-check adds", ReadToolResult)
 			}
 		}
+	}
+	if c.Executor.CancelPollRPS < 0 {
+		bad("executor.cancel_poll_rps", "must not be negative")
 	}
 	if r := c.Executor.MaxHedgeRatio; r < 0 || r > 1 {
 		bad("executor.max_hedge_ratio", "must be between 0 and 1, got %v", r)

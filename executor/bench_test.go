@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -115,5 +116,60 @@ func BenchmarkHedging(b *testing.B) {
 			}
 			b.ReportMetric(float64(deliveries.Load())/float64(8*b.N), "deliveries/call")
 		})
+	}
+}
+
+// BenchmarkCancelPolling holds N runs waiting on a call each and counts
+// the reads of runs Core receives while they wait (cancellation
+// detection), with the default budget of cancel_poll_rps and with no
+// budget (every run read every cancel_poll, as before the budget).
+//
+//	go test ./executor -run '^$' -bench BenchmarkCancelPolling -benchtime 1x
+func BenchmarkCancelPolling(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		for _, rps := range []float64{25, 1e9} {
+			name := fmt.Sprintf("runs=%d/cancel_poll_rps=%g", n, rps)
+			b.Run(name, func(b *testing.B) {
+				release := make(chan struct{})
+				hold := func(ctx context.Context, c *tool.Call) ([]byte, error) {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return []byte(`{"ok": true}`), nil
+				}
+				sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls(`hold {}`)}, {Content: "done"}}}
+				h := newHarnessWith(b, sc, testenv.Options{Executor: config.Executor{CancelPoll: 500 * time.Millisecond, CancelPollRPS: rps},
+					Config: func(c *config.Config) { c.Durability.Enabled = false }}, spec{config.Tool{Name: "hold", Timeout: time.Minute}, hold})
+				for range b.N {
+					reqs := make([]executor.Request, n)
+					for i := range reqs {
+						reqs[i] = h.setupRun()
+					}
+					var calling atomic.Int32
+					var wg sync.WaitGroup
+					for _, req := range reqs {
+						wg.Go(func() {
+							h.exec.Drive(context.Background(), req, func(e executor.Event) {
+								if e.Type == executor.EventToolCall {
+									calling.Add(1)
+								}
+							})
+						})
+					}
+					for calling.Load() < int32(n) {
+						time.Sleep(10 * time.Millisecond)
+					}
+					time.Sleep(time.Second) // every run is past its first cancel_poll
+					before := h.sim.CountRequests("GET", "/v1/runs/")
+					window := 3 * time.Second
+					time.Sleep(window)
+					reads := h.sim.CountRequests("GET", "/v1/runs/") - before
+					close(release)
+					wg.Wait()
+					b.ReportMetric(float64(reads)/window.Seconds(), "core-run-reads/s")
+				}
+			})
+		}
 	}
 }

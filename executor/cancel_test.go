@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )
@@ -20,6 +22,10 @@ import (
 // sidecar cancels them; ready is closed when both slow calls run and the
 // fast call's outcome is submitted.
 func cancelHarness(t *testing.T) (*harness, chan error, chan struct{}) {
+	return cancelHarnessWith(t, config.Executor{})
+}
+
+func cancelHarnessWith(t *testing.T, ecfg config.Executor) (*harness, chan error, chan struct{}) {
 	causes := make(chan error, 2)
 	started := make(chan struct{})
 	var n atomic.Int32
@@ -31,7 +37,7 @@ func cancelHarness(t *testing.T) (*harness, chan error, chan struct{}) {
 		causes <- context.Cause(ctx)
 		return nil, ctx.Err()
 	}
-	h := newHarness(t, twoTurns(calls("fast", "slow", "slow")...), config.Executor{},
+	h := newHarness(t, twoTurns(calls("fast", "slow", "slow")...), ecfg,
 		spec{config.Tool{Name: "fast"}, echo},
 		spec{config.Tool{Name: "slow", Timeout: 30 * time.Second}, slow})
 	fastDone := make(chan struct{})
@@ -92,6 +98,39 @@ func TestCancelThroughCore(t *testing.T) {
 	h.assertCancelled(t, sum, causes)
 	if !strings.Contains(sum.Error, "cancelled in Core") {
 		t.Errorf("error %q", sum.Error)
+	}
+}
+
+// TestCancelThroughProxy: an application (an unmodified SDK in proxy mode)
+// cancels the run through the sidecar. Core cancels it, and the sidecar
+// stops the calls in flight at once, with no poll of Core: cancel_poll is
+// an hour here, so only the proxy's notice can end the batch.
+func TestCancelThroughProxy(t *testing.T) {
+	h, causes, started := cancelHarnessWith(t, config.Executor{CancelPoll: time.Hour})
+	go func() {
+		<-started
+		req, _ := http.NewRequest(http.MethodPost, h.env.URL+"/v1/runs/"+h.req.RunID+"/cancel", nil)
+		req.Header.Set("X-API-Key", testenv.APIKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("cancel through the proxy: %d", resp.StatusCode)
+		}
+	}()
+	// Bounded, so that a missed notice fails here rather than in an hour.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sum, err := h.drive(ctx)
+	if err != nil {
+		t.Fatalf("a cancellation is not a failure: %v", err)
+	}
+	h.assertCancelled(t, sum, causes)
+	if !strings.Contains(sum.Error, "cancelled in Core") {
+		t.Errorf("error %q: want the run's cancellation, not the test's deadline", sum.Error)
 	}
 }
 

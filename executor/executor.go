@@ -166,6 +166,7 @@ type Executor struct {
 	memo    Memo        // results of dedupe tools
 	hedge   *hedger     // when to send a straggler again
 	results ResultStore // claim-checked results
+	watch   *watcher    // cancellation of runs whose batches are in flight
 }
 
 // Stop makes every drive end after its current batch is joined and
@@ -194,6 +195,9 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 	if cfg.CancelPoll <= 0 {
 		cfg.CancelPoll = def.CancelPoll
 	}
+	if cfg.CancelPollRPS <= 0 {
+		cfg.CancelPollRPS = def.CancelPollRPS
+	}
 	if cfg.SubmitBudget <= 0 {
 		cfg.SubmitBudget = def.SubmitBudget
 	}
@@ -208,6 +212,7 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
 		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)}}
 	e.routes[registry.Builtin] = builtin{e}
+	e.watch = &watcher{core: c, interval: cfg.CancelPoll, rps: cfg.CancelPollRPS, runs: map[string]*watch{}}
 	for _, o := range opts {
 		o(e)
 	}

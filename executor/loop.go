@@ -638,26 +638,13 @@ func argsOrEmpty(a json.RawMessage) json.RawMessage {
 	return a
 }
 
-// awaitBatch waits for the batch to be joined and submitted, asking Core
-// every cancel_poll whether the run was cancelled meanwhile; if so it
-// cancels the turn (the calls in flight) with ErrRunCancelled.
+// awaitBatch waits for the batch to be joined and submitted while the
+// watcher asks Core whether the run was cancelled meanwhile; if so the
+// turn (the calls in flight) is cancelled with ErrRunCancelled.
 func (e *Executor) awaitBatch(ctx context.Context, runID string, done <-chan struct{}, cancel context.CancelCauseFunc) {
-	t := time.NewTicker(e.cfg.CancelPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-t.C:
-		}
-		if ctx.Err() != nil {
-			continue // already cancelled: wait for the outcomes to be submitted
-		}
-		run, err := e.core.GetRun(ctx, runID)
-		if err == nil && (run.Status == core.RunCancelled || run.Status == core.RunCancelling) {
-			cancel(ErrRunCancelled)
-		}
-	}
+	remove := e.watch.add(ctx, runID, cancel)
+	defer remove()
+	<-done
 }
 
 // precheck resolves the tool and validates the arguments. The error, if

@@ -70,6 +70,10 @@ type Config struct {
 	// SSEKeepalive is how often a quiet SSE drive sends a comment.
 	// default: 15s
 	SSEKeepalive time.Duration
+	// RunCancelled, in proxy mode, is told of each run that Core
+	// cancelled at a request through the proxy, so that its calls stop at
+	// once rather than at the next poll of Core.
+	RunCancelled func(runID string)
 	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
@@ -127,6 +131,12 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 				r.Out.Header.Del("Authorization") // the sidecar's token is not Core's
 			},
 			FlushInterval: -1, // stream bodies as they come
+			ModifyResponse: func(resp *http.Response) error {
+				if id, ok := cancelledRun(resp); ok && s.cfg.RunCancelled != nil {
+					s.cfg.RunCancelled(id)
+				}
+				return nil
+			},
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 				s.log.Warn("proxy to Core failed", "path", r.URL.Path, "err", err)
 				writeError(w, http.StatusBadGateway, "Core unreachable: "+err.Error())
@@ -165,6 +175,21 @@ func probes(mux *http.ServeMux, ready http.HandlerFunc, g prometheus.Gatherer) {
 	mux.HandleFunc("GET /healthz", health)
 	mux.HandleFunc("GET /readyz", ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+}
+
+// cancelledRun reports the run that a successful POST
+// /v1/runs/{id}/cancel through the proxy cancelled.
+func cancelledRun(resp *http.Response) (string, bool) {
+	r := resp.Request
+	if r == nil || r.Method != http.MethodPost || resp.StatusCode/100 != 2 {
+		return "", false
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/runs/")
+	if !ok {
+		return "", false
+	}
+	id, ok := strings.CutSuffix(rest, "/cancel")
+	return id, ok && id != "" && !strings.Contains(id, "/")
 }
 
 // health answers liveness: the process serves.

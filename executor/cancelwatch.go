@@ -1,0 +1,136 @@
+package executor
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/core"
+)
+
+// watcher asks Core whether the runs whose batches are in flight were
+// cancelled, for every drive at once and within one budget of requests per
+// second: each run is read every cancel_poll while the budget allows, and
+// less often when more runs wait than the budget covers, so that Core's
+// load does not grow with the number of waiting runs. A cancel that comes
+// through the sidecar (proxy mode) needs no read at all: [Executor.CancelRun].
+type watcher struct {
+	core     Core
+	interval time.Duration
+	rps      float64
+
+	mu      sync.Mutex
+	runs    map[string]*watch
+	stop    chan struct{} // closed when the last run leaves; nil while idle
+	loop    sync.WaitGroup
+}
+
+// watch is one run whose batch is in flight.
+type watch struct {
+	ctx    context.Context // the turn's: it carries the caller's key
+	cancel context.CancelCauseFunc
+	last   time.Time // of the last read
+}
+
+// add watches runID until the returned func is called.
+func (w *watcher) add(ctx context.Context, runID string, cancel context.CancelCauseFunc) (remove func()) {
+	wt := &watch{ctx: ctx, cancel: cancel, last: time.Now()}
+	w.mu.Lock()
+	w.runs[runID] = wt
+	if w.stop == nil {
+		stop := make(chan struct{})
+		w.stop = stop
+		w.loop.Go(func() { w.run(stop) })
+	}
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.runs[runID] == wt {
+			delete(w.runs, runID)
+		}
+		if len(w.runs) == 0 && w.stop != nil {
+			close(w.stop)
+			w.stop = nil
+		}
+	}
+}
+
+// cancelRun cancels the batch in flight of runID, if there is one here.
+func (w *watcher) cancelRun(runID string) bool {
+	w.mu.Lock()
+	wt := w.runs[runID]
+	w.mu.Unlock()
+	if wt != nil {
+		wt.cancel(ErrRunCancelled)
+	}
+	return wt != nil
+}
+
+// run reads, every tick, the runs not read for a whole interval, oldest
+// first, as far as the budget's tokens go.
+func (w *watcher) run(stop <-chan struct{}) {
+	tick := min(w.interval/4, 100*time.Millisecond)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	burst := max(1, w.rps*w.interval.Seconds())
+	tokens := burst
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		tokens = min(burst, tokens+w.rps*tick.Seconds())
+		for _, runID := range w.due(int(tokens)) {
+			tokens--
+			w.check(runID)
+		}
+	}
+}
+
+// due lists up to n runs not read for an interval, the longest unread first.
+func (w *watcher) due(n int) []string {
+	if n < 1 {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	cutoff := time.Now().Add(-w.interval)
+	var ids []string
+	for id, wt := range w.runs {
+		if wt.last.Before(cutoff) {
+			ids = append(ids, id)
+		}
+	}
+	slices.SortFunc(ids, func(a, b string) int { return w.runs[a].last.Compare(w.runs[b].last) })
+	return ids[:min(n, len(ids))]
+}
+
+// checkTimeout bounds one read, so that a slow Core cannot stall the
+// watcher for the other runs.
+const checkTimeout = 2 * time.Second
+
+func (w *watcher) check(runID string) {
+	w.mu.Lock()
+	wt := w.runs[runID]
+	if wt != nil {
+		wt.last = time.Now()
+	}
+	w.mu.Unlock()
+	if wt == nil || wt.ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(wt.ctx, checkTimeout)
+	run, err := w.core.GetRun(ctx, runID)
+	cancel()
+	if err == nil && (run.Status == core.RunCancelled || run.Status == core.RunCancelling || run.Status == core.RunExpired) {
+		wt.cancel(ErrRunCancelled)
+	}
+}
+
+// CancelRun stops the batch in flight of a run that was cancelled through
+// the sidecar (proxy mode), at once and without asking Core; it reports
+// whether this sidecar was running one. The drive then ends cancelled.
+func (e *Executor) CancelRun(runID string) bool { return e.watch.cancelRun(runID) }
