@@ -4,7 +4,7 @@ PKGS    ?= ./...
 FUZZTIME ?= 10s
 
 .PHONY: all build demo test test-go test-node test-python node-build vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
-	chart-lint chart-test static-build image bench soak
+	chart-lint chart-test static-build image bench soak loadgen loadgen-check
 
 all: build
 
@@ -16,7 +16,7 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet staticcheck static-build node-build test-python test-node chart-test test-go
+test: fmt-check vet staticcheck loadgen-check static-build node-build test-python test-node chart-test test-go
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -81,6 +81,18 @@ chart-lint: bin/helm
 ## API types (a Go module of its own under deploy/).
 chart-test: chart-lint
 	cd deploy && HELM=$(CURDIR)/bin/helm $(GO) test -count=1 ./...
+
+## loadgen: the load generator (a module of its own under loadgen/, for its
+## plotting library): sidecar, Core simulator and worker as processes,
+## N concurrent runs per level; prints the figures and writes the plot.
+LOADGEN_LEVELS ?= 1,10,100,1000
+LOADGEN_FLAGS  ?=
+loadgen:
+	cd loadgen && $(GO) run . -levels $(LOADGEN_LEVELS) -plot ../docs/loadgen.svg $(LOADGEN_FLAGS)
+
+## loadgen-check: the load generator compiles and is vetted (make test).
+loadgen-check: bin/staticcheck
+	cd loadgen && $(GO) vet ./... && ../bin/staticcheck ./...
 
 ## static-build: the binary exactly as the Dockerfile builds it.
 static-build:

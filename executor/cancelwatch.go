@@ -20,10 +20,10 @@ type watcher struct {
 	interval time.Duration
 	rps      float64
 
-	mu      sync.Mutex
-	runs    map[string]*watch
-	stop    chan struct{} // closed when the last run leaves; nil while idle
-	loop    sync.WaitGroup
+	mu   sync.Mutex
+	runs map[string]*watch
+	stop chan struct{} // closed when the last run leaves; nil while idle
+	done chan struct{} // closed when the loop of stop has returned
 }
 
 // watch is one run whose batch is in flight.
@@ -39,20 +39,29 @@ func (w *watcher) add(ctx context.Context, runID string, cancel context.CancelCa
 	w.mu.Lock()
 	w.runs[runID] = wt
 	if w.stop == nil {
-		stop := make(chan struct{})
-		w.stop = stop
-		w.loop.Go(func() { w.run(stop) })
+		stop, done := make(chan struct{}), make(chan struct{})
+		w.stop, w.done = stop, done
+		go func() {
+			defer close(done)
+			w.run(stop)
+		}()
 	}
 	w.mu.Unlock()
 	return func() {
 		w.mu.Lock()
-		defer w.mu.Unlock()
 		if w.runs[runID] == wt {
 			delete(w.runs, runID)
 		}
+		var done chan struct{}
 		if len(w.runs) == 0 && w.stop != nil {
 			close(w.stop)
-			w.stop = nil
+			done, w.stop, w.done = w.done, nil, nil
+		}
+		w.mu.Unlock()
+		if done != nil {
+			// The last run out owns the loop: it waits for it (at most one
+			// read in flight, bounded by checkTimeout).
+			<-done
 		}
 	}
 }

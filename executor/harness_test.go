@@ -61,7 +61,7 @@ func newHarnessWith(t testing.TB, sc coresim.Scenario, opts testenv.Options, too
 
 func (h *harness) setupRun() executor.Request {
 	h.run = h.env.NewRun()
-	return h.run.Request()
+	return testenv.Request(h.run)
 }
 
 func (h *harness) drive(ctx context.Context) (executor.Summary, error) {

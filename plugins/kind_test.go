@@ -40,7 +40,7 @@ func TestNewKindEndToEnd(t *testing.T) {
 	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "motd", ArgsJSON: `{}`}}}, {Content: "{{results}}"}}}
 	env := testenv.New(t, sc, testenv.Tool{Config: cfg.Tools[0]})
 	run := env.NewRun()
-	sum, err := env.Sidecar.Drive(context.Background(), run.Request(), nil)
+	sum, err := env.Sidecar.Drive(context.Background(), testenv.Request(run), nil)
 	if err != nil || sum.Status != executor.StatusCompleted {
 		t.Fatalf("summary %+v err %v", sum, err)
 	}

@@ -96,7 +96,7 @@ func TestPolyglotBatch(t *testing.T) {
 	)
 	startNodeWorker(t, env.NATSURL, env.WorkerPassword)
 	run := env.NewRun()
-	sum, err := env.Sidecar.Drive(context.Background(), run.Request(), nil)
+	sum, err := env.Sidecar.Drive(context.Background(), testenv.Request(run), nil)
 	if err != nil || sum.Status != executor.StatusCompleted {
 		t.Fatalf("summary %+v err %v", sum, err)
 	}

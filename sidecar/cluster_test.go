@@ -71,7 +71,7 @@ func clusterNodeLoss(t *testing.T) (time.Duration, int) {
 		all = append(all, r)
 		for k := range 2 { // driven through both sidecars, the first one first
 			s := sidecars[(i+k)%2]
-			go func() { sum, _ := s.Drive(context.Background(), r.Request(), nil); results <- result{r, sum} }()
+			go func() { sum, _ := s.Drive(context.Background(), testenv.Request(r), nil); results <- result{r, sum} }()
 		}
 	}
 	poll.Until(t, "calls to be running", func() bool { _, n := workerproc.Executions(t, execLog); return n >= runs })

@@ -90,7 +90,7 @@ func natsOutage(t *testing.T, outage time.Duration) time.Duration {
 	cc, _ := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey})
 	r := testenv.SetUpRun(t, cc, nil)
 	got := make(chan executor.Summary, 1)
-	go func() { sum, _ := s.Drive(context.Background(), r.Request(), nil); got <- sum }()
+	go func() { sum, _ := s.Drive(context.Background(), testenv.Request(r), nil); got <- sum }()
 	<-started
 	ns.Shutdown()
 	// The reply is written while the server is down, once the worker's
@@ -147,7 +147,7 @@ func workerSIGKILL(t *testing.T) {
 	testenv.WaitLive(t, env.URL, "look", "pay")
 	r := env.NewRun()
 	got := make(chan executor.Summary, 1)
-	go func() { sum, _ := env.Sidecar.Drive(context.Background(), r.Request(), nil); got <- sum }()
+	go func() { sum, _ := env.Sidecar.Drive(context.Background(), testenv.Request(r), nil); got <- sum }()
 	poll.Until(t, "both calls to run on the first worker", func() bool { _, n := workerproc.Executions(t, execLog); return n == 2 })
 	first.Kill(t)
 	wcfg.Delay = 50 * time.Millisecond

@@ -86,13 +86,13 @@ func TestTwoSidecarsOneDriver(t *testing.T) {
 	cc, _ := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey})
 	r := testenv.SetUpRun(t, cc, nil)
 	gotA := make(chan executor.Summary, 1)
-	go func() { sum, _ := a.Drive(context.Background(), r.Request(), nil); gotA <- sum }()
+	go func() { sum, _ := a.Drive(context.Background(), testenv.Request(r), nil); gotA <- sum }()
 	poll.Until(t, "the tool to start", func() bool { return pays.Load() == 1 })
 
 	var events []executor.Event
 	gotB := make(chan executor.Summary, 1)
 	go func() {
-		sum, _ := b.Drive(context.Background(), r.Request(), func(e executor.Event) { events = append(events, e) })
+		sum, _ := b.Drive(context.Background(), testenv.Request(r), func(e executor.Event) { events = append(events, e) })
 		gotB <- sum
 	}()
 	poll.Until(t, "B to follow A's drive", func() bool { n, _ := metric(t, b, "toolsidecar_drives_attached_total"); return n == 1 })

@@ -112,7 +112,7 @@ func TestWorkerCannotForge(t *testing.T) {
 	poll.Until(t, "the server to deny mallory's subscriptions", func() bool { return denied.Load() >= 2 })
 	r := env.NewRun()
 	done := make(chan executor.Summary, 1)
-	go func() { sum, _ := env.Sidecar.Drive(context.Background(), r.Request(), nil); done <- sum }()
+	go func() { sum, _ := env.Sidecar.Drive(context.Background(), testenv.Request(r), nil); done <- sum }()
 	forged.Wait()
 	// The forgeries are flushed. In durable mode a worker may publish into
 	// the sidecar's reply namespace (a reply buffered through a NATS

@@ -227,12 +227,10 @@ func startWorker(t testing.TB, natsURL, password string, tools []Tool) (*worker.
 }
 
 // Run is a run set up the way an application sets one up.
-type Run struct {
-	RunID, ThreadID, AssistantID, MessageID, Model string
-}
+type Run = coresim.RunRef
 
-// Request is the drive request of the run.
-func (r Run) Request() executor.Request {
+// Request is the drive request of run r.
+func Request(r Run) executor.Request {
 	return executor.Request{RunID: r.RunID, ThreadID: r.ThreadID, AssistantID: r.AssistantID, MessageID: r.MessageID, Model: r.Model}
 }
 
@@ -246,24 +244,11 @@ func (e *Env) NewRun() Run {
 // message and a run, as an application does before it drives the run.
 func SetUpRun(t testing.TB, c *core.Client, tools []core.FunctionTool) Run {
 	t.Helper()
-	ctx := context.Background()
-	a, err := c.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/test", Tools: tools})
+	r, err := coresim.SetUpRun(context.Background(), c, tools)
 	if err != nil {
 		t.Fatal(err)
 	}
-	th, err := c.CreateThread(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg, err := c.CreateMessage(ctx, th.ID, a.ID, "hello")
-	if err != nil {
-		t.Fatal(err)
-	}
-	run, err := c.CreateRun(ctx, core.RunCreate{AssistantID: a.ID, ThreadID: th.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return Run{RunID: run.ID, ThreadID: th.ID, AssistantID: a.ID, MessageID: msg.ID, Model: "vllm/test"}
+	return r
 }
 
 // Drive posts a JSON drive of the run to the sidecar's API at base, with
@@ -271,7 +256,7 @@ func SetUpRun(t testing.TB, c *core.Client, tools []core.FunctionTool) Run {
 // the summary with its headers.
 func Drive(t testing.TB, base string, r Run, header map[string]string) (*http.Response, executor.Summary) {
 	t.Helper()
-	body, _ := json.Marshal(map[string]string{"thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": r.Model})
+	body, _ := json.Marshal(r.DriveBody())
 	req, err := http.NewRequest("POST", base+"/v1/runs/"+r.RunID+"/drive", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

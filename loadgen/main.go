@@ -1,0 +1,461 @@
+// Command loadgen measures toolsidecar under load. It builds and starts the
+// sidecar (embedded NATS) and the Core simulator as processes of their own,
+// serves the tool from a worker process (itself, with -worker), then, at
+// each level of concurrency asked for, sets up that many runs and drives
+// them all at once through the sidecar's HTTP API. Each run is one batch of
+// -calls calls of a tool that takes -latency, then the final answer. It
+// prints, per level: throughput, run time percentiles, errors, Core
+// requests per call, and the sidecar's peak RSS and goroutines; and it
+// writes the run time and RSS against concurrency as an SVG plot.
+//
+//	cd loadgen && go run . -levels 1,10,100,1000 -plot ../docs/loadgen.svg
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
+)
+
+const apiKey = "loadgen"
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	root     string
+	levels   []int
+	calls    int
+	latency  time.Duration
+	durable  bool
+	plot     string
+	jsonOut  string
+	maxLevel int
+}
+
+func run() error {
+	var o options
+	levels := flag.String("levels", "1,10,100,1000", "concurrent runs at each level, comma-separated")
+	flag.StringVar(&o.root, "root", "..", "the toolsidecar repository")
+	flag.IntVar(&o.calls, "calls", 4, "calls per batch")
+	flag.DurationVar(&o.latency, "latency", time.Second, "how long the tool takes")
+	flag.BoolVar(&o.durable, "durable", false, "durable mode (JetStream ledger)")
+	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
+	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
+	workerURL := flag.String("worker", "", "serve the tool on this NATS URL (the worker process)")
+	concurrency := flag.Int("concurrency", 1024, "with -worker: calls at once")
+	flag.Parse()
+	if *workerURL != "" {
+		return serveWorker(*workerURL, *concurrency, o.latency)
+	}
+	for f := range strings.SplitSeq(*levels, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-levels: %q is not a positive number", f)
+		}
+		o.levels = append(o.levels, n)
+		o.maxLevel = max(o.maxLevel, n)
+	}
+	return measure(o)
+}
+
+// serveWorker is the worker process: the tool sleeps for latency.
+func serveWorker(url string, concurrency int, latency time.Duration) error {
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	w := worker.New(nc, "toolsidecar.tools", worker.WithConcurrency(concurrency))
+	w.Handle("work", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(latency):
+		}
+		return []byte(`{"done": true}`), nil
+	})
+	if err := w.Start(); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	return w.Stop(context.Background())
+}
+
+// stack is the processes under test.
+type stack struct {
+	procs   []*exec.Cmd
+	sidecar *exec.Cmd
+	api     string // the sidecar's API, http://host:port
+	ops     string // its ops listener
+	core    *core.Client
+	tools   []core.FunctionTool
+}
+
+func (s *stack) stop() {
+	for _, p := range slices.Backward(s.procs) {
+		_ = p.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+}
+
+func measure(o options) error {
+	tmp, err := os.MkdirTemp("", "loadgen")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	s, err := start(o, tmp)
+	if s != nil {
+		defer s.stop()
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Printf("toolsidecar under load: %d calls of %s per run, then a final turn; durable=%v\n", o.calls, o.latency, o.durable)
+	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB", "goroutines")
+	var results []result
+	for _, n := range o.levels {
+		r, err := s.level(n, o)
+		if err != nil {
+			return fmt.Errorf("%d runs: %w", n, err)
+		}
+		results = append(results, r)
+		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
+			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines)
+	}
+	if o.jsonOut != "" {
+		b, _ := json.MarshalIndent(results, "", "  ")
+		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
+			return err
+		}
+	}
+	if o.plot != "" {
+		if err := plotResults(o.plot, results, o); err != nil {
+			return err
+		}
+		fmt.Println("plot written to", o.plot)
+	}
+	return nil
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// start builds the binaries and starts the simulator, the sidecar and the
+// worker, and waits until the sidecar sees the worker.
+func start(o options, tmp string) (*stack, error) {
+	for _, cmd := range []string{"toolsidecar", "coresim"} {
+		b := exec.Command("go", "build", "-o", filepath.Join(tmp, cmd), "./cmd/"+cmd)
+		b.Dir, b.Stderr = o.root, os.Stderr
+		if err := b.Run(); err != nil {
+			return nil, fmt.Errorf("building %s: %w", cmd, err)
+		}
+	}
+	var sc bytes.Buffer
+	sc.WriteString("turns:\n  - calls:\n")
+	for i := range o.calls {
+		fmt.Fprintf(&sc, "      - {tool: work, args_json: '{\"i\": %d}'}\n", i)
+	}
+	sc.WriteString("  - content: done\n")
+	scenario := filepath.Join(tmp, "scenario.yaml")
+	if err := os.WriteFile(scenario, sc.Bytes(), 0o600); err != nil {
+		return nil, err
+	}
+	coreAddr, apiAddr, opsAddr, natsAddr := freeAddr(), freeAddr(), freeAddr(), freeAddr()
+	cfg := fmt.Sprintf(`durability: {enabled: %v}
+core: {url: "http://%s", timeout: 60s}
+nats:
+  embedded: {listen: %q, allow_anonymous: true, store_dir: %q}
+server: {listen: %q, ops_listen: %q, proxy: false, max_drives: %d, max_connections: %d, read_timeout: 10m}
+executor: {max_parallel: %d}
+tools:
+  - {name: work, side_effects: read_only, timeout: 60s}
+`, o.durable, coreAddr, natsAddr, filepath.Join(tmp, "jetstream"), apiAddr, opsAddr, o.maxLevel+16, o.maxLevel+64, max(16, o.calls))
+	cfgPath := filepath.Join(tmp, "config.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	s := &stack{api: "http://" + apiAddr, ops: "http://" + opsAddr}
+	launch := func(name string, env []string, args ...string) (*exec.Cmd, error) {
+		c := exec.Command(name, args...)
+		c.Env = append(os.Environ(), env...)
+		c.Stderr = os.Stderr
+		if err := c.Start(); err != nil {
+			return nil, err
+		}
+		s.procs = append(s.procs, c)
+		return c, nil
+	}
+	if _, err := launch(filepath.Join(tmp, "coresim"), nil, "--listen", coreAddr, "--scenario", scenario); err != nil {
+		return s, err
+	}
+	var err error
+	if s.sidecar, err = launch(filepath.Join(tmp, "toolsidecar"), []string{"TOOLSIDECAR_CORE_API_KEY=" + apiKey},
+		"run", "--config", cfgPath, "--log-level", "error"); err != nil {
+		return s, err
+	}
+	if err := waitHTTP(s.ops+"/readyz", 30*time.Second); err != nil {
+		return s, fmt.Errorf("the sidecar did not become ready: %w", err)
+	}
+	self, _ := os.Executable()
+	if _, err := launch(self, nil, "-worker", "nats://"+natsAddr, "-concurrency", strconv.Itoa(o.maxLevel*o.calls+16),
+		"-latency", o.latency.String()); err != nil {
+		return s, err
+	}
+	if s.core, err = core.New(core.Config{URL: "http://" + coreAddr, APIKey: apiKey, Timeout: 60 * time.Second}); err != nil {
+		return s, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var tools []core.FunctionTool
+		if resp, err := http.Get(s.api + "/v1/tools?live=1"); err == nil {
+			_ = json.NewDecoder(resp.Body).Decode(&tools)
+			resp.Body.Close()
+		}
+		if len(tools) == 1 {
+			s.tools = tools
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			return s, errors.New("the worker never appeared to the sidecar")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func waitHTTP(url string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// result is one level's figures.
+type result struct {
+	Runs                int           `json:"runs"`
+	Calls               int           `json:"calls"`
+	Wall                time.Duration `json:"wall_ns"`
+	CallsPerSec         float64       `json:"calls_per_sec"`
+	P50                 time.Duration `json:"p50_ns"`
+	P99                 time.Duration `json:"p99_ns"`
+	Max                 time.Duration `json:"max_ns"`
+	Errors              int           `json:"errors"`
+	FirstError          string        `json:"first_error,omitempty"`
+	CoreRequestsPerCall float64       `json:"core_requests_per_call"`
+	PeakRSSMiB          float64       `json:"peak_rss_mib"`
+	PeakGoroutines      int           `json:"peak_goroutines"`
+}
+
+// level sets up n runs, drives them all at once and measures.
+func (s *stack) level(n int, o options) (result, error) {
+	ctx := context.Background()
+	runs := make([]coresim.RunRef, n)
+	var setupErr error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for i := range runs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r, err := coresim.SetUpRun(ctx, s.core, s.tools)
+			mu.Lock()
+			defer mu.Unlock()
+			runs[i], setupErr = r, errors.Join(setupErr, err)
+		})
+	}
+	wg.Wait()
+	if setupErr != nil {
+		return result{}, setupErr
+	}
+	before, _ := s.metric("toolsidecar_core_request_duration_seconds_count")
+	stopSampling := s.sample()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, IdleConnTimeout: time.Minute}, Timeout: 10 * time.Minute}
+	lat := make([]time.Duration, n)
+	var errCount atomic.Int32
+	var firstErr atomic.Value
+	start := time.Now()
+	for i, r := range runs {
+		wg.Go(func() {
+			t0 := time.Now()
+			err := drive(client, s.api, r, o.calls)
+			lat[i] = time.Since(t0)
+			if err != nil {
+				errCount.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			}
+		})
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	rss, goroutines := stopSampling()
+	client.CloseIdleConnections()
+	after, _ := s.metric("toolsidecar_core_request_duration_seconds_count")
+	slices.Sort(lat)
+	r := result{Runs: n, Calls: n * o.calls, Wall: wall, CallsPerSec: float64(n*o.calls) / wall.Seconds(), P50: lat[n/2], P99: lat[min(n-1, n*99/100)],
+		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after - before) / float64(n*o.calls), PeakRSSMiB: rss, PeakGoroutines: goroutines}
+	if e, ok := firstErr.Load().(string); ok {
+		r.FirstError = e
+	}
+	return r, nil
+}
+
+// drive drives one run through the sidecar's API and checks its summary.
+func drive(client *http.Client, api string, r coresim.RunRef, calls int) error {
+	body, _ := json.Marshal(r.DriveBody())
+	req, _ := http.NewRequest(http.MethodPost, api+"/v1/runs/"+r.RunID+"/drive", bytes.NewReader(body))
+	req.Header.Set("X-API-Key", apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var sum struct {
+		Status string `json:"status"`
+		Calls  []struct {
+			OK bool `json:"ok"`
+		} `json:"calls"`
+		Error string `json:"error"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&sum); err != nil {
+		return fmt.Errorf("status %d: %w", resp.StatusCode, err)
+	}
+	ok := 0
+	for _, c := range sum.Calls {
+		if c.OK {
+			ok++
+		}
+	}
+	if resp.StatusCode != 200 || sum.Status != "completed" || ok != calls {
+		return fmt.Errorf("status %d, run %s, %d of %d calls ok: %s", resp.StatusCode, sum.Status, ok, calls, sum.Error)
+	}
+	return nil
+}
+
+// sample reads the sidecar's RSS every 100 ms and its goroutines every
+// second until the returned func is called, which returns the peaks.
+func (s *stack) sample() func() (rssMiB float64, goroutines int) {
+	stop := make(chan struct{})
+	var peakRSS, peakG atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			if kb := rssKiB(s.sidecar.Process.Pid); kb > peakRSS.Load() {
+				peakRSS.Store(kb)
+			}
+			if i%10 == 0 {
+				if g, err := s.metric("go_goroutines"); err == nil && int64(g) > peakG.Load() {
+					peakG.Store(int64(g))
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() (float64, int) {
+		close(stop)
+		wg.Wait()
+		return float64(peakRSS.Load()) / 1024, int(peakG.Load())
+	}
+}
+
+// rssKiB is a process's resident set, from /proc (Linux).
+func rssKiB(pid int) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+// metric sums the samples of a metric on the sidecar's /metrics.
+func (s *stack) metric(name string) (float64, error) {
+	resp, err := http.Get(s.ops + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
+			fields := strings.Fields(line)
+			v, _ := strconv.ParseFloat(fields[len(fields)-1], 64)
+			sum += v
+		}
+	}
+	return sum, nil
+}
