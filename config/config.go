@@ -172,6 +172,10 @@ type Server struct {
 	// the API token, on a listener of their own (probes and scraping).
 	// default: "" (off)
 	OpsListen string `koanf:"ops_listen"`
+	// Pprof serves Go's profiles under /debug/pprof/ on the ops listener
+	// (never on the API's), for an operator chasing CPU or memory.
+	// default: false
+	Pprof bool `koanf:"pprof"`
 	// ReadHeaderTimeout, ReadTimeout and IdleTimeout bound a connection
 	// that stalls or idles. defaults: 10s, 30s, 120s
 	ReadHeaderTimeout time.Duration `koanf:"read_header_timeout"`
@@ -779,6 +783,9 @@ func (c Config) Validate() error {
 	}
 	if c.Executor.CancelPollRPS < 0 {
 		bad("executor.cancel_poll_rps", "must not be negative")
+	}
+	if c.Server.Pprof && c.Server.OpsListen == "" {
+		bad("server.pprof", "needs server.ops_listen: profiles are served there only")
 	}
 	if r := c.Executor.MaxHedgeRatio; r < 0 || r > 1 {
 		bad("executor.max_hedge_ratio", "must be between 0 and 1, got %v", r)

@@ -59,6 +59,7 @@ type options struct {
 	durable  bool
 	plot     string
 	jsonOut  string
+	heap     string
 	maxLevel int
 }
 
@@ -71,6 +72,7 @@ func run() error {
 	flag.BoolVar(&o.durable, "durable", false, "durable mode (JetStream ledger)")
 	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
+	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken 2 s into the last level, to this file (server.pprof)")
 	workerURL := flag.String("worker", "", "serve the tool on this NATS URL (the worker process)")
 	concurrency := flag.Int("concurrency", 1024, "with -worker: calls at once")
 	flag.Parse()
@@ -151,7 +153,8 @@ func measure(o options) error {
 		return err
 	}
 	fmt.Printf("toolsidecar under load: %d calls of %s per run, then a final turn; durable=%v\n", o.calls, o.latency, o.durable)
-	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB", "goroutines")
+	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s %10s %9s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB",
+		"goroutines", "stack MiB", "heap MiB")
 	var results []result
 	for _, n := range o.levels {
 		r, err := s.level(n, o)
@@ -159,8 +162,8 @@ func measure(o options) error {
 			return fmt.Errorf("%d runs: %w", n, err)
 		}
 		results = append(results, r)
-		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
-			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines)
+		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
+			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB)
 	}
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(results, "", "  ")
@@ -211,7 +214,7 @@ func start(o options, tmp string) (*stack, error) {
 core: {url: "http://%s", timeout: 60s}
 nats:
   embedded: {listen: %q, allow_anonymous: true, store_dir: %q}
-server: {listen: %q, ops_listen: %q, proxy: false, max_drives: %d, max_connections: %d, read_timeout: 10m}
+server: {listen: %q, ops_listen: %q, pprof: true, proxy: false, max_drives: %d, max_connections: %d, read_timeout: 10m}
 executor: {max_parallel: %d}
 tools:
   - {name: work, side_effects: read_only, timeout: 60s}
@@ -300,6 +303,8 @@ type result struct {
 	CoreRequestsPerCall float64       `json:"core_requests_per_call"`
 	PeakRSSMiB          float64       `json:"peak_rss_mib"`
 	PeakGoroutines      int           `json:"peak_goroutines"`
+	PeakStackMiB        float64       `json:"peak_stack_mib"`
+	PeakHeapMiB         float64       `json:"peak_heap_mib"`
 }
 
 // level sets up n runs, drives them all at once and measures.
@@ -342,14 +347,21 @@ func (s *stack) level(n int, o options) (result, error) {
 			}
 		})
 	}
+	if o.heap != "" && n == o.levels[len(o.levels)-1] {
+		time.Sleep(2 * time.Second)
+		if err := s.saveHeap(o.heap); err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen: heap profile:", err)
+		}
+	}
 	wg.Wait()
 	wall := time.Since(start)
-	rss, goroutines := stopSampling()
+	rss, stacks, heap, goroutines := stopSampling()
 	client.CloseIdleConnections()
 	after, _ := s.metric("toolsidecar_core_request_duration_seconds_count")
 	slices.Sort(lat)
 	r := result{Runs: n, Calls: n * o.calls, Wall: wall, CallsPerSec: float64(n*o.calls) / wall.Seconds(), P50: lat[n/2], P99: lat[min(n-1, n*99/100)],
-		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after - before) / float64(n*o.calls), PeakRSSMiB: rss, PeakGoroutines: goroutines}
+		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after - before) / float64(n*o.calls), PeakRSSMiB: rss, PeakGoroutines: goroutines,
+		PeakStackMiB: stacks, PeakHeapMiB: heap}
 	if e, ok := firstErr.Load().(string); ok {
 		r.FirstError = e
 	}
@@ -389,22 +401,32 @@ func drive(client *http.Client, api string, r coresim.RunRef, calls int) error {
 	return nil
 }
 
-// sample reads the sidecar's RSS every 100 ms and its goroutines every
-// second until the returned func is called, which returns the peaks.
-func (s *stack) sample() func() (rssMiB float64, goroutines int) {
+// sample reads the sidecar's RSS every 100 ms, and its goroutines, stack
+// and heap in use every second, until the returned func is called, which
+// returns the peaks.
+func (s *stack) sample() func() (rssMiB, stackMiB, heapMiB float64, goroutines int) {
 	stop := make(chan struct{})
-	var peakRSS, peakG atomic.Int64
+	var peakRSS, peakG, peakStack, peakHeap atomic.Int64
+	keepMax := func(v *atomic.Int64, x int64) {
+		if x > v.Load() {
+			v.Store(x)
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for i := 0; ; i++ {
-			if kb := rssKiB(s.sidecar.Process.Pid); kb > peakRSS.Load() {
-				peakRSS.Store(kb)
-			}
+			keepMax(&peakRSS, rssKiB(s.sidecar.Process.Pid))
 			if i%10 == 0 {
-				if g, err := s.metric("go_goroutines"); err == nil && int64(g) > peakG.Load() {
-					peakG.Store(int64(g))
+				if g, err := s.metric("go_goroutines"); err == nil {
+					keepMax(&peakG, int64(g))
+				}
+				if b, err := s.metric("go_memstats_stack_inuse_bytes"); err == nil {
+					keepMax(&peakStack, int64(b))
+				}
+				if b, err := s.metric("go_memstats_heap_inuse_bytes"); err == nil {
+					keepMax(&peakHeap, int64(b))
 				}
 			}
 			select {
@@ -414,10 +436,10 @@ func (s *stack) sample() func() (rssMiB float64, goroutines int) {
 			}
 		}
 	})
-	return func() (float64, int) {
+	return func() (float64, float64, float64, int) {
 		close(stop)
 		wg.Wait()
-		return float64(peakRSS.Load()) / 1024, int(peakG.Load())
+		return float64(peakRSS.Load()) / 1024, float64(peakStack.Load()) / (1 << 20), float64(peakHeap.Load()) / (1 << 20), int(peakG.Load())
 	}
 }
 
@@ -436,6 +458,23 @@ func rssKiB(pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// saveHeap writes the sidecar's heap profile to path.
+func (s *stack) saveHeap(path string) error {
+	resp, err := http.Get(s.ops + "/debug/pprof/heap")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }
 
 // metric sums the samples of a metric on the sidecar's /metrics.

@@ -16,6 +16,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httputil"
+	"net/http/pprof"
 	"net/url"
 	"regexp"
 	"slices"
@@ -74,6 +75,8 @@ type Config struct {
 	// cancelled at a request through the proxy, so that its calls stop at
 	// once rather than at the next poll of Core.
 	RunCancelled func(runID string)
+	// Pprof serves Go's profiles under /debug/pprof/ on the ops handler.
+	Pprof bool
 	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
@@ -153,6 +156,13 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	})
 	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
 		probes(mux, s.ready, cfg.Gatherer)
+	}
+	if cfg.Pprof {
+		s.ops.HandleFunc("GET /debug/pprof/", pprof.Index)
+		s.ops.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		s.ops.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		s.ops.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		s.ops.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return s, nil
 }

@@ -640,3 +640,25 @@ func TestSSEKeepaliveAndProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestPprofOnOpsOnly: with Pprof, Go's profiles are served on the ops
+// handler and never on the API's; without it, nowhere.
+func TestPprofOnOpsOnly(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		srv, err := server.New(server.Config{Pprof: on}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, h := range map[string]http.Handler{"ops": srv.Ops(), "api": srv} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/heap", nil))
+			want := 404
+			if on && name == "ops" {
+				want = 200
+			}
+			if rec.Code != want {
+				t.Errorf("pprof %v, %s handler: %d, want %d", on, name, rec.Code, want)
+			}
+		}
+	}
+}

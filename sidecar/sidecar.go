@@ -436,7 +436,7 @@ func (s *Sidecar) buildServer() error {
 	}
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, s.nc.IsConnected), ReadyInfo: s.readyInfo,
-		RunCancelled: func(runID string) { s.exec.CancelRun(runID) }}
+		RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Pprof: s.cfg.Server.Pprof}
 	if s.cfg.Server.Proxy {
 		scfg.CoreURL = s.cfg.Core.URL
 	}
