@@ -52,7 +52,7 @@ staticcheck: bin/staticcheck
 	bin/staticcheck $(PKGS)
 
 fmt-check:
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## Helm: a project-local helm from the Go module proxy (no download site is
