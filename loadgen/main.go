@@ -72,7 +72,7 @@ func run() error {
 	flag.BoolVar(&o.durable, "durable", false, "durable mode (JetStream ledger)")
 	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
-	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken 2 s into the last level, to this file (server.pprof)")
+	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken 2 s into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
 	workerURL := flag.String("worker", "", "serve the tool on this NATS URL (the worker process)")
 	concurrency := flag.Int("concurrency", 1024, "with -worker: calls at once")
 	flag.Parse()
@@ -460,21 +460,24 @@ func rssKiB(pid int) int64 {
 	return 0
 }
 
-// saveHeap writes the sidecar's heap profile to path.
+// saveHeap writes the sidecar's heap profile to path, and its goroutines,
+// grouped by stack, to path.goroutines.
 func (s *stack) saveHeap(path string) error {
-	resp, err := http.Get(s.ops + "/debug/pprof/heap")
-	if err != nil {
-		return err
+	for profile, file := range map[string]string{"heap": path, "goroutine?debug=1": path + ".goroutines"} {
+		resp, err := http.Get(s.ops + "/debug/pprof/" + profile)
+		if err != nil {
+			return err
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			return fmt.Errorf("%s: status %d %v", profile, resp.StatusCode, err)
+		}
+		if err := os.WriteFile(file, b, 0o644); err != nil {
+			return err
+		}
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, b, 0o644)
+	return nil
 }
 
 // metric sums the samples of a metric on the sidecar's /metrics.
