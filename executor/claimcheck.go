@@ -130,9 +130,13 @@ func (b builtin) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	if n <= 0 || n > b.e.cfg.ClaimCheckBytes {
 		n = b.e.cfg.ClaimCheckBytes
 	}
-	chunk := runePrefix(data[args.Offset:], n)
-	p := page{Handle: args.Handle, Offset: args.Offset, Length: len(chunk), SizeBytes: len(data), Data: string(chunk)}
-	if end := args.Offset + len(chunk); end < len(data) {
+	start := args.Offset // moved on to a rune's start: a page never begins mid-character
+	for start < len(data) && !utf8.RuneStart(data[start]) {
+		start++
+	}
+	chunk := runePrefix(data[start:], n)
+	p := page{Handle: args.Handle, Offset: start, Length: len(chunk), SizeBytes: len(data), Data: string(chunk)}
+	if end := start + len(chunk); end < len(data) {
 		p.NextOffset = &end
 	}
 	out, _ := json.Marshal(p)

@@ -74,13 +74,15 @@ func (r *Reloader) Reload() error {
 	if err == nil {
 		var reg *Registry
 		if reg, err = New(cfg.RegisteredTools(), cfg.NATS.SubjectPrefix); err == nil {
-			r.live.Store(reg)
+			// Recorded first: whoever sees the new tools also sees the
+			// reload in the metrics and the log.
 			r.total.WithLabelValues("success").Inc()
 			r.lastOK.Set(1)
 			r.log.Info("tools reloaded", "tools", len(reg.Names()))
 			if keys := config.Changed(r.running, cfg); len(keys) > 0 {
 				r.log.Warn("the file changed keys that only a restart applies; they are not in force", "keys", keys)
 			}
+			r.live.Store(reg)
 			return nil
 		}
 	}
