@@ -36,6 +36,17 @@ func RunTerminal(status string) bool {
 	return false
 }
 
+// RunStopped reports whether a run status says the run was cancelled (or
+// is being cancelled) or expired: its calls in flight stop, and no further
+// turn may be requested.
+func RunStopped(status string) bool {
+	switch status {
+	case RunCancelled, RunCancelling, RunExpired:
+		return true
+	}
+	return false
+}
+
 // CompletionRequest is the body of POST /v1/completions, in the SDK's key
 // order. Every turn of a run re-sends the same body.
 type CompletionRequest struct {

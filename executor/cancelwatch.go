@@ -134,7 +134,7 @@ func (w *watcher) check(runID string) {
 	ctx, cancel := context.WithTimeout(wt.ctx, checkTimeout)
 	run, err := w.core.GetRun(ctx, runID)
 	cancel()
-	if err == nil && (run.Status == core.RunCancelled || run.Status == core.RunCancelling || run.Status == core.RunExpired) {
+	if err == nil && core.RunStopped(run.Status) {
 		wt.cancel(ErrRunCancelled)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -45,18 +44,14 @@ const (
 // false when the tool does not hedge, or its percentile has too few
 // samples yet. It also earns the call its share of hedges.
 func (h *hedger) delay(def *registry.Tool) (time.Duration, bool) {
-	if def.Config.HedgeAfter == "" || def.SideEffects != config.ReadOnly {
-		return 0, false
-	}
-	after, pct, err := config.ParseHedge(def.Config.HedgeAfter)
-	if err != nil {
+	if def.HedgeAfter == 0 && def.HedgePercentile == 0 {
 		return 0, false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.tokens = math.Min(h.tokens+h.ratio, hedgeMaxTokens)
-	if pct == 0 {
-		return after, true
+	if def.HedgePercentile == 0 {
+		return def.HedgeAfter, true
 	}
 	l := h.lat[def.Name]
 	if l == nil || l.n < hedgeMinSamples {
@@ -64,7 +59,7 @@ func (h *hedger) delay(def *registry.Tool) (time.Duration, bool) {
 	}
 	s := slices.Clone(l.d[:l.n])
 	slices.Sort(s)
-	return s[min(l.n-1, int(math.Ceil(pct/100*float64(l.n)))-1)], true
+	return s[min(l.n-1, int(math.Ceil(def.HedgePercentile/100*float64(l.n)))-1)], true
 }
 
 // take spends a hedge token; false once hedges reached their ratio.
@@ -78,8 +73,13 @@ func (h *hedger) take() bool {
 	return true
 }
 
-// observe records a successful attempt's latency.
-func (h *hedger) observe(name string, d time.Duration) {
+// observe records a successful attempt's latency, for a tool that hedges
+// at a percentile of them (the others need none).
+func (h *hedger) observe(def *registry.Tool, d time.Duration) {
+	if def.HedgePercentile == 0 {
+		return
+	}
+	name := def.Name
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.lat == nil {
@@ -105,7 +105,7 @@ func (e *Executor) dispatch(ctx context.Context, d Dispatcher, def *registry.Too
 	if !ok {
 		reply := d.Dispatch(ctx, req)
 		if reply.Err == nil {
-			e.hedge.observe(def.Name, time.Since(start))
+			e.hedge.observe(def, time.Since(start))
 		}
 		return reply, 1
 	}
@@ -128,7 +128,7 @@ func (e *Executor) dispatch(ctx context.Context, d Dispatcher, def *registry.Too
 	select {
 	case r := <-out:
 		if r.reply.Err == nil {
-			e.hedge.observe(def.Name, time.Since(start))
+			e.hedge.observe(def, time.Since(start))
 		}
 		return r.reply, 1
 	case <-timer.C:
@@ -146,7 +146,7 @@ func (e *Executor) dispatch(ctx context.Context, d Dispatcher, def *registry.Too
 	if first.reply.Err != nil {
 		first = <-out // a failed copy does not decide while the other may still succeed
 	} else {
-		e.hedge.observe(def.Name, time.Since(start))
+		e.hedge.observe(def, time.Since(start))
 	}
 	if first.hedge {
 		cancelPrimary(errHedgeLost)

@@ -208,8 +208,7 @@ func (e *Executor) runCancelled(ctx context.Context, runID string, fresh *core.R
 		}
 		run = &r
 	}
-	switch run.Status {
-	case core.RunCancelled, core.RunCancelling, core.RunExpired:
+	if core.RunStopped(run.Status) {
 		return fmt.Errorf("%w (status %s)", ErrRunCancelled, run.Status)
 	}
 	return nil

@@ -50,6 +50,10 @@ type Tool struct {
 	Retries     int
 	SideEffects string
 	Route       string
+	// HedgeAfter and HedgePercentile are tools[].hedge_after read once:
+	// a fixed delay, or a percentile of the tool's latencies (0: neither).
+	HedgeAfter      time.Duration
+	HedgePercentile float64
 	// Handler runs a call in the sidecar's process; nil for tools served
 	// by NATS workers. The route kind built it when the tool was compiled,
 	// so a reload that changes a tool gets a new one.
@@ -80,6 +84,12 @@ func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s.parameters: %w", ErrInvalidTool, key, err))
 			continue
+		}
+		if tc.HedgeAfter != "" && tc.SideEffects == config.ReadOnly {
+			if t.HedgeAfter, t.HedgePercentile, err = config.ParseHedge(tc.HedgeAfter); err != nil {
+				errs = append(errs, fmt.Errorf("%w: %s.hedge_after: %w", ErrInvalidTool, key, err))
+				continue
+			}
 		}
 		if err := t.build(); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))

@@ -466,12 +466,15 @@ func (s *Sidecar) listen(key, addr string, h http.Handler, base context.Context)
 		return nil, nil, fmt.Errorf("sidecar: %s: %w", key, err)
 	}
 	s.closers = append(s.closers, func() { _ = ln.Close() })
-	c := s.cfg.Server
-	ln = netutil.LimitListener(ln, c.MaxConnections)
-	return ln, &http.Server{Handler: h, ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
+	return netutil.LimitListener(ln, s.cfg.Server.MaxConnections), httpServer(s.cfg.Server, h, base, s.log), nil
+}
+
+// httpServer is an HTTP server with server.*'s bounds on a connection.
+func httpServer(c config.Server, h http.Handler, base context.Context, log *slog.Logger) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
 		WriteTimeout: writeTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes,
 		BaseContext: func(net.Listener) context.Context { return base },
-		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}, nil
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 }
 
 // writeTimeout bounds writing a short answer (health, metrics, tools).

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
 	"time"
 
@@ -103,9 +102,7 @@ func serveOps(c config.Server, nc *nats.Conn, g prometheus.Gatherer, log *slog.L
 		}
 		return nil
 	}
-	hs := &http.Server{Handler: server.Probes(ready, g), ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
-		WriteTimeout: writeTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	hs := httpServer(c, server.Probes(ready, g), context.Background(), log)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hs.Serve(netutil.LimitListener(ln, c.MaxConnections)) })
 	log.Info("ops listener", "addr", ln.Addr().String())

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
 )
@@ -376,20 +376,8 @@ func (w *Worker) respond(reply, subject string, data []byte, err error) {
 // moduleVersion is the toolsidecar module's version as micro wants it
 // (SemVer without the "v"), or 0.0.0 in a source build.
 func moduleVersion() string {
-	const mod = "github.com/projectdavid/toolsidecar"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v := bi.Main.Version
-		if bi.Main.Path != mod {
-			v = ""
-			for _, d := range bi.Deps {
-				if d.Path == mod {
-					v = d.Version
-				}
-			}
-		}
-		if v = strings.TrimPrefix(v, "v"); v != "" && v != "(devel)" {
-			return v
-		}
+	if v := strings.TrimPrefix(version.Module("github.com/projectdavid/toolsidecar"), "v"); v != "" && v != "(devel)" {
+		return v
 	}
 	return "0.0.0"
 }

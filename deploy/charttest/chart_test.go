@@ -34,12 +34,8 @@ const (
 // helm runs the project-local helm binary (make helm installs it).
 func helm(t *testing.T, args ...string) string {
 	t.Helper()
-	bin := os.Getenv("HELM")
-	if bin == "" {
-		bin, _ = filepath.Abs("../../bin/helm")
-	}
 	var out, errb bytes.Buffer
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(helmPath(), args...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
@@ -62,6 +58,12 @@ func renderApp(t *testing.T, set ...string) string {
 var depOnce sync.Once
 
 func renderChart(t *testing.T, path, valuesFile string, set ...string) string {
+	return helm(t, templateArgs(path, valuesFile, set)...)
+}
+
+// templateArgs is helm template of path with a values file (optional) and
+// --set values; a JSON list or object value goes by --set-json.
+func templateArgs(path, valuesFile string, set []string) []string {
 	args := []string{"template", "rel", path, "--namespace", "ai", "--kube-version", kubeVersion}
 	if valuesFile != "" {
 		args = append(args, "-f", valuesFile)
@@ -73,21 +75,13 @@ func renderChart(t *testing.T, path, valuesFile string, set ...string) string {
 		}
 		args = append(args, flag, s)
 	}
-	return helm(t, args...)
+	return args
 }
 
 // renderFails renders the toolsidecar chart and returns helm's error output.
 func renderFails(t *testing.T, set ...string) string {
 	t.Helper()
-	args := []string{"template", "rel", chart, "--kube-version", kubeVersion}
-	for _, s := range set {
-		flag := "--set"
-		if strings.Contains(s, "=[") || strings.Contains(s, "={") {
-			flag = "--set-json"
-		}
-		args = append(args, flag, s)
-	}
-	out, err := exec.Command(helmPath(), args...).CombinedOutput()
+	out, err := exec.Command(helmPath(), templateArgs(chart, "", set)...).CombinedOutput()
 	if err == nil {
 		t.Errorf("%v rendered:\n%.300s", set, out)
 	}

@@ -54,6 +54,25 @@ func Get() Info {
 	return in
 }
 
+// Module is the version the build carries for module path, the main
+// module or a dependency (a worker binary that imports toolsidecar), or ""
+// when it carries none ("(devel)" for a source build of the main module).
+func Module(path string) string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	if bi.Main.Path == path {
+		return bi.Main.Version
+	}
+	for _, d := range bi.Deps {
+		if d.Path == path {
+			return d.Version
+		}
+	}
+	return ""
+}
+
 // String is the one-line form: "toolsidecar v1.2.3 (rev abc123, go1.26.8)".
 func (in Info) String() string {
 	rev := in.Revision
