@@ -12,9 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -378,5 +382,58 @@ func TestClaimCheck(t *testing.T) {
 				t.Errorf("the worker ran %d calls, want 1: read_tool_result is the sidecar's", ran.Load())
 			}
 		})
+	}
+}
+
+// TestClaimCheckStoreLost: the result store is gone (its JetStream bucket
+// deleted under the sidecar) when a large result comes back. The result is
+// submitted whole instead, as without claim-check: one output for the call,
+// its Action finalised, nothing lost.
+func TestClaimCheckStoreLost(t *testing.T) {
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir(), AllowAnonymous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "report", ArgsJSON: `{}`}}}, {Content: "done"}}}
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: testenv.APIKey, Scenario: sc})
+	defer srv.Close()
+	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{Executor: config.Executor{ClaimCheckBytes: 2000, ClaimCheckPreviewBytes: 500}},
+		[]testenv.Tool{{Config: config.Tool{Name: "report"}}})
+	cfg.NATS.URL = ns.ClientURL()
+	s := startOn(t, cfg)
+	report := strings.Repeat("0123456789", 1000)
+	wnc := natstest.Dial(t, ns.ClientURL())
+	natstest.WorkerOn(t, wnc, testenv.Prefix, map[string]tool.Handler{
+		"report": func(context.Context, *tool.Call) ([]byte, error) { return []byte(report), nil },
+	})
+	js, err := jetstream.New(wnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := 0
+	for name := range js.ObjectStoreNames(context.Background()).Name() {
+		if strings.HasSuffix(name, "_RESULTS") {
+			if err := js.DeleteObjectStore(context.Background(), name); err != nil {
+				t.Fatal(err)
+			}
+			deleted++
+		}
+	}
+	if deleted != 1 {
+		t.Fatalf("deleted %d result stores, want the sidecar's one", deleted)
+	}
+	cc, _ := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey})
+	r := testenv.SetUpRun(t, cc, nil)
+	sum, err := s.Drive(context.Background(), testenv.Request(r), nil)
+	if err != nil || sum.Status != "completed" || len(sum.Calls) != 1 {
+		t.Fatalf("drive: %+v %v", sum, err)
+	}
+	if c := sum.Calls[0]; !c.OK || c.ClaimCheck != "" {
+		t.Errorf("call %+v: want ok, not claim-checked", c)
+	}
+	testenv.AssertWholeBatches(t, sim, r, 1)
+	if msgs := sim.ToolMessages(r.ThreadID); msgs[0].Content != report {
+		t.Errorf("tool message of %d bytes, want the whole %d-byte result", len(msgs[0].Content), len(report))
 	}
 }
