@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
+	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/workerproc"
 	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -80,6 +83,19 @@ func BenchmarkRawRequest(b *testing.B) {
 
 func BenchmarkDispatch(b *testing.B) {
 	sequential(b, echoClient(b, 64), natstest.Request("echo", time.Second))
+}
+
+// BenchmarkDispatchSidecarSide is BenchmarkDispatch with the worker in a
+// process of its own: -benchmem then counts only what the sidecar's
+// process allocates per call (its dispatch, its NATS connection and the
+// embedded server routing the request and the reply).
+func BenchmarkDispatchSidecarSide(b *testing.B) {
+	url := natstest.Start(b)
+	workerproc.Start(b, workerproc.Config{URLs: url, Prefix: natstest.Prefix, ExecLog: filepath.Join(b.TempDir(), "exec.log")})
+	c := open(b, natstest.Dial(b, url))
+	r := natstest.Request(workerproc.Echo, time.Second)
+	poll.Until(b, "the worker process to answer", func() bool { return c.Dispatch(context.Background(), r).Err == nil })
+	sequential(b, c, r)
 }
 
 // BenchmarkDispatchDurable: the same calls in durable mode (read-only).

@@ -15,11 +15,15 @@ import (
 
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
+	"github.com/projectdavid/toolsidecar/internal/workerproc"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	workerproc.MaybeRun() // when started as the worker process of a benchmark
+	goleak.VerifyTestMain(m)
+}
 
 func open(t testing.TB, nc *nats.Conn) *bridge.Client {
 	t.Helper()
@@ -241,5 +245,63 @@ func TestRepliesUnguessable(t *testing.T) {
 	close(release)
 	if r := <-got; r.Err != nil || string(r.Data) != "honest" {
 		t.Fatalf("b's outcome %q %+v, want the honest reply", r.Data, r.Err)
+	}
+}
+
+// TestGeneratedTraceparentUnsampled: a call without a trace of its own gets
+// a fresh traceparent that says it is not sampled, since nobody records it;
+// a call's own traceparent travels unchanged (TestSuccessAndHeaders).
+func TestGeneratedTraceparentUnsampled(t *testing.T) {
+	side, work := natstest.Connect(t)
+	got := make(chan string, 2)
+	natstest.Worker(t, work, map[string]tool.Handler{"echo": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		got <- c.Traceparent
+		return nil, nil
+	}})
+	c := open(t, side)
+	for range 2 {
+		if r := c.Dispatch(context.Background(), natstest.Request("echo", time.Second)); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	first, second := <-got, <-got
+	for _, tp := range []string{first, second} {
+		if len(tp) != 55 || !strings.HasPrefix(tp, "00-") || !strings.HasSuffix(tp, "-00") {
+			t.Errorf("generated traceparent %q: want version 00, flags 00", tp)
+		}
+	}
+	if first == second {
+		t.Errorf("two calls share the trace %q", first)
+	}
+	if tp := bridge.NewTraceparent(); !strings.HasSuffix(tp, "-01") {
+		t.Errorf("NewTraceparent %q: want flags 01", tp)
+	}
+}
+
+// TestLateReplyNeverReachesNextCall: a call that gave up releases its wait
+// for reuse; the worker's late answer to it must be dropped, not taken as
+// the outcome of the call that waits next.
+func TestLateReplyNeverReachesNextCall(t *testing.T) {
+	side, work := natstest.Connect(t)
+	natstest.Worker(t, work, map[string]tool.Handler{
+		"late": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			time.Sleep(300 * time.Millisecond) // ignores the cancel on purpose
+			return []byte("late"), nil
+		},
+		"slow": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			time.Sleep(600 * time.Millisecond)
+			return []byte("slow"), nil
+		},
+	})
+	c := open(t, side)
+	for i := range 3 {
+		if r := c.Dispatch(context.Background(), natstest.Request("late", 50*time.Millisecond)); r.Err == nil || r.Err.Type != tool.Timeout {
+			t.Fatalf("round %d: late call %+v, want a timeout", i, r)
+		}
+		// The late reply lands while this call waits, on the wait the
+		// first call gave back.
+		if r := c.Dispatch(context.Background(), natstest.Request("slow", 5*time.Second)); r.Err != nil || string(r.Data) != "slow" {
+			t.Fatalf("round %d: next call got %+v, want its own reply", i, r)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,16 +39,48 @@ type Client struct {
 	sub    *nats.Subscription
 	ledger Ledger // nil: not durable
 
-	mu      sync.Mutex
-	pending map[string]*waiter
-	closed  bool
-	done    chan struct{} // closed by Close: wakes the calls in flight
-	resyncs sync.WaitGroup
+	mu       sync.Mutex
+	pending  map[string]*waiter
+	subjects map[string]string // by tool: built once
+	closed   bool
+	done     chan struct{} // closed by Close: wakes the calls in flight
+	resyncs  sync.WaitGroup
 }
 
+// waiter is one attempt's wait: its reply channels, its timer, and the
+// message it sends. Waiters are pooled: a call allocates none of them.
 type waiter struct {
 	final    chan *nats.Msg // cap 1: the first final reply wins
 	progress chan struct{}  // cap 1: progress notifications coalesce
+	timer    *time.Timer
+	msg      nats.Msg
+	vals     [4]string // the header values; the header map's slices point here
+}
+
+var waiters = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	w := &waiter{final: make(chan *nats.Msg, 1), progress: make(chan struct{}, 1), timer: t}
+	w.msg.Header = make(nats.Header, len(w.vals))
+	return w
+}}
+
+// release returns w to the pool. The caller has removed it from pending
+// under the client's lock, and route sends only under that lock, so no
+// reply can reach it any more: what is buffered is drained here.
+func (w *waiter) release() {
+	w.timer.Stop()
+	select {
+	case <-w.final:
+	default:
+	}
+	select {
+	case <-w.progress:
+	default:
+	}
+	w.msg.Data, w.msg.Subject, w.msg.Reply = nil, "", ""
+	w.vals = [4]string{}
+	waiters.Put(w)
 }
 
 // Ledger records an attempt before it is sent, with its reply subject, so
@@ -71,7 +104,7 @@ func WithLedger(l Ledger) Option { return func(c *Client) { c.ledger = l } }
 
 // Open subscribes the client's inbox on nc.
 func Open(nc *nats.Conn, subjectPrefix string, opts ...Option) (*Client, error) {
-	c := &Client{nc: nc, prefix: subjectPrefix, inbox: nc.NewInbox(), pending: map[string]*waiter{}, done: make(chan struct{})}
+	c := &Client{nc: nc, prefix: subjectPrefix, inbox: nc.NewInbox(), pending: map[string]*waiter{}, subjects: map[string]string{}, done: make(chan struct{})}
 	for _, o := range opts {
 		o(c)
 	}
@@ -148,22 +181,24 @@ func (c *Client) Resync() {
 // a call that gave up is dropped.
 func (c *Client) route(m *nats.Msg) {
 	token := m.Subject[len(c.inbox)+1:]
+	progress := wire.IsProgress(m)
+	// The sends never block, and they happen under the lock so that a
+	// waiter removed from pending (and then pooled) receives nothing more.
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	w := c.pending[token]
-	c.mu.Unlock()
-	if w == nil {
-		return
-	}
-	if wire.IsProgress(m) {
+	switch {
+	case w == nil:
+	case progress:
 		select {
 		case w.progress <- struct{}{}:
 		default:
 		}
-		return
-	}
-	select {
-	case w.final <- m:
 	default:
+		select {
+		case w.final <- m:
+		default:
+		}
 	}
 }
 
@@ -174,34 +209,32 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	if err := ctx.Err(); err != nil {
 		return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}
 	}
-	token := replyToken()
-	w := &waiter{final: make(chan *nats.Msg, 1), progress: make(chan struct{}, 1)}
+	timeout := req.TimeoutOrDefault()
+	strs := requestStrings(c.inbox, time.Now().Add(timeout), req.Traceparent)
+	w := waiters.Get().(*waiter)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
+		waiters.Put(w)
 		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", ErrClosed)}
 	}
-	c.pending[token] = w
+	c.pending[strs.token] = w
+	subject := c.subject(req.Tool)
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		delete(c.pending, token)
+		delete(c.pending, strs.token)
 		c.mu.Unlock()
+		w.release()
 	}()
 
-	timeout := req.TimeoutOrDefault()
-	subject := wire.Subject(c.prefix, req.Tool)
-	msg := nats.NewMsg(subject)
-	msg.Reply = c.inbox + "." + token
-	msg.Data = req.Body
-	msg.Header.Set(tool.HeaderDeadline, strconv.FormatInt(time.Now().Add(timeout).UnixMilli(), 10))
-	msg.Header.Set(tool.HeaderAttempt, strconv.Itoa(max(req.Attempt, 1)))
-	msg.Header.Set(tool.HeaderIdempotencyKey, req.ActionID)
-	tp := req.Traceparent
-	if tp == "" {
-		tp = NewTraceparent()
-	}
-	msg.Header.Set(tool.HeaderTraceparent, tp)
+	msg := &w.msg
+	msg.Subject, msg.Reply, msg.Data = subject, strs.reply, req.Body
+	w.vals = [4]string{strs.deadline, strconv.Itoa(max(req.Attempt, 1)), req.ActionID, strs.traceparent}
+	msg.Header[tool.HeaderDeadline] = w.vals[0:1:1]
+	msg.Header[tool.HeaderAttempt] = w.vals[1:2:2]
+	msg.Header[tool.HeaderIdempotencyKey] = w.vals[2:3:3]
+	msg.Header[tool.HeaderTraceparent] = w.vals[3:4:4]
 	if c.ledger != nil {
 		// Recorded before it is sent: a call the ledger does not know was
 		// never sent.
@@ -217,9 +250,8 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	// the hard bound of max_duration, which nothing extends.
 	maxDur := req.MaxDurationOrDefault()
 	hard := time.Now().Add(maxDur)
-	next := func() time.Duration { return min(timeout, time.Until(hard)) }
-	timer := time.NewTimer(next())
-	defer timer.Stop()
+	timer := w.timer
+	timer.Reset(min(timeout, time.Until(hard)))
 	progress := 0
 	for {
 		select {
@@ -230,7 +262,7 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 			return wire.DecodeOutcome(m, progress)
 		case <-w.progress:
 			progress++
-			timer.Reset(next())
+			timer.Reset(min(timeout, time.Until(hard)))
 			if req.OnProgress != nil {
 				req.OnProgress()
 			}
@@ -262,22 +294,87 @@ func (c *Client) cancel(actionID string, attempt int) {
 	_ = c.nc.PublishMsg(m)
 }
 
-// replyToken names one request's reply subject under the client's inbox:
-// 128 random bits, so that a worker that saw the subject of its own
-// request cannot guess another's and forge its outcome.
-func replyToken() string {
-	var b [16]byte
-	_, _ = crand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
+// maxSubjects bounds the cache of tool subjects; names beyond it are
+// joined on each call.
+const maxSubjects = 1024
+
+// subject is the subject of a tool, built once. The caller holds c.mu.
+func (c *Client) subject(name string) string {
+	if s, ok := c.subjects[name]; ok {
+		return s
+	}
+	s := wire.Subject(c.prefix, name)
+	if len(c.subjects) < maxSubjects {
+		c.subjects[name] = s
+	}
+	return s
 }
 
-// NewTraceparent makes a W3C traceparent with a random trace and span id.
-// Trace ids need to be unique, not secret: math/rand keeps this off the
-// crypto path on every call.
-func NewTraceparent() string {
-	var b [24]byte
-	for i := 0; i < len(b); i += 8 {
-		binary.LittleEndian.PutUint64(b[i:], rand.Uint64())
+// reqStrings are the strings of one attempt, cut from a single allocation.
+type reqStrings struct {
+	reply, token, deadline, traceparent string
+}
+
+// requestStrings makes the reply subject, <inbox>.<token>, the deadline
+// header and, when the call has none, a traceparent.
+//
+// The token is 128 random bits, so that a worker that saw the subject of
+// its own request cannot guess another's and forge its outcome. A
+// traceparent made here is not sampled (flags 00): the sidecar records no
+// trace for the call, and a sampled flag would also make the NATS server
+// parse every request's headers for its own message tracing.
+func requestStrings(inbox string, deadline time.Time, traceparent string) reqStrings {
+	var tok [16]byte
+	_, _ = crand.Read(tok[:])
+	var enc [22]byte
+	base64.RawURLEncoding.Encode(enc[:], tok[:])
+	var dl [20]byte
+	dlb := strconv.AppendInt(dl[:0], deadline.UnixMilli(), 10)
+	var b strings.Builder
+	b.Grow(len(inbox) + 1 + len(enc) + len(dlb) + traceparentLen)
+	b.WriteString(inbox)
+	b.WriteByte('.')
+	b.Write(enc[:])
+	replyEnd := b.Len()
+	b.Write(dlb)
+	dlEnd := b.Len()
+	if traceparent == "" {
+		appendTraceparent(&b, "00")
 	}
-	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-01"
+	s := b.String()
+	r := reqStrings{reply: s[:replyEnd], token: s[len(inbox)+1 : replyEnd], deadline: s[replyEnd:dlEnd], traceparent: s[dlEnd:]}
+	if traceparent != "" {
+		r.traceparent = traceparent
+	}
+	return r
+}
+
+// traceparentLen is the length of a W3C traceparent of version 00.
+const traceparentLen = 55
+
+// NewTraceparent makes a sampled W3C traceparent with a random trace and
+// span id, for a caller that records the trace.
+func NewTraceparent() string {
+	var b strings.Builder
+	b.Grow(traceparentLen)
+	appendTraceparent(&b, "01")
+	return b.String()
+}
+
+// appendTraceparent writes a traceparent with random ids and the given
+// flags. Trace ids need to be unique, not secret: math/rand keeps this off
+// the crypto path on every call.
+func appendTraceparent(b *strings.Builder, flags string) {
+	var id [24]byte
+	for i := 0; i < len(id); i += 8 {
+		binary.LittleEndian.PutUint64(id[i:], rand.Uint64())
+	}
+	var h [48]byte
+	hex.Encode(h[:], id[:])
+	b.WriteString("00-")
+	b.Write(h[:32])
+	b.WriteByte('-')
+	b.Write(h[32:])
+	b.WriteByte('-')
+	b.WriteString(flags)
 }

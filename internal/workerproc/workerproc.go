@@ -36,6 +36,11 @@ const (
 // "<tool> done".
 var Tools = []string{"look", "pay"}
 
+// Echo is a tool every worker process also serves: it answers the manifest
+// at once and logs nothing, so that a benchmark sees only the dispatching
+// side's cost in its own process.
+const Echo = "echo"
+
 // MaybeRun runs the worker and exits when this process was started as one;
 // call it first in TestMain.
 func MaybeRun() {
@@ -74,6 +79,7 @@ func run() int {
 			return []byte(`"` + c.Tool + ` done"`), nil
 		})
 	}
+	w.Handle(Echo, func(ctx context.Context, c *tool.Call) ([]byte, error) { return c.Manifest, nil })
 	if err := w.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1
