@@ -3,8 +3,9 @@
 // limit at a time (queued in order beyond it); their results are values,
 // so one failure never cancels a sibling. Results are handed to the submit function strictly in index
 // order and pipelined: result i is submitted as soon as results 0..i are
-// all in. Wait returns only when every task has run and every result has
-// been submitted.
+// all in, by the goroutine whose task completed that prefix, so a batch
+// keeps no goroutine of its own while its calls wait. Wait returns only
+// when every task has run and every result has been submitted.
 //
 // The package knows nothing of Core or NATS: it joins functions.
 package batch
@@ -27,9 +28,7 @@ type Batch[T any] struct {
 
 	mu       sync.Mutex
 	results  []T
-	ready    []chan struct{}
 	closed   bool
-	added    chan struct{}    // signalled on Go and on Close
 	queue    []func()         // tasks waiting for a slot under the limit
 	finished []bool           // by index: the task has run
 	after    map[int][]func() // tasks waiting for the task at an index
@@ -37,21 +36,19 @@ type Batch[T any] struct {
 	limit    int
 	errs     []error
 
-	submitter sync.WaitGroup
-	done      chan struct{} // closed when every result is submitted
+	next       int  // the index submitted next
+	submitting bool // a goroutine is in the submit loop
+	doneClosed bool
+	done       chan struct{} // closed when the batch is closed and every result is submitted
 }
 
 // New opens a batch whose tasks receive ctx and run at most limit at a
-// time (limit < 1 means no limit). submit is called from a single goroutine,
-// in index order; its errors are collected and returned by Wait, and the
-// remaining results are still submitted.
+// time (limit < 1 means no limit). submit is called in index order and
+// never concurrently, on the goroutine of a task that has just finished
+// (a submission is part of its task's slot); its errors are collected and
+// returned by Wait, and the remaining results are still submitted.
 func New[T any](ctx context.Context, limit int, submit func(i int, v T) error) *Batch[T] {
-	b := &Batch[T]{ctx: ctx, submit: submit, limit: limit, added: make(chan struct{}, 1), done: make(chan struct{})}
-	b.submitter.Go(func() {
-		defer close(b.done)
-		b.submitInOrder()
-	})
-	return b
+	return &Batch[T]{ctx: ctx, submit: submit, limit: limit, done: make(chan struct{})}
 }
 
 // Go adds a task; it never blocks on the parallelism limit. It returns the
@@ -75,8 +72,6 @@ func (b *Batch[T]) GoAfter(prev int, task func(ctx context.Context) T) int {
 	var zero T
 	b.results = append(b.results, zero)
 	b.finished = append(b.finished, false)
-	done := make(chan struct{})
-	b.ready = append(b.ready, done)
 	run := func() {
 		v := task(b.ctx)
 		b.mu.Lock()
@@ -85,10 +80,10 @@ func (b *Batch[T]) GoAfter(prev int, task func(ctx context.Context) T) int {
 		next := b.after[i]
 		delete(b.after, i)
 		b.mu.Unlock()
-		close(done)
 		for _, n := range next {
 			b.launch(n)
 		}
+		b.submitReady()
 	}
 	if prev >= 0 && prev < i && !b.finished[prev] {
 		if b.after == nil {
@@ -96,12 +91,10 @@ func (b *Batch[T]) GoAfter(prev int, task func(ctx context.Context) T) int {
 		}
 		b.after[prev] = append(b.after[prev], run)
 		b.mu.Unlock()
-		b.signal()
 		return i
 	}
 	b.mu.Unlock()
 	b.launch(run)
-	b.signal()
 	return i
 }
 
@@ -142,13 +135,6 @@ func (b *Batch[T]) drain(task func()) {
 	}
 }
 
-func (b *Batch[T]) signal() {
-	select {
-	case b.added <- struct{}{}:
-	default:
-	}
-}
-
 // Len is the number of tasks added so far.
 func (b *Batch[T]) Len() int {
 	b.mu.Lock()
@@ -159,9 +145,9 @@ func (b *Batch[T]) Len() int {
 // Close ends intake: no task may be added after it.
 func (b *Batch[T]) Close() {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.closed = true
-	b.mu.Unlock()
-	b.signal()
+	b.closeDoneLocked()
 }
 
 // Done is closed once the batch is closed and every result is submitted.
@@ -171,40 +157,43 @@ func (b *Batch[T]) Done() <-chan struct{} { return b.done }
 // the results in index order with the joined submission errors.
 func (b *Batch[T]) Wait() ([]T, error) {
 	b.Close()
-	b.submitter.Wait()
+	<-b.done
 	b.group.Wait()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.results, errors.Join(b.errs...)
 }
 
-// submitInOrder walks the indexes: it waits for task i to be added, then
-// for its result, then submits it.
-func (b *Batch[T]) submitInOrder() {
-	for i := 0; ; i++ {
-		var done chan struct{}
-		for done == nil {
-			b.mu.Lock()
-			switch {
-			case i < len(b.ready):
-				done = b.ready[i]
-			case b.closed:
-				b.mu.Unlock()
-				return
-			}
-			b.mu.Unlock()
-			if done == nil {
-				<-b.added
-			}
-		}
-		<-done
-		b.mu.Lock()
-		v := b.results[i]
+// submitReady submits the results that are in, from the next index on,
+// in order. One goroutine at a time runs the loop; a result that comes in
+// meanwhile is seen by the loop's next check, which is made under the lock
+// the finishing task took to record it.
+func (b *Batch[T]) submitReady() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.submitting {
+		return
+	}
+	b.submitting = true
+	for b.next < len(b.results) && b.finished[b.next] {
+		i, v := b.next, b.results[b.next]
 		b.mu.Unlock()
-		if err := b.submit(i, v); err != nil {
-			b.mu.Lock()
+		err := b.submit(i, v)
+		b.mu.Lock()
+		if err != nil {
 			b.errs = append(b.errs, fmt.Errorf("batch: submitting result %d: %w", i, err))
-			b.mu.Unlock()
 		}
+		b.next++
+	}
+	b.submitting = false
+	b.closeDoneLocked()
+}
+
+// closeDoneLocked closes done once the batch is closed and every result
+// is submitted. The caller holds b.mu.
+func (b *Batch[T]) closeDoneLocked() {
+	if b.closed && !b.submitting && b.next == len(b.results) && !b.doneClosed {
+		b.doneClosed = true
+		close(b.done)
 	}
 }

@@ -93,11 +93,26 @@ func testLimit(t *testing.T) {
 }
 
 // TestManySmallTasks: tasks that finish while others are being added never
-// strand a queued task (the slot handover is under one lock).
+// strand a queued task (the slot handover is under one lock), and their
+// results, submitted from whichever task completes the prefix, go out one
+// at a time and in order.
 func TestManySmallTasks(t *testing.T) {
-	for _, limit := range []int{1, 2, 3} {
+	for _, limit := range []int{0, 1, 2, 3} {
 		var sum atomic.Int64
-		b := New(context.Background(), limit, func(i int, v int) error { sum.Add(int64(v)); return nil })
+		var inSubmit atomic.Int32
+		next := 0 // only touched inside submit, which must never overlap itself
+		b := New(context.Background(), limit, func(i int, v int) error {
+			if inSubmit.Add(1) != 1 {
+				t.Errorf("limit %d: submit %d runs beside another", limit, i)
+			}
+			defer inSubmit.Add(-1)
+			if i != next {
+				t.Errorf("limit %d: submitted %d, want %d", limit, i, next)
+			}
+			next = i + 1
+			sum.Add(int64(v))
+			return nil
+		})
 		for i := range 2000 {
 			b.Go(func(context.Context) int { return i })
 		}
@@ -105,6 +120,22 @@ func TestManySmallTasks(t *testing.T) {
 		if err != nil || len(res) != 2000 || sum.Load() != 1999*2000/2 {
 			t.Fatalf("limit %d: %d results, sum %d, %v", limit, len(res), sum.Load(), err)
 		}
+	}
+}
+
+// TestNoGoroutineOfItsOwn: an open batch holds no goroutine besides its
+// running tasks, so a run waiting on its calls costs only their goroutines.
+func TestNoGoroutineOfItsOwn(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	b := New(context.Background(), 4, func(int, int) error { return nil })
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("an empty open batch keeps a goroutine: %v", err)
+	}
+	release := make(chan struct{})
+	b.Go(func(context.Context) int { <-release; return 1 })
+	close(release)
+	if res, err := b.Wait(); err != nil || !slices.Equal(res, []int{1}) {
+		t.Fatalf("%v %v", res, err)
 	}
 }
 

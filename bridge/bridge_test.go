@@ -295,12 +295,16 @@ func TestLateReplyNeverReachesNextCall(t *testing.T) {
 	})
 	c := open(t, side)
 	for i := range 3 {
-		if r := c.Dispatch(context.Background(), natstest.Request("late", 50*time.Millisecond)); r.Err == nil || r.Err.Type != tool.Timeout {
+		// Calls of their own, so that the late call's cancel cannot stop
+		// the next one.
+		late, slow := natstest.Request("late", 50*time.Millisecond), natstest.Request("slow", 5*time.Second)
+		late.ActionID, slow.ActionID = fmt.Sprint("late_", i), fmt.Sprint("slow_", i)
+		if r := c.Dispatch(context.Background(), late); r.Err == nil || r.Err.Type != tool.Timeout {
 			t.Fatalf("round %d: late call %+v, want a timeout", i, r)
 		}
 		// The late reply lands while this call waits, on the wait the
 		// first call gave back.
-		if r := c.Dispatch(context.Background(), natstest.Request("slow", 5*time.Second)); r.Err != nil || string(r.Data) != "slow" {
+		if r := c.Dispatch(context.Background(), slow); r.Err != nil || string(r.Data) != "slow" {
 			t.Fatalf("round %d: next call got %+v, want its own reply", i, r)
 		}
 	}

@@ -108,12 +108,15 @@ func (d *drive) emit(e Event) {
 }
 
 // attach registers a caller; its leaving (ctx ending) counts down the
-// callers and cancels the drive when it was the last.
-func (d *drive) attach(ctx context.Context) (*subscriber, func()) {
-	s := &subscriber{wake: make(chan struct{}, 1)}
+// callers and cancels the drive when it was the last. A caller that wants
+// no events gets no subscriber (nil).
+func (d *drive) attach(ctx context.Context, events bool) (*subscriber, func()) {
+	var s *subscriber
 	d.mu.Lock()
-	s.closed = d.finished // attached in the instant the drive ended
-	d.subs[s] = struct{}{}
+	if events {
+		s = &subscriber{wake: make(chan struct{}, 1), closed: d.finished} // closed: attached in the instant the drive ended
+		d.subs[s] = struct{}{}
+	}
 	d.callers++
 	d.mu.Unlock()
 	var once sync.Once
@@ -174,8 +177,10 @@ func (e *Executor) forget(runID string, d *drive) {
 // "cancelled". A Drive of a run already being driven attaches to that drive
 // and returns its summary; a caller that leaves (ctx ends) stops waiting,
 // and the drive is cancelled when its last caller has left. No goroutine
-// started by Drive outlives it.
+// started by Drive outlives it. A nil sink wants no events: a leader
+// without one runs the loop on its own goroutine.
 func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, error) {
+	quiet := sink == nil
 	if sink == nil {
 		sink = func(Event) {}
 	}
@@ -202,9 +207,18 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 		return sum, fmt.Errorf("%w: %s", ErrConflict, sum.Error)
 	}
 	d, leader := e.join(ctx, req.RunID)
-	sub, detach := d.attach(ctx)
+	sub, detach := d.attach(ctx, !(leader && quiet))
 	defer detach()
 	span.SetAttributes(attribute.Bool("toolsidecar.attached", !leader))
+	if leader && quiet {
+		// Nothing to deliver while the loop runs, so no second goroutine:
+		// at thousands of waiting runs each one is a stack.
+		sum, err := e.lead(d, req, run)
+		e.forget(req.RunID, d)
+		d.finish(sum, err)
+		d.cancel(nil)
+		return sum, err
+	}
 	if !leader {
 		e.obs.DriveAttached()
 		sub.deliver(sink, ctx.Done())

@@ -671,36 +671,68 @@ func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry
 // call runs one call: Action processing, then attempts until success, a
 // final error, or the retry budget. It never returns an error: a failed
 // call is an outcome.
+//
+// Its goroutine waits for the worker on call's frame and those below it,
+// so the work before and after the wait is in helpers of their own: at
+// thousands of waiting calls, a stack that stays under a quarter of its
+// size is halved by the collector.
 func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error) *outcome {
-	turn, traceparent, log := br.n, br.req.Traceparent, br.log
-	// OpenTelemetry's GenAI conventions for a tool execution span.
-	ctx, span := e.tracer.Start(ctx, "execute_tool "+m.Tool, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
-		attribute.String("gen_ai.operation.name", "execute_tool"), attribute.String("gen_ai.tool.name", m.Tool),
-		attribute.String("gen_ai.tool.call.id", m.ToolCallID), attribute.String("toolsidecar.action_id", m.ActionID)))
+	ctx, span, traceparent, log := e.startCall(ctx, br, m)
 	defer span.End()
-	if span.SpanContext().IsValid() {
-		traceparent = traceparentOf(ctx) // the worker continues this call's trace
-	}
 	start := time.Now()
 	e.obs.CallsInFlight(1)
 	defer e.obs.CallsInFlight(-1)
-	o := newOutcome(turn, m)
-	log = log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
-
+	o := newOutcome(br.n, m)
 	var reply tool.Outcome
 	switch {
 	case pre != nil:
 		reply.Err = pre
 	case !e.markProcessing(ctx, m, def, log):
-		// An unsafe call runs only once Core knows it started, so that a
-		// later reconciliation does not run it a second time.
-		reply.Err = tool.NewError(tool.Interrupted, "Core could not be told that the call of unsafe tool %q started, so it was not run", m.Tool)
+		reply.Err = unsafeNotMarked(m)
 	default:
-		progress := func() {
-			br.emit(Event{Type: EventProgress, Turn: turn, Call: &CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}})
-		}
-		reply = e.attempts(ctx, m, def, traceparent, progress, &o.res)
+		reply = e.attempts(ctx, m, def, traceparent, br.progress(m), &o.res)
 	}
+	e.endCall(ctx, br, m, def, pre, o, reply, start, span, log)
+	return o
+}
+
+// startCall starts the call's span, following OpenTelemetry's GenAI
+// conventions for a tool execution, and its logger. The worker continues
+// the span's trace when there is one.
+//
+//go:noinline
+func (e *Executor) startCall(ctx context.Context, br *batchRun, m *core.Manifest) (context.Context, trace.Span, string, *slog.Logger) {
+	ctx, span := e.tracer.Start(ctx, "execute_tool "+m.Tool, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
+		attribute.String("gen_ai.operation.name", "execute_tool"), attribute.String("gen_ai.tool.name", m.Tool),
+		attribute.String("gen_ai.tool.call.id", m.ToolCallID), attribute.String("toolsidecar.action_id", m.ActionID)))
+	traceparent := br.req.Traceparent
+	if span.SpanContext().IsValid() {
+		traceparent = traceparentOf(ctx)
+	}
+	return ctx, span, traceparent, br.log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
+}
+
+// unsafeNotMarked: an unsafe call runs only once Core knows it started, so
+// that a later reconciliation does not run it a second time.
+func unsafeNotMarked(m *core.Manifest) *tool.Error {
+	return tool.NewError(tool.Interrupted, "Core could not be told that the call of unsafe tool %q started, so it was not run", m.Tool)
+}
+
+// progress is the call's progress notification: an event for the drive's
+// followers.
+func (br *batchRun) progress(m *core.Manifest) func() {
+	return func() {
+		br.emit(Event{Type: EventProgress, Turn: br.n, Call: &CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}})
+	}
+}
+
+// endCall settles the reply into the call's outcome (a large result goes
+// to the claim-check store first), spends the run's budget, and records
+// the call in the log, the span and the metrics.
+//
+//go:noinline
+func (e *Executor) endCall(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error, o *outcome,
+	reply tool.Outcome, start time.Time, span trace.Span, log *slog.Logger) {
 	o.res.DurationMS = time.Since(start).Milliseconds()
 	if cc := e.cfg.ClaimCheckBytes; cc > 0 && reply.Err == nil && len(reply.Data) > cc && len(reply.Data) <= e.cfg.MaxResultBytes && def.Route != registry.Builtin {
 		reply.Data, o.res.ClaimCheck = e.claimCheck(ctx, m, reply.Data, log)
@@ -721,7 +753,6 @@ func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def
 	if !o.res.OK {
 		span.SetAttributes(attribute.String("error.type", o.res.ErrorType))
 	}
-	return o
 }
 
 // intendTimeout bounds the ledger write before an unsafe call is marked
@@ -843,9 +874,7 @@ func traceparentOf(ctx context.Context) string {
 func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry.Tool, traceparent string, progress func(), res *CallResult) tool.Outcome {
 	d := e.routes[def.Route]
 	body := m.Raw
-	// Jittered exponential backoff between attempts, from 50ms, capped at 1s.
-	b := &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: time.Second}
-	b.Reset()
+	var b *backoff.ExponentialBackOff // made on the first retry
 	for attempt := 1; ; attempt++ {
 		reply, used := e.dispatch(ctx, d, def, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, RunID: m.RunID, Attempt: attempt, Timeout: def.Timeout,
 			MaxDuration: def.MaxDuration, Traceparent: traceparent, Unsafe: def.SideEffects == config.Unsafe, OnProgress: progress}, res)
@@ -857,10 +886,23 @@ func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry
 		if reply.Sent && def.SideEffects == config.Unsafe {
 			return reply
 		}
+		if b == nil {
+			b = retryBackoff()
+		}
 		if clock.Sleep(ctx, b.NextBackOff()) != nil {
 			return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled between attempts: %v", context.Cause(ctx))}
 		}
 	}
+}
+
+// retryBackoff is the wait between attempts: jittered, exponential from
+// 50ms, capped at 1s.
+//
+//go:noinline
+func retryBackoff() *backoff.ExponentialBackOff {
+	b := &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: time.Second}
+	b.Reset()
+	return b
 }
 
 // errorContent is the tool message the model reads for a failed call.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -192,4 +194,58 @@ func TestParallelism(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGoroutinesPerWaitingRun: at thousands of waiting runs each goroutine
+// is a stack, so a run holds only those it needs. A caller that wants no
+// events has the loop run on its own goroutine, and a batch keeps none of
+// its own: while the run's one call waits, the run holds the caller's
+// goroutine and the call's. A caller that wants events also holds the
+// loop's goroutine while its own delivers them.
+func TestGoroutinesPerWaitingRun(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sink executor.Sink
+		want int
+	}{{"no events", nil, 2}, {"events", func(executor.Event) {}, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			started, release := make(chan struct{}), make(chan struct{})
+			h := newHarness(t, twoTurns(calls("block")...), config.Executor{}, spec{config.Tool{Name: "block"}, func(ctx context.Context, c *tool.Call) ([]byte, error) {
+				close(started)
+				<-release
+				return []byte(`"ok"`), nil
+			}})
+			done := make(chan error, 1)
+			go func() {
+				_, err := h.exec.Drive(context.Background(), h.req, tc.sink)
+				done <- err
+			}()
+			<-started
+			poll.Until(t, "the call to wait for its reply", func() bool { return len(runGoroutines("bridge.(*Client).Dispatch")) == 1 })
+			if got := runGoroutines("toolsidecar/executor.(*Executor).Drive", "toolsidecar/executor.(*Executor).lead", "toolsidecar/batch."); len(got) != tc.want {
+				t.Errorf("%d goroutines hold the waiting run, want %d:\n%s", len(got), tc.want, strings.Join(got, "\n\n"))
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// runGoroutines are the stacks of the goroutines whose stack names any of
+// the functions.
+func runGoroutines(funcs ...string) []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		for _, f := range funcs {
+			if strings.Contains(g, f) {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return out
 }

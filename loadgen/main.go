@@ -52,15 +52,16 @@ func main() {
 }
 
 type options struct {
-	root     string
-	levels   []int
-	calls    int
-	latency  time.Duration
-	durable  bool
-	plot     string
-	jsonOut  string
-	heap     string
-	maxLevel int
+	root       string
+	levels     []int
+	calls      int
+	latency    time.Duration
+	durable    bool
+	plot       string
+	jsonOut    string
+	heap       string
+	sidecarEnv string
+	maxLevel   int
 }
 
 func run() error {
@@ -73,6 +74,7 @@ func run() error {
 	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
 	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken 2 s into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
+	flag.StringVar(&o.sidecarEnv, "sidecar-env", "", "extra environment of the sidecar process, comma-separated KEY=VALUE (e.g. GOMEMLIMIT=96MiB)")
 	workerURL := flag.String("worker", "", "serve the tool on this NATS URL (the worker process)")
 	concurrency := flag.Int("concurrency", 1024, "with -worker: calls at once")
 	flag.Parse()
@@ -238,7 +240,11 @@ tools:
 		return s, err
 	}
 	var err error
-	if s.sidecar, err = launch(filepath.Join(tmp, "toolsidecar"), []string{"TOOLSIDECAR_CORE_API_KEY=" + apiKey},
+	sidecarEnv := []string{"TOOLSIDECAR_CORE_API_KEY=" + apiKey}
+	if o.sidecarEnv != "" {
+		sidecarEnv = append(sidecarEnv, strings.Split(o.sidecarEnv, ",")...)
+	}
+	if s.sidecar, err = launch(filepath.Join(tmp, "toolsidecar"), sidecarEnv,
 		"run", "--config", cfgPath, "--log-level", "error"); err != nil {
 		return s, err
 	}
