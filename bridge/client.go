@@ -206,12 +206,15 @@ func (c *Client) route(m *nats.Msg) {
 // ctx. On timeout or cancellation the worker is told on the cancel subject.
 // The failure of a call is a value in Reply.Err, never an error return.
 func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
+	sent := time.Now()
 	w, token, failed := c.send(ctx, &req)
 	if w == nil {
 		return failed
 	}
 	defer c.forget(token, w)
-	return c.await(ctx, &req, w)
+	// A reply that comes meanwhile waits in the waiter.
+	req.Sent()
+	return c.await(ctx, &req, w, sent)
 }
 
 // send registers a waiter and publishes the attempt. On failure it returns
@@ -271,12 +274,12 @@ func (c *Client) forget(token string, w *waiter) {
 	w.release()
 }
 
-// await waits for the outcome of a sent attempt. One timer: it fires at
-// the timeout, which progress restarts, or at the hard bound of
+// await waits for the outcome of an attempt sent at sent. One timer: it
+// fires at the timeout, which progress restarts, or at the hard bound of
 // max_duration, which nothing extends.
-func (c *Client) await(ctx context.Context, req *tool.Request, w *waiter) tool.Outcome {
-	hard := time.Now().Add(req.MaxDurationOrDefault())
-	w.timer.Reset(min(req.TimeoutOrDefault(), time.Until(hard)))
+func (c *Client) await(ctx context.Context, req *tool.Request, w *waiter, sent time.Time) tool.Outcome {
+	hard := sent.Add(req.MaxDurationOrDefault())
+	w.timer.Reset(min(req.TimeoutOrDefault()-time.Since(sent), time.Until(hard)))
 	progress := 0
 	for {
 		select {

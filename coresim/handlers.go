@@ -363,6 +363,11 @@ func (s *Sim) updateAction(w http.ResponseWriter, r *http.Request) {
 		if a.outputs == 0 {
 			s.violate(ViolationFinalisedWithoutOutput, a.RunID, a.ToolCallID, "action "+a.ID+" set "+in.Status+" with no tool output")
 		}
+	case core.ActionPending, core.ActionProcessing:
+		switch a.Status {
+		case core.ActionCompleted, core.ActionFailed, core.ActionCancelled:
+			s.violate(ViolationReopened, a.RunID, a.ToolCallID, "action "+a.ID+" set "+in.Status+" after "+a.Status)
+		}
 	}
 	a.Status, a.Result = in.Status, in.Result
 	if len(a.Result) == 0 {

@@ -37,6 +37,9 @@ const (
 	// ViolationFinalisedWithoutOutput: an Action set completed, failed or
 	// cancelled while its call has no tool output.
 	ViolationFinalisedWithoutOutput = "finalised_without_output"
+	// ViolationReopened: an Action set pending or processing after it was
+	// completed, failed or cancelled, which loses its final status.
+	ViolationReopened = "reopened"
 )
 
 // Violation is one entry of the contract log.

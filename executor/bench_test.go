@@ -17,6 +17,16 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
+// sleep200 is a tool that takes 200 ms.
+func sleep200(ctx context.Context, c *tool.Call) ([]byte, error) {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(200 * time.Millisecond):
+	}
+	return []byte(`{"ok": true}`), nil
+}
+
 // BenchmarkBatch drives whole runs end to end (Core simulator over HTTP,
 // embedded NATS, a Go worker whose tool takes 200 ms): one batch of N
 // calls, then the final answer. The design target: N=16 within 1.10× of
@@ -25,14 +35,6 @@ import (
 //
 //	go test ./executor -run '^$' -bench BenchmarkBatch -benchtime 20x
 func BenchmarkBatch(b *testing.B) {
-	sleep200 := func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-		return []byte(`{"ok": true}`), nil
-	}
 	for _, bc := range []struct {
 		name        string
 		calls       int
@@ -56,6 +58,35 @@ func BenchmarkBatch(b *testing.B) {
 			for i := range b.N {
 				sum, err := h.exec.Drive(context.Background(), reqs[i], nil)
 				if err != nil || sum.Status != executor.StatusCompleted || len(sum.Calls) != bc.calls {
+					b.Fatalf("drive: %+v %v", sum, err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/run")
+		})
+	}
+}
+
+// BenchmarkSlowCore drives runs of one batch of 4 calls to a tool that
+// takes 200 ms while Core answers every Action write after 100 ms: the
+// processing mark of a call that is not unsafe goes out beside its
+// dispatch, so it overlaps the tool instead of preceding it. The unsafe
+// variant must wait for the mark first.
+//
+//	go test ./executor -run '^$' -bench BenchmarkSlowCore -benchtime 20x
+func BenchmarkSlowCore(b *testing.B) {
+	for _, side := range []string{config.ReadOnly, config.Unsafe} {
+		b.Run(side, func(b *testing.B) {
+			sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls("slow", "slow", "slow", "slow")}, {Content: "done"}}}
+			h := newHarnessWith(b, sc, testenv.Options{Config: func(c *config.Config) { c.Durability.Enabled = false }},
+				spec{config.Tool{Name: "slow", SideEffects: side}, sleep200})
+			h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Store: true, Delay: 100 * time.Millisecond, Times: 1 << 30})
+			reqs := make([]executor.Request, b.N)
+			for i := range reqs {
+				reqs[i] = h.setupRun()
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if sum, err := h.exec.Drive(context.Background(), reqs[i], nil); err != nil || sum.Status != executor.StatusCompleted {
 					b.Fatalf("drive: %+v %v", sum, err)
 				}
 			}

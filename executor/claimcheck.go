@@ -117,6 +117,7 @@ func (b builtin) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	if err := json.Unmarshal(call.Args, &args); err != nil {
 		return tool.Outcome{Err: tool.NewError(tool.InvalidArgs, "%v", err)}
 	}
+	req.Sent()
 	data, ok, err := b.e.results.GetResult(ctx, resultName(call.RunID, args.Handle))
 	switch {
 	case err != nil:

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -687,10 +688,14 @@ func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def
 	switch {
 	case pre != nil:
 		reply.Err = pre
+	case def.SideEffects != config.Unsafe:
+		// Core hears that the call started while it runs; call returns,
+		// and the final status is written, only after that write.
+		reply = e.attempts(ctx, m, def, traceparent, br.progress(m), e.markOnSend(ctx, m, def, log), &o.res)
 	case !e.markProcessing(ctx, m, def, log):
 		reply.Err = unsafeNotMarked(m)
 	default:
-		reply = e.attempts(ctx, m, def, traceparent, br.progress(m), &o.res)
+		reply = e.attempts(ctx, m, def, traceparent, br.progress(m), nil, &o.res)
 	}
 	e.endCall(ctx, br, m, def, pre, o, reply, start, span, log)
 	return o
@@ -755,13 +760,22 @@ func (e *Executor) endCall(ctx context.Context, br *batchRun, m *core.Manifest, 
 	}
 }
 
+// markOnSend is the OnSent hook of a call whose tool is not unsafe: the
+// first attempt that leaves marks the Action processing. A hedge's copy
+// that leaves meanwhile waits for that write rather than making another.
+func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, def *registry.Tool, log *slog.Logger) func() {
+	var once sync.Once
+	return func() { once.Do(func() { e.markProcessing(ctx, m, def, log) }) }
+}
+
 // intendTimeout bounds the ledger write before an unsafe call is marked
 // processing.
 const intendTimeout = 2 * time.Second
 
-// markProcessing sets the Action processing before dispatch. For an
-// unsafe tool it must land (within the submit budget); for others it is
-// best effort, bounded by the finalise timeout.
+// markProcessing sets the Action processing: before dispatch for an
+// unsafe tool, where it must land (within the submit budget); once the
+// first attempt has left for the others (markOnSend), where it is best
+// effort, bounded by the finalise timeout.
 func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, def *registry.Tool, log *slog.Logger) bool {
 	upd := core.ActionUpdate{Status: core.ActionProcessing}
 	if def.SideEffects == config.Unsafe {
@@ -871,13 +885,13 @@ func traceparentOf(ctx context.Context) string {
 // attempts dispatches with the tool's retry policy: retry a timeout, no
 // responders or a retryable worker error, but never resend an unsafe tool
 // once a worker may have received it.
-func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry.Tool, traceparent string, progress func(), res *CallResult) tool.Outcome {
+func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry.Tool, traceparent string, progress, sent func(), res *CallResult) tool.Outcome {
 	d := e.routes[def.Route]
 	body := m.Raw
 	var b *backoff.ExponentialBackOff // made on the first retry
 	for attempt := 1; ; attempt++ {
 		reply, used := e.dispatch(ctx, d, def, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, RunID: m.RunID, Attempt: attempt, Timeout: def.Timeout,
-			MaxDuration: def.MaxDuration, Traceparent: traceparent, Unsafe: def.SideEffects == config.Unsafe, OnProgress: progress}, res)
+			MaxDuration: def.MaxDuration, Traceparent: traceparent, Unsafe: def.SideEffects == config.Unsafe, OnProgress: progress, OnSent: sent}, res)
 		attempt += used - 1
 		res.Attempts = attempt
 		if reply.Err == nil || attempt > def.Retries || ctx.Err() != nil || !reply.Err.Retryable() {

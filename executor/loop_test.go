@@ -2,9 +2,11 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -248,4 +251,82 @@ func runGoroutines(funcs ...string) []string {
 		}
 	}
 	return out
+}
+
+// TestCallRunsWhileCoreHearsItStarted: a call of a tool that is not unsafe
+// leaves for its worker while Core is still being told that it started, so
+// a slow Core write does not hold the tool back; its final status is
+// written only after that write and is never overwritten by it. An unsafe
+// call still starts only once Core has taken the write.
+func TestCallRunsWhileCoreHearsItStarted(t *testing.T) {
+	for _, side := range []string{config.ReadOnly, config.Idempotent, config.Unsafe} {
+		t.Run(side, func(t *testing.T) {
+			var held, overtaken atomic.Bool
+			markHit, started, hitDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			h := newHarness(t, twoTurns(calls("look")...), config.Executor{}, spec{config.Tool{Name: "look", SideEffects: side},
+				func(ctx context.Context, c *tool.Call) ([]byte, error) {
+					select { // the processing write reaches Core, or has come and gone
+					case <-markHit:
+					case <-time.After(2 * time.Second):
+					}
+					if held.Load() {
+						close(started) // the tool runs while Core holds the write
+					}
+					return []byte(`"seen"`), nil
+				}})
+			// Core holds the first Action write, the processing mark, until
+			// the tool has started (or 2 s have passed), and then for as long
+			// as a final status could overtake it (up to 300 ms): a sidecar
+			// that did not wait for the mark would have its final status
+			// applied first and then reopened.
+			h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
+				held.Store(true)
+				close(markHit)
+				select {
+				case <-started:
+				case <-time.After(2 * time.Second):
+				}
+				for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if acts := h.sim.Actions(h.req.RunID); len(acts) == 1 && acts[0].Status != core.ActionPending {
+						overtaken.Store(true)
+						break
+					}
+				}
+				held.Store(false)
+				close(hitDone)
+			}})
+			sum, err := h.drive(context.Background())
+			if err != nil || sum.Status != executor.StatusCompleted {
+				t.Fatalf("summary %+v err %v", sum, err)
+			}
+			overlapped := false
+			select {
+			case <-started:
+				overlapped = true
+			default:
+			}
+			if want := side != config.Unsafe; overlapped != want {
+				t.Errorf("the tool ran while Core held the processing write: %v, want %v", overlapped, want)
+			}
+			<-hitDone
+			if overtaken.Load() {
+				t.Error("the Action was finalised while Core still held its processing write")
+			}
+			acts := h.assertWholeBatches(1) // the contract log has no "reopened"
+			if acts[0].Status != core.ActionCompleted {
+				t.Errorf("action %s, want completed", acts[0].Status)
+			}
+			var statuses []string
+			for _, r := range h.sim.Requests() {
+				if r.Method == "PUT" && strings.HasPrefix(r.Path, "/v1/actions/") {
+					var body struct{ Status string }
+					_ = json.Unmarshal(r.Body, &body)
+					statuses = append(statuses, body.Status)
+				}
+			}
+			if !slices.Equal(statuses, []string{core.ActionProcessing, core.ActionCompleted}) {
+				t.Errorf("Action writes %v, want [processing completed]", statuses)
+			}
+		})
+	}
 }

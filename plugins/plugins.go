@@ -48,5 +48,6 @@ func (l *Local) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	call.Deadline = time.Now().Add(min(req.TimeoutOrDefault(), req.MaxDurationOrDefault()))
 	cctx, cancel := context.WithDeadline(ctx, call.Deadline)
 	defer cancel()
+	req.Sent()
 	return tool.OutcomeOf(tool.Invoke(cctx, def.Handler, call, l.log))
 }

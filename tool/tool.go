@@ -63,6 +63,19 @@ type Request struct {
 	// OnProgress, when set, is called for each progress message the
 	// worker sends. It must not block.
 	OnProgress func()
+	// OnSent, when set, is called once the attempt has left, on the
+	// dispatching goroutine and before the wait for its outcome, so that
+	// work about the call (telling Core it started) overlaps the tool's
+	// run. Its time counts against the attempt's timeout. A transport
+	// that runs the tool in process calls it just before the tool.
+	OnSent func()
+}
+
+// Sent calls r.OnSent when it is set.
+func (r Request) Sent() {
+	if r.OnSent != nil {
+		r.OnSent()
+	}
 }
 
 // TimeoutOrDefault is the request's timeout, or [DefaultTimeout].
