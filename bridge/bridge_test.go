@@ -309,3 +309,20 @@ func TestLateReplyNeverReachesNextCall(t *testing.T) {
 		}
 	}
 }
+
+// TestReplyDuringSlowOnSent: the OnSent hook (the sidecar telling Core the
+// call started) may outlast the tool's timeout; a reply that arrived
+// meanwhile is the outcome, not a timeout.
+func TestReplyDuringSlowOnSent(t *testing.T) {
+	side, work := natstest.Connect(t)
+	natstest.Worker(t, work, map[string]tool.Handler{"echo": func(ctx context.Context, c *tool.Call) ([]byte, error) { return []byte("fast"), nil }})
+	c := open(t, side)
+	for i := range 8 {
+		r := natstest.Request("echo", 20*time.Millisecond)
+		r.ActionID = fmt.Sprint("act_", i)
+		r.OnSent = func() { time.Sleep(60 * time.Millisecond) }
+		if out := c.Dispatch(context.Background(), r); out.Err != nil || string(out.Data) != "fast" {
+			t.Fatalf("dispatch %d: %+v, want the reply that came during OnSent", i, out)
+		}
+	}
+}

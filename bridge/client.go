@@ -292,17 +292,35 @@ func (c *Client) await(ctx context.Context, req *tool.Request, w *waiter, sent t
 				req.OnProgress()
 			}
 		case <-w.timer.C:
+			if m, ok := ready(w.final); ok {
+				return c.outcome(m, req, progress) // came as the timer fired, or while OnSent ran
+			}
 			c.cancel(req.ActionID, req.Attempt)
 			if !time.Now().Before(hard) {
 				return gaveUp(ctx, req, progress, stopMaxDuration)
 			}
 			return gaveUp(ctx, req, progress, stopTimeout)
 		case <-ctx.Done():
+			if m, ok := ready(w.final); ok {
+				return c.outcome(m, req, progress)
+			}
 			c.cancel(req.ActionID, req.Attempt)
 			return gaveUp(ctx, req, progress, stopCancelled)
 		case <-c.done:
 			return gaveUp(ctx, req, progress, stopClosed)
 		}
+	}
+}
+
+// ready takes a reply that is already there. select picks at random among
+// ready cases, so a reply that is in must be looked for before the sidecar
+// gives up on it.
+func ready(final <-chan *nats.Msg) (*nats.Msg, bool) {
+	select {
+	case m := <-final:
+		return m, true
+	default:
+		return nil, false
 	}
 }
 
