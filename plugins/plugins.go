@@ -44,10 +44,12 @@ func (l *Local) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 		return tool.Outcome{Err: tool.AsError(err)}
 	}
 	call.Attempt, call.IdempotencyKey, call.Traceparent = req.Attempt, req.ActionID, req.Traceparent
+	// Nothing runs beside the hook in process: the tool's time starts
+	// after it.
+	req.Sent()
 	// In process there is no progress channel: the timeout is the bound.
 	call.Deadline = time.Now().Add(min(req.TimeoutOrDefault(), req.MaxDurationOrDefault()))
 	cctx, cancel := context.WithDeadline(ctx, call.Deadline)
 	defer cancel()
-	req.Sent()
 	return tool.OutcomeOf(tool.Invoke(cctx, def.Handler, call, l.log))
 }

@@ -288,3 +288,16 @@ func TestExecTimeoutKillsSetsidChild(t *testing.T) {
 		return err != nil || strings.Contains(string(stat), ") Z ")
 	})
 }
+
+// TestOnSentBeforeTheToolsTime: in process the OnSent hook (the sidecar
+// telling Core the call started) runs before the tool, and its time is not
+// taken from the tool's timeout.
+func TestOnSentBeforeTheToolsTime(t *testing.T) {
+	l := local(t, sh(`printf '"ran"'`, nil))
+	hooked := false
+	out := l.Dispatch(context.Background(), tool.Request{Tool: "t", Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: 2 * time.Second,
+		OnSent: func() { hooked = true; time.Sleep(2500 * time.Millisecond) }})
+	if !hooked || out.Err != nil || string(out.Data) != `"ran"` {
+		t.Fatalf("hooked %v, outcome %+v: want the tool to run with its whole timeout after the hook", hooked, out)
+	}
+}

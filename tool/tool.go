@@ -66,8 +66,9 @@ type Request struct {
 	// OnSent, when set, is called once the attempt has left, on the
 	// dispatching goroutine and before the wait for its outcome, so that
 	// work about the call (telling Core it started) overlaps the tool's
-	// run. Its time counts against the attempt's timeout. A transport
-	// that runs the tool in process calls it just before the tool.
+	// run. Its time counts against the attempt's timeout, as the worker's
+	// deadline was set at the send. A transport that runs the tool in
+	// process calls it just before the tool, whose time starts after it.
 	OnSent func()
 }
 
