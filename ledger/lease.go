@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 )
 
 // Run leases keep the rule "one driver per run" across sidecars that share
@@ -159,11 +161,17 @@ func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte
 	}
 }
 
-// renewLoop renews every held lease every TTL/3. A renewal refused
-// because the key's revision moved means another sidecar took the lease
-// (this one's expired, cut off from NATS): the lease is lost. A renewal
-// that fails otherwise is retried, and the lease is lost once the TTL has
-// passed since the last success.
+// renewers bounds the renewals in flight at once. One at a time, a pass
+// over 10,000 held leases outlasted the TTL on a loaded machine, and the
+// leases expired under the drives that held them.
+const renewers = 32
+
+// renewLoop renews every held lease every TTL/3, up to renewers at once.
+// A renewal refused because another sidecar took the lease (this one's
+// expired while it was cut off from NATS) loses the lease; a renewal that
+// finds the key merely expired takes it back, since nobody else drives the
+// run; a renewal that fails otherwise is retried, and the lease is lost
+// once the TTL has passed since the last success.
 func (ls *Leases) renewLoop() {
 	t := time.NewTicker(ls.ttl / 3)
 	defer t.Stop()
@@ -179,9 +187,12 @@ func (ls *Leases) renewLoop() {
 			held = append(held, l)
 		}
 		ls.mu.Unlock()
+		var g errgroup.Group
+		g.SetLimit(renewers)
 		for _, l := range held {
-			l.renew()
+			g.Go(func() error { l.renew(); return nil })
 		}
+		_ = g.Wait()
 	}
 }
 
@@ -208,15 +219,59 @@ func (l *Lease) renew() {
 	ctx, cancel := context.WithTimeout(context.Background(), l.ls.ttl/3)
 	defer cancel()
 	rev, err := l.ls.kv.Update(ctx, l.runID, l.val, l.rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || (err != nil && time.Since(l.renewed) > l.ls.ttl) {
+		// Before the lease is given up, the key itself says whether it
+		// is still this sidecar's, with a time of its own.
+		rctx, rcancel := context.WithTimeout(context.Background(), l.ls.ttl/3)
+		rev, err = l.retake(rctx)
+		rcancel()
+	}
 	switch {
 	case err == nil:
 		l.rev, l.renewed = rev, time.Now()
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), time.Since(l.renewed) > l.ls.ttl:
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), time.Since(l.renewed) > l.ls.ttl:
 		l.ls.log.Warn("run lease lost: another sidecar may drive the run", "run_id", l.runID, "err", err)
 		l.markLost()
 	default:
 		l.ls.log.Warn("run lease renewal failed; retrying", "run_id", l.runID, "err", err)
 	}
+}
+
+// retake decides a renewal that was refused, or that failed for longer
+// than the TTL, from the key itself:
+//   - it holds this lease, at a revision the sidecar did not learn (an
+//     update that landed after its request timed out): the lease goes on
+//     at that revision;
+//   - it holds another value: another sidecar took the lease (a revision
+//     mismatch: lost);
+//   - it has a delete or purge marker: someone released it, which this
+//     sidecar did not, so another sidecar took it and gave it up (lost:
+//     that sidecar may have driven the run meanwhile);
+//   - it has no entry at all: it expired and nobody wrote it since. It is
+//     created again; Create is create-if-absent, so of this sidecar and one
+//     that would take the run over at that moment exactly one gets it (the
+//     loser sees ErrKeyExists).
+func (l *Lease) retake(ctx context.Context) (uint64, error) {
+	e, err := l.ls.kv.Get(ctx, l.runID)
+	switch {
+	case err == nil && bytes.Equal(e.Value(), l.val): // the value names this instance and this lease's start
+		return e.Revision(), nil
+	case err == nil:
+		return 0, jetstream.ErrKeyRevisionMismatch
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, err
+	}
+	if _, err := l.ls.kv.History(ctx, l.runID); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err == nil {
+			return 0, jetstream.ErrKeyRevisionMismatch // a marker: released by another holder
+		}
+		return 0, err
+	}
+	rev, err := l.ls.kv.Create(ctx, l.runID, l.val)
+	if err == nil {
+		l.ls.log.Warn("run lease had expired with nobody else taking it: taken back", "run_id", l.runID)
+	}
+	return rev, err
 }
 
 func (l *Lease) markLost() { l.lostOnce.Do(func() { close(l.lost) }) }

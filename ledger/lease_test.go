@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/ledger"
 )
 
@@ -150,4 +152,93 @@ func jetstreamKV(t *testing.T, nc *nats.Conn, bucket string) (jetstream.KeyValue
 		t.Fatal(err)
 	}
 	return js.KeyValue(context.Background(), bucket)
+}
+
+// expiredUnderHolder returns pod-a's lease of run_1, whose key has expired
+// while pod-a still holds it (its renewal loop stopped), and pod-b.
+func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases) {
+	t.Helper()
+	conn := server(t)
+	ttl := time.Second
+	a, b := leases(t, conn, "pod-a", ttl), leases(t, conn, "pod-b", ttl)
+	t.Cleanup(b.Close)
+	ctx := context.Background()
+	la, _, err := a.Acquire(ctx, "run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close() // the renewals stop; the lease is still held in pod-a
+	kv, _ := jetstreamKV(t, conn(), "T_RUNS")
+	poll.Until(t, "the key to expire", func() bool { _, err := kv.Get(ctx, "run_1"); return errors.Is(err, jetstream.ErrKeyNotFound) })
+	return la, b
+}
+
+// TestLeaseExpiredTakenBack: a lease whose key expired while its holder
+// still drives (its renewals fell behind, say, under load), and that nobody
+// wrote since, is taken back by the next renewal instead of being reported
+// lost: nobody else drives the run.
+func TestLeaseExpiredTakenBack(t *testing.T) {
+	la, b := expiredUnderHolder(t)
+	defer la.Release()
+	ctx := context.Background()
+	la.RenewNow()
+	select {
+	case <-la.Lost():
+		t.Fatal("the lease was reported lost although nobody else took it")
+	default:
+	}
+	if l, holder, _ := b.Acquire(ctx, "run_1"); l != nil || holder != "pod-a" {
+		t.Fatalf("pod-b: lease %v holder %q, want pod-a's, taken back", l, holder)
+	}
+}
+
+// TestLeaseTakenAndReleasedMeanwhile: while pod-a's renewals lag, its
+// lease expires, pod-b takes the run over and releases it. pod-a finds a
+// release it did not make: another sidecar may have driven the run, so the
+// lease is lost, not taken back.
+func TestLeaseTakenAndReleasedMeanwhile(t *testing.T) {
+	la, b := expiredUnderHolder(t)
+	defer la.Release()
+	ctx := context.Background()
+	lb, _, err := b.Acquire(ctx, "run_1")
+	if lb == nil || err != nil {
+		t.Fatal(lb, err)
+	}
+	lb.Release()
+	la.RenewNow()
+	select {
+	case <-la.Lost():
+	default:
+		t.Fatal("pod-a kept a lease pod-b had taken and released meanwhile")
+	}
+}
+
+// TestLeaseRenewalThatLandedLate: a renewal whose answer was lost (it timed
+// out, yet the update landed) leaves the holder with a stale revision; the
+// next renewal finds its own lease at the newer one and goes on with it.
+func TestLeaseRenewalThatLandedLate(t *testing.T) {
+	conn := server(t)
+	ttl := time.Second
+	a := leases(t, conn, "pod-a", ttl)
+	defer a.Close()
+	ctx := context.Background()
+	la, _, _ := a.Acquire(ctx, "run_1")
+	defer la.Release()
+	kv, _ := jetstreamKV(t, conn(), "T_RUNS")
+	e, err := kv.Get(ctx, "run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, "run_1", e.Value(), e.Revision()); err != nil { // the renewal pod-a never heard back from
+		t.Fatal(err)
+	}
+	time.Sleep(ttl) // three renewal periods
+	select {
+	case <-la.Lost():
+		t.Fatal("the lease was reported lost after a renewal that landed late")
+	default:
+	}
+	if e2, err := kv.Get(ctx, "run_1"); err != nil || e2.Revision() <= e.Revision()+1 || string(e2.Value()) != string(e.Value()) {
+		t.Errorf("key after renewals: %v (revision %d), want pod-a's value renewed past revision %d", err, e2.Revision(), e.Revision()+1)
+	}
 }

@@ -166,6 +166,9 @@ func measure(o options) error {
 		results = append(results, r)
 		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
 			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB)
+		if r.FirstError != "" {
+			fmt.Printf("%8s first error: %s\n", "", r.FirstError)
+		}
 	}
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(results, "", "  ")
@@ -388,21 +391,25 @@ func drive(client *http.Client, api string, r coresim.RunRef, calls int) error {
 	var sum struct {
 		Status string `json:"status"`
 		Calls  []struct {
-			OK bool `json:"ok"`
+			OK        bool   `json:"ok"`
+			ErrorType string `json:"error_type"`
+			Error     string `json:"error"`
 		} `json:"calls"`
 		Error string `json:"error"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&sum); err != nil {
 		return fmt.Errorf("status %d: %w", resp.StatusCode, err)
 	}
-	ok := 0
+	ok, why := 0, sum.Error
 	for _, c := range sum.Calls {
 		if c.OK {
 			ok++
+		} else if why == "" {
+			why = c.ErrorType + ": " + c.Error // the first failed call says why
 		}
 	}
 	if resp.StatusCode != 200 || sum.Status != "completed" || ok != calls {
-		return fmt.Errorf("status %d, run %s, %d of %d calls ok: %s", resp.StatusCode, sum.Status, ok, calls, sum.Error)
+		return fmt.Errorf("status %d, run %s, %d of %d calls ok: %s", resp.StatusCode, sum.Status, ok, calls, why)
 	}
 	return nil
 }
