@@ -207,7 +207,7 @@ func (c *Client) route(m *nats.Msg) {
 // The failure of a call is a value in Reply.Err, never an error return.
 func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	sent := time.Now()
-	w, token, failed := c.send(ctx, &req)
+	w, token, failed := c.send(ctx, &req, sent)
 	if w == nil {
 		return failed
 	}
@@ -225,11 +225,12 @@ func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 // under a quarter of its size is halved by the collector.
 //
 //go:noinline
-func (c *Client) send(ctx context.Context, req *tool.Request) (*waiter, string, tool.Outcome) {
+func (c *Client) send(ctx context.Context, req *tool.Request, sent time.Time) (*waiter, string, tool.Outcome) {
 	if err := ctx.Err(); err != nil {
 		return nil, "", tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}
 	}
-	strs := requestStrings(c.inbox, time.Now().Add(req.TimeoutOrDefault()), req.Traceparent)
+	// The worker's deadline and the sidecar's timer count from one instant.
+	strs := requestStrings(c.inbox, sent.Add(req.TimeoutOrDefault()), req.Traceparent)
 	w := waiters.Get().(*waiter)
 	c.mu.Lock()
 	if c.closed {
@@ -423,11 +424,10 @@ func requestStrings(inbox string, deadline time.Time, traceparent string) reqStr
 		appendTraceparent(&b, "00")
 	}
 	s := b.String()
-	r := reqStrings{reply: s[:replyEnd], token: s[len(inbox)+1 : replyEnd], deadline: s[replyEnd:dlEnd], traceparent: s[dlEnd:]}
-	if traceparent != "" {
-		r.traceparent = traceparent
+	if traceparent == "" {
+		traceparent = s[dlEnd:]
 	}
-	return r
+	return reqStrings{reply: s[:replyEnd], token: s[len(inbox)+1 : replyEnd], deadline: s[replyEnd:dlEnd], traceparent: traceparent}
 }
 
 // traceparentLen is the length of a W3C traceparent of version 00.
