@@ -230,10 +230,12 @@ type Executor struct {
 	// CancelPoll is how often Core is asked whether a run was cancelled
 	// while its batch runs. default: 500ms
 	CancelPoll time.Duration `koanf:"cancel_poll"`
-	// CancelPollRPS bounds those reads, for all runs together, per second:
-	// with more runs waiting than it covers, each is read less often than
-	// cancel_poll. A cancel sent through the sidecar (proxy mode) is seen
-	// at once, without reads. default: 25
+	// CancelPollRPS bounds those requests, for all runs together, per
+	// second: one listing of a caller's newest runs (up to 100) where two
+	// or more of its runs wait, else one read per run. With more runs
+	// waiting than it covers, each is read less often than cancel_poll. A
+	// cancel sent through the sidecar (proxy mode) is seen at once,
+	// without reads. default: 25
 	CancelPollRPS float64 `koanf:"cancel_poll_rps"`
 	// SubmitBudget bounds how long one outcome's writes to Core (its tool
 	// message, its Action's status) are retried through Core faults before

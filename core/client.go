@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -260,6 +261,20 @@ func (c *Client) GetRun(ctx context.Context, runID string) (Run, error) {
 	return r, err
 }
 
+// ListRuns lists the runs of the user whose key is under ctx, at most
+// limit (1 to [MaxRunList]) of them, ordered by creation time: the newest
+// first when newestFirst. Core has no cursor on this listing, so it shows
+// only the newest (or oldest) [MaxRunList] runs of a user.
+func (c *Client) ListRuns(ctx context.Context, limit int, newestFirst bool) (RunList, error) {
+	order := "asc"
+	if newestFirst {
+		order = "desc"
+	}
+	var l RunList
+	err := c.call(ctx, http.MethodGet, "/v1/runs?limit="+strconv.Itoa(limit)+"&order="+order, "runs_list", nil, &l)
+	return l, err
+}
+
 // CancelRun cancels a run. Core answers 400 when it is already finished.
 func (c *Client) CancelRun(ctx context.Context, runID string) (Run, error) {
 	var r Run
@@ -395,6 +410,13 @@ type callerKey struct{}
 // lives only as long as ctx.
 func AsCaller(ctx context.Context, apiKey string) context.Context {
 	return context.WithValue(ctx, callerKey{}, apiKey)
+}
+
+// CallerOf is the caller's key under ctx, or "" when requests under ctx
+// carry the client's own. It is a secret: group by it, never log it.
+func CallerOf(ctx context.Context) string {
+	k, _ := ctx.Value(callerKey{}).(string)
+	return k
 }
 
 // keyFor is the caller's key under ctx, else the client's own.

@@ -119,6 +119,21 @@ type Run struct {
 	CurrentTurn int            `json:"current_turn,omitempty"`
 }
 
+// RunList is Core's answer to GET /v1/runs and GET /v1/threads/{id}/runs
+// (projectdavid-core, routers/runs_router.py list_runs): a page of the
+// caller's runs as Core's Run model, with no cursor to the next one.
+type RunList struct {
+	Object  string `json:"object"` // "list"
+	Data    []Run  `json:"data"`
+	FirstID string `json:"first_id"` // null when Data is empty
+	LastID  string `json:"last_id"`
+	HasMore bool   `json:"has_more"`
+}
+
+// MaxRunList is the largest limit Core accepts on a run listing; above it
+// Core answers 422.
+const MaxRunList = 100
+
 // RunCreate is the body of POST /v1/runs. Core ignores a client id and
 // status, so only what it reads is sent.
 type RunCreate struct {

@@ -14,7 +14,8 @@ import (
 // effect), answer late, or drop the connection.
 type Fault struct {
 	// Method and Path select requests: the method, and a path prefix such
-	// as /v1/messages/tools or /v1/actions/.
+	// as /v1/messages/tools or /v1/actions/, or, ending in $, a whole path
+	// (/v1/runs$: the listing of runs, not one run).
 	Method string `yaml:"method" json:"method"`
 	Path   string `yaml:"path" json:"path"`
 	// Times is how many matching requests get the fault. default: 1
@@ -62,13 +63,20 @@ func (s *Sim) takeFault(r *http.Request) *Fault {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, f := range s.faults {
-		if f.left > 0 && strings.EqualFold(f.Method, r.Method) && strings.HasPrefix(r.URL.Path, f.Path) {
+		if f.left > 0 && strings.EqualFold(f.Method, r.Method) && f.matches(r.URL.Path) {
 			f.left--
 			out := f.Fault
 			return &out
 		}
 	}
 	return nil
+}
+
+func (f *Fault) matches(path string) bool {
+	if whole, ok := strings.CutSuffix(f.Path, "$"); ok {
+		return path == whole
+	}
+	return strings.HasPrefix(path, f.Path)
 }
 
 // serveFault answers r as f says.

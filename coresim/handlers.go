@@ -2,6 +2,7 @@ package coresim
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ func (s *Sim) routes() {
 	s.mux.HandleFunc("POST /v1/messages", s.auth(s.createMessage))
 	s.mux.HandleFunc("POST /v1/messages/tools", s.auth(s.submitToolOutput))
 	s.mux.HandleFunc("POST /v1/runs", s.auth(s.createRun))
+	s.mux.HandleFunc("GET /v1/runs", s.auth(s.listRuns))
 	s.mux.HandleFunc("GET /v1/runs/{id}", s.auth(s.getRun))
 	s.mux.HandleFunc("POST /v1/runs/{id}/cancel", s.auth(s.cancelRun))
 	s.mux.HandleFunc("GET /v1/runs/{id}/actions/status", s.auth(s.actionsByStatus))
@@ -258,7 +260,7 @@ func (s *Sim) createRun(w http.ResponseWriter, r *http.Request) {
 		model = a.Model
 	}
 	rn := &run{Run: core.Run{ID: s.newID("run_", 22), AssistantID: in.AssistantID, ThreadID: in.ThreadID, Status: core.RunQueued, Model: model, MetaData: in.MetaData},
-		owner: s.user(r)}
+		owner: s.user(r), created: s.seq}
 	s.runs[rn.ID] = rn
 	writeJSON(w, http.StatusOK, rn.Run)
 }
@@ -298,6 +300,55 @@ func (s *Sim) getRun(w http.ResponseWriter, r *http.Request) {
 			Actions []any `json:"actions"`
 		}{out, []any{}}) // Core always answers actions: []
 	}
+}
+
+// listRuns is GET /v1/runs as Core serves it (routers/runs_router.py and
+// services/runs_service.py): the caller's runs by creation time, limit
+// 1..100 (default 20), order asc (default) or desc, an optional thread_id;
+// no cursor. Query values Core's validation rejects get 422.
+func (s *Sim) listRuns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 20
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > core.MaxRunList {
+			detail(w, http.StatusUnprocessableEntity, "limit: Input should be between 1 and 100")
+			return
+		}
+		limit = n
+	}
+	order := cmp.Or(q.Get("order"), "asc")
+	if order != "asc" && order != "desc" {
+		detail(w, http.StatusUnprocessableEntity, "order: Input should be 'asc' or 'desc'")
+		return
+	}
+	thread := q.Get("thread_id")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var runs []*run
+	for _, rn := range s.runs {
+		if s.owns(r, rn.owner) && (thread == "" || rn.ThreadID == thread) {
+			runs = append(runs, rn)
+		}
+	}
+	slices.SortFunc(runs, func(a, b *run) int { return cmp.Compare(a.created, b.created) })
+	if order == "desc" {
+		slices.Reverse(runs)
+	}
+	out := core.RunList{Object: "list", Data: []core.Run{}, HasMore: len(runs) > limit}
+	for _, rn := range runs[:min(limit, len(runs))] {
+		out.Data = append(out.Data, rn.Run)
+	}
+	// first_id and last_id are null on an empty page.
+	var first, last *string
+	if n := len(out.Data); n > 0 {
+		first, last = &out.Data[0].ID, &out.Data[n-1].ID
+	}
+	writeJSON(w, http.StatusOK, struct {
+		core.RunList
+		FirstID *string `json:"first_id"`
+		LastID  *string `json:"last_id"`
+	}{out, first, last})
 }
 
 func (s *Sim) cancelRun(w http.ResponseWriter, r *http.Request) {

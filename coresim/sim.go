@@ -113,6 +113,7 @@ type message struct {
 type run struct {
 	core.Run
 	owner   string // the creating key, with PerKeyUsers
+	created int    // creation order: Core lists runs by created_at
 	turns   int
 	batches [][]*action // actions per tool turn, in call order
 	ended   bool

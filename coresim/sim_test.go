@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -183,6 +184,77 @@ func TestGoldenBatchTranscript(t *testing.T) {
 		k, v, _ := strings.Cut(h, ": ")
 		if resp.Header.Get(k) != v {
 			t.Errorf("header %s = %q, want %q", k, resp.Header.Get(k), v)
+		}
+	}
+}
+
+// TestListRuns: GET /v1/runs as Core answers it, through the client: a
+// user's runs only, by creation time either way, limit bounds, has_more,
+// and the status a cancel left.
+func TestListRuns(t *testing.T) {
+	sim, srv := NewServer(Config{PerKeyUsers: true})
+	t.Cleanup(srv.Close)
+	c, err := core.New(core.Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, bob := core.AsCaller(context.Background(), "alice"), core.AsCaller(context.Background(), "bob")
+	newRun := func(ctx context.Context) string {
+		t.Helper()
+		asst, err := c.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		th, err := c.CreateThread(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, err := c.CreateRun(ctx, core.RunCreate{AssistantID: asst.ID, ThreadID: th.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return run.ID
+	}
+	var mine []string
+	for i := range 3 {
+		mine = append(mine, newRun(alice))
+		if i == 0 {
+			newRun(bob) // between alice's runs, and not hers
+		}
+	}
+	sim.Cancel(mine[1])
+	ids := func(l core.RunList) []string {
+		var out []string
+		for _, r := range l.Data {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+
+	newest, err := c.ListRuns(alice, 2, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(newest); !slices.Equal(got, []string{mine[2], mine[1]}) || !newest.HasMore || newest.FirstID != mine[2] || newest.LastID != mine[1] {
+		t.Errorf("newest 2: %v has_more %v first %q last %q; want %v, true", got, newest.HasMore, newest.FirstID, newest.LastID, []string{mine[2], mine[1]})
+	}
+	if newest.Data[1].Status != core.RunCancelled {
+		t.Errorf("cancelled run listed as %q", newest.Data[1].Status)
+	}
+	oldest, err := c.ListRuns(alice, 100, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(oldest); !slices.Equal(got, mine) || oldest.HasMore {
+		t.Errorf("oldest 100: %v has_more %v, want %v, false", got, oldest.HasMore, mine)
+	}
+	none, err := c.ListRuns(core.AsCaller(context.Background(), "carol"), 5, true)
+	if err != nil || len(none.Data) != 0 || none.FirstID != "" {
+		t.Errorf("a user with no runs: %+v, %v", none, err)
+	}
+	for _, limit := range []int{0, core.MaxRunList + 1} {
+		if _, err := c.ListRuns(alice, limit, true); core.StatusCode(err) != http.StatusUnprocessableEntity {
+			t.Errorf("limit %d: %v, want 422 as on Core", limit, err)
 		}
 	}
 }

@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
@@ -151,56 +154,89 @@ func BenchmarkHedging(b *testing.B) {
 }
 
 // BenchmarkCancelPolling holds N runs waiting on a call each and counts
-// the reads of runs Core receives while they wait (cancellation
-// detection), with the default budget of cancel_poll_rps and with no
-// budget (every run read every cancel_poll, as before the budget).
+// the requests Core receives while they wait (cancellation detection:
+// listings of the caller's runs and reads of single runs), with the
+// default budget of cancel_poll_rps and with no budget (every run read
+// every cancel_poll). Then it cancels one run in Core and reports how long
+// the sidecar took to see it.
 //
 //	go test ./executor -run '^$' -bench BenchmarkCancelPolling -benchtime 1x
 func BenchmarkCancelPolling(b *testing.B) {
-	for _, n := range []int{100, 1000} {
-		for _, rps := range []float64{25, 1e9} {
-			name := fmt.Sprintf("runs=%d/cancel_poll_rps=%g", n, rps)
-			b.Run(name, func(b *testing.B) {
-				release := make(chan struct{})
-				hold := func(ctx context.Context, c *tool.Call) ([]byte, error) {
-					select {
-					case <-release:
-					case <-ctx.Done():
-					}
-					return []byte(`{"ok": true}`), nil
+	cases := []struct {
+		n, callers int
+		rps        float64
+	}{{100, 1, 25}, {100, 1, 1e9}, {1000, 1, 25}, {1000, 1, 1e9}, {1000, 20, 25}}
+	for _, tc := range cases {
+		n, rps := tc.n, tc.rps
+		name := fmt.Sprintf("runs=%d/callers=%d/cancel_poll_rps=%g", n, tc.callers, rps)
+		b.Run(name, func(b *testing.B) {
+			release := make(chan struct{})
+			hold := func(ctx context.Context, c *tool.Call) ([]byte, error) {
+				select {
+				case <-release:
+				case <-ctx.Done():
 				}
-				sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls(`hold {}`)}, {Content: "done"}}}
-				h := newHarnessWith(b, sc, testenv.Options{Executor: config.Executor{CancelPoll: 500 * time.Millisecond, CancelPollRPS: rps},
-					Config: func(c *config.Config) { c.Durability.Enabled = false }}, spec{config.Tool{Name: "hold", Timeout: time.Minute}, hold})
-				for range b.N {
-					reqs := make([]executor.Request, n)
-					for i := range reqs {
-						reqs[i] = h.setupRun()
+				return []byte(`{"ok": true}`), nil
+			}
+			sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls(`hold {}`)}, {Content: "done"}}}
+			// One Core user per key: each caller's listing shows its own runs.
+			h := newHarnessWith(b, sc, testenv.Options{Executor: config.Executor{CancelPoll: 500 * time.Millisecond, CancelPollRPS: rps},
+				PerKeyUsers: true, Config: func(c *config.Config) { c.Durability.Enabled = false }}, spec{config.Tool{Name: "hold", Timeout: time.Minute}, hold})
+			caller := func(i int) context.Context {
+				return core.AsCaller(context.Background(), fmt.Sprintf("caller-%d", i%tc.callers))
+			}
+			requests := func() (reads, lists int) {
+				for _, r := range h.sim.Requests() {
+					switch {
+					case r.Method == http.MethodGet && r.Path == "/v1/runs":
+						lists++
+					case r.Method == http.MethodGet && strings.HasPrefix(r.Path, "/v1/runs/"):
+						reads++
 					}
-					var calling atomic.Int32
-					var wg sync.WaitGroup
-					for _, req := range reqs {
-						wg.Go(func() {
-							h.exec.Drive(context.Background(), req, func(e executor.Event) {
-								if e.Type == executor.EventToolCall {
-									calling.Add(1)
-								}
-							})
+				}
+				return reads, lists
+			}
+			for range b.N {
+				reqs := make([]executor.Request, n)
+				for i := range reqs {
+					r, err := coresim.SetUpRun(caller(i), h.core, h.env.Registry.FunctionTools())
+					if err != nil {
+						b.Fatal(err)
+					}
+					reqs[i] = testenv.Request(r)
+				}
+				var calling atomic.Int32
+				var wg sync.WaitGroup
+				ended := make([]chan struct{}, n)
+				for i, req := range reqs {
+					ended[i] = make(chan struct{})
+					wg.Go(func() {
+						defer close(ended[i])
+						h.exec.Drive(caller(i), req, func(e executor.Event) {
+							if e.Type == executor.EventToolCall {
+								calling.Add(1)
+							}
 						})
-					}
-					for calling.Load() < int32(n) {
-						time.Sleep(10 * time.Millisecond)
-					}
-					time.Sleep(time.Second) // every run is past its first cancel_poll
-					before := h.sim.CountRequests("GET", "/v1/runs/")
-					window := 3 * time.Second
-					time.Sleep(window)
-					reads := h.sim.CountRequests("GET", "/v1/runs/") - before
-					close(release)
-					wg.Wait()
-					b.ReportMetric(float64(reads)/window.Seconds(), "core-run-reads/s")
+					})
 				}
-			})
-		}
+				for calling.Load() < int32(n) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				time.Sleep(time.Second) // every run is past its first cancel_poll
+				reads0, lists0 := requests()
+				window := 3 * time.Second
+				time.Sleep(window)
+				reads1, lists1 := requests()
+				cancelled := time.Now()
+				h.sim.Cancel(reqs[n/2].RunID)
+				<-ended[n/2]
+				seen := time.Since(cancelled)
+				close(release)
+				wg.Wait()
+				b.ReportMetric(float64(reads1-reads0+lists1-lists0)/window.Seconds(), "core-requests/s")
+				b.ReportMetric(float64(lists1-lists0)/window.Seconds(), "listings/s")
+				b.ReportMetric(seen.Seconds(), "cancel-seen-s")
+			}
+		})
 	}
 }

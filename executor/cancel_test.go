@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -303,4 +305,136 @@ func TestEvents(t *testing.T) {
 	if last := h.events[len(h.events)-1]; last.Summary == nil || last.Summary.Content != "done" {
 		t.Errorf("done event %+v", last)
 	}
+}
+
+// waitingRuns drives n runs whose one call holds until release is closed
+// or the call is cancelled; it returns once every call runs. done[i] is
+// closed when drive i has ended, with its summary in sums[i].
+type waitingRuns struct {
+	reqs    []executor.Request
+	sums    []executor.Summary
+	done    []chan struct{}
+	release chan struct{}
+	wg      sync.WaitGroup
+}
+
+func startWaitingRuns(t *testing.T, n int, ecfg config.Executor) (*harness, *waitingRuns) {
+	t.Helper()
+	w := &waitingRuns{release: make(chan struct{}), sums: make([]executor.Summary, n), done: make([]chan struct{}, n)}
+	hold := func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		select {
+		case <-w.release:
+			return []byte(`{"ok": true}`), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	h := newHarness(t, twoTurns(calls("hold")...), ecfg, spec{config.Tool{Name: "hold", Timeout: time.Minute}, hold})
+	var calling atomic.Int32
+	for range n {
+		w.reqs = append(w.reqs, h.setupRun())
+	}
+	for i := range n {
+		w.done[i] = make(chan struct{})
+		w.wg.Go(func() {
+			defer close(w.done[i])
+			// Bounded, so that a cancel never seen fails the test rather
+			// than hanging it.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			w.sums[i], _ = h.exec.Drive(ctx, w.reqs[i], func(e executor.Event) {
+				if e.Type == executor.EventToolCall {
+					calling.Add(1)
+				}
+			})
+		})
+	}
+	t.Cleanup(func() {
+		select {
+		case <-w.release:
+		default:
+			close(w.release)
+		}
+		w.wg.Wait()
+	})
+	poll.Until(t, "every call to run", func() bool { return calling.Load() == int32(n) })
+	return h, w
+}
+
+// cancelledInCore waits for drive i and checks that it ended because the
+// run was cancelled in Core (not at the test's deadline).
+func (w *waitingRuns) cancelledInCore(t *testing.T, i int) {
+	t.Helper()
+	<-w.done[i]
+	if s := w.sums[i]; s.Status != executor.StatusCancelled || !strings.Contains(s.Error, "cancelled in Core") {
+		t.Fatalf("run %d: %q (%s), want cancelled in Core", i, s.Status, s.Error)
+	}
+}
+
+// listings counts the simulator's GET /v1/runs (not reads of one run).
+func listings(sim *coresim.Sim) int {
+	n := 0
+	for _, r := range sim.Requests() {
+		if r.Method == http.MethodGet && r.Path == "/v1/runs" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCancelSeenInListing: with many runs waiting, one listing of the
+// caller's runs per cancel_poll reads them all, and a run cancelled in Core
+// is seen there with no read of the run itself. The budget (5 requests/s,
+// one per cancel_poll) would take 6 s to read 30 runs one by one.
+func TestCancelSeenInListing(t *testing.T) {
+	h, w := startWaitingRuns(t, 30, config.Executor{CancelPoll: 200 * time.Millisecond, CancelPollRPS: 5})
+	from := listings(h.sim)
+	poll.Until(t, "two listings with every run waiting", func() bool { return listings(h.sim) >= from+2 })
+	reads := h.sim.CountRequests(http.MethodGet, "/v1/runs/")
+	h.sim.Cancel(w.reqs[17].RunID)
+	w.cancelledInCore(t, 17)
+	if n := h.sim.CountRequests(http.MethodGet, "/v1/runs/") - reads; n != 0 {
+		t.Errorf("%d reads of single runs after the cancel, want 0: the listing shows every waiting run", n)
+	}
+	close(w.release)
+	w.wg.Wait()
+	for i, s := range w.sums {
+		if i != 17 && s.Status != executor.StatusCompleted {
+			t.Errorf("run %d: %q (%s), want completed: only run 17 was cancelled", i, s.Status, s.Error)
+		}
+	}
+	if v := h.sim.Violations(); len(v) != 0 {
+		t.Errorf("violations %v", v)
+	}
+}
+
+// TestCancelWithoutRunListing: a Core that answers the listing 404 is
+// asked once; its runs are read one by one, and a cancel is still seen.
+// More runs wait than the budget reads in an interval, so that several are
+// always due and a listing would be worth asking for again.
+func TestCancelWithoutRunListing(t *testing.T) {
+	h, w := startWaitingRuns(t, 8, config.Executor{CancelPoll: 100 * time.Millisecond, CancelPollRPS: 25})
+	h.sim.AddFault(coresim.Fault{Method: http.MethodGet, Path: "/v1/runs$", Status: http.StatusNotFound, Times: 1000})
+	from, reads := listings(h.sim), h.sim.CountRequests(http.MethodGet, "/v1/runs/")
+	h.sim.Cancel(w.reqs[1].RunID)
+	w.cancelledInCore(t, 1)
+	// Several intervals of per-run reads of the runs still waiting.
+	poll.Until(t, "reads of the runs still waiting", func() bool { return h.sim.CountRequests(http.MethodGet, "/v1/runs/")-reads >= 10 })
+	if n := listings(h.sim) - from; n > 1 {
+		t.Errorf("%d listings after a 404, want at most 1", n)
+	}
+}
+
+// TestCancelOfRunTheListingMisses: newer runs of the same user push the
+// waiting runs out of the listing's page; they are read one by one, and a
+// cancel among them is still seen.
+func TestCancelOfRunTheListingMisses(t *testing.T) {
+	h, w := startWaitingRuns(t, 3, config.Executor{CancelPoll: 100 * time.Millisecond})
+	for range 10 {
+		h.setupRun()
+	}
+	from := listings(h.sim)
+	poll.Until(t, "a listing after the newer runs", func() bool { return listings(h.sim) > from })
+	h.sim.Cancel(w.reqs[0].RunID)
+	w.cancelledInCore(t, 0)
 }

@@ -2,6 +2,8 @@ package executor
 
 import (
 	"context"
+	"maps"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -11,10 +13,13 @@ import (
 
 // watcher asks Core whether the runs whose batches are in flight were
 // cancelled, for every drive at once and within one budget of requests per
-// second: each run is read every cancel_poll while the budget allows, and
-// less often when more runs wait than the budget covers, so that Core's
-// load does not grow with the number of waiting runs. A cancel that comes
-// through the sidecar (proxy mode) needs no read at all: [Executor.CancelRun].
+// second. Where two or more runs of one caller are due, one listing of
+// that caller's newest runs (GET /v1/runs) reads them all; the runs it does
+// not show are read one by one. Each run is read every cancel_poll while
+// the budget allows, and less often when more runs wait than the budget
+// covers, so that Core's load does not grow with the number of waiting
+// runs. A cancel that comes through the sidecar (proxy mode) needs no read
+// at all: [Executor.CancelRun].
 type watcher struct {
 	core     Core
 	interval time.Duration
@@ -24,6 +29,13 @@ type watcher struct {
 	runs map[string]*watch
 	stop chan struct{} // closed when the last run leaves; nil while idle
 	done chan struct{} // closed when the loop of stop has returned
+}
+
+// listings is the state of one loop's listings. A loop has its own: the
+// loop of a watcher that went idle may still be ending as the next starts.
+type listings struct {
+	last   map[string]time.Time // caller key: its last listing
+	absent bool                 // Core has no listing: per-run reads only
 }
 
 // watch is one run whose batch is in flight.
@@ -85,6 +97,7 @@ func (w *watcher) run(stop <-chan struct{}) {
 	defer t.Stop()
 	burst := max(1, w.rps*w.interval.Seconds())
 	tokens := burst
+	ls := &listings{last: map[string]time.Time{}}
 	for {
 		select {
 		case <-stop:
@@ -92,6 +105,7 @@ func (w *watcher) run(stop <-chan struct{}) {
 		case <-t.C:
 		}
 		tokens = min(burst, tokens+w.rps*tick.Seconds())
+		tokens -= float64(w.listDue(ls, int(tokens)))
 		for _, runID := range w.due(int(tokens)) {
 			tokens--
 			w.check(runID)
@@ -115,6 +129,89 @@ func (w *watcher) due(n int) []string {
 	}
 	slices.SortFunc(ids, func(a, b string) int { return w.runs[a].last.Compare(w.runs[b].last) })
 	return ids[:min(n, len(ids))]
+}
+
+// caller is the waiting runs of one caller (API key).
+type caller struct {
+	ctx          context.Context // one of its runs', for the key
+	waiting, due int
+}
+
+// listDue lists the runs of each caller with two or more due, at most n
+// callers, each at most once per interval, and returns the requests made.
+// A listing costs one request where per-run reads cost one per run; a run
+// it does not show (a caller with more runs than Core lists, or whose
+// newer runs push it out) stays due for a per-run read.
+func (w *watcher) listDue(ls *listings, n int) int {
+	if ls.absent || n < 1 {
+		return 0
+	}
+	now := time.Now()
+	cutoff := now.Add(-w.interval)
+	callers := map[string]*caller{}
+	w.mu.Lock()
+	for _, wt := range w.runs {
+		if wt.ctx.Err() != nil {
+			continue
+		}
+		key := core.CallerOf(wt.ctx)
+		c := callers[key]
+		if c == nil {
+			c = &caller{ctx: wt.ctx}
+			callers[key] = c
+		}
+		c.waiting++
+		if wt.last.Before(cutoff) {
+			c.due++
+		}
+	}
+	w.mu.Unlock()
+	maps.DeleteFunc(ls.last, func(key string, _ time.Time) bool { return callers[key] == nil })
+	made := 0
+	for key, c := range callers {
+		if made == n || ls.absent {
+			break
+		}
+		if c.due < 2 || ls.last[key].After(cutoff) {
+			continue
+		}
+		made++
+		ls.last[key] = now
+		ls.absent = !w.list(c)
+	}
+	return made
+}
+
+// list reads the newest runs of c's caller and takes each waiting run it
+// shows as read. The page asks for twice the caller's waiting runs, room
+// for its runs that are not waiting here. It reports false when Core has
+// no listing.
+func (w *watcher) list(c *caller) bool {
+	// Not the run's own context: that run may end while the listing
+	// speaks for the others.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), checkTimeout)
+	l, err := w.core.ListRuns(ctx, min(core.MaxRunList, 2*c.waiting), true)
+	cancel()
+	if err != nil {
+		s := core.StatusCode(err)
+		return s != http.StatusNotFound && s != http.StatusMethodNotAllowed
+	}
+	now := time.Now()
+	var stopped []*watch
+	w.mu.Lock()
+	for _, r := range l.Data {
+		if wt := w.runs[r.ID]; wt != nil {
+			wt.last = now
+			if core.RunStopped(r.Status) {
+				stopped = append(stopped, wt)
+			}
+		}
+	}
+	w.mu.Unlock()
+	for _, wt := range stopped {
+		wt.cancel(ErrRunCancelled)
+	}
+	return true
 }
 
 // checkTimeout bounds one read, so that a slow Core cannot stall the

@@ -46,6 +46,7 @@ type Core interface {
 	ActionsByStatus(ctx context.Context, runID, status string) ([]core.Action, error)
 	ListMessages(ctx context.Context, threadID string, limit int) ([]core.Message, error)
 	GetRun(ctx context.Context, runID string) (core.Run, error)
+	ListRuns(ctx context.Context, limit int, newestFirst bool) (core.RunList, error)
 }
 
 // Recoverer finds the reply of a call whose sidecar went away while it ran
