@@ -102,6 +102,8 @@ type Client struct {
 	streamHC *http.Client // completions streams: one connection each
 	observe  Observer
 	gap      func(time.Duration)
+	// exchanges runs the short calls on at most maxConnsPerHost workers.
+	exchanges exchanges
 }
 
 // New builds a client. It does no I/O.
@@ -126,7 +128,8 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		cfg.Retries = 3
 	}
 	c := &Client{cfg: cfg, base: u, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
-		hc: &http.Client{Transport: newTransport(maxConnsPerHost)}, streamHC: &http.Client{Transport: newTransport(0)}}
+		hc: &http.Client{Transport: newTransport(maxConnsPerHost)}, streamHC: &http.Client{Transport: newTransport(0)},
+		exchanges: exchanges{max: maxConnsPerHost}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -340,7 +343,7 @@ func (c *Client) call(ctx context.Context, method, path, endpoint string, in, ou
 	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: 2 * time.Second}
 	b.Reset()
 	for attempt := 0; ; attempt++ {
-		err := c.once(ctx, method, path, endpoint, body, out)
+		err := c.do(ctx, method, path, endpoint, body, out)
 		if err == nil || attempt >= c.cfg.Retries || !retryable(err, idempotent) {
 			return err
 		}
