@@ -391,6 +391,41 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 	var tr turnResult
 	tctx, cancelTurn := context.WithCancelCause(ctx)
 	defer cancelTurn(nil)
+	// The stream is read on a goroutine that ends with it. Its HTTP
+	// client and decoding grow a stack to 16 KiB or more; this goroutine
+	// then waits for the batch, as long as the tools run, on a stack that
+	// never grew (BENCHMARKS.md, "the stream on a goroutine of its own").
+	var s streamed
+	onFreshStack(func() { e.readTurn(ctx, tctx, req, n, emit, log, &tr, &s) })
+	br := s.br
+	if br == nil {
+		return tr
+	}
+	br.wait(ctx, tctx, &tr, func() { e.awaitBatch(tctx, req.RunID, br.b.Done(), cancelTurn) })
+	tr.content = s.content.String()
+	switch {
+	case tr.err != nil || tr.cancel != nil || tr.interrupted != nil:
+	case s.lost != nil:
+		tr.err = s.lost
+	case len(tr.calls) == 0 && s.upstreamErr != "":
+		tr.err = fmt.Errorf("%w: %s", ErrUpstream, s.upstreamErr)
+	}
+	return tr
+}
+
+// streamed is what a turn's stream left: the batch of its calls (nil
+// when the stream did not open) and what the model said.
+type streamed struct {
+	br          *batchRun
+	content     strings.Builder
+	upstreamErr string
+	lost        error // a manifest whose call cannot be answered
+}
+
+// readTurn opens the turn's stream and reads it to its end, starting each
+// call as its manifest arrives. A stream that cannot be opened, or that
+// drops with no call to finish, is recorded in tr.
+func (e *Executor) readTurn(ctx, tctx context.Context, req Request, n int, emit Sink, log *slog.Logger, tr *turnResult, s *streamed) {
 	stream, err := e.core.Stream(tctx, core.CompletionRequest{
 		Model: req.Model, APIKey: req.APIKey, ThreadID: req.ThreadID, MessageID: req.MessageID,
 		RunID: req.RunID, AssistantID: req.AssistantID, MetaData: req.MetaData,
@@ -401,14 +436,12 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 		} else {
 			tr.err = fmt.Errorf("executor: turn %d: %w", n, err)
 		}
-		return tr
+		return
 	}
 	defer stream.Close()
 
 	br := e.newBatch(ctx, tctx, req, n, emit, log)
-	var upstreamErr string
-	var lost error // a manifest whose call cannot be answered
-	var content strings.Builder
+	s.br = br
 	var endErr error
 	for c, err := range stream.Chunks() {
 		var fe *core.FrameError
@@ -417,8 +450,8 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 		case errors.As(err, &fe) && fe.Manifest:
 			log.Error("tool_call_manifest without its IDs: the call cannot be answered", "err", err)
 			emit(Event{Type: EventError, Turn: n, Text: err.Error()})
-			if lost == nil {
-				lost = fmt.Errorf("%w: %w", ErrLostManifest, err)
+			if s.lost == nil {
+				s.lost = fmt.Errorf("%w: %w", ErrLostManifest, err)
 			}
 			continue
 		case errors.Is(err, core.ErrFrame):
@@ -434,13 +467,13 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 		case core.KindManifest:
 			br.add(c.Manifest)
 		case core.KindContent:
-			content.WriteString(c.Text)
+			s.content.WriteString(c.Text)
 			emit(Event{Type: EventContent, Turn: n, Text: c.Text, Raw: c.Raw})
 		case core.KindReasoning:
 			emit(Event{Type: EventReasoning, Turn: n, Text: c.Text, Raw: c.Raw})
 		case core.KindError:
 			log.Warn("error chunk from Core", "text", c.Text)
-			upstreamErr = c.Text
+			s.upstreamErr = c.Text
 			emit(Event{Type: EventError, Turn: n, Text: c.Text, Raw: c.Raw})
 		default:
 			emit(Event{Type: EventChunk, Turn: n, Raw: c.Raw})
@@ -456,16 +489,23 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 			tr.err = fmt.Errorf("%w: %w", ErrTruncatedTurn, endErr)
 		}
 	}
-	br.wait(ctx, tctx, &tr, func() { e.awaitBatch(tctx, req.RunID, br.b.Done(), cancelTurn) })
-	tr.content = content.String()
-	switch {
-	case tr.err != nil || tr.cancel != nil || tr.interrupted != nil:
-	case lost != nil:
-		tr.err = lost
-	case len(tr.calls) == 0 && upstreamErr != "":
-		tr.err = fmt.Errorf("%w: %s", ErrUpstream, upstreamErr)
+}
+
+// onFreshStack runs f on a goroutine of its own and waits for it to
+// return. A panic in f is raised again on the caller's goroutine, where it
+// would have been raised without this.
+func onFreshStack(f func()) {
+	var p any
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { p = recover() }()
+		f()
+	}()
+	<-done
+	if p != nil {
+		panic(p)
 	}
-	return tr
 }
 
 // reconcile finishes, before any turn, the calls Core has open for the

@@ -369,9 +369,16 @@ func TestWorkerOps(t *testing.T) {
 			t.Errorf("outcome %v", out.Err)
 		}
 	}
-	_, body := get("/metrics")
-	for _, want := range []string{`toolsidecar_worker_calls_in_flight{tool="held"} 0`, `toolsidecar_worker_calls_total{tool="held"} 2`,
-		`toolsidecar_worker_call_errors_total{tool="held"} 0`, `toolsidecar_worker_runners 64`, `toolsidecar_nats_reconnects_total 0`} {
+	// A runner counts its call done just after it has replied, so the
+	// figures may trail the outcomes by a moment.
+	var body string
+	wants := []string{`toolsidecar_worker_calls_in_flight{tool="held"} 0`, `toolsidecar_worker_calls_total{tool="held"} 2`,
+		`toolsidecar_worker_call_errors_total{tool="held"} 0`, `toolsidecar_worker_runners 64`, `toolsidecar_nats_reconnects_total 0`}
+	poll.Until(t, "both calls counted done on /metrics", func() bool {
+		_, body = get("/metrics")
+		return strings.Contains(body, wants[1])
+	})
+	for _, want := range wants {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
