@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,20 +409,25 @@ func TestCancelSeenInListing(t *testing.T) {
 	}
 }
 
-// TestCancelWithoutRunListing: a Core that answers the listing 404 is
-// asked once; its runs are read one by one, and a cancel is still seen.
-// More runs wait than the budget reads in an interval, so that several are
-// always due and a listing would be worth asking for again.
+// TestCancelWithoutRunListing: a Core that answers the listing 404 (no
+// such route), 405 or 422 (a query it refuses) is asked once; its runs are
+// read one by one, and a cancel is still seen. More runs wait than the
+// budget reads in an interval, so that several are always due and a
+// listing would be worth asking for again.
 func TestCancelWithoutRunListing(t *testing.T) {
-	h, w := startWaitingRuns(t, 8, config.Executor{CancelPoll: 100 * time.Millisecond, CancelPollRPS: 25})
-	h.sim.AddFault(coresim.Fault{Method: http.MethodGet, Path: "/v1/runs$", Status: http.StatusNotFound, Times: 1000})
-	from, reads := listings(h.sim), h.sim.CountRequests(http.MethodGet, "/v1/runs/")
-	h.sim.Cancel(w.reqs[1].RunID)
-	w.cancelledInCore(t, 1)
-	// Several intervals of per-run reads of the runs still waiting.
-	poll.Until(t, "reads of the runs still waiting", func() bool { return h.sim.CountRequests(http.MethodGet, "/v1/runs/")-reads >= 10 })
-	if n := listings(h.sim) - from; n > 1 {
-		t.Errorf("%d listings after a 404, want at most 1", n)
+	for _, status := range []int{http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusUnprocessableEntity} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			h, w := startWaitingRuns(t, 8, config.Executor{CancelPoll: 100 * time.Millisecond, CancelPollRPS: 25})
+			h.sim.AddFault(coresim.Fault{Method: http.MethodGet, Path: "/v1/runs$", Status: status, Times: 1000})
+			from, reads := listings(h.sim), h.sim.CountRequests(http.MethodGet, "/v1/runs/")
+			h.sim.Cancel(w.reqs[1].RunID)
+			w.cancelledInCore(t, 1)
+			// Several intervals of per-run reads of the runs still waiting.
+			poll.Until(t, "reads of the runs still waiting", func() bool { return h.sim.CountRequests(http.MethodGet, "/v1/runs/")-reads >= 10 })
+			if n := listings(h.sim) - from; n > 1 {
+				t.Errorf("%d listings after a %d, want at most 1", n, status)
+			}
+		})
 	}
 }
 

@@ -185,7 +185,8 @@ func (w *watcher) listDue(ls *listings, n int) int {
 // list reads the newest runs of c's caller and takes each waiting run it
 // shows as read. The page asks for twice the caller's waiting runs, room
 // for its runs that are not waiting here. It reports false when Core has
-// no listing.
+// no listing (404, 405) or refuses its query (422: a Core whose bounds
+// differ), so that it is not asked again in vain.
 func (w *watcher) list(c *caller) bool {
 	// Not the run's own context: that run may end while the listing
 	// speaks for the others.
@@ -194,7 +195,7 @@ func (w *watcher) list(c *caller) bool {
 	cancel()
 	if err != nil {
 		s := core.StatusCode(err)
-		return s != http.StatusNotFound && s != http.StatusMethodNotAllowed
+		return s != http.StatusNotFound && s != http.StatusMethodNotAllowed && s != http.StatusUnprocessableEntity
 	}
 	now := time.Now()
 	var stopped []*watch
