@@ -65,6 +65,14 @@ func (c *Client) do(ctx context.Context, method, path, endpoint string, body []b
 	}
 }
 
+// queued counts the exchanges waiting for a worker (some may have been
+// dropped by their callers and not yet skipped).
+func (q *exchanges) queued() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue)
+}
+
 // work runs queued exchanges until there are none.
 func (c *Client) work() {
 	q := &c.exchanges

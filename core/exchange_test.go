@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // heldCore answers every request only once release is closed, and counts
@@ -48,13 +50,31 @@ func inHTTPClient() int {
 	return n
 }
 
+// queuedMetric reads toolsidecar_core_requests_queued from reg.
+func queuedMetric(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "toolsidecar_core_requests_queued" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("toolsidecar_core_requests_queued is not registered")
+	return 0
+}
+
 // TestCallersNeverRunTheHTTPClient: 200 calls at once against a Core that
 // holds them. 64 requests reach Core, and only 64 goroutines run the HTTP
 // client (the workers); the 200 callers wait on a channel, so their stacks
-// stay small. Then every caller gets its answer.
+// stay small, and the other 136 show as queued. Then every caller gets its
+// answer.
 func TestCallersNeverRunTheHTTPClient(t *testing.T) {
 	srv, received, release := heldCore(t)
-	c, _ := New(Config{URL: srv.URL})
+	reg := prometheus.NewRegistry()
+	c, _ := New(Config{URL: srv.URL}, WithMetrics(reg))
 	var wg sync.WaitGroup
 	var ok atomic.Int32
 	for range 200 {
@@ -71,10 +91,19 @@ func TestCallersNeverRunTheHTTPClient(t *testing.T) {
 	if n := inHTTPClient(); n != maxConnsPerHost {
 		t.Errorf("%d goroutines run the HTTP client, want the %d workers only", n, maxConnsPerHost)
 	}
+	for deadline := time.Now().Add(10 * time.Second); queuedMetric(t, reg) != 200-maxConnsPerHost && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := queuedMetric(t, reg); n != 200-maxConnsPerHost {
+		t.Errorf("toolsidecar_core_requests_queued %v, want %d", n, 200-maxConnsPerHost)
+	}
 	close(release)
 	wg.Wait()
 	if ok.Load() != 200 {
 		t.Errorf("%d of 200 calls answered", ok.Load())
+	}
+	if n := queuedMetric(t, reg); n != 0 {
+		t.Errorf("toolsidecar_core_requests_queued %v after every answer, want 0", n)
 	}
 	c.exchanges.mu.Lock()
 	defer c.exchanges.mu.Unlock()

@@ -9,8 +9,9 @@ import (
 )
 
 // WithMetrics registers the client's metrics on reg: request durations by
-// endpoint template and status, and the gaps between frames of completions
-// streams (Core sends no heartbeat, so long gaps are worth seeing).
+// endpoint template and status, the requests waiting for a connection, and
+// the gaps between frames of completions streams (Core sends no heartbeat,
+// so long gaps are worth seeing).
 func WithMetrics(reg prometheus.Registerer) Option {
 	return func(c *Client) error {
 		f := promauto.With(reg)
@@ -19,6 +20,9 @@ func WithMetrics(reg prometheus.Registerer) Option {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}, []string{"endpoint", "status"})
 		gap := f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "stream_idle_gap_seconds",
 			Help: "Silence between two frames of a completions stream.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 12)})
+		f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "requests_queued",
+			Help: "Requests to Core waiting for one of the client's connections: above zero for long, Core (or the way to it) is the bottleneck."},
+			func() float64 { return float64(c.exchanges.queued()) })
 		prev := c.observe
 		c.observe = func(endpoint string, status int, d time.Duration) {
 			prev(endpoint, status, d)
