@@ -5,7 +5,8 @@
 // them all at once through the sidecar's HTTP API. Each run is one batch of
 // -calls calls of a tool that takes -latency, then the final answer. It
 // prints, per level: throughput, run time percentiles, errors, Core
-// requests per call, and the sidecar's peak RSS and goroutines; and it
+// requests per call, the sidecar's peak RSS, goroutines, stacks and heap,
+// its collections, and the most requests it had queued for Core; and it
 // writes the run time and RSS against concurrency as an SVG plot.
 //
 //	cd loadgen && go run . -levels 1,10,100,1000 -plot ../docs/loadgen.svg
@@ -155,8 +156,8 @@ func measure(o options) error {
 		return err
 	}
 	fmt.Printf("toolsidecar under load: %d calls of %s per run, then a final turn; durable=%v\n", o.calls, o.latency, o.durable)
-	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s %10s %9s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB",
-		"goroutines", "stack MiB", "heap MiB")
+	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s %10s %9s %6s %11s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB",
+		"goroutines", "stack MiB", "heap MiB", "GCs", "core queue")
 	var results []result
 	for _, n := range o.levels {
 		r, err := s.level(n, o)
@@ -164,8 +165,8 @@ func measure(o options) error {
 			return fmt.Errorf("%d runs: %w", n, err)
 		}
 		results = append(results, r)
-		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
-			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB)
+		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f %6d %11d\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
+			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB, r.GCs, r.PeakCoreQueue)
 		if r.FirstError != "" {
 			fmt.Printf("%8s first error: %s\n", "", r.FirstError)
 		}
@@ -314,6 +315,11 @@ type result struct {
 	PeakGoroutines      int           `json:"peak_goroutines"`
 	PeakStackMiB        float64       `json:"peak_stack_mib"`
 	PeakHeapMiB         float64       `json:"peak_heap_mib"`
+	// GCs counts the sidecar's collections during the level.
+	GCs int `json:"gc_cycles"`
+	// PeakCoreQueue is the most requests to Core seen waiting for a
+	// connection (toolsidecar_core_requests_queued): Core-bound when high.
+	PeakCoreQueue int `json:"peak_core_queue"`
 }
 
 // level sets up n runs, drives them all at once and measures.
@@ -339,6 +345,7 @@ func (s *stack) level(n int, o options) (result, error) {
 		return result{}, setupErr
 	}
 	before, _ := s.metric("toolsidecar_core_request_duration_seconds_count")
+	gcBefore, _ := s.metric("go_gc_duration_seconds_count")
 	stopSampling := s.sample()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, IdleConnTimeout: time.Minute}, Timeout: 10 * time.Minute}
 	lat := make([]time.Duration, n)
@@ -364,13 +371,14 @@ func (s *stack) level(n int, o options) (result, error) {
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	rss, stacks, heap, goroutines := stopSampling()
+	p := stopSampling()
 	client.CloseIdleConnections()
 	after, _ := s.metric("toolsidecar_core_request_duration_seconds_count")
+	gcAfter, _ := s.metric("go_gc_duration_seconds_count")
 	slices.Sort(lat)
 	r := result{Runs: n, Calls: n * o.calls, Wall: wall, CallsPerSec: float64(n*o.calls) / wall.Seconds(), P50: lat[n/2], P99: lat[min(n-1, n*99/100)],
-		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after - before) / float64(n*o.calls), PeakRSSMiB: rss, PeakGoroutines: goroutines,
-		PeakStackMiB: stacks, PeakHeapMiB: heap}
+		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after - before) / float64(n*o.calls), PeakRSSMiB: p.rssMiB, PeakGoroutines: p.goroutines,
+		PeakStackMiB: p.stackMiB, PeakHeapMiB: p.heapMiB, GCs: int(gcAfter - gcBefore), PeakCoreQueue: p.coreQueue}
 	if e, ok := firstErr.Load().(string); ok {
 		r.FirstError = e
 	}
@@ -414,12 +422,18 @@ func drive(client *http.Client, api string, r coresim.RunRef, calls int) error {
 	return nil
 }
 
+// peaks are the highest readings of one level.
+type peaks struct {
+	rssMiB, stackMiB, heapMiB float64
+	goroutines, coreQueue     int
+}
+
 // sample reads the sidecar's RSS every 100 ms, and its goroutines, stack
-// and heap in use every second, until the returned func is called, which
-// returns the peaks.
-func (s *stack) sample() func() (rssMiB, stackMiB, heapMiB float64, goroutines int) {
+// and heap in use and Core queue every second, until the returned func is
+// called, which returns the peaks.
+func (s *stack) sample() func() peaks {
 	stop := make(chan struct{})
-	var peakRSS, peakG, peakStack, peakHeap atomic.Int64
+	var peakRSS, peakG, peakStack, peakHeap, peakQueue atomic.Int64
 	keepMax := func(v *atomic.Int64, x int64) {
 		if x > v.Load() {
 			v.Store(x)
@@ -441,6 +455,9 @@ func (s *stack) sample() func() (rssMiB, stackMiB, heapMiB float64, goroutines i
 				if b, err := s.metric("go_memstats_heap_inuse_bytes"); err == nil {
 					keepMax(&peakHeap, int64(b))
 				}
+				if q, err := s.metric("toolsidecar_core_requests_queued"); err == nil {
+					keepMax(&peakQueue, int64(q))
+				}
 			}
 			select {
 			case <-stop:
@@ -449,10 +466,11 @@ func (s *stack) sample() func() (rssMiB, stackMiB, heapMiB float64, goroutines i
 			}
 		}
 	})
-	return func() (float64, float64, float64, int) {
+	return func() peaks {
 		close(stop)
 		wg.Wait()
-		return float64(peakRSS.Load()) / 1024, float64(peakStack.Load()) / (1 << 20), float64(peakHeap.Load()) / (1 << 20), int(peakG.Load())
+		return peaks{rssMiB: float64(peakRSS.Load()) / 1024, stackMiB: float64(peakStack.Load()) / (1 << 20), heapMiB: float64(peakHeap.Load()) / (1 << 20),
+			goroutines: int(peakG.Load()), coreQueue: int(peakQueue.Load())}
 	}
 }
 
