@@ -418,13 +418,19 @@ func AsCaller(ctx context.Context, apiKey string) context.Context {
 // CallerOf is the caller's key under ctx, or "" when requests under ctx
 // carry the client's own. It is a secret: group by it, never log it.
 func CallerOf(ctx context.Context) string {
-	k, _ := ctx.Value(callerKey{}).(string)
+	k, _ := callerOf(ctx)
 	return k
+}
+
+// callerOf is the caller's key under ctx, if AsCaller set one.
+func callerOf(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(callerKey{}).(string)
+	return k, ok
 }
 
 // keyFor is the caller's key under ctx, else the client's own.
 func (c *Client) keyFor(ctx context.Context) string {
-	if k, ok := ctx.Value(callerKey{}).(string); ok {
+	if k, ok := callerOf(ctx); ok {
 		return k
 	}
 	return c.cfg.APIKey

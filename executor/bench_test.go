@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,17 +184,8 @@ func BenchmarkCancelPolling(b *testing.B) {
 			caller := func(i int) context.Context {
 				return core.AsCaller(context.Background(), fmt.Sprintf("caller-%d", i%tc.callers))
 			}
-			requests := func() (reads, lists int) {
-				for _, r := range h.sim.Requests() {
-					switch {
-					case r.Method == http.MethodGet && r.Path == "/v1/runs":
-						lists++
-					case r.Method == http.MethodGet && strings.HasPrefix(r.Path, "/v1/runs/"):
-						reads++
-					}
-				}
-				return reads, lists
-			}
+			// Reads of single runs, and listings (see cancel_test.go).
+			requests := func() (reads, lists int) { return h.sim.CountRequests(http.MethodGet, "/v1/runs/"), listings(h.sim) }
 			for range b.N {
 				reqs := make([]executor.Request, n)
 				for i := range reqs {

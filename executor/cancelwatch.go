@@ -41,13 +41,14 @@ type listings struct {
 // watch is one run whose batch is in flight.
 type watch struct {
 	ctx    context.Context // the turn's: it carries the caller's key
+	caller string          // that key (core.CallerOf), looked up once
 	cancel context.CancelCauseFunc
 	last   time.Time // of the last read
 }
 
 // add watches runID until the returned func is called.
 func (w *watcher) add(ctx context.Context, runID string, cancel context.CancelCauseFunc) (remove func()) {
-	wt := &watch{ctx: ctx, cancel: cancel, last: time.Now()}
+	wt := &watch{ctx: ctx, caller: core.CallerOf(ctx), cancel: cancel, last: time.Now()}
 	w.mu.Lock()
 	w.runs[runID] = wt
 	if w.stop == nil {
@@ -154,11 +155,10 @@ func (w *watcher) listDue(ls *listings, n int) int {
 		if wt.ctx.Err() != nil {
 			continue
 		}
-		key := core.CallerOf(wt.ctx)
-		c := callers[key]
+		c := callers[wt.caller]
 		if c == nil {
 			c = &caller{ctx: wt.ctx}
-			callers[key] = c
+			callers[wt.caller] = c
 		}
 		c.waiting++
 		if wt.last.Before(cutoff) {
