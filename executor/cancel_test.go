@@ -363,12 +363,23 @@ func startWaitingRuns(t *testing.T, n int, ecfg config.Executor) (*harness, *wai
 }
 
 // cancelledInCore waits for drive i and checks that it ended because the
-// run was cancelled in Core (not at the test's deadline).
-func (w *waitingRuns) cancelledInCore(t *testing.T, i int) {
+// run was cancelled in Core (not at the test's deadline), and Core's side:
+// its one call has one tool message and its Action is finalised
+// cancelled, with no contract violation.
+func (w *waitingRuns) cancelledInCore(t *testing.T, h *harness, i int) {
 	t.Helper()
 	<-w.done[i]
 	if s := w.sums[i]; s.Status != executor.StatusCancelled || !strings.Contains(s.Error, "cancelled in Core") {
 		t.Fatalf("run %d: %q (%s), want cancelled in Core", i, s.Status, s.Error)
+	}
+	if acts := h.sim.Actions(w.reqs[i].RunID); len(acts) != 1 || acts[0].Status != core.ActionCancelled {
+		t.Errorf("run %d: actions %+v, want one, cancelled", i, acts)
+	}
+	if msgs := h.sim.ToolMessages(w.reqs[i].ThreadID); len(msgs) != 1 {
+		t.Errorf("run %d: %d tool messages, want 1", i, len(msgs))
+	}
+	if v := h.sim.Violations(); len(v) != 0 {
+		t.Errorf("violations %v", v)
 	}
 }
 
@@ -393,7 +404,7 @@ func TestCancelSeenInListing(t *testing.T) {
 	poll.Until(t, "two listings with every run waiting", func() bool { return listings(h.sim) >= from+2 })
 	reads := h.sim.CountRequests(http.MethodGet, "/v1/runs/")
 	h.sim.Cancel(w.reqs[17].RunID)
-	w.cancelledInCore(t, 17)
+	w.cancelledInCore(t, h, 17)
 	if n := h.sim.CountRequests(http.MethodGet, "/v1/runs/") - reads; n != 0 {
 		t.Errorf("%d reads of single runs after the cancel, want 0: the listing shows every waiting run", n)
 	}
@@ -421,7 +432,7 @@ func TestCancelWithoutRunListing(t *testing.T) {
 			h.sim.AddFault(coresim.Fault{Method: http.MethodGet, Path: "/v1/runs$", Status: status, Times: 1000})
 			from, reads := listings(h.sim), h.sim.CountRequests(http.MethodGet, "/v1/runs/")
 			h.sim.Cancel(w.reqs[1].RunID)
-			w.cancelledInCore(t, 1)
+			w.cancelledInCore(t, h, 1)
 			// Several intervals of per-run reads of the runs still waiting.
 			poll.Until(t, "reads of the runs still waiting", func() bool { return h.sim.CountRequests(http.MethodGet, "/v1/runs/")-reads >= 10 })
 			if n := listings(h.sim) - from; n > 1 {
@@ -442,5 +453,5 @@ func TestCancelOfRunTheListingMisses(t *testing.T) {
 	from := listings(h.sim)
 	poll.Until(t, "a listing after the newer runs", func() bool { return listings(h.sim) > from })
 	h.sim.Cancel(w.reqs[0].RunID)
-	w.cancelledInCore(t, 0)
+	w.cancelledInCore(t, h, 0)
 }
