@@ -100,6 +100,11 @@ type Core struct {
 	// default: a Core outage is not the sidecar's, and would mark every
 	// application pod NotReady at once. default: false
 	ReadinessCheck bool `koanf:"readiness_check"`
+	// MaxConnections bounds the connections, and so the requests at once,
+	// of every call to Core but the completions streams (one connection
+	// each); more wait in a queue (toolsidecar_core_requests_queued).
+	// default: 64
+	MaxConnections int `koanf:"max_connections"`
 }
 
 // NATS is the worker bus.
@@ -413,8 +418,9 @@ type Tool struct {
 func Default() Config {
 	return Config{
 		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second},
-		Core:       Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second},
-		NATS:       NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
+		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second,
+			MaxConnections: 64},
+		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, SSEKeepalive: 15 * time.Second},
@@ -752,6 +758,7 @@ func (c Config) Validate() error {
 		"server.read_header_timeout": int64(c.Server.ReadHeaderTimeout), "server.read_timeout": int64(c.Server.ReadTimeout),
 		"server.idle_timeout": int64(c.Server.IdleTimeout), "server.max_header_bytes": int64(c.Server.MaxHeaderBytes),
 		"server.max_connections": int64(c.Server.MaxConnections), "server.max_drives": int64(c.Server.MaxDrives),
+		"core.max_connections":  int64(c.Core.MaxConnections),
 		"server.max_body_bytes": c.Server.MaxBodyBytes, "executor.max_args_bytes": int64(c.Executor.MaxArgsBytes),
 		"executor.max_result_bytes": int64(c.Executor.MaxResultBytes), "executor.max_error_bytes": int64(c.Executor.MaxErrorBytes),
 		"executor.max_exec_processes": int64(c.Executor.MaxExecProcesses),

@@ -10,6 +10,7 @@ package core
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,6 +50,11 @@ type Config struct {
 	// Retries is the number of extra attempts for a retryable failure.
 	// default: 3; negative disables retries
 	Retries int
+	// MaxConns bounds the connections of short calls (every call but the
+	// completions streams, which have one each) and the requests in
+	// flight on them; more wait in a queue.
+	// default: 64
+	MaxConns int
 }
 
 // Observer is told of every HTTP exchange with Core: the endpoint template
@@ -66,6 +73,22 @@ func WithHTTPClient(hc *http.Client) Option {
 			return errors.New("core: nil http client")
 		}
 		c.hc, c.streamHC = hc, hc
+		return nil
+	}
+}
+
+// WithTLS sets the TLS configuration of every connection to Core (a
+// private CA, a client certificate), keeping the client's own pooling and
+// bounds, which WithHTTPClient replaces.
+func WithTLS(tc *tls.Config) Option {
+	return func(c *Client) error {
+		for _, hc := range []*http.Client{c.hc, c.streamHC} {
+			t, ok := hc.Transport.(*http.Transport)
+			if !ok {
+				return fmt.Errorf("core: WithTLS needs an *http.Transport, the client has a %T", hc.Transport)
+			}
+			t.TLSClientConfig = tc.Clone()
+		}
 		return nil
 	}
 }
@@ -102,8 +125,10 @@ type Client struct {
 	streamHC *http.Client // completions streams: one connection each
 	observe  Observer
 	gap      func(time.Duration)
-	// exchanges runs the short calls on at most maxConnsPerHost workers.
+	// exchanges runs the short calls on at most cfg.MaxConns workers.
 	exchanges exchanges
+	// dialed counts the connections opened, for short calls and streams.
+	dialed, streamsDialed atomic.Int64
 }
 
 // New builds a client. It does no I/O.
@@ -127,9 +152,13 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.Retries == 0 {
 		cfg.Retries = 3
 	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
 	c := &Client{cfg: cfg, base: u, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
-		hc: &http.Client{Transport: newTransport(maxConnsPerHost)}, streamHC: &http.Client{Transport: newTransport(0)},
-		exchanges: exchanges{max: maxConnsPerHost}}
+		exchanges: exchanges{max: cfg.MaxConns}}
+	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, &c.dialed)}
+	c.streamHC = &http.Client{Transport: newTransport(0, &c.streamsDialed)}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -138,16 +167,30 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// maxConnsPerHost bounds the connections of short calls. A batch of
-// thousands of calls then queues for a connection instead of opening
-// thousands (each with its buffers, in the sidecar and in Core). Streams
-// have their own transport: one long-lived connection per open turn.
-const maxConnsPerHost = 64
+// DefaultMaxConns bounds the connections of short calls by default. A
+// batch of thousands of calls then queues for a connection instead of
+// opening thousands (each with its buffers, in the sidecar and in Core).
+// Streams have their own transport: one long-lived connection per open
+// turn.
+const DefaultMaxConns = 64
 
-func newTransport(maxConns int) *http.Transport {
+// newTransport is a transport of at most maxConns connections (0: no
+// bound) that keeps up to 64 of them idle, or maxConns if more, so that
+// the next request finds one open: without it, over TLS, each would pay a
+// handshake. It counts the connections it opens in dialed.
+func newTransport(maxConns int, dialed *atomic.Int64) *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxConnsPerHost = maxConns
-	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 64
+	t.MaxIdleConnsPerHost = max(maxConns, 64)
+	t.MaxIdleConns = max(4*t.MaxIdleConnsPerHost, 256)
+	dial := t.DialContext
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err == nil {
+			dialed.Add(1)
+		}
+		return conn, err
+	}
 	return t
 }
 

@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime/pprof"
@@ -13,21 +15,28 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // heldCore answers every request only once release is closed, and counts
-// the requests it received.
-func heldCore(t *testing.T) (srv *httptest.Server, received *atomic.Int32, release chan struct{}) {
+// the requests it received and the connections it accepted.
+func heldCore(t *testing.T) (srv *httptest.Server, received, conns *atomic.Int32, release chan struct{}) {
 	t.Helper()
-	received, release = &atomic.Int32{}, make(chan struct{})
-	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	received, conns, release = &atomic.Int32{}, &atomic.Int32{}, make(chan struct{})
+	srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		received.Add(1)
 		<-release
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{"id": "run_1", "status": "queued"}`))
 	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
 	t.Cleanup(srv.Close)
-	return srv, received, release
+	return srv, received, conns, release
 }
 
 // waitFor waits, up to 10 s, until n requests have reached Core.
@@ -53,77 +62,123 @@ func inHTTPClient() int {
 // queuedMetric reads toolsidecar_core_requests_queued from reg.
 func queuedMetric(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
+	return sample(t, reg, "toolsidecar_core_requests_queued", "")
+}
+
+// sample reads a gauge or counter from reg: its sample whose label "use"
+// is use, or its only one.
+func sample(t *testing.T, reg *prometheus.Registry, name, use string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == "toolsidecar_core_requests_queued" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelOf(m, "use") != use {
+				continue
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
 		}
 	}
-	t.Fatal("toolsidecar_core_requests_queued is not registered")
+	t.Fatalf("%s{use=%q} is not registered", name, use)
 	return 0
 }
 
+// labelOf is the value of a sample's label, "" if it has none.
+func labelOf(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
 // TestCallersNeverRunTheHTTPClient: 200 calls at once against a Core that
-// holds them. 64 requests reach Core, and only 64 goroutines run the HTTP
-// client (the workers); the 200 callers wait on a channel, so their stacks
-// stay small, and the other 136 show as queued. Then every caller gets its
-// answer.
+// holds them. MaxConns requests (64 by default) reach Core, over as many
+// connections, and only that many goroutines run the HTTP client (the
+// workers); the callers wait on a channel, so their stacks stay small, and
+// the others show as queued. Then every caller gets its answer, and a
+// second round of 200 finds the connections still open.
 func TestCallersNeverRunTheHTTPClient(t *testing.T) {
-	srv, received, release := heldCore(t)
-	reg := prometheus.NewRegistry()
-	c, _ := New(Config{URL: srv.URL}, WithMetrics(reg))
-	var wg sync.WaitGroup
-	var ok atomic.Int32
-	for range 200 {
-		wg.Go(func() {
-			if _, err := c.GetRun(context.Background(), "run_1"); err == nil {
-				ok.Add(1)
+	for _, maxConns := range []int{0, 8} {
+		want := int32(maxConns)
+		if maxConns == 0 {
+			want = DefaultMaxConns
+		}
+		t.Run(fmt.Sprintf("max_conns=%d", maxConns), func(t *testing.T) {
+			srv, received, conns, release := heldCore(t)
+			reg := prometheus.NewRegistry()
+			c, _ := New(Config{URL: srv.URL, MaxConns: maxConns}, WithMetrics(reg))
+			var wg sync.WaitGroup
+			var ok atomic.Int32
+			round := func() {
+				for range 200 {
+					wg.Go(func() {
+						if _, err := c.GetRun(context.Background(), "run_1"); err == nil {
+							ok.Add(1)
+						}
+					})
+				}
+			}
+			round()
+			waitFor(received, want)
+			if n := received.Load(); n != want {
+				t.Errorf("%d requests reached Core at once, want %d", n, want)
+			}
+			if n := inHTTPClient(); n != int(want) {
+				t.Errorf("%d goroutines run the HTTP client, want the %d workers only", n, want)
+			}
+			for deadline := time.Now().Add(10 * time.Second); queuedMetric(t, reg) != float64(200-want) && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := queuedMetric(t, reg); n != float64(200-want) {
+				t.Errorf("toolsidecar_core_requests_queued %v, want %d", n, 200-want)
+			}
+			close(release)
+			wg.Wait()
+			round()
+			wg.Wait()
+			if ok.Load() != 400 {
+				t.Errorf("%d of 400 calls answered", ok.Load())
+			}
+			if n := conns.Load(); n != want {
+				t.Errorf("Core accepted %d connections for 400 calls, want %d, each kept between calls", n, want)
+			}
+			if n := sample(t, reg, "toolsidecar_core_connections_opened_total", "calls"); n != float64(conns.Load()) {
+				t.Errorf("toolsidecar_core_connections_opened_total{use=calls} %v, Core accepted %d", n, conns.Load())
+			}
+			if n := queuedMetric(t, reg); n != 0 {
+				t.Errorf("toolsidecar_core_requests_queued %v after every answer, want 0", n)
+			}
+			c.exchanges.mu.Lock()
+			defer c.exchanges.mu.Unlock()
+			if len(c.exchanges.queue) != 0 {
+				t.Errorf("%d exchanges left queued", len(c.exchanges.queue))
 			}
 		})
-	}
-	waitFor(received, maxConnsPerHost)
-	if n := received.Load(); n != maxConnsPerHost {
-		t.Errorf("%d requests reached Core at once, want %d", n, maxConnsPerHost)
-	}
-	if n := inHTTPClient(); n != maxConnsPerHost {
-		t.Errorf("%d goroutines run the HTTP client, want the %d workers only", n, maxConnsPerHost)
-	}
-	for deadline := time.Now().Add(10 * time.Second); queuedMetric(t, reg) != 200-maxConnsPerHost && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := queuedMetric(t, reg); n != 200-maxConnsPerHost {
-		t.Errorf("toolsidecar_core_requests_queued %v, want %d", n, 200-maxConnsPerHost)
-	}
-	close(release)
-	wg.Wait()
-	if ok.Load() != 200 {
-		t.Errorf("%d of 200 calls answered", ok.Load())
-	}
-	if n := queuedMetric(t, reg); n != 0 {
-		t.Errorf("toolsidecar_core_requests_queued %v after every answer, want 0", n)
-	}
-	c.exchanges.mu.Lock()
-	defer c.exchanges.mu.Unlock()
-	if len(c.exchanges.queue) != 0 {
-		t.Errorf("%d exchanges left queued", len(c.exchanges.queue))
 	}
 }
 
 // TestQueuedCallGivesUp: a call still queued behind busy workers returns
 // its context's error at once, and never reaches Core.
 func TestQueuedCallGivesUp(t *testing.T) {
-	srv, received, release := heldCore(t)
+	srv, received, _, release := heldCore(t)
 	c, _ := New(Config{URL: srv.URL})
 	var wg sync.WaitGroup
-	for range maxConnsPerHost {
+	for range DefaultMaxConns {
 		wg.Go(func() { c.GetRun(context.Background(), "run_1") })
 	}
 	defer wg.Wait()
 	defer close(release)
-	waitFor(received, maxConnsPerHost)
+	waitFor(received, DefaultMaxConns)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := c.GetRun(ctx, "run_1"); errc <- err }()
@@ -136,7 +191,7 @@ func TestQueuedCallGivesUp(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a cancelled call waited for a worker")
 	}
-	if n := received.Load(); n != maxConnsPerHost {
-		t.Errorf("%d requests reached Core, want %d: the cancelled one must not be sent", n, maxConnsPerHost)
+	if n := received.Load(); n != DefaultMaxConns {
+		t.Errorf("%d requests reached Core, want %d: the cancelled one must not be sent", n, DefaultMaxConns)
 	}
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,7 +10,9 @@ import (
 )
 
 // WithMetrics registers the client's metrics on reg: request durations by
-// endpoint template and status, the requests waiting for a connection, and
+// endpoint template and status, the requests waiting for a connection, the
+// connections opened (each a handshake over TLS: it should stay near
+// core.max_connections plus the open streams, not grow with requests), and
 // the gaps between frames of completions streams (Core sends no heartbeat,
 // so long gaps are worth seeing).
 func WithMetrics(reg prometheus.Registerer) Option {
@@ -23,6 +26,11 @@ func WithMetrics(reg prometheus.Registerer) Option {
 		f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "requests_queued",
 			Help: "Requests to Core waiting for one of the client's connections: above zero for long, Core (or the way to it) is the bottleneck."},
 			func() float64 { return float64(c.exchanges.queued()) })
+		for use, n := range map[string]*atomic.Int64{"calls": &c.dialed, "streams": &c.streamsDialed} {
+			f.NewCounterFunc(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "connections_opened_total",
+				Help:        "Connections the sidecar opened to Core, for its short calls or for completions streams (with WithHTTPClient: not counted).",
+				ConstLabels: prometheus.Labels{"use": use}}, func() float64 { return float64(n.Load()) })
+		}
 		prev := c.observe
 		c.observe = func(endpoint string, status int, d time.Duration) {
 			prev(endpoint, status, d)

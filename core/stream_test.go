@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,5 +298,50 @@ func TestMalformedManifests(t *testing.T) {
 	}
 	if _, err := DecodeChunk([]byte(`{"type": "content", "content": ` + deep + `}`)); !errors.As(err, &fe) || fe.Manifest {
 		t.Errorf("deep content frame: %v, want a plain FrameError", err)
+	}
+}
+
+// TestStreamKeepsConnection: a stream read to [DONE] leaves its
+// connection open for the next turn's stream, as Core ends the body right
+// after [DONE]. A server that keeps the body open after [DONE] still
+// gives io.EOF, and its connection is closed, not reused.
+func TestStreamKeepsConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		holdOpen  bool
+		wantConns int32
+	}{{"body ends after [DONE]", false, 1}, {"body held open after [DONE]", true, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var conns atomic.Int32
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.Write([]byte("data: {\"type\": \"content\", \"content\": \"hi\", \"run_id\": \"r\"}\n\ndata: [DONE]\n\n"))
+				w.(http.Flusher).Flush()
+				if tc.holdOpen {
+					<-r.Context().Done()
+				}
+			}))
+			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				if s == http.StateNew {
+					conns.Add(1)
+				}
+			}
+			srv.Start()
+			defer srv.Close()
+			c, _ := New(Config{URL: srv.URL})
+			for turn := range 3 {
+				s, err := c.Stream(context.Background(), CompletionRequest{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := drain(s); len(got) != 2 || got[0] != `content "hi"` || got[1] != "end done" {
+					t.Fatalf("turn %d: got %v, want [content \"hi\", end done]", turn, got)
+				}
+				s.Close()
+			}
+			if n := conns.Load(); n != tc.wantConns {
+				t.Errorf("3 streams used %d connections, want %d", n, tc.wantConns)
+			}
+		})
 	}
 }

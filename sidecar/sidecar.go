@@ -383,12 +383,12 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 		}
 	}
 	opts := []core.Option{core.WithMetrics(s.metrics)}
-	hc, err := coreHTTPClient(s.cfg.Core.TLS)
+	tc, err := coreTLS(s.cfg.Core.TLS)
 	if err != nil {
 		return nil, err
 	}
-	if hc != nil {
-		opts = append(opts, core.WithHTTPClient(hc))
+	if tc != nil {
+		opts = append(opts, core.WithTLS(tc))
 	}
 	// Calls to Core become client spans of the drive, and carry its
 	// traceparent.
@@ -396,7 +396,7 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(s.tp), otelhttp.WithPropagators(propagator))
 	}))
 	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout,
-		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout}, opts...)
+		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout, MaxConns: s.cfg.Core.MaxConnections}, opts...)
 }
 
 // buildExecutor wires the loop: NATS for route nats, the in-process

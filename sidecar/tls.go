@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 
 	"github.com/projectdavid/toolsidecar/config"
@@ -28,9 +27,10 @@ func serverTLS(t config.TLS) (*tls.Config, error) {
 	return tc, nil
 }
 
-// coreHTTPClient is the HTTP client for Core when core.tls is set: a
-// private CA bundle and an optional client certificate. nil otherwise.
-func coreHTTPClient(t config.TLS) (*http.Client, error) {
+// coreTLS is the TLS configuration for Core when core.tls is set: a
+// private CA bundle and an optional client certificate. nil otherwise. The
+// Core client applies it to its own transports, which keep their pooling.
+func coreTLS(t config.TLS) (*tls.Config, error) {
 	if t == (config.TLS{}) {
 		return nil, nil
 	}
@@ -48,9 +48,7 @@ func coreHTTPClient(t config.TLS) (*http.Client, error) {
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = tc
-	return &http.Client{Transport: tr}, nil
+	return tc, nil
 }
 
 func certPool(file string) (*x509.CertPool, error) {

@@ -10,15 +10,22 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 )
 
@@ -27,6 +34,8 @@ import (
 type testPKI struct {
 	dir                                                  string
 	caFile, serverCert, serverKey, clientCert, clientKey string
+	// appCert and appKey are a second client's: the application's.
+	appCert, appKey string
 }
 
 func newTestPKI(t *testing.T) testPKI {
@@ -59,6 +68,7 @@ func newTestPKI(t *testing.T) testPKI {
 	}
 	p.serverCert, p.serverKey = leaf("server", 2, x509.ExtKeyUsageServerAuth)
 	p.clientCert, p.clientKey = leaf("client", 3, x509.ExtKeyUsageClientAuth)
+	p.appCert, p.appKey = leaf("app", 4, x509.ExtKeyUsageClientAuth)
 	return p
 }
 
@@ -98,4 +108,96 @@ func TestEmbeddedTLS(t *testing.T) {
 		nc.Close()
 		t.Error("a worker without TLS connected")
 	}
+}
+
+// tlsConfig trusts the PKI's CA and presents the given certificate, if any.
+func (p testPKI) tlsConfig(t *testing.T, certFile, keyFile string) *tls.Config {
+	t.Helper()
+	roots, err := os.ReadFile(p.caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(roots)
+	tc := &tls.Config{RootCAs: pool, ClientCAs: pool, MinVersion: tls.VersionTLS12}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc
+}
+
+// TestCoreOverTLS: Core behind TLS with a private CA, asking for a client
+// certificate (core.tls). The sidecar's requests of several runs at once
+// reach Core over at most core.max_connections connections for its short
+// calls, plus one per open stream, each kept between requests: a new
+// connection, with its handshake, for each of the three writes of every
+// call would cost Core more than the writes.
+func TestCoreOverTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	const maxConns, runs, calls = 4, 4, 6
+	var sidecarConns, appConns atomic.Int64
+	names := make([]string, calls)
+	for i := range names {
+		names[i] = "echo"
+	}
+	env := testenv.Start(t, batchOf(names...), testenv.Options{
+		ServeCore: func(sim *coresim.Sim) (string, *core.Client, func()) {
+			srv := httptest.NewUnstartedServer(sim)
+			srv.TLS = pki.tlsConfig(t, pki.serverCert, pki.serverKey)
+			srv.TLS.ClientAuth = tls.RequireAndVerifyClientCert
+			// Run on every connection, resumed or not: who opened it.
+			srv.TLS.VerifyConnection = func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) > 0 && cs.PeerCertificates[0].Subject.CommonName == "client" {
+					sidecarConns.Add(1)
+				} else {
+					appConns.Add(1)
+				}
+				return nil
+			}
+			srv.StartTLS()
+			app, err := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey}, core.WithTLS(pki.tlsConfig(t, pki.appCert, pki.appKey)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return srv.URL, app, srv.Close
+		},
+		Config: func(c *config.Config) {
+			c.Core.TLS = config.TLS{CAFile: pki.caFile, CertFile: pki.clientCert, KeyFile: pki.clientKey}
+			c.Core.MaxConnections = maxConns
+		},
+	}, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+
+	rs := make([]testenv.Run, runs)
+	for i := range rs {
+		rs[i] = env.NewRun()
+	}
+	sums := make([]executor.Summary, runs)
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() { _, sums[i] = testenv.Drive(t, env.URL, r, nil) })
+	}
+	wg.Wait()
+	for i, r := range rs {
+		if sums[i].Status != executor.StatusCompleted {
+			t.Fatalf("run %d: %s (%s)", i, sums[i].Status, sums[i].Error)
+		}
+		env.AssertWholeBatches(r, calls)
+	}
+	writes := env.Sim.CountRequests(http.MethodPut, "/v1/actions/") + env.Sim.CountRequests(http.MethodPost, "/v1/messages/tools")
+	if writes < runs*calls*2 {
+		t.Fatalf("Core saw %d writes, want at least %d", writes, runs*calls*2)
+	}
+	// Short calls: at most maxConns at once, kept. Streams: one per open
+	// turn, kept between turns.
+	if n := sidecarConns.Load(); n < 1 || n > maxConns+runs {
+		t.Errorf("the sidecar opened %d TLS connections to Core for %d writes and %d runs, want 1 to %d", n, writes, runs, maxConns+runs)
+	}
+	if n, _ := metric(t, env.Sidecar, "toolsidecar_core_connections_opened_total"); n != float64(sidecarConns.Load()) {
+		t.Errorf("toolsidecar_core_connections_opened_total is %v; Core accepted %d connections from the sidecar", n, sidecarConns.Load())
+	}
+	t.Logf("%d TLS connections from the sidecar (%d from the application) for %d writes", sidecarConns.Load(), appConns.Load(), writes)
 }

@@ -495,6 +495,50 @@ func TestExternalNATSTLSAndCredentials(t *testing.T) {
 	}
 }
 
+// coreTLS sets Core's CA and client certificate from a Secret.
+var coreTLS = []string{"core.tls.secretName=core-tls-files", "core.tls.certKey=tls.crt", "core.tls.keyKey=tls.key", "core.maxConnections=128"}
+
+// TestCoreTLS: Core's CA bundle and client certificate come from a
+// Secret, mounted read-only in the sidecar (and only there: workers do not
+// talk to Core) where its config.yaml looks for them; without the Secret
+// neither the section nor the volume is rendered.
+func TestCoreTLS(t *testing.T) {
+	set := []string{"toolsidecar.nats.url=nats://nats:4222", "toolsidecar.workers.enabled=true", "toolsidecar.workers.tools[0].name=shout",
+		"toolsidecar.workers.tools[0].route=http", "toolsidecar.workers.tools[0].http.url=http://shout:8080"}
+	for _, v := range coreTLS {
+		set = append(set, "toolsidecar."+v)
+	}
+	o := decode(t, renderApp(t, set...))
+	d, c := app(t, o)
+	hasAll(t, "config.yaml", configOf(t, o, "rel-toolsidecar-config"), "max_connections: 128",
+		"ca_file: /var/run/secrets/toolsidecar/core-tls/ca.crt", "cert_file: /var/run/secrets/toolsidecar/core-tls/tls.crt",
+		"key_file: /var/run/secrets/toolsidecar/core-tls/tls.key")
+	if v, m := volume(d.Spec.Template.Spec, "core-tls"), mount(c, "core-tls"); v == nil || v.Secret == nil || v.Secret.SecretName != "core-tls-files" ||
+		m == nil || !m.ReadOnly || m.MountPath != "/var/run/secrets/toolsidecar/core-tls" {
+		t.Errorf("core-tls volume %+v, mount %+v; want Secret core-tls-files mounted read-only", v, m)
+	}
+	var workers int
+	for _, w := range o.deployments {
+		if w.Name == "rel-toolsidecar-worker" {
+			workers++
+			if volume(w.Spec.Template.Spec, "core-tls") != nil {
+				t.Error("the workers get Core's TLS files")
+			}
+		}
+	}
+	if workers != 1 || strings.Contains(configOf(t, o, "rel-toolsidecar-worker-config"), "core-tls") {
+		t.Errorf("%d worker Deployments, or Core's TLS files in the workers' config", workers)
+	}
+	def := decode(t, renderApp(t))
+	dd, dc := app(t, def)
+	if cfg := configOf(t, def, "rel-toolsidecar-config"); strings.Contains(cfg, "core-tls") || !strings.Contains(cfg, "max_connections: 64") {
+		t.Errorf("default config.yaml:\n%s", cfg)
+	}
+	if volume(dd.Spec.Template.Spec, "core-tls") != nil || mount(dc, "core-tls") != nil {
+		t.Error("a core-tls volume without core.tls.secretName")
+	}
+}
+
 // TestWorkersWithHPA: the worker Deployment has its probes and metrics on
 // the ops port, a PDB, and an HPA that scales on calls in flight per pod
 // rather than CPU; its pods carry no API token.
@@ -564,7 +608,8 @@ func TestWorkerChecksumFollowsNATS(t *testing.T) {
 // TestSchemaRejects: values.schema.json catches bad values before render.
 func TestSchemaRejects(t *testing.T) {
 	for _, set := range []string{"executor.missingTool=ignore", "sidecar.port=0", "sidecar.opsPort=70000", "sidecar.mode=sideways",
-		"tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x", "workers.hpa.targetAverageValue=lots"} {
+		"tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x", "workers.hpa.targetAverageValue=lots", "core.maxConnections=0",
+		"core.tls.caKey=", "core.tls.other=x"} {
 		renderFails(t, set)
 	}
 	if out := renderFails(t, "workers.enabled=true"); !strings.Contains(out, "workers.enabled needs nats.url") {
@@ -587,7 +632,7 @@ func TestRenderedConfigLoads(t *testing.T) {
 	for _, f := range append([]string{""}, examples(t)...) {
 		renders = append(renders, render(t, f))
 	}
-	renders = append(renders, renderApp(t))
+	renders = append(renders, renderApp(t), render(t, "", coreTLS...))
 	seen := 0
 	for _, r := range renders {
 		for _, cm := range decode(t, r).configMaps {

@@ -76,6 +76,10 @@ type Options struct {
 	Sidecar []sidecar.Option
 	// Config, when set, edits the whole configuration last.
 	Config func(*config.Config)
+	// ServeCore, when set, serves the simulator instead of a plain
+	// loopback server (over TLS, say). It returns Core's URL, the
+	// application's client for set-up, and what stops the server.
+	ServeCore func(*coresim.Sim) (url string, app *core.Client, stop func())
 }
 
 // Env is a running sidecar on real parts.
@@ -104,13 +108,28 @@ func New(t testing.TB, sc coresim.Scenario, tools ...Tool) *Env {
 // Start is New with options.
 func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env {
 	t.Helper()
-	sim, srv := coresim.NewServer(coresim.Config{APIKey: APIKey, Scenario: sc, PerKeyUsers: opts.PerKeyUsers})
-	t.Cleanup(srv.Close)
-	cc, err := core.New(core.Config{URL: srv.URL, APIKey: APIKey, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	simCfg := coresim.Config{APIKey: APIKey, Scenario: sc, PerKeyUsers: opts.PerKeyUsers}
+	var (
+		sim    *coresim.Sim
+		simURL string
+		cc     *core.Client
+	)
+	if opts.ServeCore != nil {
+		var stop func()
+		sim = coresim.New(simCfg)
+		simURL, cc, stop = opts.ServeCore(sim)
+		t.Cleanup(stop)
+	} else {
+		var srv *coresim.Server
+		sim, srv = coresim.NewServer(simCfg)
+		t.Cleanup(srv.Close)
+		simURL = srv.URL
+		var err error
+		if cc, err = core.New(core.Config{URL: srv.URL, APIKey: APIKey, Timeout: 5 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	cfg, password := Config(t, srv.URL, opts, tools)
+	cfg, password := Config(t, simURL, opts, tools)
 	sopts := opts.Sidecar
 	if !opts.PerKeyUsers {
 		sopts = append([]sidecar.Option{sidecar.WithAPIKey(APIKey)}, sopts...)
@@ -132,7 +151,7 @@ func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env 
 		}
 		stopWorker()
 	})
-	return &Env{Sim: sim, SimURL: srv.URL, Core: cc, Sidecar: s, URL: "http://" + s.Addr(), NATSURL: s.NATSURL(),
+	return &Env{Sim: sim, SimURL: simURL, Core: cc, Sidecar: s, URL: "http://" + s.Addr(), NATSURL: s.NATSURL(),
 		WorkerPassword: password, Worker: w, Registry: s.Tools(), t: t}
 }
 

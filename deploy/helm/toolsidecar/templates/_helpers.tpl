@@ -49,13 +49,18 @@ subject_prefix: {{ .Values.nats.subjectPrefix }}
 {{- if .Values.nats.credsSecret.name }}
 creds_file: /var/run/secrets/toolsidecar/nats/{{ .Values.nats.credsSecret.key }}
 {{- end }}
-{{- with .Values.nats.tls }}
+{{- include "toolsidecar.tlsFiles" (dict "tls" .Values.nats.tls "volume" "nats-tls") }}
+{{- end -}}
+
+{{/* A tls section whose files come from a Secret mounted as the given volume (toolsidecar.secretVolume). */}}
+{{- define "toolsidecar.tlsFiles" -}}
+{{- with .tls }}
 {{- if .secretName }}
 tls:
-  ca_file: /var/run/secrets/toolsidecar/nats-tls/{{ .caKey }}
+  ca_file: /var/run/secrets/toolsidecar/{{ $.volume }}/{{ .caKey }}
   {{- if .certKey }}
-  cert_file: /var/run/secrets/toolsidecar/nats-tls/{{ .certKey }}
-  key_file: /var/run/secrets/toolsidecar/nats-tls/{{ .keyKey }}
+  cert_file: /var/run/secrets/toolsidecar/{{ $.volume }}/{{ .certKey }}
+  key_file: /var/run/secrets/toolsidecar/{{ $.volume }}/{{ .keyKey }}
   {{- end }}
 {{- end }}
 {{- end }}
@@ -75,6 +80,10 @@ core:
   timeout: {{ .Values.core.timeout }}
   stream_idle_timeout: {{ .Values.core.streamIdleTimeout }}
   readiness_check: {{ .Values.core.readinessCheck }}
+  max_connections: {{ .Values.core.maxConnections }}
+  {{- if .Values.core.tls.secretName }}
+  {{- include "toolsidecar.tlsFiles" (dict "tls" .Values.core.tls "volume" "core-tls") | trim | nindent 2 }}
+  {{- end }}
 nats:
   {{- include "toolsidecar.natsClient" . | nindent 2 }}
   embedded:
@@ -151,6 +160,11 @@ tools:
     items: [{ key: {{ .Values.core.apiKeySecret.key }}, path: {{ .Values.core.apiKeySecret.key }} }]
 {{- end }}
 {{- include "toolsidecar.natsVolumes" . }}
+{{- if .Values.core.tls.secretName }}
+- name: core-tls
+  secret:
+    secretName: {{ .Values.core.tls.secretName }}
+{{- end }}
 {{- if .Values.sidecar.authTokenSecret.name }}
 - name: auth-token
   secret:
@@ -164,6 +178,9 @@ tools:
 - { name: core-api-key, mountPath: /var/run/secrets/toolsidecar/core, readOnly: true }
 {{- end }}
 {{- include "toolsidecar.natsMounts" . }}
+{{- if .Values.core.tls.secretName }}
+- { name: core-tls, mountPath: /var/run/secrets/toolsidecar/core-tls, readOnly: true }
+{{- end }}
 {{- if .Values.sidecar.authTokenSecret.name }}
 - { name: auth-token, mountPath: /var/run/secrets/toolsidecar/token, readOnly: true }
 {{- end }}
