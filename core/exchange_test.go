@@ -22,21 +22,28 @@ import (
 // the requests it received and the connections it accepted.
 func heldCore(t *testing.T) (srv *httptest.Server, received, conns *atomic.Int32, release chan struct{}) {
 	t.Helper()
-	received, conns, release = &atomic.Int32{}, &atomic.Int32{}, make(chan struct{})
+	received, release = &atomic.Int32{}, make(chan struct{})
 	srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		received.Add(1)
 		<-release
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{"id": "run_1", "status": "queued"}`))
 	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
+	conns = countConns(srv)
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv, received, conns, release
+}
+
+// countConns makes an unstarted srv count the connections it accepts.
+func countConns(srv *httptest.Server) *atomic.Int32 {
+	n := &atomic.Int32{}
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			n.Add(1)
+		}
+	}
+	return n
 }
 
 // waitFor waits, up to 10 s, until n requests have reached Core.

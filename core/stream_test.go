@@ -6,13 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,7 +310,6 @@ func TestStreamKeepsConnection(t *testing.T) {
 		wantConns int32
 	}{{"body ends after [DONE]", false, 1}, {"body held open after [DONE]", true, 3}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var conns atomic.Int32
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.Write([]byte("data: {\"type\": \"content\", \"content\": \"hi\", \"run_id\": \"r\"}\n\ndata: [DONE]\n\n"))
@@ -321,11 +318,7 @@ func TestStreamKeepsConnection(t *testing.T) {
 					<-r.Context().Done()
 				}
 			}))
-			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-				if s == http.StateNew {
-					conns.Add(1)
-				}
-			}
+			conns := countConns(srv)
 			srv.Start()
 			defer srv.Close()
 			c, _ := New(Config{URL: srv.URL})

@@ -156,8 +156,8 @@ func measure(o options) error {
 		return err
 	}
 	fmt.Printf("toolsidecar under load: %d calls of %s per run, then a final turn; durable=%v\n", o.calls, o.latency, o.durable)
-	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s %10s %9s %6s %11s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB",
-		"goroutines", "stack MiB", "heap MiB", "GCs", "core queue")
+	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s %10s %9s %6s %11s %15s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB",
+		"goroutines", "stack MiB", "heap MiB", "GCs", "core queue", "core conns/run")
 	var results []result
 	for _, n := range o.levels {
 		r, err := s.level(n, o)
@@ -165,8 +165,8 @@ func measure(o options) error {
 			return fmt.Errorf("%d runs: %w", n, err)
 		}
 		results = append(results, r)
-		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f %6d %11d\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
-			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB, r.GCs, r.PeakCoreQueue)
+		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f %6d %11d %15.2f\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
+			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB, r.GCs, r.PeakCoreQueue, r.CoreConnsPerRun)
 		if r.FirstError != "" {
 			fmt.Printf("%8s first error: %s\n", "", r.FirstError)
 		}
@@ -320,6 +320,20 @@ type result struct {
 	// PeakCoreQueue is the most requests to Core seen waiting for a
 	// connection (toolsidecar_core_requests_queued): Core-bound when high.
 	PeakCoreQueue int `json:"peak_core_queue"`
+	// CoreConnsPerRun counts the connections the sidecar opened to Core,
+	// per run (toolsidecar_core_connections_opened_total).
+	CoreConnsPerRun float64 `json:"core_connections_per_run"`
+}
+
+// counted are the sidecar's counters a level reads before and after.
+type counted struct{ coreRequests, gcs, coreConns float64 }
+
+func (s *stack) counters() counted {
+	var c counted
+	c.coreRequests, _ = s.metric("toolsidecar_core_request_duration_seconds_count")
+	c.gcs, _ = s.metric("go_gc_duration_seconds_count")
+	c.coreConns, _ = s.metric("toolsidecar_core_connections_opened_total")
+	return c
 }
 
 // level sets up n runs, drives them all at once and measures.
@@ -344,8 +358,7 @@ func (s *stack) level(n int, o options) (result, error) {
 	if setupErr != nil {
 		return result{}, setupErr
 	}
-	before, _ := s.metric("toolsidecar_core_request_duration_seconds_count")
-	gcBefore, _ := s.metric("go_gc_duration_seconds_count")
+	before := s.counters()
 	stopSampling := s.sample()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, IdleConnTimeout: time.Minute}, Timeout: 10 * time.Minute}
 	lat := make([]time.Duration, n)
@@ -373,12 +386,12 @@ func (s *stack) level(n int, o options) (result, error) {
 	wall := time.Since(start)
 	p := stopSampling()
 	client.CloseIdleConnections()
-	after, _ := s.metric("toolsidecar_core_request_duration_seconds_count")
-	gcAfter, _ := s.metric("go_gc_duration_seconds_count")
+	after := s.counters()
 	slices.Sort(lat)
 	r := result{Runs: n, Calls: n * o.calls, Wall: wall, CallsPerSec: float64(n*o.calls) / wall.Seconds(), P50: lat[n/2], P99: lat[min(n-1, n*99/100)],
-		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after - before) / float64(n*o.calls), PeakRSSMiB: p.rssMiB, PeakGoroutines: p.goroutines,
-		PeakStackMiB: p.stackMiB, PeakHeapMiB: p.heapMiB, GCs: int(gcAfter - gcBefore), PeakCoreQueue: p.coreQueue}
+		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after.coreRequests - before.coreRequests) / float64(n*o.calls),
+		PeakRSSMiB: p.rssMiB, PeakGoroutines: p.goroutines, PeakStackMiB: p.stackMiB, PeakHeapMiB: p.heapMiB, GCs: int(after.gcs - before.gcs),
+		PeakCoreQueue: p.coreQueue, CoreConnsPerRun: (after.coreConns - before.coreConns) / float64(n)}
 	if e, ok := firstErr.Load().(string); ok {
 		r.FirstError = e
 	}
