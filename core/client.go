@@ -167,6 +167,12 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
+// Transport is the round tripper for requests made to Core on another's
+// behalf (a proxy, a probe): the streams' transport, with the client's
+// TLS and tracing, its connections kept, and no bound shared with the
+// client's own short calls, so that they never wait behind its queue.
+func (c *Client) Transport() http.RoundTripper { return c.streamHC.Transport }
+
 // DefaultMaxConns bounds the connections of short calls by default. A
 // batch of thousands of calls then queues for a connection instead of
 // opening thousands (each with its buffers, in the sidecar and in Core).

@@ -28,7 +28,7 @@ func WithMetrics(reg prometheus.Registerer) Option {
 			func() float64 { return float64(c.exchanges.queued()) })
 		for use, n := range map[string]*atomic.Int64{"calls": &c.dialed, "streams": &c.streamsDialed} {
 			f.NewCounterFunc(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "connections_opened_total",
-				Help:        "Connections the sidecar opened to Core, for its short calls or for completions streams (with WithHTTPClient: not counted).",
+				Help:        "Connections the sidecar opened to Core: for its short calls, or for completions streams and requests on others' behalf (proxy, probe); not counted with WithHTTPClient.",
 				ConstLabels: prometheus.Labels{"use": use}}, func() float64 { return float64(n.Load()) })
 		}
 		prev := c.observe

@@ -55,6 +55,9 @@ type Tools interface {
 type Config struct {
 	// CoreURL is where proxied requests go; empty disables proxy mode.
 	CoreURL string
+	// CoreTransport carries proxied requests (Core's TLS, say).
+	// default: http.DefaultTransport
+	CoreTransport http.RoundTripper
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every route but /healthz and /readyz.
 	Token string
@@ -133,6 +136,7 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 				r.Out.Host = u.Host
 				r.Out.Header.Del("Authorization") // the sidecar's token is not Core's
 			},
+			Transport:     cfg.CoreTransport,
 			FlushInterval: -1, // stream bodies as they come
 			ModifyResponse: func(resp *http.Response) error {
 				if id, ok := cancelledRun(resp); ok && s.cfg.RunCancelled != nil {

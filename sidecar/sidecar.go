@@ -168,7 +168,7 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	} else {
 		s.reloader = registry.NewReloader(o.cfgPath, o.overrides, cfg, s.live, s.metrics, s.log.With("component", "reload"))
 	}
-	if err := s.buildServer(); err != nil {
+	if err := s.buildServer(cc.Transport()); err != nil {
 		return nil, err
 	}
 	s.runCtx, s.stopRun = context.WithCancel(context.Background())
@@ -426,7 +426,9 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	return nil
 }
 
-func (s *Sidecar) buildServer() error {
+// buildServer builds the API; coreRT reaches Core for the proxy and the
+// readiness probe, with the Core client's TLS.
+func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	var token string
 	if f := s.cfg.Server.AuthTokenFile; f != "" {
 		var err error
@@ -435,10 +437,10 @@ func (s *Sidecar) buildServer() error {
 		}
 	}
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
-		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, s.nc.IsConnected), ReadyInfo: s.readyInfo,
+		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), ReadyInfo: s.readyInfo,
 		RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Pprof: s.cfg.Server.Pprof}
 	if s.cfg.Server.Proxy {
-		scfg.CoreURL = s.cfg.Core.URL
+		scfg.CoreURL, scfg.CoreTransport = s.cfg.Core.URL, coreRT
 	}
 	srv, err := server.New(scfg, s.exec, tools{live: s.live, client: s.client})
 	if err != nil {
@@ -677,8 +679,8 @@ func (l runLeases) Acquire(ctx context.Context, runID string) (executor.Lease, s
 
 // readiness: NATS connected, and, with core.readiness_check, Core answering
 // HTTP at all.
-func readiness(cc config.Core, natsUp func() bool) func(context.Context) error {
-	hc := &http.Client{Timeout: 2 * time.Second}
+func readiness(cc config.Core, rt http.RoundTripper, natsUp func() bool) func(context.Context) error {
+	hc := &http.Client{Transport: rt, Timeout: 2 * time.Second}
 	return func(ctx context.Context) error {
 		if !natsUp() {
 			return errors.New("NATS not connected")

@@ -7,7 +7,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -135,7 +137,8 @@ func (p testPKI) tlsConfig(t *testing.T, certFile, keyFile string) *tls.Config {
 // reach Core over at most core.max_connections connections for its short
 // calls, plus one per open stream, each kept between requests: a new
 // connection, with its handshake, for each of the three writes of every
-// call would cost Core more than the writes.
+// call would cost Core more than the writes. The readiness probe and the
+// proxy use the same TLS.
 func TestCoreOverTLS(t *testing.T) {
 	pki := newTestPKI(t)
 	const maxConns, runs, calls = 4, 4, 6
@@ -168,6 +171,7 @@ func TestCoreOverTLS(t *testing.T) {
 		Config: func(c *config.Config) {
 			c.Core.TLS = config.TLS{CAFile: pki.caFile, CertFile: pki.clientCert, KeyFile: pki.clientKey}
 			c.Core.MaxConnections = maxConns
+			c.Core.ReadinessCheck = true
 		},
 	}, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
 
@@ -195,6 +199,34 @@ func TestCoreOverTLS(t *testing.T) {
 	// turn, kept between turns.
 	if n := sidecarConns.Load(); n < 1 || n > maxConns+runs {
 		t.Errorf("the sidecar opened %d TLS connections to Core for %d writes and %d runs, want 1 to %d", n, writes, runs, maxConns+runs)
+	}
+	// The readiness probe and proxy mode (on by default) reach the same
+	// Core with the same TLS.
+	resp, err := http.Get(env.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz with core.readiness_check: HTTP %d %s", resp.StatusCode, body)
+	}
+	for i, r := range rs {
+		req, _ := http.NewRequest(http.MethodGet, env.URL+"/v1/runs/"+r.RunID, nil)
+		req.Header.Set("X-API-Key", testenv.APIKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var run core.Run
+		err = json.NewDecoder(resp.Body).Decode(&run)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil || run.ID != r.RunID {
+			t.Fatalf("run %d through the proxy: HTTP %d, %+v, %v", i, resp.StatusCode, run, err)
+		}
+	}
+	if n := sidecarConns.Load(); n > maxConns+runs {
+		t.Errorf("with the proxied reads, the sidecar opened %d TLS connections to Core, want at most %d", n, maxConns+runs)
 	}
 	if n, _ := metric(t, env.Sidecar, "toolsidecar_core_connections_opened_total"); n != float64(sidecarConns.Load()) {
 		t.Errorf("toolsidecar_core_connections_opened_total is %v; Core accepted %d connections from the sidecar", n, sidecarConns.Load())
