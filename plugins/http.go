@@ -78,6 +78,10 @@ var (
 	errRedirect  = errors.New("redirect not followed")
 )
 
+// idlePerTool is how many connections an http tool keeps open between
+// calls: as many calls at once then reuse them.
+const idlePerTool = 64
+
 // client is the HTTP client of one tool: redirects only as the settings
 // allow (never across origins, so no credential leaves for another host),
 // and no link-local destination unless allowed, whatever DNS says.
@@ -99,6 +103,9 @@ func (s HTTPSettings) client() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.DialContext = dialer.DialContext
 	t.Proxy = nil // the tool's URL is reached directly, not through an environment proxy
+	// Go's default keeps 2 connections idle per host: every burst of calls
+	// beyond that would open new ones (and over TLS pay a handshake each).
+	t.MaxIdleConnsPerHost = idlePerTool
 	return &http.Client{Transport: t, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if s.FollowRedirects != RedirectSameOrigin {
 			return fmt.Errorf("%w: %s (http.follow_redirects: never)", errRedirect, req.URL.Redacted())

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -173,6 +175,50 @@ func TestHTTP(t *testing.T) {
 	}
 	if r := dispatch(local(t, httpTool("/slow")), 200*time.Millisecond); r.Err == nil || r.Err.Type != tool.Timeout || !r.Err.Retryable() {
 		t.Errorf("slow: %+v, want a retryable timeout", r.Err)
+	}
+}
+
+// TestHTTPKeepsConnections: two rounds of 32 calls at once to an http
+// tool; the second reuses the connections of the first, none is opened.
+func TestHTTPKeepsConnections(t *testing.T) {
+	const calls = 32
+	var arrived, conns atomic.Int32
+	var release atomic.Pointer[chan struct{}]
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ch := *release.Load()
+		arrived.Add(1)
+		<-ch
+		io.WriteString(w, `{"ok": true}`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	l := local(t, config.Tool{Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL}}})
+	for round := 1; round <= 2; round++ {
+		ch := make(chan struct{})
+		release.Store(&ch)
+		var wg sync.WaitGroup
+		var failed atomic.Int32
+		for range calls {
+			wg.Go(func() {
+				if r := dispatch(l, 5*time.Second); r.Err != nil {
+					failed.Add(1)
+				}
+			})
+		}
+		poll.Until(t, "every call to reach the tool", func() bool { return arrived.Load() == int32(round*calls) })
+		close(ch)
+		wg.Wait()
+		if failed.Load() != 0 {
+			t.Fatalf("round %d: %d calls failed", round, failed.Load())
+		}
+		if n := conns.Load(); n != calls {
+			t.Fatalf("after round %d of %d calls at once: %d connections, want %d", round, calls, n, calls)
+		}
 	}
 }
 
