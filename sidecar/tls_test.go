@@ -1,6 +1,7 @@
 package sidecar_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -27,8 +28,12 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // testPKI writes a CA, a server certificate for 127.0.0.1 and a client
@@ -232,4 +237,57 @@ func TestCoreOverTLS(t *testing.T) {
 		t.Errorf("toolsidecar_core_connections_opened_total is %v; Core accepted %d connections from the sidecar", n, sidecarConns.Load())
 	}
 	t.Logf("%d TLS connections from the sidecar (%d from the application) for %d writes", sidecarConns.Load(), appConns.Load(), writes)
+}
+
+// TestExternalNATSOverMutualTLS: the sidecar reaches an external NATS
+// that asks for a client certificate (nats.url tls://, nats.tls), and a
+// worker with its own certificate serves the run's calls over it. Without
+// the client certificate the sidecar does not start, and says why.
+func TestExternalNATSOverMutualTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	stc := pki.tlsConfig(t, pki.serverCert, pki.serverKey)
+	stc.ClientAuth = tls.RequireAndVerifyClientCert
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", AllowAnonymous: true, TLS: stc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	url := ns.ClientURL()
+
+	wc, err := nats.Connect(url, nats.Secure(pki.tlsConfig(t, pki.appCert, pki.appKey)))
+	if err != nil {
+		t.Fatalf("the worker's connection: %v", err)
+	}
+	defer wc.Close()
+	natstest.WorkerOn(t, wc, testenv.Prefix, map[string]tool.Handler{"echo": testenv.Echo})
+
+	external := func(withCert bool) func(*config.NATS) {
+		return func(n *config.NATS) {
+			n.URL = url
+			n.TLS = config.TLS{CAFile: pki.caFile}
+			if withCert {
+				n.TLS.CertFile, n.TLS.KeyFile = pki.clientCert, pki.clientKey
+			}
+		}
+	}
+	env := testenv.Start(t, batchOf("echo", "echo"), testenv.Options{NATS: external(true),
+		Config: func(c *config.Config) { c.Durability.Enabled = false }}, testenv.Tool{Config: config.Tool{Name: "echo"}})
+	r := env.NewRun()
+	if _, sum := testenv.Drive(t, env.URL, r, nil); sum.Status != executor.StatusCompleted {
+		t.Fatalf("drive over mutual TLS: %s (%s)", sum.Status, sum.Error)
+	}
+	env.AssertWholeBatches(r, 2)
+
+	cfg, _ := testenv.Config(t, env.SimURL, testenv.Options{NATS: external(false)}, nil)
+	cfg.Durability.Enabled = false
+	cfg.NATS.ConnectRetry = 0
+	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
+	if err == nil {
+		s.Shutdown(context.Background())
+		t.Fatal("the sidecar started without the client certificate the server asks for")
+	}
+	if !strings.Contains(err.Error(), "NATS") {
+		t.Errorf("error %q does not say NATS refused", err)
+	}
+	t.Logf("without a client certificate: %v", err)
 }
