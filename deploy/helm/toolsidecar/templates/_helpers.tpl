@@ -105,6 +105,7 @@ server:
   auth_token_file: /var/run/secrets/toolsidecar/token/{{ .Values.sidecar.authTokenSecret.key }}
   {{- end }}
   shutdown_timeout: {{ .Values.sidecar.shutdownTimeout }}
+  max_drives: {{ .Values.sidecar.maxDrives }}
 executor:
   max_turns: {{ .Values.executor.maxTurns }}
   max_parallel: {{ .Values.executor.maxParallel }}
