@@ -15,7 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+
+	"github.com/projectdavid/toolsidecar/internal/promtest"
 )
 
 // heldCore answers every request only once release is closed, and counts
@@ -69,43 +70,7 @@ func inHTTPClient() int {
 // queuedMetric reads toolsidecar_core_requests_queued from reg.
 func queuedMetric(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	return sample(t, reg, "toolsidecar_core_requests_queued", "")
-}
-
-// sample reads a gauge or counter from reg: its sample whose label "use"
-// is use, or its only one.
-func sample(t *testing.T, reg *prometheus.Registry, name, use string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelOf(m, "use") != use {
-				continue
-			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("%s{use=%q} is not registered", name, use)
-	return 0
-}
-
-// labelOf is the value of a sample's label, "" if it has none.
-func labelOf(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
+	return promtest.Value(t, reg, "toolsidecar_core_requests_queued")
 }
 
 // TestCallersNeverRunTheHTTPClient: 200 calls at once against a Core that
@@ -159,7 +124,7 @@ func TestCallersNeverRunTheHTTPClient(t *testing.T) {
 			if n := conns.Load(); n != want {
 				t.Errorf("Core accepted %d connections for 400 calls, want %d, each kept between calls", n, want)
 			}
-			if n := sample(t, reg, "toolsidecar_core_connections_opened_total", "calls"); n != float64(conns.Load()) {
+			if n := promtest.Value(t, reg, "toolsidecar_core_connections_opened_total", "use=calls"); n != float64(conns.Load()) {
 				t.Errorf("toolsidecar_core_connections_opened_total{use=calls} %v, Core accepted %d", n, conns.Load())
 			}
 			if n := queuedMetric(t, reg); n != 0 {

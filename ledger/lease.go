@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -43,6 +45,9 @@ type Leases struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	passes  prometheus.Histogram // nil without metrics
+	expired *prometheus.CounterVec
 }
 
 // LeaseConfig names the lease bucket and says how long a lease lasts.
@@ -53,6 +58,9 @@ type LeaseConfig struct {
 	// TTL: a lease not renewed for this long is free. default:
 	// DefaultLeaseTTL. Renewals happen every TTL/3.
 	TTL time.Duration
+	// Metrics, when set, receives the leases held, how long each pass of
+	// renewals takes, and the leases that expired under their drive.
+	Metrics prometheus.Registerer
 }
 
 // leaseValue is what a lease key holds.
@@ -80,8 +88,37 @@ func OpenLeases(ctx context.Context, nc *nats.Conn, cfg LeaseConfig, log *slog.L
 	}
 	ls := &Leases{kv: kv, nc: nc, prefix: cfg.Prefix, instance: cfg.Instance, ttl: cfg.TTL, log: log,
 		held: map[string]*Lease{}, stop: make(chan struct{})}
+	if cfg.Metrics != nil {
+		ls.register(cfg.Metrics)
+	}
 	ls.wg.Go(ls.renewLoop)
 	return ls, nil
+}
+
+// register makes the lease metrics. A pass of renewals that takes a good
+// part of the TTL, or leases that expire under their drives, say that
+// JetStream cannot keep up with a write per lease every TTL/3: raise
+// durability.lease_ttl, or drive fewer runs per sidecar (RELIABILITY.md).
+func (ls *Leases) register(reg prometheus.Registerer) {
+	f := promauto.With(reg)
+	f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "leases_held",
+		Help: "Run leases this sidecar holds (durable mode): each one is written every lease_ttl/3."},
+		func() float64 { ls.mu.Lock(); defer ls.mu.Unlock(); return float64(len(ls.held)) })
+	ls.passes = f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "lease_renewal_pass_seconds",
+		Help:    "How long one pass over every held lease took; near lease_ttl, leases expire under their drives.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 11)})
+	ls.expired = f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "leases_expired_total",
+		Help: "Leases whose key expired while their drive went on: taken back (nobody else took it) or lost (the drive stops before its next turn)."},
+		[]string{"outcome"})
+	ls.expired.WithLabelValues("taken_back")
+	ls.expired.WithLabelValues("lost")
+}
+
+// countExpired counts a lease that expired under its drive.
+func (ls *Leases) countExpired(outcome string) {
+	if ls.expired != nil {
+		ls.expired.WithLabelValues(outcome).Inc()
+	}
 }
 
 // Close stops renewing; the leases still held expire after the TTL.
@@ -187,12 +224,16 @@ func (ls *Leases) renewLoop() {
 			held = append(held, l)
 		}
 		ls.mu.Unlock()
+		start := time.Now()
 		var g errgroup.Group
 		g.SetLimit(renewers)
 		for _, l := range held {
 			g.Go(func() error { l.renew(); return nil })
 		}
 		_ = g.Wait()
+		if ls.passes != nil && len(held) > 0 {
+			ls.passes.Observe(time.Since(start).Seconds())
+		}
 	}
 }
 
@@ -231,6 +272,7 @@ func (l *Lease) renew() {
 		l.rev, l.renewed = rev, time.Now()
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), time.Since(l.renewed) > l.ls.ttl:
 		l.ls.log.Warn("run lease lost: another sidecar may drive the run", "run_id", l.runID, "err", err)
+		l.ls.countExpired("lost")
 		l.markLost()
 	default:
 		l.ls.log.Warn("run lease renewal failed; retrying", "run_id", l.runID, "err", err)
@@ -270,6 +312,7 @@ func (l *Lease) retake(ctx context.Context) (uint64, error) {
 	rev, err := l.ls.kv.Create(ctx, l.runID, l.val)
 	if err == nil {
 		l.ls.log.Warn("run lease had expired with nobody else taking it: taken back", "run_id", l.runID)
+		l.ls.countExpired("taken_back")
 	}
 	return rev, err
 }

@@ -9,8 +9,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/promtest"
 	"github.com/projectdavid/toolsidecar/ledger"
 )
 
@@ -18,11 +20,21 @@ import (
 // connection (as another pod would have).
 func leases(t *testing.T, conn func() *nats.Conn, instance string, ttl time.Duration) *ledger.Leases {
 	t.Helper()
-	ls, err := ledger.OpenLeases(context.Background(), conn(), ledger.LeaseConfig{Prefix: "t", Instance: instance, TTL: ttl}, slog.New(slog.DiscardHandler))
+	ls, _ := leasesWithMetrics(t, conn, instance, ttl)
+	return ls
+}
+
+// leasesWithMetrics is leases with the instance's metrics on a registry
+// of its own.
+func leasesWithMetrics(t *testing.T, conn func() *nats.Conn, instance string, ttl time.Duration) (*ledger.Leases, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	ls, err := ledger.OpenLeases(context.Background(), conn(), ledger.LeaseConfig{Prefix: "t", Instance: instance, TTL: ttl, Metrics: reg},
+		slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ls
+	return ls, reg
 }
 
 // TestLeaseOneHolder: while pod-a holds a run's lease, pod-b cannot take
@@ -155,12 +167,14 @@ func jetstreamKV(t *testing.T, nc *nats.Conn, bucket string) (jetstream.KeyValue
 }
 
 // expiredUnderHolder returns pod-a's lease of run_1, whose key has expired
-// while pod-a still holds it (its renewal loop stopped), and pod-b.
-func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases) {
+// while pod-a still holds it (its renewal loop stopped), pod-b, and pod-a's
+// metrics.
+func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases, *prometheus.Registry) {
 	t.Helper()
 	conn := server(t)
 	ttl := time.Second
-	a, b := leases(t, conn, "pod-a", ttl), leases(t, conn, "pod-b", ttl)
+	a, reg := leasesWithMetrics(t, conn, "pod-a", ttl)
+	b := leases(t, conn, "pod-b", ttl)
 	t.Cleanup(b.Close)
 	ctx := context.Background()
 	la, _, err := a.Acquire(ctx, "run_1")
@@ -170,7 +184,7 @@ func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases) {
 	a.Close() // the renewals stop; the lease is still held in pod-a
 	kv, _ := jetstreamKV(t, conn(), "T_RUNS")
 	poll.Until(t, "the key to expire", func() bool { _, err := kv.Get(ctx, "run_1"); return errors.Is(err, jetstream.ErrKeyNotFound) })
-	return la, b
+	return la, b, reg
 }
 
 // TestLeaseExpiredTakenBack: a lease whose key expired while its holder
@@ -178,7 +192,7 @@ func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases) {
 // wrote since, is taken back by the next renewal instead of being reported
 // lost: nobody else drives the run.
 func TestLeaseExpiredTakenBack(t *testing.T) {
-	la, b := expiredUnderHolder(t)
+	la, b, reg := expiredUnderHolder(t)
 	defer la.Release()
 	ctx := context.Background()
 	la.RenewNow()
@@ -186,6 +200,9 @@ func TestLeaseExpiredTakenBack(t *testing.T) {
 	case <-la.Lost():
 		t.Fatal("the lease was reported lost although nobody else took it")
 	default:
+	}
+	if got, lost := promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=taken_back"), promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=lost"); got != 1 || lost != 0 {
+		t.Errorf("toolsidecar_leases_expired_total: taken_back %v, lost %v; want 1 and 0", got, lost)
 	}
 	if l, holder, _ := b.Acquire(ctx, "run_1"); l != nil || holder != "pod-a" {
 		t.Fatalf("pod-b: lease %v holder %q, want pod-a's, taken back", l, holder)
@@ -197,7 +214,7 @@ func TestLeaseExpiredTakenBack(t *testing.T) {
 // release it did not make: another sidecar may have driven the run, so the
 // lease is lost, not taken back.
 func TestLeaseTakenAndReleasedMeanwhile(t *testing.T) {
-	la, b := expiredUnderHolder(t)
+	la, b, reg := expiredUnderHolder(t)
 	defer la.Release()
 	ctx := context.Background()
 	lb, _, err := b.Acquire(ctx, "run_1")
@@ -211,6 +228,9 @@ func TestLeaseTakenAndReleasedMeanwhile(t *testing.T) {
 	default:
 		t.Fatal("pod-a kept a lease pod-b had taken and released meanwhile")
 	}
+	if lost := promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=lost"); lost != 1 {
+		t.Errorf("toolsidecar_leases_expired_total{outcome=lost} %v, want 1", lost)
+	}
 }
 
 // TestLeaseRenewalThatLandedLate: a renewal whose answer was lost (it timed
@@ -219,11 +239,14 @@ func TestLeaseTakenAndReleasedMeanwhile(t *testing.T) {
 func TestLeaseRenewalThatLandedLate(t *testing.T) {
 	conn := server(t)
 	ttl := time.Second
-	a := leases(t, conn, "pod-a", ttl)
+	a, reg := leasesWithMetrics(t, conn, "pod-a", ttl)
 	defer a.Close()
 	ctx := context.Background()
 	la, _, _ := a.Acquire(ctx, "run_1")
 	defer la.Release()
+	if held := promtest.Value(t, reg, "toolsidecar_leases_held"); held != 1 {
+		t.Errorf("toolsidecar_leases_held %v, want 1", held)
+	}
 	kv, _ := jetstreamKV(t, conn(), "T_RUNS")
 	e, err := kv.Get(ctx, "run_1")
 	if err != nil {
@@ -240,5 +263,8 @@ func TestLeaseRenewalThatLandedLate(t *testing.T) {
 	}
 	if e2, err := kv.Get(ctx, "run_1"); err != nil || e2.Revision() <= e.Revision()+1 || string(e2.Value()) != string(e.Value()) {
 		t.Errorf("key after renewals: %v (revision %d), want pod-a's value renewed past revision %d", err, e2.Revision(), e.Revision()+1)
+	}
+	if passes, expired := promtest.Value(t, reg, "toolsidecar_lease_renewal_pass_seconds"), promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=taken_back"); passes < 2 || expired != 0 {
+		t.Errorf("%v renewal passes observed, %v leases taken back; want at least 2 passes and none taken back (the key never expired)", passes, expired)
 	}
 }

@@ -250,7 +250,7 @@ func (s *Sidecar) connectNATS() error {
 		default:
 			lctx, lcancel := context.WithTimeout(context.Background(), 10*time.Second)
 			ls, err := ledger.OpenLeases(lctx, nc, ledger.LeaseConfig{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance,
-				Replicas: s.cfg.Durability.Replicas, TTL: s.cfg.Durability.LeaseTTL}, s.log.With("component", "leases"))
+				Replicas: s.cfg.Durability.Replicas, TTL: s.cfg.Durability.LeaseTTL, Metrics: s.metrics}, s.log.With("component", "leases"))
 			lcancel()
 			if err != nil {
 				return err

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
 	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/promtest"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/internal/workerproc"
 	"github.com/projectdavid/toolsidecar/sidecar"
@@ -293,31 +293,11 @@ func TestEmbeddedPortTaken(t *testing.T) {
 	}
 }
 
-// metric reads a metric of the sidecar's registry: the sum of its
-// counter and gauge series whose labels include each "name=value" given,
-// and how many series matched.
+// metric reads a metric of the sidecar's registry: the sum of its series
+// whose labels include each "name=value" given, and how many matched.
 func metric(t *testing.T, s *sidecar.Sidecar, name string, labels ...string) (sum float64, series int) {
 	t.Helper()
-	fams, err := s.Metrics().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			have := map[string]bool{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()+"="+l.GetValue()] = true
-			}
-			if !slices.ContainsFunc(labels, func(l string) bool { return !have[l] }) {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				series++
-			}
-		}
-	}
-	return sum, series
+	return promtest.Sum(t, s.Metrics(), name, labels...)
 }
 
 // TestWorkerOps: `toolsidecar worker` with server.ops_listen answers the
