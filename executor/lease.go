@@ -41,10 +41,11 @@ type Lease interface {
 // driver per run within this sidecar only)
 func WithLeases(l Leases) Option { return func(e *Executor) { e.leases = l } }
 
-// ErrLeaseLost: the run's lease passed to another sidecar (this one was
-// cut off from NATS for longer than the lease lasts); this drive stops
-// before its next turn and leaves the run to the new holder.
-var ErrLeaseLost = errors.New("executor: the run's lease passed to another sidecar")
+// ErrLeaseLost: the run's lease passed to another sidecar, or could not be
+// renewed for longer than it lasts (this one was cut off from NATS, or
+// JetStream fell behind), so another may take it; this drive stops before
+// its next turn and leaves the run to the new holder.
+var ErrLeaseLost = errors.New("executor: the run's lease was lost (taken by another sidecar, or not renewed within durability.lease_ttl); another sidecar may drive the run")
 
 // relayed is an event as it travels between sidecars: with its raw chunk,
 // which the local API frames as is.

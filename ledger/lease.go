@@ -2,13 +2,16 @@ package ledger
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -159,6 +162,7 @@ func (ls *Leases) Acquire(ctx context.Context, runID string) (lease *Lease, hold
 		return nil, "", fmt.Errorf("ledger: taking the lease of run %s: %w", runID, err)
 	}
 	l := &Lease{ls: ls, runID: runID, val: val, rev: rev, renewed: time.Now(), lost: make(chan struct{})}
+	l.lastRenewal.Store(l.renewed.UnixNano())
 	ls.mu.Lock()
 	ls.held[runID] = l
 	ls.mu.Unlock()
@@ -218,12 +222,7 @@ func (ls *Leases) renewLoop() {
 			return
 		case <-t.C:
 		}
-		ls.mu.Lock()
-		held := make([]*Lease, 0, len(ls.held))
-		for _, l := range ls.held {
-			held = append(held, l)
-		}
-		ls.mu.Unlock()
+		held := ls.renewalOrder()
 		start := time.Now()
 		var g errgroup.Group
 		g.SetLimit(renewers)
@@ -237,11 +236,30 @@ func (ls *Leases) renewLoop() {
 	}
 }
 
+// renewalOrder is the held leases, the longest unrenewed first. When a
+// pass takes longer than TTL/3, each lease is then renewed about once per
+// pass, at the same place in it; in any order, a lease renewed early in
+// one pass and late in the next would go two passes without renewal
+// (TestRenewalOrder).
+func (ls *Leases) renewalOrder() []*Lease {
+	ls.mu.Lock()
+	held := make([]*Lease, 0, len(ls.held))
+	for _, l := range ls.held {
+		held = append(held, l)
+	}
+	ls.mu.Unlock()
+	slices.SortFunc(held, func(a, b *Lease) int { return cmp.Compare(a.lastRenewal.Load(), b.lastRenewal.Load()) })
+	return held
+}
+
 // Lease is one held run lease.
 type Lease struct {
 	ls    *Leases
 	runID string
 	val   []byte
+	// lastRenewal is when the key was last written (Unix nanoseconds),
+	// read without the lock by renewalOrder.
+	lastRenewal atomic.Int64
 
 	mu       sync.Mutex
 	rev      uint64
@@ -270,6 +288,7 @@ func (l *Lease) renew() {
 	switch {
 	case err == nil:
 		l.rev, l.renewed = rev, time.Now()
+		l.lastRenewal.Store(l.renewed.UnixNano())
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), time.Since(l.renewed) > l.ls.ttl:
 		l.ls.log.Warn("run lease lost: another sidecar may drive the run", "run_id", l.runID, "err", err)
 		l.ls.countExpired("lost")

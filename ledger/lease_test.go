@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -266,5 +267,27 @@ func TestLeaseRenewalThatLandedLate(t *testing.T) {
 	}
 	if passes, expired := promtest.Value(t, reg, "toolsidecar_lease_renewal_pass_seconds"), promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=taken_back"); passes < 2 || expired != 0 {
 		t.Errorf("%v renewal passes observed, %v leases taken back; want at least 2 passes and none taken back (the key never expired)", passes, expired)
+	}
+}
+
+// TestRenewalOrder: a pass renews the longest unrenewed lease first, so
+// that a pass slower than TTL/3 still renews each lease once per pass.
+func TestRenewalOrder(t *testing.T) {
+	conn := server(t)
+	a := leases(t, conn, "pod-a", time.Minute) // no pass during the test
+	defer a.Close()
+	ctx := context.Background()
+	var held []*ledger.Lease
+	for _, id := range []string{"run_1", "run_2", "run_3"} {
+		l, _, err := a.Acquire(ctx, id)
+		if l == nil || err != nil {
+			t.Fatal(l, err)
+		}
+		defer l.Release()
+		held = append(held, l)
+	}
+	held[0].RenewNow()
+	if got := strings.Join(ledger.RenewalOrder(a), " "); got != "run_2 run_3 run_1" {
+		t.Errorf("renewal order %q, want \"run_2 run_3 run_1\" (run_1 was renewed last)", got)
 	}
 }
