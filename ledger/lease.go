@@ -161,8 +161,8 @@ func (ls *Leases) Acquire(ctx context.Context, runID string) (lease *Lease, hold
 	if err != nil {
 		return nil, "", fmt.Errorf("ledger: taking the lease of run %s: %w", runID, err)
 	}
-	l := &Lease{ls: ls, runID: runID, val: val, rev: rev, renewed: time.Now(), lost: make(chan struct{})}
-	l.lastRenewal.Store(l.renewed.UnixNano())
+	l := &Lease{ls: ls, runID: runID, val: val, rev: rev, lost: make(chan struct{})}
+	l.markRenewed()
 	ls.mu.Lock()
 	ls.held[runID] = l
 	ls.mu.Unlock()
@@ -257,16 +257,25 @@ type Lease struct {
 	ls    *Leases
 	runID string
 	val   []byte
-	// lastRenewal is when the key was last written (Unix nanoseconds),
-	// read without the lock by renewalOrder.
+	// lastRenewal is when the key was last written, as the time since
+	// epoch (monotonic), read without the lock by renewalOrder.
 	lastRenewal atomic.Int64
 
 	mu       sync.Mutex
 	rev      uint64
-	renewed  time.Time
 	released bool
 	lost     chan struct{}
 	lostOnce sync.Once
+}
+
+// epoch is the origin of lastRenewal: durations from it are monotonic.
+var epoch = time.Now()
+
+func (l *Lease) markRenewed() { l.lastRenewal.Store(int64(time.Since(epoch))) }
+
+// sinceRenewal is how long ago the key was last written.
+func (l *Lease) sinceRenewal() time.Duration {
+	return time.Since(epoch) - time.Duration(l.lastRenewal.Load())
 }
 
 func (l *Lease) renew() {
@@ -278,7 +287,7 @@ func (l *Lease) renew() {
 	ctx, cancel := context.WithTimeout(context.Background(), l.ls.ttl/3)
 	defer cancel()
 	rev, err := l.ls.kv.Update(ctx, l.runID, l.val, l.rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || (err != nil && time.Since(l.renewed) > l.ls.ttl) {
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || (err != nil && l.sinceRenewal() > l.ls.ttl) {
 		// Before the lease is given up, the key itself says whether it
 		// is still this sidecar's, with a time of its own.
 		rctx, rcancel := context.WithTimeout(context.Background(), l.ls.ttl/3)
@@ -287,9 +296,9 @@ func (l *Lease) renew() {
 	}
 	switch {
 	case err == nil:
-		l.rev, l.renewed = rev, time.Now()
-		l.lastRenewal.Store(l.renewed.UnixNano())
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), time.Since(l.renewed) > l.ls.ttl:
+		l.rev = rev
+		l.markRenewed()
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), l.sinceRenewal() > l.ls.ttl:
 		l.ls.log.Warn("run lease lost: another sidecar may drive the run", "run_id", l.runID, "err", err)
 		l.ls.countExpired("lost")
 		l.markLost()
