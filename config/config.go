@@ -61,8 +61,8 @@ type Durability struct {
 	Enabled bool `koanf:"enabled"`
 	// Replicas of the ledger and the reply stream on a cluster. default: 1
 	Replicas int `koanf:"replicas"`
-	// LeaseTTL is how long a run's lease outlives the last renewal of the
-	// sidecar driving it (renewed every third of it): the longest a drive
+	// LeaseTTL is how long a sidecar's run leases outlive the last renewal
+	// of its lease key (renewed every third of it): the longest a drive
 	// request that reaches another sidecar waits, after the first one
 	// died, before that sidecar resumes the run. Sidecars sharing a NATS
 	// cluster must use one value. default: 10s

@@ -1,11 +1,17 @@
 package ledger
 
-// RenewNow renews the lease at once, for tests that stop the renewal loop
-// to let a lease expire under its holder.
-func (l *Lease) RenewNow() { l.renew() }
+// KeepNow rewrites the lease's run key at once, as the upkeep does.
+func (l *Lease) KeepNow() { l.keep(l.ls.gen.Load()) }
 
-// RenewalOrder is the order in which the next pass renews the held
-// leases: their run IDs.
+// BeatNow renews the sidecar's key at once, for tests that stop the
+// renewals to let it lapse under its leases.
+func BeatNow(ls *Leases) { ls.beat() }
+
+// UpkeepNow runs one pass of the run keys' upkeep.
+func UpkeepNow(ls *Leases) { ls.upkeep() }
+
+// RenewalOrder is the order in which the next upkeep writes the held
+// leases' keys: their run IDs.
 func RenewalOrder(ls *Leases) []string {
 	var ids []string
 	for _, l := range ls.renewalOrder() {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,109 +24,180 @@ import (
 )
 
 // Run leases keep the rule "one driver per run" across sidecars that share
-// a NATS cluster. A lease is a key of a KV bucket whose entries expire
-// after the lease TTL: taking it is a create-if-absent, holding it is an
-// update at the revision last written (so that a sidecar that lost it
-// cannot renew over the new holder), and a sidecar that dies simply stops
-// renewing. While it drives, the holder publishes the drive's events on
+// a NATS cluster. Two KV buckets hold them:
+//   - <STEM>_SIDECARS has a key per live sidecar, its instance ID, naming
+//     the process's incarnation (random, new at each start). The sidecar
+//     rewrites it every TTL/3 and the bucket drops an entry not written for
+//     the TTL: a sidecar that dies leaves it after the TTL, and one restarted
+//     under its instance ID replaces it at once.
+//   - <STEM>_DRIVES has a key per driven run, naming the instance and the
+//     incarnation that drives it. Taking a run is a create-if-absent; a key
+//     whose holder is not alive (no key in _SIDECARS, or another
+//     incarnation there) is taken over by an update at its revision, so
+//     that of two sidecars that try, exactly one wins.
+//
+// Holding leases costs one write per sidecar every TTL/3 and two per drive
+// (take, release), however many runs a sidecar drives. A key per run
+// rewritten every TTL/3 needed 3,000 writes a second at 10,000 runs, and
+// JetStream fell behind (RELIABILITY.md).
+//
+// While it drives, the holder publishes the drive's events on
 // <prefix>.runs.<run_id>; a drive request that reaches another sidecar
 // follows them, and takes the lease over (resuming the run) when it is
-// released or expires.
+// released or its holder is gone.
 
-// DefaultLeaseTTL is how long a lease outlives its holder's last renewal.
+// DefaultLeaseTTL is how long a sidecar's leases outlive its last renewal.
 const DefaultLeaseTTL = 10 * time.Second
+
+// DefaultHoldTTL is how long a run's key outlives its last write. It only
+// clears the keys of holders that died and whose runs nobody drove again
+// (a holder rewrites its keys every HoldTTL/3), and, on a NATS server
+// without per-message TTLs (before 2.11), the markers of released leases.
+const DefaultHoldTTL = time.Hour
 
 // Leases grants run leases. Close stops the renewals.
 type Leases struct {
-	kv       jetstream.KeyValue
+	holds    jetstream.KeyValue // <STEM>_DRIVES
+	alive    jetstream.KeyValue // <STEM>_SIDECARS
 	nc       *nats.Conn
 	prefix   string
 	instance string
 	ttl      time.Duration
-	log      *slog.Logger
+	holdTTL  time.Duration
+	// markerTTL is how long the marker of a released lease stays: the
+	// TTL, or 0 where the server has no per-message TTLs (the marker then
+	// stays for holdTTL).
+	markerTTL time.Duration
+	log       *slog.Logger
+
+	// self is this sidecar's key in alive, the value of the run keys it
+	// writes too. regRev is the key's revision, guarded by regMu; it is
+	// read and written by the renewals only. lastBeat is when the last
+	// write of it that succeeded was sent, as the time since epoch: the
+	// key lives at least TTL past it. gen counts the times the key was
+	// written anew after it had lapsed.
+	self     []byte
+	regMu    sync.Mutex
+	regRev   uint64
+	lastBeat atomic.Int64
+	gen      atomic.Uint64
 
 	mu   sync.Mutex
 	held map[string]*Lease
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop  chan struct{}
+	fence chan struct{} // wakes the run keys' upkeep after the sidecar's key lapsed
+	wg    sync.WaitGroup
 
-	passes  prometheus.Histogram // nil without metrics
-	expired *prometheus.CounterVec
+	renewals prometheus.Histogram // nil without metrics
+	expired  *prometheus.CounterVec
 }
 
-// LeaseConfig names the lease bucket and says how long a lease lasts.
+// LeaseConfig names the lease buckets and says how long a lease lasts.
 type LeaseConfig struct {
 	Prefix   string // the tools' subject prefix
 	Instance string // this sidecar's stable, unique name
-	Replicas int    // of the bucket on a cluster. default: 1
-	// TTL: a lease not renewed for this long is free. default:
-	// DefaultLeaseTTL. Renewals happen every TTL/3.
+	Replicas int    // of the buckets on a cluster. default: 1
+	// TTL: the leases of a sidecar that has not renewed its key for this
+	// long are free. default: DefaultLeaseTTL. Renewals happen every TTL/3.
 	TTL time.Duration
-	// Metrics, when set, receives the leases held, how long each pass of
-	// renewals takes, and the leases that expired under their drive.
+	// HoldTTL: a run's key not written for this long is dropped. default:
+	// DefaultHoldTTL.
+	HoldTTL time.Duration
+	// Metrics, when set, receives the leases held, how long each renewal
+	// takes, and the leases whose holder's key lapsed under their drive.
 	Metrics prometheus.Registerer
 }
 
-// leaseValue is what a lease key holds.
-type leaseValue struct {
-	Instance string    `json:"instance"`
-	Since    time.Time `json:"since"`
+// holder is the value of both kinds of key: a sidecar's incarnation.
+type holder struct {
+	Instance    string    `json:"instance"`
+	Incarnation string    `json:"incarnation"`
+	Since       time.Time `json:"since"`
 }
 
-// OpenLeases creates (or finds) the lease bucket and starts the renewals.
+// OpenLeases creates (or finds) the lease buckets, writes this sidecar's
+// key and starts the renewals.
 func OpenLeases(ctx context.Context, nc *nats.Conn, cfg LeaseConfig, log *slog.Logger) (*Leases, error) {
-	if cfg.Replicas < 1 {
-		cfg.Replicas = 1
-	}
-	if cfg.TTL <= 0 {
-		cfg.TTL = DefaultLeaseTTL
-	}
+	cfg.Replicas = max(cfg.Replicas, 1)
+	cfg.TTL = cmp.Or(max(cfg.TTL, 0), DefaultLeaseTTL)
+	cfg.HoldTTL = cmp.Or(max(cfg.HoldTTL, 0), DefaultHoldTTL)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketName(cfg.Prefix) + "_RUNS", TTL: cfg.TTL,
-		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar run leases: which sidecar drives a run"})
+	bucket := func(suffix string, ttl, markerTTL time.Duration, desc string) (jetstream.KeyValue, error) {
+		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketName(cfg.Prefix) + suffix, TTL: ttl,
+			LimitMarkerTTL: markerTTL, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc})
+		if err != nil {
+			return nil, fmt.Errorf("ledger: lease bucket %s: %w", suffix, err)
+		}
+		return kv, nil
+	}
+	// A released lease leaves a marker; with one drive after another, the
+	// markers would pile up for the hold TTL.
+	markerTTL := max(cfg.TTL, time.Second) // the server's least
+	holds, err := bucket("_DRIVES", cfg.HoldTTL, markerTTL, "toolsidecar run leases: which sidecar drives a run")
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		markerTTL = 0
+		holds, err = bucket("_DRIVES", cfg.HoldTTL, 0, "toolsidecar run leases: which sidecar drives a run")
+	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger: lease bucket: %w", err)
+		return nil, err
 	}
-	ls := &Leases{kv: kv, nc: nc, prefix: cfg.Prefix, instance: cfg.Instance, ttl: cfg.TTL, log: log,
-		held: map[string]*Lease{}, stop: make(chan struct{})}
+	alive, err := bucket("_SIDECARS", cfg.TTL, 0, "toolsidecar sidecars alive: the incarnation of each")
+	if err != nil {
+		return nil, err
+	}
+	var id [8]byte
+	rand.Read(id[:])
+	self, _ := json.Marshal(holder{Instance: cfg.Instance, Incarnation: hex.EncodeToString(id[:]), Since: time.Now().UTC()})
+	ls := &Leases{holds: holds, alive: alive, nc: nc, prefix: cfg.Prefix, instance: cfg.Instance, ttl: cfg.TTL, holdTTL: cfg.HoldTTL,
+		markerTTL: markerTTL, log: log, self: self, held: map[string]*Lease{}, stop: make(chan struct{}), fence: make(chan struct{}, 1)}
+	// Put, not create: the key of this instance's earlier life is replaced,
+	// which frees that life's leases at once.
+	sent := sinceEpoch()
+	rev, err := alive.Put(ctx, cfg.Instance, self)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: writing this sidecar's key: %w", err)
+	}
+	ls.regRev = rev
+	ls.lastBeat.Store(int64(sent))
 	if cfg.Metrics != nil {
-		ls.register(cfg.Metrics)
+		ls.instrument(cfg.Metrics)
 	}
-	ls.wg.Go(ls.renewLoop)
+	ls.wg.Go(func() { ls.every(nil, ls.beat) })
+	ls.wg.Go(func() { ls.every(ls.fence, ls.upkeep) })
 	return ls, nil
 }
 
-// register makes the lease metrics. A pass of renewals that takes a good
-// part of the TTL, or leases that expire under their drives, say that
-// JetStream cannot keep up with a write per lease every TTL/3: raise
-// durability.lease_ttl, or drive fewer runs per sidecar (RELIABILITY.md).
-func (ls *Leases) register(reg prometheus.Registerer) {
+// instrument makes the lease metrics. Renewals that take a good part of
+// the TTL, or leases whose holder's key lapsed under their drives, say that
+// JetStream or the link to it is too slow for the TTL: raise
+// durability.lease_ttl (RELIABILITY.md).
+func (ls *Leases) instrument(reg prometheus.Registerer) {
 	f := promauto.With(reg)
 	f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "leases_held",
-		Help: "Run leases this sidecar holds (durable mode): each one is written every lease_ttl/3."},
+		Help: "Run leases this sidecar holds (durable mode)."},
 		func() float64 { ls.mu.Lock(); defer ls.mu.Unlock(); return float64(len(ls.held)) })
-	ls.passes = f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "lease_renewal_pass_seconds",
-		Help:    "How long one pass over every held lease took; near lease_ttl, leases expire under their drives.",
-		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 11)})
+	ls.renewals = f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "lease_renewal_seconds",
+		Help:    "How long one renewal of this sidecar's key, which keeps all its leases, took; near lease_ttl/3, its leases may lapse.",
+		Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}})
 	ls.expired = f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "leases_expired_total",
-		Help: "Leases whose key expired while their drive went on: taken back (nobody else took it) or lost (the drive stops before its next turn)."},
+		Help: "Leases whose sidecar key lapsed while their drive went on: taken back (nobody else took it) or lost (the drive stops before its next turn)."},
 		[]string{"outcome"})
 	ls.expired.WithLabelValues("taken_back")
 	ls.expired.WithLabelValues("lost")
 }
 
-// countExpired counts a lease that expired under its drive.
+// countExpired counts a lease whose holder's key lapsed under its drive.
 func (ls *Leases) countExpired(outcome string) {
 	if ls.expired != nil {
 		ls.expired.WithLabelValues(outcome).Inc()
 	}
 }
 
-// Close stops renewing; the leases still held expire after the TTL.
+// Close stops renewing; the leases still held are free after the TTL.
 func (ls *Leases) Close() {
 	close(ls.stop)
 	ls.wg.Wait()
@@ -133,45 +206,90 @@ func (ls *Leases) Close() {
 // EventSubject is where the holder of a run's lease publishes its events.
 func (ls *Leases) EventSubject(runID string) string { return ls.prefix + ".runs." + runID }
 
+// errLapsed refuses a lease while this sidecar's own key may have lapsed:
+// a run key naming it would look free to the other sidecars.
+var errLapsed = errors.New("ledger: this sidecar's key in NATS was not renewed within the lease TTL; no lease is taken until it is")
+
 // Acquire takes the lease of a run. When another sidecar holds it, lease
-// is nil and holder names that sidecar. A lease this instance held in an
-// earlier life (it was killed while driving) is taken back at once: the
-// caller asks only when it drives no such run itself.
+// is nil and holder names that sidecar. A lease of a holder that is gone
+// (a sidecar that died, or this instance's earlier life) is taken over at
+// once: the caller asks only when it drives no such run itself.
 func (ls *Leases) Acquire(ctx context.Context, runID string) (lease *Lease, holder string, err error) {
-	now := time.Now().UTC()
-	val, _ := json.Marshal(leaseValue{Instance: ls.instance, Since: now})
-	rev, err := ls.kv.Create(ctx, runID, val)
+	if ls.sinceBeat() > ls.ttl {
+		return nil, "", errLapsed
+	}
+	gen := ls.gen.Load()
+	rev, err := ls.holds.Create(ctx, runID, ls.self)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		e, gerr := ls.kv.Get(ctx, runID)
+		e, gerr := ls.holds.Get(ctx, runID)
 		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
 			return ls.Acquire(ctx, runID) // released in between
 		}
 		if gerr != nil {
 			return nil, "", fmt.Errorf("ledger: reading the lease of run %s: %w", runID, gerr)
 		}
-		var cur leaseValue
-		if json.Unmarshal(e.Value(), &cur) != nil || cur.Instance != ls.instance {
+		cur, alive, aerr := ls.holderOf(ctx, e)
+		if aerr != nil {
+			return nil, "", fmt.Errorf("ledger: reading the holder of run %s: %w", runID, aerr)
+		}
+		if alive && cur.Instance != ls.instance {
 			return nil, cur.Instance, nil
 		}
-		rev, err = ls.kv.Update(ctx, runID, val, e.Revision())
+		rev, err = ls.holds.Update(ctx, runID, ls.self, e.Revision())
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return ls.Acquire(ctx, runID) // taken or released in between
+		}
+		if err == nil && cur.Instance != ls.instance {
+			ls.log.Info("run lease taken over from a sidecar that is gone", "run_id", runID, "holder", cur.Instance)
 		}
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("ledger: taking the lease of run %s: %w", runID, err)
 	}
-	l := &Lease{ls: ls, runID: runID, val: val, rev: rev, lost: make(chan struct{})}
-	l.markRenewed()
+	l := &Lease{ls: ls, runID: runID, rev: rev, lost: make(chan struct{})}
+	l.gen.Store(gen)
+	l.markWritten()
 	ls.mu.Lock()
 	ls.held[runID] = l
 	ls.mu.Unlock()
 	return l, "", nil
 }
 
+// holderOf reads the holder a run's key names, and whether it is alive:
+// its sidecar's key names the same incarnation. A value that does not
+// decode names nobody alive.
+func (ls *Leases) holderOf(ctx context.Context, e jetstream.KeyValueEntry) (holder, bool, error) {
+	var h holder
+	if json.Unmarshal(e.Value(), &h) != nil || h.Instance == "" {
+		return h, false, nil
+	}
+	reg, err := ls.alive.Get(ctx, h.Instance)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return h, false, nil
+	}
+	if err != nil {
+		return h, false, err
+	}
+	var cur holder
+	return h, json.Unmarshal(reg.Value(), &cur) == nil && cur.Incarnation == h.Incarnation, nil
+}
+
+// free says whether nobody alive holds a run's lease.
+func (ls *Leases) free(ctx context.Context, runID string) (bool, error) {
+	e, err := ls.holds.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, alive, err := ls.holderOf(ctx, e)
+	return !alive && err == nil, err
+}
+
 // Follow hands fn each event the holder of a run's lease publishes, until
-// fn returns true, the lease is free (released, or expired because its
-// holder died), or ctx ends (its error is returned).
+// fn returns true, the lease is free (released, or its holder is gone), or
+// ctx ends (its error is returned).
 func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte) (stop bool)) error {
 	sub, err := ls.nc.SubscribeSync(ls.EventSubject(runID))
 	if err != nil {
@@ -180,9 +298,9 @@ func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte
 	defer sub.Unsubscribe()
 	// The lease is checked after subscribing, so that no event published
 	// between the check and the subscription is missed, and again every
-	// TTL/4 while no event comes (an expiry publishes nothing).
+	// TTL/4 while no event comes (a holder's death publishes nothing).
 	for {
-		if _, err := ls.kv.Get(ctx, runID); errors.Is(err, jetstream.ErrKeyNotFound) {
+		if free, _ := ls.free(ctx, runID); free {
 			return nil
 		} else if ctx.Err() != nil {
 			return ctx.Err()
@@ -202,18 +320,15 @@ func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte
 	}
 }
 
-// renewers bounds the renewals in flight at once. One at a time, a pass
-// over 10,000 held leases outlasted the TTL on a loaded machine, and the
-// leases expired under the drives that held them.
+// renewers bounds the run keys written at once by the upkeep. One at a
+// time, 10,000 writes outlasted a 10 s TTL on a loaded machine.
 const renewers = 32
 
-// renewLoop renews every held lease every TTL/3, up to renewers at once.
-// A renewal refused because another sidecar took the lease (this one's
-// expired while it was cut off from NATS) loses the lease; a renewal that
-// finds the key merely expired takes it back, since nobody else drives the
-// run; a renewal that fails otherwise is retried, and the lease is lost
-// once the TTL has passed since the last success.
-func (ls *Leases) renewLoop() {
+// every runs fn every TTL/3, and whenever wake fires, until Close. The
+// renewals of the sidecar's key (beat) and the run keys' upkeep each run
+// in a loop of their own: a pass over thousands of run keys must not delay
+// a renewal.
+func (ls *Leases) every(wake <-chan struct{}, fn func()) {
 	t := time.NewTicker(ls.ttl / 3)
 	defer t.Stop()
 	for {
@@ -221,45 +336,130 @@ func (ls *Leases) renewLoop() {
 		case <-ls.stop:
 			return
 		case <-t.C:
+		case <-wake:
 		}
-		held := ls.renewalOrder()
-		start := time.Now()
-		var g errgroup.Group
-		g.SetLimit(renewers)
-		for _, l := range held {
-			g.Go(func() error { l.renew(); return nil })
-		}
-		_ = g.Wait()
-		if ls.passes != nil && len(held) > 0 {
-			ls.passes.Observe(time.Since(start).Seconds())
-		}
+		fn()
 	}
 }
 
-// renewalOrder is the held leases, the longest unrenewed first. When a
-// pass takes longer than TTL/3, each lease is then renewed about once per
-// pass, at the same place in it; in any order, a lease renewed early in
-// one pass and late in the next would go two passes without renewal
-// (TestRenewalOrder).
-func (ls *Leases) renewalOrder() []*Lease {
+// beat renews this sidecar's key at the revision it last wrote. A renewal
+// that fails is retried at the next beat; once the TTL has passed since
+// the last success, every lease held is lost (other sidecars may take
+// them over). When the key turns out to have lapsed (it expired, or was
+// replaced), it is written again and the run keys are fenced: each is
+// rewritten at the revision this sidecar knows, which fails for a run
+// another sidecar took over meanwhile.
+func (ls *Leases) beat() {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), ls.ttl/3)
+	defer cancel()
+	ls.regMu.Lock()
+	defer ls.regMu.Unlock()
+	sent := sinceEpoch()
+	rev, err := ls.alive.Update(ctx, ls.instance, ls.self, ls.regRev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || (err != nil && ls.sinceBeat() > ls.ttl) {
+		rev, err = ls.rewriteKey(ctx)
+	}
+	switch {
+	case err == nil:
+		ls.regRev = rev
+		ls.lastBeat.Store(int64(sent))
+		if ls.renewals != nil {
+			ls.renewals.Observe(time.Since(start).Seconds())
+		}
+	case ls.sinceBeat() > ls.ttl:
+		ls.log.Warn("this sidecar's key was not renewed within the lease TTL: its leases are lost", "err", err)
+		for _, l := range ls.heldLeases() {
+			if l.markLost() {
+				ls.countExpired("lost")
+			}
+		}
+	default:
+		ls.log.Warn("renewing this sidecar's key failed; retrying", "err", err)
+	}
+}
+
+// rewriteKey decides a renewal that was refused, or that failed for
+// longer than the TTL, from the key itself. When it still holds this
+// incarnation (an update landed after its request timed out), that
+// revision is renewed. Otherwise the key lapsed and is written again, and
+// the upkeep fences the run keys.
+func (ls *Leases) rewriteKey(ctx context.Context) (uint64, error) {
+	e, err := ls.alive.Get(ctx, ls.instance)
+	switch {
+	case err == nil && bytes.Equal(e.Value(), ls.self):
+		return ls.alive.Update(ctx, ls.instance, ls.self, e.Revision())
+	case err == nil:
+		ls.log.Error("another process wrote this sidecar's key: instance_id must be unique among sidecars", "instance_id", ls.instance)
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, err
+	}
+	rev, err := ls.alive.Put(ctx, ls.instance, ls.self)
+	if err != nil {
+		return 0, err
+	}
+	ls.log.Warn("this sidecar's key had lapsed: written again; its leases are checked", "held", len(ls.heldLeases()))
+	ls.gen.Add(1)
+	select {
+	case ls.fence <- struct{}{}:
+	default:
+	}
+	return rev, nil
+}
+
+// upkeep writes the run keys that need it, the longest unwritten first:
+// those written before this sidecar's key last lapsed (fencing), and those
+// close to the hold TTL.
+func (ls *Leases) upkeep() {
+	gen := ls.gen.Load()
+	var g errgroup.Group
+	g.SetLimit(renewers)
+	for _, l := range ls.renewalOrder() {
+		if l.gen.Load() < gen || l.sinceWrite() > ls.holdTTL/3 {
+			g.Go(func() error { l.keep(gen); return nil })
+		}
+	}
+	_ = g.Wait()
+}
+
+// heldLeases is the leases held, in no order.
+func (ls *Leases) heldLeases() []*Lease {
 	ls.mu.Lock()
+	defer ls.mu.Unlock()
 	held := make([]*Lease, 0, len(ls.held))
 	for _, l := range ls.held {
 		held = append(held, l)
 	}
-	ls.mu.Unlock()
-	slices.SortFunc(held, func(a, b *Lease) int { return cmp.Compare(a.lastRenewal.Load(), b.lastRenewal.Load()) })
 	return held
 }
+
+// renewalOrder is the held leases, the longest unwritten first, so that a
+// pass that cannot write them all in time still writes each one in turn
+// (TestRenewalOrder).
+func (ls *Leases) renewalOrder() []*Lease {
+	held := ls.heldLeases()
+	slices.SortFunc(held, func(a, b *Lease) int { return cmp.Compare(a.lastWrite.Load(), b.lastWrite.Load()) })
+	return held
+}
+
+// epoch is the origin of the lease clocks: durations from it are monotonic.
+var epoch = time.Now()
+
+func sinceEpoch() time.Duration { return time.Since(epoch) }
+
+// sinceBeat is how long ago the last successful renewal of this sidecar's
+// key was sent.
+func (ls *Leases) sinceBeat() time.Duration { return sinceEpoch() - time.Duration(ls.lastBeat.Load()) }
 
 // Lease is one held run lease.
 type Lease struct {
 	ls    *Leases
 	runID string
-	val   []byte
-	// lastRenewal is when the key was last written, as the time since
-	// epoch (monotonic), read without the lock by renewalOrder.
-	lastRenewal atomic.Int64
+	// lastWrite is when the run key was last written, as the time since
+	// epoch; gen is the sidecar key's generation then (Leases.gen). Both
+	// are read without the lock by the upkeep.
+	lastWrite atomic.Int64
+	gen       atomic.Uint64
 
 	mu       sync.Mutex
 	rev      uint64
@@ -268,86 +468,83 @@ type Lease struct {
 	lostOnce sync.Once
 }
 
-// epoch is the origin of lastRenewal: durations from it are monotonic.
-var epoch = time.Now()
+func (l *Lease) markWritten() { l.lastWrite.Store(int64(sinceEpoch())) }
 
-func (l *Lease) markRenewed() { l.lastRenewal.Store(int64(time.Since(epoch))) }
+// sinceWrite is how long ago the run key was last written.
+func (l *Lease) sinceWrite() time.Duration { return sinceEpoch() - time.Duration(l.lastWrite.Load()) }
 
-// sinceRenewal is how long ago the key was last written.
-func (l *Lease) sinceRenewal() time.Duration {
-	return time.Since(epoch) - time.Duration(l.lastRenewal.Load())
-}
-
-func (l *Lease) renew() {
+// keep rewrites the run key at the revision this lease wrote last, as of
+// the sidecar key's generation gen. A write that fences the key after the
+// sidecar key lapsed counts the lease taken back, or lost when another
+// sidecar took the run over meanwhile.
+func (l *Lease) keep(gen uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.released {
+	if l.released || l.isLost() {
 		return
 	}
+	fencing := l.gen.Load() < gen
 	ctx, cancel := context.WithTimeout(context.Background(), l.ls.ttl/3)
 	defer cancel()
-	rev, err := l.ls.kv.Update(ctx, l.runID, l.val, l.rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || (err != nil && l.sinceRenewal() > l.ls.ttl) {
-		// Before the lease is given up, the key itself says whether it
-		// is still this sidecar's, with a time of its own.
-		rctx, rcancel := context.WithTimeout(context.Background(), l.ls.ttl/3)
-		rev, err = l.retake(rctx)
-		rcancel()
+	rev, err := l.ls.holds.Update(ctx, l.runID, l.ls.self, l.rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		rev, err = l.retake(ctx)
 	}
 	switch {
 	case err == nil:
 		l.rev = rev
-		l.markRenewed()
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), l.sinceRenewal() > l.ls.ttl:
-		l.ls.log.Warn("run lease lost: another sidecar may drive the run", "run_id", l.runID, "err", err)
-		l.ls.countExpired("lost")
-		l.markLost()
-	default:
-		l.ls.log.Warn("run lease renewal failed; retrying", "run_id", l.runID, "err", err)
-	}
-}
-
-// retake decides a renewal that was refused, or that failed for longer
-// than the TTL, from the key itself:
-//   - it holds this lease, at a revision the sidecar did not learn (an
-//     update that landed after its request timed out): the lease goes on
-//     at that revision;
-//   - it holds another value: another sidecar took the lease (a revision
-//     mismatch: lost);
-//   - it has a delete or purge marker: someone released it, which this
-//     sidecar did not, so another sidecar took it and gave it up (lost:
-//     that sidecar may have driven the run meanwhile);
-//   - it has no entry at all: it expired and nobody wrote it since. It is
-//     created again; Create is create-if-absent, so of this sidecar and one
-//     that would take the run over at that moment exactly one gets it (the
-//     loser sees ErrKeyExists).
-func (l *Lease) retake(ctx context.Context) (uint64, error) {
-	e, err := l.ls.kv.Get(ctx, l.runID)
-	switch {
-	case err == nil && bytes.Equal(e.Value(), l.val): // the value names this instance and this lease's start
-		return e.Revision(), nil
-	case err == nil:
-		return 0, jetstream.ErrKeyRevisionMismatch
-	case !errors.Is(err, jetstream.ErrKeyNotFound):
-		return 0, err
-	}
-	if _, err := l.ls.kv.History(ctx, l.runID); !errors.Is(err, jetstream.ErrKeyNotFound) {
-		if err == nil {
-			return 0, jetstream.ErrKeyRevisionMismatch // a marker: released by another holder
+		l.gen.Store(gen)
+		l.markWritten()
+		if fencing {
+			l.ls.countExpired("taken_back")
 		}
-		return 0, err
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+		l.ls.log.Warn("run lease lost: another sidecar may drive the run", "run_id", l.runID, "err", err)
+		if l.markLost() {
+			l.ls.countExpired("lost")
+		}
+	default:
+		l.ls.log.Warn("writing a run lease's key failed; retrying", "run_id", l.runID, "err", err)
 	}
-	rev, err := l.ls.kv.Create(ctx, l.runID, l.val)
-	if err == nil {
-		l.ls.log.Warn("run lease had expired with nobody else taking it: taken back", "run_id", l.runID)
-		l.ls.countExpired("taken_back")
-	}
-	return rev, err
 }
 
-func (l *Lease) markLost() { l.lostOnce.Do(func() { close(l.lost) }) }
+// retake decides a write that was refused from the run key itself:
+//   - it names this sidecar, at a revision the lease did not learn (a
+//     write that landed after its request timed out): it is written at
+//     that revision;
+//   - it names another holder: that sidecar took the run over (lost);
+//   - it is gone: this sidecar did not release it, so another one took
+//     it and gave it up, and may have driven the run meanwhile (lost).
+//     The key cannot have expired under this lease: the upkeep rewrites
+//     it every HoldTTL/3.
+func (l *Lease) retake(ctx context.Context) (uint64, error) {
+	e, err := l.ls.holds.Get(ctx, l.runID)
+	switch {
+	case err == nil && bytes.Equal(e.Value(), l.ls.self):
+		return l.ls.holds.Update(ctx, l.runID, l.ls.self, e.Revision())
+	case err == nil, errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, jetstream.ErrKeyRevisionMismatch
+	}
+	return 0, err
+}
 
-// Lost is closed when the lease passed to another sidecar.
+// markLost closes Lost, and says whether this call did.
+func (l *Lease) markLost() (first bool) {
+	l.lostOnce.Do(func() { close(l.lost); first = true })
+	return first
+}
+
+func (l *Lease) isLost() bool {
+	select {
+	case <-l.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// Lost is closed when the lease passed, or may have passed, to another
+// sidecar.
 func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Publish sends one event of the drive to the sidecars following it. Best
@@ -368,10 +565,16 @@ func (l *Lease) Release() {
 	ctx, cancel := context.WithTimeout(context.Background(), l.ls.ttl/3)
 	defer cancel()
 	// Flushed first so that the events reach followers before the lease
-	// is seen free. Only the revision this sidecar wrote is deleted.
+	// is seen free. Only the revision this sidecar wrote is removed.
 	_ = l.ls.nc.FlushWithContext(ctx)
-	if err := l.ls.kv.Delete(ctx, l.runID, jetstream.LastRevision(l.rev)); err != nil && !isWrongLastSeq(err) {
-		l.ls.log.Warn("run lease not released; it expires after its TTL", "run_id", l.runID, "err", err)
+	var err error
+	if l.ls.markerTTL > 0 {
+		err = l.ls.holds.Purge(ctx, l.runID, jetstream.LastRevision(l.rev), jetstream.PurgeTTL(l.ls.markerTTL))
+	} else {
+		err = l.ls.holds.Delete(ctx, l.runID, jetstream.LastRevision(l.rev))
+	}
+	if err != nil && !isWrongLastSeq(err) {
+		l.ls.log.Warn("run lease not released; it is free when this sidecar's key lapses", "run_id", l.runID, "err", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -127,9 +128,34 @@ func TestLeaseExpiresWhenHolderDies(t *testing.T) {
 	l2.Release()
 }
 
-// TestLeaseLost: when another pod took the lease (this one's expired while
-// it was cut off), the next renewal finds the revision moved and reports
-// the lease lost.
+// TestLeaseOfARestartedSidecar: a sidecar restarted under its instance ID
+// writes a new incarnation into its key, which frees the leases of its
+// earlier life for every sidecar at once, long before the TTL.
+func TestLeaseOfARestartedSidecar(t *testing.T) {
+	conn := server(t)
+	a := leases(t, conn, "pod-a", time.Minute)
+	b := leases(t, conn, "pod-b", time.Minute)
+	defer b.Close()
+	ctx := context.Background()
+	if l, _, err := a.Acquire(ctx, "run_1"); l == nil || err != nil {
+		t.Fatal(l, err)
+	}
+	a.Close() // pod-a dies
+	if l, holder, _ := b.Acquire(ctx, "run_1"); l != nil || holder != "pod-a" {
+		t.Fatalf("before pod-a restarts: lease %v holder %q, want pod-a's until its key lapses", l, holder)
+	}
+	a2 := leases(t, conn, "pod-a", time.Minute)
+	defer a2.Close()
+	lb, holder, err := b.Acquire(ctx, "run_1")
+	if lb == nil || err != nil {
+		t.Fatalf("pod-b after pod-a restarted: lease %v holder %q err %v; want the earlier life's lease taken over", lb, holder, err)
+	}
+	lb.Release()
+}
+
+// TestLeaseLost: when another pod took the lease over (this one's key
+// lapsed while it was cut off), the renewal that writes the key again
+// fences the run keys, finds this one moved and reports the lease lost.
 func TestLeaseLost(t *testing.T) {
 	conn := server(t)
 	ttl := time.Second
@@ -138,10 +164,10 @@ func TestLeaseLost(t *testing.T) {
 	defer b.Close()
 	ctx := context.Background()
 	la, _, _ := a.Acquire(ctx, "run_1")
-	// pod-b's view after pod-a's lease expired: the key was gone and
-	// pod-b created it. Simulated by removing pod-a's key directly.
-	js, _ := jetstreamKV(t, conn(), "T_RUNS")
-	js.Delete(ctx, "run_1")
+	// pod-b's view after pod-a's key lapsed: simulated by deleting the
+	// key directly.
+	alive, _ := jetstreamKV(t, conn(), "T_SIDECARS")
+	alive.Delete(ctx, "pod-a")
 	lb, _, err := b.Acquire(ctx, "run_1")
 	if lb == nil || err != nil {
 		t.Fatal(lb, err)
@@ -167,10 +193,10 @@ func jetstreamKV(t *testing.T, nc *nats.Conn, bucket string) (jetstream.KeyValue
 	return js.KeyValue(context.Background(), bucket)
 }
 
-// expiredUnderHolder returns pod-a's lease of run_1, whose key has expired
-// while pod-a still holds it (its renewal loop stopped), pod-b, and pod-a's
-// metrics.
-func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases, *prometheus.Registry) {
+// expiredUnderHolder returns pod-a's lease of run_1, taken while pod-a's
+// key has expired under it (its renewals stopped), pod-a, pod-b, and
+// pod-a's metrics.
+func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases, *ledger.Leases, *prometheus.Registry) {
 	t.Helper()
 	conn := server(t)
 	ttl := time.Second
@@ -183,20 +209,24 @@ func expiredUnderHolder(t *testing.T) (*ledger.Lease, *ledger.Leases, *prometheu
 		t.Fatal(err)
 	}
 	a.Close() // the renewals stop; the lease is still held in pod-a
-	kv, _ := jetstreamKV(t, conn(), "T_RUNS")
-	poll.Until(t, "the key to expire", func() bool { _, err := kv.Get(ctx, "run_1"); return errors.Is(err, jetstream.ErrKeyNotFound) })
-	return la, b, reg
+	kv, _ := jetstreamKV(t, conn(), "T_SIDECARS")
+	poll.Until(t, "pod-a's key to expire", func() bool { _, err := kv.Get(ctx, "pod-a"); return errors.Is(err, jetstream.ErrKeyNotFound) })
+	return la, a, b, reg
 }
 
-// TestLeaseExpiredTakenBack: a lease whose key expired while its holder
-// still drives (its renewals fell behind, say, under load), and that nobody
-// wrote since, is taken back by the next renewal instead of being reported
-// lost: nobody else drives the run.
+// TestLeaseExpiredTakenBack: when its key expired while the sidecar still
+// drives (its renewals fell behind, or it was cut off for a while), it
+// takes no lease; the next renewal writes the key again and takes back
+// each lease nobody took over, instead of reporting it lost.
 func TestLeaseExpiredTakenBack(t *testing.T) {
-	la, b, reg := expiredUnderHolder(t)
+	la, a, b, reg := expiredUnderHolder(t)
 	defer la.Release()
 	ctx := context.Background()
-	la.RenewNow()
+	if l, _, err := a.Acquire(ctx, "run_2"); l != nil || err == nil {
+		t.Fatalf("pod-a took a lease while its key had lapsed: %v %v", l, err)
+	}
+	ledger.BeatNow(a)
+	ledger.UpkeepNow(a)
 	select {
 	case <-la.Lost():
 		t.Fatal("the lease was reported lost although nobody else took it")
@@ -211,11 +241,11 @@ func TestLeaseExpiredTakenBack(t *testing.T) {
 }
 
 // TestLeaseTakenAndReleasedMeanwhile: while pod-a's renewals lag, its
-// lease expires, pod-b takes the run over and releases it. pod-a finds a
+// key expires, pod-b takes the run over and releases it. pod-a finds a
 // release it did not make: another sidecar may have driven the run, so the
 // lease is lost, not taken back.
 func TestLeaseTakenAndReleasedMeanwhile(t *testing.T) {
-	la, b, reg := expiredUnderHolder(t)
+	la, a, b, reg := expiredUnderHolder(t)
 	defer la.Release()
 	ctx := context.Background()
 	lb, _, err := b.Acquire(ctx, "run_1")
@@ -223,7 +253,8 @@ func TestLeaseTakenAndReleasedMeanwhile(t *testing.T) {
 		t.Fatal(lb, err)
 	}
 	lb.Release()
-	la.RenewNow()
+	ledger.BeatNow(a)
+	ledger.UpkeepNow(a)
 	select {
 	case <-la.Lost():
 	default:
@@ -234,9 +265,10 @@ func TestLeaseTakenAndReleasedMeanwhile(t *testing.T) {
 	}
 }
 
-// TestLeaseRenewalThatLandedLate: a renewal whose answer was lost (it timed
-// out, yet the update landed) leaves the holder with a stale revision; the
-// next renewal finds its own lease at the newer one and goes on with it.
+// TestLeaseRenewalThatLandedLate: a write whose answer was lost (it timed
+// out, yet the update landed) leaves the sidecar with a stale revision of
+// its key, or of a run key; the next write finds its own value at the
+// newer revision and goes on from there, without a lapse.
 func TestLeaseRenewalThatLandedLate(t *testing.T) {
 	conn := server(t)
 	ttl := time.Second
@@ -248,30 +280,152 @@ func TestLeaseRenewalThatLandedLate(t *testing.T) {
 	if held := promtest.Value(t, reg, "toolsidecar_leases_held"); held != 1 {
 		t.Errorf("toolsidecar_leases_held %v, want 1", held)
 	}
-	kv, _ := jetstreamKV(t, conn(), "T_RUNS")
-	e, err := kv.Get(ctx, "run_1")
-	if err != nil {
-		t.Fatal(err)
+	// The writes pod-a never heard back from.
+	landLate := func(bucket, key string) jetstream.KeyValueEntry {
+		kv, _ := jetstreamKV(t, conn(), bucket)
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Update(ctx, key, e.Value(), e.Revision()); err != nil {
+			t.Fatal(err)
+		}
+		return e
 	}
-	if _, err := kv.Update(ctx, "run_1", e.Value(), e.Revision()); err != nil { // the renewal pod-a never heard back from
-		t.Fatal(err)
-	}
-	time.Sleep(ttl) // three renewal periods
+	self := landLate("T_SIDECARS", "pod-a")
+	run := landLate("T_DRIVES", "run_1")
+	la.KeepNow()
+	time.Sleep(ttl) // three renewals
 	select {
 	case <-la.Lost():
-		t.Fatal("the lease was reported lost after a renewal that landed late")
+		t.Fatal("the lease was reported lost after writes that landed late")
 	default:
 	}
-	if e2, err := kv.Get(ctx, "run_1"); err != nil || e2.Revision() <= e.Revision()+1 || string(e2.Value()) != string(e.Value()) {
-		t.Errorf("key after renewals: %v (revision %d), want pod-a's value renewed past revision %d", err, e2.Revision(), e.Revision()+1)
+	for _, k := range []struct {
+		bucket, key string
+		before      jetstream.KeyValueEntry
+	}{{"T_SIDECARS", "pod-a", self}, {"T_DRIVES", "run_1", run}} {
+		kv, _ := jetstreamKV(t, conn(), k.bucket)
+		if e, err := kv.Get(ctx, k.key); err != nil || e.Revision() <= k.before.Revision()+1 || string(e.Value()) != string(k.before.Value()) {
+			t.Errorf("%s after the writes: %v, want pod-a's value written past revision %d", k.key, err, k.before.Revision()+1)
+		}
 	}
-	if passes, expired := promtest.Value(t, reg, "toolsidecar_lease_renewal_pass_seconds"), promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=taken_back"); passes < 2 || expired != 0 {
-		t.Errorf("%v renewal passes observed, %v leases taken back; want at least 2 passes and none taken back (the key never expired)", passes, expired)
+	if renewals, expired := promtest.Value(t, reg, "toolsidecar_lease_renewal_seconds"), promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=taken_back"); renewals < 2 || expired != 0 {
+		t.Errorf("%v renewals observed, %v leases taken back; want at least 2 renewals and none taken back (the key never lapsed)", renewals, expired)
 	}
 }
 
-// TestRenewalOrder: a pass renews the longest unrenewed lease first, so
-// that a pass slower than TTL/3 still renews each lease once per pass.
+// TestLeaseWritesDoNotGrowWithRuns: a sidecar holding many leases writes
+// its own key every TTL/3 and each run key once; nothing per run while
+// they are held. The stream sequence of each bucket counts every write.
+func TestLeaseWritesDoNotGrowWithRuns(t *testing.T) {
+	conn := server(t)
+	ttl := 600 * time.Millisecond
+	a := leases(t, conn, "pod-a", ttl)
+	defer a.Close()
+	ctx := context.Background()
+	const runs = 100
+	for i := range runs {
+		l, _, err := a.Acquire(ctx, fmt.Sprintf("run_%d", i))
+		if l == nil || err != nil {
+			t.Fatal(l, err)
+		}
+		defer l.Release()
+	}
+	nc := conn()
+	writes := func(stream string) uint64 { return streamState(t, nc, stream).LastSeq }
+	held, selfBefore := writes("KV_T_DRIVES"), writes("KV_T_SIDECARS")
+	time.Sleep(4 * ttl) // about 12 renewals
+	if got := writes("KV_T_DRIVES"); got != held || held != runs {
+		t.Errorf("run keys: %d writes to take %d leases, %d after 4 TTLs; want %d and no more", held, runs, got, runs)
+	}
+	if beats := writes("KV_T_SIDECARS") - selfBefore; beats < 4 || beats > 16 {
+		t.Errorf("the sidecar's key was written %d times in 4 TTLs, want about 12", beats)
+	}
+}
+
+// streamState is the state of a JetStream stream: its sequence counts
+// every write, its messages what is kept.
+func streamState(t *testing.T, nc *nats.Conn, stream string) jetstream.StreamState {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State
+}
+
+// TestReleasedLeasesLeaveNothing: a released lease's marker goes after
+// the TTL, so that one drive after another does not pile markers up in
+// the bucket for the hold TTL (an hour).
+func TestReleasedLeasesLeaveNothing(t *testing.T) {
+	conn := server(t)
+	ttl := time.Second
+	a := leases(t, conn, "pod-a", ttl)
+	defer a.Close()
+	ctx := context.Background()
+	for i := range 50 {
+		l, _, err := a.Acquire(ctx, fmt.Sprintf("run_%d", i))
+		if l == nil || err != nil {
+			t.Fatal(l, err)
+		}
+		l.Release()
+	}
+	nc := conn()
+	if kept := streamState(t, nc, "KV_T_DRIVES").Msgs; kept != 50 {
+		t.Fatalf("%d entries right after 50 releases, want their 50 markers", kept)
+	}
+	poll.Until(t, "the markers to go", func() bool { return streamState(t, nc, "KV_T_DRIVES").Msgs == 0 })
+	if l, _, err := a.Acquire(ctx, "run_7"); l == nil || err != nil {
+		t.Fatalf("a released run after its marker went: %v %v", l, err)
+	}
+}
+
+// TestLeaseLostWhenCutOff: a sidecar whose connection to NATS is gone
+// cannot renew its key; once the TTL has passed, each of its leases is
+// reported lost (another sidecar may take the run over) and counted once.
+func TestLeaseLostWhenCutOff(t *testing.T) {
+	conn := server(t)
+	ttl := time.Second
+	nc := conn()
+	reg := prometheus.NewRegistry()
+	a, err := ledger.OpenLeases(context.Background(), nc, ledger.LeaseConfig{Prefix: "t", Instance: "pod-a", TTL: ttl, Metrics: reg},
+		slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx := context.Background()
+	la, _, _ := a.Acquire(ctx, "run_1")
+	lb, _, _ := a.Acquire(ctx, "run_2")
+	nc.Close()
+	cut := time.Now()
+	for _, l := range []*ledger.Lease{la, lb} {
+		select {
+		case <-l.Lost():
+		case <-time.After(3 * ttl):
+			t.Fatal("a lease of a sidecar cut off from NATS was not reported lost")
+		}
+	}
+	if since := time.Since(cut); since < ttl*2/3 {
+		t.Errorf("leases reported lost %s after the cut, before the key could lapse (TTL %s)", since, ttl)
+	}
+	time.Sleep(ttl) // more failed renewals
+	if lost := promtest.Value(t, reg, "toolsidecar_leases_expired_total", "outcome=lost"); lost != 2 {
+		t.Errorf("toolsidecar_leases_expired_total{outcome=lost} %v, want 2", lost)
+	}
+}
+
+// TestRenewalOrder: the upkeep writes the longest unwritten run key first,
+// so that a pass slower than its period still writes each key in turn.
 func TestRenewalOrder(t *testing.T) {
 	conn := server(t)
 	a := leases(t, conn, "pod-a", time.Minute) // no pass during the test
@@ -286,8 +440,8 @@ func TestRenewalOrder(t *testing.T) {
 		defer l.Release()
 		held = append(held, l)
 	}
-	held[0].RenewNow()
+	held[0].KeepNow()
 	if got := strings.Join(ledger.RenewalOrder(a), " "); got != "run_2 run_3 run_1" {
-		t.Errorf("renewal order %q, want \"run_2 run_3 run_1\" (run_1 was renewed last)", got)
+		t.Errorf("renewal order %q, want \"run_2 run_3 run_1\" (run_1 was written last)", got)
 	}
 }

@@ -167,8 +167,8 @@ func measure(o options) error {
 		results = append(results, r)
 		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f %6d %11d %15.2f\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
 			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB, r.GCs, r.PeakCoreQueue, r.CoreConnsPerRun)
-		if o.durable && r.LeasePassMean > 0 {
-			fmt.Printf("%8s lease renewals: a pass took %s on average; %d leases expired under their drives\n", "", r.LeasePassMean.Round(time.Millisecond), r.LeasesExpired)
+		if o.durable && r.LeaseRenewalMean > 0 {
+			fmt.Printf("%8s lease renewals: %s on average; %d leases lapsed under their drives\n", "", r.LeaseRenewalMean.Round(time.Millisecond), r.LeasesExpired)
 		}
 		if r.FirstError != "" {
 			fmt.Printf("%8s first error: %s\n", "", r.FirstError)
@@ -326,22 +326,22 @@ type result struct {
 	// CoreConnsPerRun counts the connections the sidecar opened to Core,
 	// per run (toolsidecar_core_connections_opened_total).
 	CoreConnsPerRun float64 `json:"core_connections_per_run"`
-	// In durable mode: the mean time of a pass of lease renewals, and the
-	// leases that expired under their drives.
-	LeasePassMean time.Duration `json:"lease_pass_mean_ns,omitempty"`
-	LeasesExpired int           `json:"leases_expired,omitempty"`
+	// In durable mode: the mean time of a renewal of the sidecar's lease
+	// key, and the leases whose holder's key lapsed under their drives.
+	LeaseRenewalMean time.Duration `json:"lease_renewal_mean_ns,omitempty"`
+	LeasesExpired    int           `json:"leases_expired,omitempty"`
 }
 
 // counted are the sidecar's counters a level reads before and after.
-type counted struct{ coreRequests, gcs, coreConns, leasePasses, leasePassSeconds, leasesExpired float64 }
+type counted struct{ coreRequests, gcs, coreConns, leaseRenewals, leaseRenewalSeconds, leasesExpired float64 }
 
 func (s *stack) counters() counted {
 	var c counted
 	c.coreRequests, _ = s.metric("toolsidecar_core_request_duration_seconds_count")
 	c.gcs, _ = s.metric("go_gc_duration_seconds_count")
 	c.coreConns, _ = s.metric("toolsidecar_core_connections_opened_total")
-	c.leasePasses, _ = s.metric("toolsidecar_lease_renewal_pass_seconds_count")
-	c.leasePassSeconds, _ = s.metric("toolsidecar_lease_renewal_pass_seconds_sum")
+	c.leaseRenewals, _ = s.metric("toolsidecar_lease_renewal_seconds_count")
+	c.leaseRenewalSeconds, _ = s.metric("toolsidecar_lease_renewal_seconds_sum")
 	c.leasesExpired, _ = s.metric("toolsidecar_leases_expired_total")
 	return c
 }
@@ -402,8 +402,8 @@ func (s *stack) level(n int, o options) (result, error) {
 		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after.coreRequests - before.coreRequests) / float64(n*o.calls),
 		PeakRSSMiB: p.rssMiB, PeakGoroutines: p.goroutines, PeakStackMiB: p.stackMiB, PeakHeapMiB: p.heapMiB, GCs: int(after.gcs - before.gcs),
 		PeakCoreQueue: p.coreQueue, CoreConnsPerRun: (after.coreConns - before.coreConns) / float64(n)}
-	if passes := after.leasePasses - before.leasePasses; passes > 0 {
-		r.LeasePassMean = time.Duration((after.leasePassSeconds - before.leasePassSeconds) / passes * float64(time.Second))
+	if renewals := after.leaseRenewals - before.leaseRenewals; renewals > 0 {
+		r.LeaseRenewalMean = time.Duration((after.leaseRenewalSeconds - before.leaseRenewalSeconds) / renewals * float64(time.Second))
 		r.LeasesExpired = int(after.leasesExpired - before.leasesExpired)
 	}
 	if e, ok := firstErr.Load().(string); ok {
