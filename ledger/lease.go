@@ -179,7 +179,7 @@ func (ls *Leases) instrument(reg prometheus.Registerer) {
 	f := promauto.With(reg)
 	f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "leases_held",
 		Help: "Run leases this sidecar holds (durable mode)."},
-		func() float64 { ls.mu.Lock(); defer ls.mu.Unlock(); return float64(len(ls.held)) })
+		func() float64 { return float64(ls.heldCount()) })
 	ls.renewals = f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "lease_renewal_seconds",
 		Help:    "How long one renewal of this sidecar's key, which keeps all its leases, took; near lease_ttl/3, its leases may lapse.",
 		Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}})
@@ -369,7 +369,7 @@ func (ls *Leases) beat() {
 		}
 	case ls.sinceBeat() > ls.ttl:
 		ls.log.Warn("this sidecar's key was not renewed within the lease TTL: its leases are lost", "err", err)
-		for _, l := range ls.heldLeases() {
+		for _, l := range ls.heldLeases(func(*Lease) bool { return true }) {
 			if l.markLost() {
 				ls.countExpired("lost")
 			}
@@ -385,20 +385,20 @@ func (ls *Leases) beat() {
 // revision is renewed. Otherwise the key lapsed and is written again, and
 // the upkeep fences the run keys.
 func (ls *Leases) rewriteKey(ctx context.Context) (uint64, error) {
-	e, err := ls.alive.Get(ctx, ls.instance)
+	rev, err := writeOver(ctx, ls.alive, ls.instance, ls.self)
 	switch {
-	case err == nil && bytes.Equal(e.Value(), ls.self):
-		return ls.alive.Update(ctx, ls.instance, ls.self, e.Revision())
 	case err == nil:
+		return rev, nil
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 		ls.log.Error("another process wrote this sidecar's key: instance_id must be unique among sidecars", "instance_id", ls.instance)
 	case !errors.Is(err, jetstream.ErrKeyNotFound):
 		return 0, err
 	}
-	rev, err := ls.alive.Put(ctx, ls.instance, ls.self)
+	rev, err = ls.alive.Put(ctx, ls.instance, ls.self)
 	if err != nil {
 		return 0, err
 	}
-	ls.log.Warn("this sidecar's key had lapsed: written again; its leases are checked", "held", len(ls.heldLeases()))
+	ls.log.Warn("this sidecar's key had lapsed: written again; its leases are checked", "held", ls.heldCount())
 	ls.gen.Add(1)
 	select {
 	case ls.fence <- struct{}{}:
@@ -414,30 +414,38 @@ func (ls *Leases) upkeep() {
 	gen := ls.gen.Load()
 	var g errgroup.Group
 	g.SetLimit(renewers)
-	for _, l := range ls.renewalOrder() {
-		if l.gen.Load() < gen || l.sinceWrite() > ls.holdTTL/3 {
-			g.Go(func() error { l.keep(gen); return nil })
-		}
+	for _, l := range ls.renewalOrder(func(l *Lease) bool { return l.gen.Load() < gen || l.sinceWrite() > ls.holdTTL/3 }) {
+		g.Go(func() error { l.keep(gen); return nil })
 	}
 	_ = g.Wait()
 }
 
-// heldLeases is the leases held, in no order.
-func (ls *Leases) heldLeases() []*Lease {
+// heldLeases is the leases held for which want says true, in no order.
+func (ls *Leases) heldLeases(want func(*Lease) bool) []*Lease {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	held := make([]*Lease, 0, len(ls.held))
+	var held []*Lease
 	for _, l := range ls.held {
-		held = append(held, l)
+		if want(l) {
+			held = append(held, l)
+		}
 	}
 	return held
 }
 
-// renewalOrder is the held leases, the longest unwritten first, so that a
-// pass that cannot write them all in time still writes each one in turn
-// (TestRenewalOrder).
-func (ls *Leases) renewalOrder() []*Lease {
-	held := ls.heldLeases()
+// heldCount is how many leases are held.
+func (ls *Leases) heldCount() int {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return len(ls.held)
+}
+
+// renewalOrder is the held leases for which want says true, the longest
+// unwritten first, so that a pass that cannot write them all in time
+// still writes each one in turn (TestRenewalOrder). Most passes want none:
+// only those are sorted.
+func (ls *Leases) renewalOrder(want func(*Lease) bool) []*Lease {
+	held := ls.heldLeases(want)
 	slices.SortFunc(held, func(a, b *Lease) int { return cmp.Compare(a.lastWrite.Load(), b.lastWrite.Load()) })
 	return held
 }
@@ -518,14 +526,26 @@ func (l *Lease) keep(gen uint64) {
 //     The key cannot have expired under this lease: the upkeep rewrites
 //     it every HoldTTL/3.
 func (l *Lease) retake(ctx context.Context) (uint64, error) {
-	e, err := l.ls.holds.Get(ctx, l.runID)
-	switch {
-	case err == nil && bytes.Equal(e.Value(), l.ls.self):
-		return l.ls.holds.Update(ctx, l.runID, l.ls.self, e.Revision())
-	case err == nil, errors.Is(err, jetstream.ErrKeyNotFound):
+	rev, err := writeOver(ctx, l.ls.holds, l.runID, l.ls.self)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, jetstream.ErrKeyRevisionMismatch
 	}
-	return 0, err
+	return rev, err
+}
+
+// writeOver writes val into key at the revision the bucket has, provided
+// the key still holds val: a write that landed after its request timed
+// out left the writer a revision behind. ErrKeyNotFound: the key is gone;
+// ErrKeyRevisionMismatch: it holds another value.
+func writeOver(ctx context.Context, kv jetstream.KeyValue, key string, val []byte) (uint64, error) {
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	if !bytes.Equal(e.Value(), val) {
+		return 0, jetstream.ErrKeyRevisionMismatch
+	}
+	return kv.Update(ctx, key, val, e.Revision())
 }
 
 // markLost closes Lost, and says whether this call did.
