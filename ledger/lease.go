@@ -298,14 +298,16 @@ func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte
 	defer sub.Unsubscribe()
 	// The lease is checked after subscribing, so that no event published
 	// between the check and the subscription is missed, and again every
-	// TTL/4 while no event comes (a holder's death publishes nothing).
+	// followPoll while no event comes (a holder's death publishes nothing,
+	// and a holder restarted under its instance ID frees its runs at once).
+	every := min(ls.ttl/4, followPoll)
 	for {
 		if free, _ := ls.free(ctx, runID); free {
 			return nil
 		} else if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		wait, cancel := context.WithTimeout(ctx, ls.ttl/4)
+		wait, cancel := context.WithTimeout(ctx, every)
 		for {
 			m, err := sub.NextMsgWithContext(wait)
 			if err != nil {
@@ -319,6 +321,10 @@ func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte
 		cancel()
 	}
 }
+
+// followPoll is the longest a follower waits between two checks of the
+// lease: two reads, for the few drives that follow another sidecar.
+const followPoll = time.Second
 
 // renewers bounds the run keys written at once by the upkeep. One at a
 // time, 10,000 writes outlasted a 10 s TTL on a loaded machine.

@@ -490,14 +490,26 @@ func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, 
 func TestLeaseHolderKilled(t *testing.T) {
 	for i := range testenv.SoakReps() {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			t.Logf("FAULT lease_holder_sigkill rep=%d resume_ms=%d", i, leaseHolderKilled(t).Milliseconds())
+			t.Logf("FAULT lease_holder_sigkill rep=%d resume_ms=%d", i, leaseHolderKilled(t, false).Milliseconds())
 		})
 	}
 }
 
-// leaseHolderKilled runs it once and returns the time from the kill to
-// the run's completion through B.
-func leaseHolderKilled(t *testing.T) time.Duration {
+// TestLeaseHolderRestarted: as TestLeaseHolderKilled, but the lease TTL
+// is ten minutes and A is started again under its instance ID after the
+// kill. Its new incarnation frees the run at once: B takes it over and
+// completes it long before the TTL, each tool run once.
+func TestLeaseHolderRestarted(t *testing.T) {
+	for i := range testenv.SoakReps() {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Logf("FAULT lease_holder_restarted rep=%d resume_ms=%d", i, leaseHolderKilled(t, true).Milliseconds())
+		})
+	}
+}
+
+// leaseHolderKilled runs it once and returns the time from the kill (or,
+// with restart, from A's restart) to the run's completion through B.
+func leaseHolderKilled(t *testing.T, restart bool) time.Duration {
 	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir(), AllowAnonymous: true})
 	if err != nil {
 		t.Fatal(err)
@@ -509,13 +521,17 @@ func leaseHolderKilled(t *testing.T) time.Duration {
 	}}
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: "k", Scenario: sc})
 	defer srv.Close()
+	ttl := "2s"
+	if restart {
+		ttl = "10m" // longer than the test may wait: only the restart frees the run
+	}
 	side := func(instance string) *daemonProc {
 		http := testenv.FreeAddr(t)
 		p := &daemonProc{cfgPath: filepath.Join(t.TempDir(), "config.yaml"), base: "http://" + http, natsURL: ns.ClientURL()}
 		os.WriteFile(p.cfgPath, []byte(fmt.Sprintf("instance_id: %s\ncore: {url: %q}\nnats: {url: %q}\n"+
-			"durability: {lease_ttl: 2s}\nserver: {listen: %q}\n"+
+			"durability: {lease_ttl: %s}\nserver: {listen: %q}\n"+
 			"tools:\n  - {name: look, side_effects: read_only, timeout: 10s}\n  - {name: pay, side_effects: unsafe, timeout: 10s}\n",
-			instance, srv.URL, ns.ClientURL(), http)), 0o600)
+			instance, srv.URL, ns.ClientURL(), ttl, http)), 0o600)
 		p.start(t)
 		return p
 	}
@@ -549,7 +565,16 @@ func leaseHolderKilled(t *testing.T) time.Duration {
 	<-first
 	killed := time.Now()
 	release() // the tools finish while no sidecar listens; JetStream keeps the replies
-	res := <-second
+	if restart {
+		a.start(t)
+		killed = time.Now()
+	}
+	var res driveResult
+	select {
+	case res = <-second:
+	case <-time.After(poll.Timeout):
+		t.Fatalf("B did not take the run over\n%s", b.stderr.String())
+	}
 	if res.err != nil || res.sum.Status != executor.StatusCompleted {
 		t.Fatalf("B's drive %+v %v\n%s", res.sum, res.err, b.stderr.String())
 	}
