@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -24,7 +25,8 @@ import (
 type Batch[T any] struct {
 	ctx    context.Context
 	submit func(i int, v T) error
-	group  errgroup.Group
+	group  errgroup.Group // the goroutines that start tasks
+	tasks  sync.WaitGroup // tasks holding a slot, until their result is submitted
 
 	mu       sync.Mutex
 	results  []T
@@ -32,7 +34,7 @@ type Batch[T any] struct {
 	queue    []func()         // tasks waiting for a slot under the limit
 	finished []bool           // by index: the task has run
 	after    map[int][]func() // tasks waiting for the task at an index
-	running  int              // goroutines running tasks, at most limit
+	running  int              // tasks holding a slot, at most limit
 	limit    int
 	errs     []error
 
@@ -63,6 +65,13 @@ func (b *Batch[T]) Go(task func(ctx context.Context) T) int {
 // predecessor holds no slot of the limit. Its result is still submitted at
 // its own index.
 func (b *Batch[T]) GoAfter(prev int, task func(ctx context.Context) T) int {
+	return b.StartAfter(prev, func(ctx context.Context, done func(T)) { done(task(ctx)) })
+}
+
+// StartAfter is GoAfter for a task that reports its result through done,
+// exactly once, from any goroutine, before or after it returns: a task
+// that waits for a callback holds a slot of the limit but no goroutine.
+func (b *Batch[T]) StartAfter(prev int, task func(ctx context.Context, done func(T))) int {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -72,66 +81,74 @@ func (b *Batch[T]) GoAfter(prev int, task func(ctx context.Context) T) int {
 	var zero T
 	b.results = append(b.results, zero)
 	b.finished = append(b.finished, false)
-	run := func() {
-		v := task(b.ctx)
-		b.mu.Lock()
-		b.results[i] = v
-		b.finished[i] = true
-		next := b.after[i]
-		delete(b.after, i)
-		b.mu.Unlock()
-		for _, n := range next {
-			b.launch(n)
-		}
-		b.submitReady()
+	start := func() {
+		var once atomic.Bool
+		task(b.ctx, func(v T) {
+			if !once.CompareAndSwap(false, true) {
+				panic(fmt.Sprintf("batch: task %d reported twice", i))
+			}
+			b.finish(i, v)
+		})
 	}
 	if prev >= 0 && prev < i && !b.finished[prev] {
 		if b.after == nil {
 			b.after = map[int][]func(){}
 		}
-		b.after[prev] = append(b.after[prev], run)
+		b.after[prev] = append(b.after[prev], start)
 		b.mu.Unlock()
 		return i
 	}
 	b.mu.Unlock()
-	b.launch(run)
+	b.launch(start)
 	return i
 }
 
-// launch starts run under the limit, or queues it.
-func (b *Batch[T]) launch(run func()) {
-	// At the limit the task waits in the queue and a finishing task picks
-	// it up on its own goroutine: no goroutine exists only to feed others,
-	// and the caller (a stream reader) never blocks. The count is kept
-	// here, under the same lock as the queue, rather than with the group's
-	// SetLimit, whose slot is freed only after a goroutine has returned:
-	// a task queued in that gap would wait forever.
+// launch starts a task under the limit, or queues it.
+func (b *Batch[T]) launch(start func()) {
+	// At the limit the task waits in the queue, and a finishing task hands
+	// its slot on: no goroutine exists only to feed others, and the caller
+	// (a stream reader) never blocks. The count is kept here, under the
+	// same lock as the queue, so that no task is queued in a gap between
+	// a slot's release and its count.
 	b.mu.Lock()
-	start := b.limit < 1 || b.running < b.limit
-	if start {
+	run := b.limit < 1 || b.running < b.limit
+	if run {
 		b.running++
+		b.tasks.Add(1)
 	} else {
-		b.queue = append(b.queue, run)
+		b.queue = append(b.queue, start)
 	}
 	b.mu.Unlock()
-	if start {
-		b.group.Go(func() error { b.drain(run); return nil })
+	if run {
+		b.group.Go(func() error { start(); return nil })
 	}
 }
 
-// drain runs task, then every task queued meanwhile, until the queue is
-// empty; it holds one of the limit's slots the whole time.
-func (b *Batch[T]) drain(task func()) {
-	for task != nil {
-		task()
-		b.mu.Lock()
-		task = nil
-		if len(b.queue) > 0 {
-			task, b.queue = b.queue[0], b.queue[1:]
-		} else {
-			b.running--
-		}
-		b.mu.Unlock()
+// finish records task i's result, starts the tasks that waited for it,
+// submits what is ready, and hands the task's slot to the next task queued.
+func (b *Batch[T]) finish(i int, v T) {
+	defer b.tasks.Done()
+	b.mu.Lock()
+	b.results[i] = v
+	b.finished[i] = true
+	next := b.after[i]
+	delete(b.after, i)
+	b.mu.Unlock()
+	for _, n := range next {
+		b.launch(n)
+	}
+	b.submitReady()
+	b.mu.Lock()
+	var start func()
+	if len(b.queue) > 0 {
+		start, b.queue = b.queue[0], b.queue[1:]
+		b.tasks.Add(1)
+	} else {
+		b.running--
+	}
+	b.mu.Unlock()
+	if start != nil {
+		b.group.Go(func() error { start(); return nil })
 	}
 }
 
@@ -158,6 +175,7 @@ func (b *Batch[T]) Done() <-chan struct{} { return b.done }
 func (b *Batch[T]) Wait() ([]T, error) {
 	b.Close()
 	<-b.done
+	b.tasks.Wait()
 	b.group.Wait()
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -257,4 +259,61 @@ func testGoAfter(t *testing.T) {
 	if !slices.Equal(submitted, []int{0, 1, 2, 3}) {
 		t.Errorf("submitted %v, want index order", submitted)
 	}
+}
+
+// TestStartHoldsSlotNotGoroutine: a task that reports through a callback
+// holds its slot of the limit until it reports, but no goroutine while it
+// waits; the callback may come from any goroutine, and only once.
+func TestStartHoldsSlotNotGoroutine(t *testing.T) { synctest.Test(t, testStartHoldsSlot) }
+
+func testStartHoldsSlot(t *testing.T) {
+	var mu sync.Mutex
+	var started []int
+	dones := map[int]func(int){}
+	b := New(context.Background(), 2, func(int, int) error { return nil })
+	for i := range 5 {
+		b.StartAfter(-1, func(_ context.Context, done func(int)) {
+			mu.Lock()
+			started = append(started, i)
+			dones[i] = done
+			mu.Unlock()
+		})
+	}
+	startedNow := func() []int {
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Sorted(slices.Values(started))
+	}
+	if got := startedNow(); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("started %v, want [0 1]: the limit is 2", got)
+	}
+	buf := make([]byte, 1<<16)
+	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "batch.(*Batch") {
+		t.Errorf("a goroutine holds a waiting task:\n%s", st)
+	}
+	report := func(i int) {
+		mu.Lock()
+		done := dones[i]
+		mu.Unlock()
+		go done(i * 10) // a callback's own goroutine
+	}
+	report(1)
+	if got := startedNow(); !slices.Equal(got, []int{0, 1, 2}) {
+		t.Fatalf("started %v after task 1 reported, want [0 1 2]", got)
+	}
+	for _, i := range []int{0, 2, 3, 4} {
+		report(i)
+		startedNow()
+	}
+	res, err := b.Wait()
+	if err != nil || !slices.Equal(res, []int{0, 10, 20, 30, 40}) {
+		t.Fatalf("results %v, %v", res, err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a task reported twice without a panic")
+		}
+	}()
+	dones[0](1)
 }

@@ -90,12 +90,39 @@ func BenchmarkDispatch(b *testing.B) {
 // process allocates per call (its dispatch, its NATS connection and the
 // embedded server routing the request and the reply).
 func BenchmarkDispatchSidecarSide(b *testing.B) {
+	c, r := workerProcess(b)
+	sequential(b, c, r)
+}
+
+// BenchmarkSendSidecarSide is BenchmarkDispatchSidecarSide through Send,
+// the executor's path: a context that can be cancelled, as a turn's is,
+// and the outcome handed to a callback.
+func BenchmarkSendSidecarSide(b *testing.B) {
+	c, r := workerProcess(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan tool.Outcome, 1)
+	done := func(o tool.Outcome) { got <- o }
+	b.ResetTimer()
+	for range b.N {
+		if o, sent := c.Send(ctx, r, done); !sent {
+			b.Fatal(o.Err)
+		}
+		if o := <-got; o.Err != nil {
+			b.Fatal(o.Err)
+		}
+	}
+}
+
+// workerProcess starts a server and an echo worker in a process of its
+// own, and returns a client and a request that the worker answers.
+func workerProcess(b *testing.B) (*bridge.Client, tool.Request) {
 	url := natstest.Start(b)
 	workerproc.Start(b, workerproc.Config{URLs: url, Prefix: natstest.Prefix, ExecLog: filepath.Join(b.TempDir(), "exec.log")})
 	c := open(b, natstest.Dial(b, url))
 	r := natstest.Request(workerproc.Echo, time.Second)
 	poll.Until(b, "the worker process to answer", func() bool { return c.Dispatch(context.Background(), r).Err == nil })
-	sequential(b, c, r)
+	return c, r
 }
 
 // BenchmarkDispatchDurable: the same calls in durable mode (read-only).

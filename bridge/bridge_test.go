@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/internal/natstest"
+	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/workerproc"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -324,5 +328,120 @@ func TestReplyDuringSlowOnSent(t *testing.T) {
 		if out := c.Dispatch(context.Background(), r); out.Err != nil || string(out.Data) != "fast" {
 			t.Fatalf("dispatch %d: %+v, want the reply that came during OnSent", i, out)
 		}
+	}
+}
+
+// TestSendHoldsNoGoroutine: calls sent with Send wait for their workers
+// without a goroutine, and each gets its own outcome exactly once.
+func TestSendHoldsNoGoroutine(t *testing.T) {
+	side, work := natstest.Connect(t)
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	var arrived atomic.Int32
+	natstest.Worker(t, work, map[string]tool.Handler{"hold": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		arrived.Add(1)
+		<-release
+		return c.Args, nil
+	}})
+	c := open(t, side)
+	const n = 50
+	var mu sync.Mutex
+	got := map[int][]string{}
+	var wg sync.WaitGroup
+	for i := range n {
+		r := natstest.Request("hold", 10*time.Second)
+		r.ActionID, r.Body = fmt.Sprint("act_", i), fmt.Appendf(nil, `{"tool_call_id":"c%d","action_id":"act_%d","tool":"hold","args":{"i":%d}}`, i, i, i)
+		wg.Add(1)
+		if out, sent := c.Send(context.Background(), r, func(o tool.Outcome) {
+			mu.Lock()
+			got[i] = append(got[i], string(o.Data)+errText(o))
+			mu.Unlock()
+			wg.Done()
+		}); !sent {
+			t.Fatalf("call %d not sent: %+v", i, out)
+		}
+	}
+	poll.Until(t, "every call to reach its worker", func() bool { return arrived.Load() == n })
+	buf := make([]byte, 1<<20)
+	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "bridge.(*Client)") {
+		t.Errorf("a goroutine waits in the client:\n%s", st)
+	}
+	free()
+	wg.Wait()
+	for i := range n {
+		if want := fmt.Sprintf(`{"i":%d}`, i); len(got[i]) != 1 || got[i][0] != want {
+			t.Errorf("call %d: outcomes %q, want exactly [%s]", i, got[i], want)
+		}
+	}
+}
+
+func errText(o tool.Outcome) string {
+	if o.Err == nil {
+		return ""
+	}
+	return " error: " + o.Err.Message
+}
+
+// TestLateCallbacksIgnored: a waiter is reused once its call ends, and the
+// timer or context callback of the earlier call may fire late; neither
+// may end the call that waits now.
+func TestLateCallbacksIgnored(t *testing.T) {
+	side, work := natstest.Connect(t)
+	natstest.Worker(t, work, map[string]tool.Handler{"slow": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		time.Sleep(200 * time.Millisecond)
+		return []byte("slow"), nil
+	}})
+	c := open(t, side)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := make(chan tool.Outcome, 2)
+	if o, sent := c.Send(ctx, natstest.Request("slow", 5*time.Second), func(o tool.Outcome) { out <- o }); !sent {
+		t.Fatalf("not sent: %+v", o)
+	}
+	if n := c.FireStale(); n != 1 {
+		t.Fatalf("%d calls waiting, want 1", n)
+	}
+	if o := <-out; o.Err != nil || string(o.Data) != "slow" {
+		t.Fatalf("outcome %+v, want the worker's reply", o)
+	}
+	select {
+	case o := <-out:
+		t.Fatalf("a second outcome: %+v", o)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// TestCloseEndsWaitingSends: Close ends every call waiting for its worker,
+// once, with a crash outcome that names it.
+func TestCloseEndsWaitingSends(t *testing.T) {
+	side, work := natstest.Connect(t)
+	release := make(chan struct{})
+	defer close(release)
+	natstest.Worker(t, work, map[string]tool.Handler{"hold": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		<-release
+		return []byte("late"), nil
+	}})
+	c, err := bridge.Open(side, natstest.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan tool.Outcome, 4)
+	for range 2 {
+		if o, sent := c.Send(context.Background(), natstest.Request("hold", 10*time.Second), func(o tool.Outcome) { out <- o }); !sent {
+			t.Fatalf("not sent: %+v", o)
+		}
+	}
+	c.Close()
+	for range 2 {
+		if o := <-out; o.Err == nil || o.Err.Type != tool.WorkerCrash || !strings.Contains(o.Err.Message, "closed") {
+			t.Errorf("outcome after Close: %+v", o)
+		}
+	}
+	select {
+	case o := <-out:
+		t.Fatalf("a third outcome: %+v", o)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -43,44 +43,44 @@ type Client struct {
 	pending  map[string]*waiter
 	subjects map[string]string // by tool: built once
 	closed   bool
-	done     chan struct{} // closed by Close: wakes the calls in flight
+	done     chan struct{} // closed by Close
 	resyncs  sync.WaitGroup
+	waiters  sync.Pool // of *waiter, each tied to this client
 }
 
-// waiter is one attempt's wait: its reply channels, its timer, and the
-// message it sends. Waiters are pooled: a call allocates none of them.
+// waiter is one attempt's wait. It holds no goroutine: the reply (on the
+// inbox subscription), its timer, the end of its context and Close each
+// try to settle it, and the first one does, exactly once. Waiters are
+// pooled; gen tells a callback that fired late that its wait is over.
 type waiter struct {
-	final    chan *nats.Msg // cap 1: the first final reply wins
-	progress chan struct{}  // cap 1: progress notifications coalesce
-	timer    *time.Timer
-	msg      nats.Msg
-	vals     [4]string // the header values; the header map's slices point here
+	c     *Client     // set once
+	timer *time.Timer // runs expire
+	msg   nats.Msg
+	vals  [4]string // the header values; the header map's slices point here
+
+	// Guarded by c.mu.
+	gen      uint64
+	token    string
+	req      tool.Request
+	ctx      context.Context
+	stopCtx  func() bool // unregisters the context's callback
+	done     func(tool.Outcome)
+	inline   bool // done never blocks: route may call it on its own goroutine
+	sent     time.Time
+	due      time.Time // when the timer is due: a late expire of a reused waiter sees it ahead
+	armed    bool      // OnSent has returned: the wait has begun
+	settled  bool
+	final    *nats.Msg // a final reply that came before armed
+	progress int
 }
 
-var waiters = sync.Pool{New: func() any {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	w := &waiter{final: make(chan *nats.Msg, 1), progress: make(chan struct{}, 1), timer: t}
+// newWaiter is the waiter pool's constructor.
+func (c *Client) newWaiter() any {
+	w := &waiter{c: c, settled: true}
+	w.timer = time.AfterFunc(time.Hour, w.expire)
+	w.timer.Stop()
 	w.msg.Header = make(nats.Header, len(w.vals))
 	return w
-}}
-
-// release returns w to the pool. The caller has removed it from pending
-// under the client's lock, and route sends only under that lock, so no
-// reply can reach it any more: what is buffered is drained here.
-func (w *waiter) release() {
-	w.timer.Stop()
-	select {
-	case <-w.final:
-	default:
-	}
-	select {
-	case <-w.progress:
-	default:
-	}
-	w.msg.Data, w.msg.Subject, w.msg.Reply = nil, "", ""
-	w.vals = [4]string{}
-	waiters.Put(w)
 }
 
 // Ledger records an attempt before it is sent, with its reply subject, so
@@ -105,6 +105,7 @@ func WithLedger(l Ledger) Option { return func(c *Client) { c.ledger = l } }
 // Open subscribes the client's inbox on nc.
 func Open(nc *nats.Conn, subjectPrefix string, opts ...Option) (*Client, error) {
 	c := &Client{nc: nc, prefix: subjectPrefix, inbox: nc.NewInbox(), pending: map[string]*waiter{}, subjects: map[string]string{}, done: make(chan struct{})}
+	c.waiters.New = c.newWaiter
 	for _, o := range opts {
 		o(c)
 	}
@@ -122,11 +123,26 @@ func Open(nc *nats.Conn, subjectPrefix string, opts ...Option) (*Client, error) 
 // Close stops receiving replies; calls in flight end with ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
+	var armed []*waiter
 	if !c.closed {
 		c.closed = true
 		close(c.done)
+		for _, w := range c.pending {
+			if w.armed { // the others end when their OnSent returns
+				armed = append(armed, w)
+			}
+		}
 	}
 	c.mu.Unlock()
+	for _, w := range armed {
+		c.mu.Lock()
+		if w.settled {
+			c.mu.Unlock()
+			continue
+		}
+		done, out := c.settleLocked(w, nil, stopClosed)
+		go done(out)
+	}
 	c.resyncs.Wait()
 	return c.sub.Unsubscribe()
 }
@@ -177,27 +193,41 @@ func (c *Client) Resync() {
 	})
 }
 
-// route hands an inbox message to its waiter without blocking: a reply for
-// a call that gave up is dropped.
+// route hands an inbox message to its waiter: a reply for a call that
+// gave up is dropped. It runs on the subscription's goroutine, so the
+// call's continuation runs on a goroutine of its own.
 func (c *Client) route(m *nats.Msg) {
 	token := m.Subject[len(c.inbox)+1:]
 	progress := wire.IsProgress(m)
-	// The sends never block, and they happen under the lock so that a
-	// waiter removed from pending (and then pooled) receives nothing more.
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	w := c.pending[token]
 	switch {
 	case w == nil:
+		c.mu.Unlock()
 	case progress:
-		select {
-		case w.progress <- struct{}{}:
-		default:
+		w.progress++
+		if w.armed {
+			c.resetLocked(w, w.req.TimeoutOrDefault())
 		}
+		onProgress := w.req.OnProgress
+		c.mu.Unlock()
+		if onProgress != nil {
+			onProgress()
+		}
+	case !w.armed:
+		// OnSent is still running: the reply waits for it, so that the
+		// call's start is recorded before its end.
+		if w.final == nil {
+			w.final = m
+		}
+		c.mu.Unlock()
 	default:
-		select {
-		case w.final <- m:
-		default:
+		inline := w.inline
+		done, out := c.settleLocked(w, m, stopReplied)
+		if inline {
+			done(out)
+		} else {
+			go done(out)
 		}
 	}
 }
@@ -206,38 +236,39 @@ func (c *Client) route(m *nats.Msg) {
 // ctx. On timeout or cancellation the worker is told on the cancel subject.
 // The failure of a call is a value in Reply.Err, never an error return.
 func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
-	sent := time.Now()
-	w, token, failed := c.send(ctx, &req, sent)
-	if w == nil {
-		return failed
+	ch := make(chan tool.Outcome, 1)
+	if out, sent := c.send(ctx, req, func(o tool.Outcome) { ch <- o }, true); !sent {
+		return out
 	}
-	defer c.forget(token, w)
-	// A reply that comes meanwhile waits in the waiter.
-	req.Sent()
-	return c.await(ctx, &req, w, sent)
+	return <-ch
 }
 
-// send registers a waiter and publishes the attempt. On failure it returns
-// a nil waiter and the outcome.
-//
-// Dispatch is split so that a call waiting for its reply sits on small
-// frames: at thousands of waiting calls, a goroutine stack that stays
-// under a quarter of its size is halved by the collector.
-//
-//go:noinline
-func (c *Client) send(ctx context.Context, req *tool.Request, sent time.Time) (*waiter, string, tool.Outcome) {
+// Send sends one attempt and returns once it has left and req.OnSent has
+// returned; no goroutine waits for the reply. done receives the outcome
+// exactly once, as Dispatch would return it, on a goroutine where it may
+// block, possibly before Send returns. When the attempt cannot be sent,
+// Send returns its outcome and false, and done is never called.
+func (c *Client) Send(ctx context.Context, req tool.Request, done func(tool.Outcome)) (tool.Outcome, bool) {
+	return c.send(ctx, req, done, false)
+}
+
+// send is Send; inline says that done never blocks.
+func (c *Client) send(ctx context.Context, req tool.Request, done func(tool.Outcome), inline bool) (tool.Outcome, bool) {
 	if err := ctx.Err(); err != nil {
-		return nil, "", tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}
+		return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}, false
 	}
+	sent := time.Now()
 	// The worker's deadline and the sidecar's timer count from one instant.
 	strs := requestStrings(c.inbox, sent.Add(req.TimeoutOrDefault()), req.Traceparent)
-	w := waiters.Get().(*waiter)
+	w := c.waiters.Get().(*waiter)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		waiters.Put(w)
-		return nil, "", tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", ErrClosed)}
+		c.waiters.Put(w)
+		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", ErrClosed)}, false
 	}
+	w.token, w.req, w.ctx, w.done, w.inline, w.sent = strs.token, req, ctx, done, inline, sent
+	w.settled, w.armed, w.final, w.progress = false, false, nil, 0
 	c.pending[strs.token] = w
 	subject := c.subject(req.Tool)
 	c.mu.Unlock()
@@ -253,7 +284,7 @@ func (c *Client) send(ctx context.Context, req *tool.Request, sent time.Time) (*
 	if c.ledger != nil {
 		// Recorded before it is sent: a call the ledger does not know was
 		// never sent.
-		err = c.ledger.Dispatched(ctx, *req, req.RunID, msg.Reply)
+		err = c.ledger.Dispatched(ctx, req, req.RunID, msg.Reply)
 	}
 	if err == nil {
 		if err = c.nc.PublishMsg(msg); err != nil {
@@ -261,73 +292,115 @@ func (c *Client) send(ctx context.Context, req *tool.Request, sent time.Time) (*
 		}
 	}
 	if err != nil {
-		c.forget(strs.token, w)
-		return nil, "", tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", err)}
+		c.mu.Lock()
+		c.settleLocked(w, nil, stopUnsent)
+		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", err)}, false
 	}
-	return w, strs.token, tool.Outcome{}
+	req.Sent()
+	c.arm(w)
+	return tool.Outcome{}, true
 }
 
-// forget removes a waiter from pending and pools it.
-func (c *Client) forget(token string, w *waiter) {
+// arm begins the wait once OnSent has returned: what came meanwhile (a
+// reply, Close, the end of ctx, the timeout) settles the call now.
+func (c *Client) arm(w *waiter) {
 	c.mu.Lock()
-	delete(c.pending, token)
-	c.mu.Unlock()
-	w.release()
-}
-
-// await waits for the outcome of an attempt sent at sent. One timer: it
-// fires at the timeout, which progress restarts, or at the hard bound of
-// max_duration, which nothing extends.
-func (c *Client) await(ctx context.Context, req *tool.Request, w *waiter, sent time.Time) tool.Outcome {
-	hard := sent.Add(req.MaxDurationOrDefault())
-	w.timer.Reset(min(req.TimeoutOrDefault()-time.Since(sent), time.Until(hard)))
-	progress := 0
-	for {
-		select {
-		case m := <-w.final:
-			return c.outcome(m, req, progress)
-		case <-w.progress:
-			progress++
-			w.timer.Reset(min(req.TimeoutOrDefault(), time.Until(hard)))
-			if req.OnProgress != nil {
-				req.OnProgress()
-			}
-		case <-w.timer.C:
-			if m, ok := ready(w.final); ok {
-				return c.outcome(m, req, progress) // came as the timer fired, or while OnSent ran
-			}
-			c.cancel(req.ActionID, req.Attempt)
-			if !time.Now().Before(hard) {
-				return gaveUp(ctx, req, progress, stopMaxDuration)
-			}
-			return gaveUp(ctx, req, progress, stopTimeout)
-		case <-ctx.Done():
-			if m, ok := ready(w.final); ok {
-				return c.outcome(m, req, progress)
-			}
-			c.cancel(req.ActionID, req.Attempt)
-			return gaveUp(ctx, req, progress, stopCancelled)
-		case <-c.done:
-			return gaveUp(ctx, req, progress, stopClosed)
-		}
-	}
-}
-
-// ready takes a reply that is already there. select picks at random among
-// ready cases, so a reply that is in must be looked for before the sidecar
-// gives up on it.
-func ready(final <-chan *nats.Msg) (*nats.Msg, bool) {
-	select {
-	case m := <-final:
-		return m, true
+	w.armed = true
+	var why stop
+	switch {
+	case w.final != nil:
+		why = stopReplied
+	case c.closed:
+		why = stopClosed
+	case w.ctx.Err() != nil:
+		why = stopCancelled
 	default:
-		return nil, false
+		if w.progress > 0 {
+			c.resetLocked(w, w.req.TimeoutOrDefault())
+		} else {
+			c.resetLocked(w, w.req.TimeoutOrDefault()-time.Since(w.sent))
+		}
+		if w.ctx.Done() != nil {
+			gen := w.gen
+			w.stopCtx = context.AfterFunc(w.ctx, func() { c.ended(w, gen) })
+		}
+		c.mu.Unlock()
+		return
 	}
+	done, out := c.settleLocked(w, w.final, why)
+	done(out)
+}
+
+// resetLocked sets w's timer to d from now, never past the hard bound of
+// max_duration. The caller holds c.mu.
+func (c *Client) resetLocked(w *waiter, d time.Duration) {
+	d = min(d, time.Until(w.sent.Add(w.req.MaxDurationOrDefault())))
+	w.due = time.Now().Add(d)
+	w.timer.Reset(d)
+}
+
+// expire is w's timer: the timeout passed without progress, or
+// max_duration did.
+func (w *waiter) expire() {
+	c := w.c
+	c.mu.Lock()
+	if w.settled || !w.armed || time.Now().Before(w.due) {
+		c.mu.Unlock() // settled meanwhile, or a late firing for a reused waiter
+		return
+	}
+	why := stopTimeout
+	if !time.Now().Before(w.sent.Add(w.req.MaxDurationOrDefault())) {
+		why = stopMaxDuration
+	}
+	done, out := c.settleLocked(w, nil, why)
+	done(out)
+}
+
+// ended is the callback of w's context.
+func (c *Client) ended(w *waiter, gen uint64) {
+	c.mu.Lock()
+	if w.gen != gen || w.settled {
+		c.mu.Unlock()
+		return
+	}
+	done, out := c.settleLocked(w, nil, stopCancelled)
+	done(out)
+}
+
+// settleLocked ends w's wait for why (with m, the reply, for stopReplied),
+// returns it to the pool, and returns the call's done and outcome. The
+// caller holds c.mu; settleLocked releases it.
+func (c *Client) settleLocked(w *waiter, m *nats.Msg, why stop) (func(tool.Outcome), tool.Outcome) {
+	w.settled = true
+	w.gen++
+	delete(c.pending, w.token)
+	req, ctx, done, progress, stopCtx := w.req, w.ctx, w.done, w.progress, w.stopCtx
+	// Removed from pending under the lock under which replies are handed
+	// over: a late reply cannot reach the waiter's next user.
+	w.req, w.ctx, w.done, w.stopCtx, w.final, w.token = tool.Request{}, nil, nil, nil, nil, ""
+	c.mu.Unlock()
+	w.timer.Stop()
+	if stopCtx != nil {
+		stopCtx()
+	}
+	w.msg.Data, w.msg.Subject, w.msg.Reply = nil, "", ""
+	w.vals = [4]string{}
+	c.waiters.Put(w)
+	var out tool.Outcome
+	switch why {
+	case stopUnsent:
+	case stopReplied:
+		out = c.outcome(m, &req, progress)
+	case stopTimeout, stopMaxDuration, stopCancelled:
+		c.cancel(req.ActionID, req.Attempt)
+		out = gaveUp(ctx, &req, progress, why)
+	default:
+		out = gaveUp(ctx, &req, progress, why)
+	}
+	return done, out
 }
 
 // outcome decodes a final reply.
-//
-//go:noinline
 func (c *Client) outcome(m *nats.Msg, req *tool.Request, progress int) tool.Outcome {
 	if wire.IsNoResponders(m) {
 		return tool.Outcome{Err: tool.NewError(tool.NotFound, "no worker is serving tool %q (no responders on %s)", req.Tool, wire.Subject(c.prefix, req.Tool))}
@@ -339,15 +412,15 @@ func (c *Client) outcome(m *nats.Msg, req *tool.Request, progress int) tool.Outc
 type stop int
 
 const (
-	stopTimeout     stop = iota // the timeout passed without progress
+	stopReplied     stop = iota // the final reply came
+	stopUnsent                  // the attempt could not be sent
+	stopTimeout                 // the timeout passed without progress
 	stopMaxDuration             // max_duration passed, progress or not
 	stopCancelled               // the call's context ended
 	stopClosed                  // the client closed
 )
 
 // gaveUp is the outcome of an attempt the sidecar stopped waiting for.
-//
-//go:noinline
 func gaveUp(ctx context.Context, req *tool.Request, progress int, why stop) tool.Outcome {
 	out := tool.Outcome{Sent: true, Progress: progress}
 	switch why {

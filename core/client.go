@@ -283,6 +283,13 @@ func (c *Client) UpdateAction(ctx context.Context, actionID string, upd ActionUp
 	return a, err
 }
 
+// UpdateActionThen is UpdateAction for a caller that does not wait: no
+// goroutine is held while the write queues for a connection, runs, or
+// waits to be retried. then receives its error and must not block.
+func (c *Client) UpdateActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(error)) {
+	c.callThen(ctx, http.MethodPut, "/v1/actions/"+url.PathEscape(actionID), "actions_update", upd, nil, then)
+}
+
 // GetAction reads one Action.
 func (c *Client) GetAction(ctx context.Context, actionID string) (Action, error) {
 	var a Action
@@ -378,28 +385,93 @@ func (c *Client) CreateMessage(ctx context.Context, threadID, assistantID, conte
 
 // call performs one JSON exchange with retries.
 func (c *Client) call(ctx context.Context, method, path, endpoint string, in, out any) error {
-	var body []byte
-	if in != nil {
-		var err error
-		if body, err = json.Marshal(in); err != nil {
-			return fmt.Errorf("core: encoding %s %s: %w", method, endpoint, err)
-		}
+	body, err := encode(method, endpoint, in)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	idempotent := method == http.MethodGet || method == http.MethodPut
-	// Jittered exponential backoff from 100ms, capped at 2s.
-	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: 2 * time.Second}
-	b.Reset()
-	for attempt := 0; ; attempt++ {
+	r := c.retries(method)
+	for {
 		err := c.do(ctx, method, path, endpoint, body, out)
-		if err == nil || attempt >= c.cfg.Retries || !retryable(err, idempotent) {
+		if !r.again(err) {
 			return err
 		}
-		if werr := sleep(ctx, b.NextBackOff()); werr != nil {
+		if werr := sleep(ctx, r.b.NextBackOff()); werr != nil {
 			return err
 		}
 	}
+}
+
+// callThen is call for a caller that does not wait for the answer: the
+// request and each retry queue for a worker, and no goroutine waits for
+// them or between them. then receives the error on a worker's or a
+// timer's goroutine, and must not block.
+func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in, out any, then func(error)) {
+	body, err := encode(method, endpoint, in)
+	if err != nil {
+		then(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	r := c.retries(method)
+	var attempt func()
+	attempt = func() {
+		c.enqueue(&exchange{ctx: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, then: func(err error) {
+			if !r.again(err) {
+				cancel()
+				then(err)
+				return
+			}
+			time.AfterFunc(r.b.NextBackOff(), func() {
+				if ctx.Err() != nil {
+					cancel()
+					then(err)
+					return
+				}
+				attempt()
+			})
+		}})
+	}
+	attempt()
+}
+
+// encode is the JSON body of a request; nil for none.
+func encode(method, endpoint string, in any) ([]byte, error) {
+	if in == nil {
+		return nil, nil
+	}
+	body, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("core: encoding %s %s: %w", method, endpoint, err)
+	}
+	return body, nil
+}
+
+// retryPolicy counts the attempts of one exchange. GET and PUT are
+// retried after any transient failure; the others only when the request
+// never reached Core.
+type retryPolicy struct {
+	idempotent bool
+	attempt    int
+	max        int
+	b          *backoff.ExponentialBackOff
+}
+
+func (c *Client) retries(method string) *retryPolicy {
+	// Jittered exponential backoff from 100ms, capped at 2s.
+	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: 2 * time.Second}
+	b.Reset()
+	return &retryPolicy{idempotent: method == http.MethodGet || method == http.MethodPut, max: c.cfg.Retries, b: b}
+}
+
+// again reports whether an attempt that ended with err is tried again.
+func (r *retryPolicy) again(err error) bool {
+	if err == nil || r.attempt >= r.max || !retryable(err, r.idempotent) {
+		return false
+	}
+	r.attempt++
+	return true
 }
 
 func (c *Client) once(ctx context.Context, method, path, endpoint string, body []byte, out any) error {

@@ -23,6 +23,7 @@ type exchange struct {
 	out                    any
 	state                  atomic.Int32 // queued, taken or dropped
 	done                   chan error   // buffered: a worker never blocks on it
+	then                   func(error)  // instead of done, for a caller that does not wait
 }
 
 const (
@@ -46,14 +47,7 @@ type exchanges struct {
 // taken waits for the worker, whose request ends with ctx.
 func (c *Client) do(ctx context.Context, method, path, endpoint string, body []byte, out any) error {
 	x := &exchange{ctx: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, done: make(chan error, 1)}
-	q := &c.exchanges
-	q.mu.Lock()
-	q.queue = append(q.queue, x)
-	if q.workers < q.max {
-		q.workers++
-		go c.work()
-	}
-	q.mu.Unlock()
+	c.enqueue(x)
 	select {
 	case err := <-x.done:
 		return err
@@ -63,6 +57,18 @@ func (c *Client) do(ctx context.Context, method, path, endpoint string, body []b
 		}
 		return <-x.done
 	}
+}
+
+// enqueue queues x and starts a worker if one is free.
+func (c *Client) enqueue(x *exchange) {
+	q := &c.exchanges
+	q.mu.Lock()
+	q.queue = append(q.queue, x)
+	if q.workers < q.max {
+		q.workers++
+		go c.work()
+	}
+	q.mu.Unlock()
 }
 
 // queued counts the exchanges waiting for a worker (some may have been
@@ -88,8 +94,14 @@ func (c *Client) work() {
 		q.queue[0] = nil
 		q.queue = q.queue[1:]
 		q.mu.Unlock()
-		if x.state.CompareAndSwap(queued, taken) {
-			x.done <- c.once(x.ctx, x.method, x.path, x.endpoint, x.body, x.out)
+		if !x.state.CompareAndSwap(queued, taken) {
+			continue
+		}
+		err := c.once(x.ctx, x.method, x.path, x.endpoint, x.body, x.out)
+		if x.then != nil {
+			x.then(err)
+		} else {
+			x.done <- err
 		}
 	}
 }

@@ -167,3 +167,83 @@ func TestQueuedCallGivesUp(t *testing.T) {
 		t.Errorf("%d requests reached Core, want %d: the cancelled one must not be sent", n, DefaultMaxConns)
 	}
 }
+
+// TestUpdateActionThenHoldsNoGoroutine: writes made without waiting queue
+// for the workers like any call, but no goroutine waits for them: with
+// Core holding every request, only the workers' goroutines exist. Each
+// write's callback then runs exactly once.
+func TestUpdateActionThenHoldsNoGoroutine(t *testing.T) {
+	srv, received, _, release := heldCore(t)
+	c, _ := New(Config{URL: srv.URL, MaxConns: 4})
+	const n = 100
+	calls := make([]atomic.Int32, n)
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for i := range n {
+		c.UpdateActionThen(context.Background(), fmt.Sprint("act_", i), ActionUpdate{Status: ActionProcessing}, func(err error) {
+			if err != nil {
+				t.Errorf("write %d: %v", i, err)
+			}
+			calls[i].Add(1)
+			wg.Done()
+		})
+	}
+	waitFor(received, 4)
+	var b strings.Builder
+	pprof.Lookup("goroutine").WriteTo(&b, 2)
+	held := 0
+	for g := range strings.SplitSeq(b.String(), "\n\n") {
+		g, _, _ = strings.Cut(g, "created by") // where a goroutine started is not where it waits
+		if strings.Contains(g, "toolsidecar/core.(*Client).") {
+			held++
+		}
+	}
+	if held != 4 {
+		t.Errorf("%d goroutines in the client, want the 4 workers only:\n%s", held, b.String())
+	}
+	close(release)
+	wg.Wait()
+	for i := range n {
+		if got := calls[i].Load(); got != 1 {
+			t.Errorf("write %d: callback ran %d times", i, got)
+		}
+	}
+}
+
+// TestUpdateActionThenRetries: a write Core refuses with 503 is retried
+// after a backoff, with no goroutine waiting meanwhile, and its callback
+// hears the final answer once: success after two refusals, and the last
+// error when Core refuses every attempt.
+func TestUpdateActionThenRetries(t *testing.T) {
+	for _, tc := range []struct {
+		refuse int32
+		ok     bool
+	}{{2, true}, {100, false}} {
+		t.Run(fmt.Sprint("refuse=", tc.refuse), func(t *testing.T) {
+			var hits atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if hits.Add(1) <= tc.refuse {
+					http.Error(w, "busy", http.StatusServiceUnavailable)
+					return
+				}
+				w.Write([]byte(`{}`))
+			}))
+			defer srv.Close()
+			c, _ := New(Config{URL: srv.URL, Retries: 3})
+			errs := make(chan error, 2)
+			c.UpdateActionThen(context.Background(), "act_1", ActionUpdate{Status: ActionProcessing}, func(err error) { errs <- err })
+			err := <-errs
+			switch {
+			case tc.ok && (err != nil || hits.Load() != 3):
+				t.Errorf("after %d attempts: %v, want success on the third", hits.Load(), err)
+			case !tc.ok && (StatusCode(err) != http.StatusServiceUnavailable || hits.Load() != 4):
+				t.Errorf("after %d attempts: %v, want the 503 after 4", hits.Load(), err)
+			}
+			select {
+			case err := <-errs:
+				t.Errorf("a second callback: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+		})
+	}
+}

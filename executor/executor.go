@@ -42,6 +42,9 @@ type Core interface {
 	RecordToolOutput(ctx context.Context, out core.ToolOutput) (core.Message, error)
 	FinaliseAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
 	UpdateAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
+	// UpdateActionThen is UpdateAction without waiting: then receives
+	// its error, and must not block.
+	UpdateActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(error))
 	PendingActions(ctx context.Context, runID string) ([]core.PendingAction, error)
 	ActionsByStatus(ctx context.Context, runID, status string) ([]core.Action, error)
 	ListMessages(ctx context.Context, threadID string, limit int) ([]core.Message, error)
@@ -284,4 +287,12 @@ type Summary struct {
 	Error   string       `json:"error,omitempty"`
 	// Budget is the drive's spending against its budgets, when any is set.
 	Budget *BudgetReport `json:"budget,omitempty"`
+}
+
+// Sender is a Dispatcher that sends an attempt without holding a goroutine
+// while the worker runs (package bridge): done receives the outcome, from
+// any goroutine and possibly before Send returns. When the attempt cannot
+// be sent, Send returns its outcome and false, and done is never called.
+type Sender interface {
+	Send(ctx context.Context, req tool.Request, done func(tool.Outcome)) (tool.Outcome, bool)
 }

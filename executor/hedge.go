@@ -95,28 +95,10 @@ func (h *hedger) observe(def *registry.Tool, d time.Duration) {
 	l.n = min(l.n+1, hedgeWindow)
 }
 
-// dispatch sends one attempt; for a hedging tool still unanswered after
-// its delay it sends a copy as the next attempt, takes the first success
-// (or the last failure) and cancels the other. It returns the reply and
-// how many attempt numbers it used.
-func (e *Executor) dispatch(ctx context.Context, d Dispatcher, def *registry.Tool, req tool.Request, res *CallResult) (tool.Outcome, int) {
-	start := time.Now()
-	after, ok := e.hedge.delay(def)
-	if ok {
-		return e.hedged(ctx, d, def, req, res, start, after)
-	}
-	reply := d.Dispatch(ctx, req)
-	if reply.Err == nil {
-		e.hedge.observe(def, time.Since(start))
-	}
-	return reply, 1
-}
-
-// hedged is dispatch for a tool that hedges, after delay. It is a function
-// of its own so that the frame of a call that does not hedge stays small
-// while it waits (see call).
-//
-//go:noinline
+// hedged sends one attempt of a tool that hedges; still unanswered after
+// delay, it sends a copy as the next attempt, takes the first success (or
+// the last failure) and cancels the other. It returns the reply and how
+// many attempt numbers it used. It holds its goroutine until the reply.
 func (e *Executor) hedged(ctx context.Context, d Dispatcher, def *registry.Tool, req tool.Request, res *CallResult, start time.Time, after time.Duration) (tool.Outcome, int) {
 	type result struct {
 		reply tool.Outcome

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -230,7 +229,8 @@ type outcome struct {
 	content  string // the tool message
 	status   string // the Action's final status
 	done     time.Time
-	recorded bool // the tool message is in Core already
+	recorded bool     // the tool message is in Core already
+	mark     *marking // the processing mark, which the final status waits for
 }
 
 // batchRun is one batch being joined: the calls of a turn, or those a
@@ -273,7 +273,7 @@ func (br *batchRun) add(m *core.Manifest) {
 		if hit, memoKey = br.e.deduped(br.ctx, m, def); hit != nil {
 			br.log.Info("call answered from an earlier call of the run", "action_id", m.ActionID, "tool", m.Tool, "from", hit.ToolCallID)
 			br.e.obs.CallDeduped(m.Tool)
-			br.start(m, nil, func(context.Context) *outcome { return br.e.fromMemo(br.n, m, hit) })
+			br.startNow(m, nil, func(context.Context) *outcome { return br.e.fromMemo(br.n, m, hit) })
 			return
 		}
 	}
@@ -290,11 +290,7 @@ func (br *batchRun) add(m *core.Manifest) {
 	if def != nil && def.Config.Lane != "" {
 		ln = br.lane(def.Config.Lane)
 	}
-	br.start(m, ln, func(ctx context.Context) *outcome {
-		o := br.e.call(ctx, br, m, def, pre)
-		br.e.remember(ctx, memoKey, def, o)
-		return o
-	})
+	br.start(m, ln, func(ctx context.Context, r *reporter) { br.e.call(ctx, br, m, def, pre, memoKey, r) })
 }
 
 // lane is an ordered lane of one batch: the calls whose tools name it run
@@ -316,41 +312,80 @@ func (br *batchRun) lane(name string) *lane {
 }
 
 // start announces a call and runs it in the batch, after the previous call
-// of its lane when it has one. A panic outside the worker (in the
-// sidecar's own code) becomes the call's error outcome.
-func (br *batchRun) start(m *core.Manifest, ln *lane, run func(context.Context) *outcome) {
+// of its lane when it has one. run reports the call's outcome through r,
+// at once or later from another goroutine (a call waiting for its worker
+// holds no goroutine).
+func (br *batchRun) start(m *core.Manifest, ln *lane, run func(ctx context.Context, r *reporter)) {
 	laneName := ""
 	if ln != nil {
 		laneName = ln.name
 	}
 	br.emit(Event{Type: EventToolCall, Turn: br.n, Call: &CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool, Lane: laneName}})
-	task := func(ctx context.Context) (o *outcome) {
-		defer func() {
-			if p := recover(); p != nil {
-				br.log.Error("call panicked in the sidecar", "action_id", m.ActionID, "panic", fmt.Sprint(p))
-				o = br.e.failed(br.n, m, tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p))
-			}
-			if ln != nil {
-				o.res.Lane = ln.name
-				if ln.skipRest && !o.res.OK {
-					why := fmt.Sprintf("call %s (%s) earlier in lane %q failed with %s, and the lane skips the rest", m.ToolCallID, m.Tool, ln.name, o.res.ErrorType)
-					ln.failed.CompareAndSwap(nil, &why)
-				}
-			}
-		}()
+	task := func(ctx context.Context, done func(*outcome)) {
+		r := &reporter{br: br, m: m, ln: ln, done: done}
 		if ln != nil {
 			if why := ln.failed.Load(); why != nil {
 				br.e.obs.CallDone(m.Tool, string(tool.Skipped), 0)
-				return br.e.failed(br.n, m, tool.NewError(tool.Skipped, "not run: %s", *why))
+				r.report(br.e.failed(br.n, m, tool.NewError(tool.Skipped, "not run: %s", *why)))
+				return
 			}
 		}
-		return run(ctx)
+		r.guard(func() { run(ctx, r) })
 	}
 	if ln == nil {
-		br.b.Go(task)
+		br.b.StartAfter(-1, task)
 		return
 	}
-	ln.last = br.b.GoAfter(ln.last, task)
+	ln.last = br.b.StartAfter(ln.last, task)
+}
+
+// startNow is start for a call whose outcome is known at once.
+func (br *batchRun) startNow(m *core.Manifest, ln *lane, f func(ctx context.Context) *outcome) {
+	br.start(m, ln, func(ctx context.Context, r *reporter) { r.report(f(ctx)) })
+}
+
+// reporter hands one call's outcome to its batch, exactly once.
+type reporter struct {
+	br       *batchRun
+	m        *core.Manifest
+	ln       *lane
+	done     func(*outcome)
+	cleanup  func() // the call's span and gauge: run before the outcome is handed over
+	reported atomic.Bool
+}
+
+// report hands o over, and under skip_rest a failure closes the lane.
+func (r *reporter) report(o *outcome) {
+	if !r.reported.CompareAndSwap(false, true) {
+		panic(fmt.Sprintf("executor: call %s reported twice", r.m.ActionID))
+	}
+	if r.cleanup != nil {
+		r.cleanup()
+	}
+	if ln := r.ln; ln != nil {
+		o.res.Lane = ln.name
+		if ln.skipRest && !o.res.OK {
+			why := fmt.Sprintf("call %s (%s) earlier in lane %q failed with %s, and the lane skips the rest", r.m.ToolCallID, r.m.Tool, ln.name, o.res.ErrorType)
+			ln.failed.CompareAndSwap(nil, &why)
+		}
+	}
+	r.done(o)
+}
+
+// guard runs f, a part of the call in the sidecar's own code; a panic in
+// it becomes the call's error outcome. A panic after the outcome was
+// handed over is not the call's, and goes on.
+func (r *reporter) guard(f func()) {
+	defer func() {
+		if p := recover(); p != nil {
+			if r.reported.Load() {
+				panic(p)
+			}
+			r.br.log.Error("call panicked in the sidecar", "action_id", r.m.ActionID, "panic", fmt.Sprint(p))
+			r.report(r.br.e.failed(r.br.n, r.m, tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p)))
+		}
+	}()
+	f()
 }
 
 // wait closes the batch, joins it, and sorts its result into tr.
@@ -558,29 +593,30 @@ func (br *batchRun) addOpen(ctx context.Context) {
 			br.log.Info("submitting a kept outcome", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
 			kept.res.Turn = br.n
 			kept.recorded = kept.recorded || recorded[m.ToolCallID]
-			br.start(m, nil, func(context.Context) *outcome { return kept })
+			br.startNow(m, nil, func(context.Context) *outcome { return kept })
 		case recorded[m.ToolCallID]:
 			br.log.Info("output already in Core; finalising the Action", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
-			br.start(m, nil, func(context.Context) *outcome { return e.alreadyRecorded(br.n, m) })
+			br.startNow(m, nil, func(context.Context) *outcome { return e.alreadyRecorded(br.n, m) })
 		default:
 			def, pre := e.precheck(br.reg, m)
 			processing := oc.status == core.ActionProcessing
 			br.log.Info("finishing an open call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID, "status", oc.status)
 			// Open calls finishing a previous drive's batch run without
 			// lanes: the order they were made in is not known here.
-			br.start(m, nil, func(ctx context.Context) *outcome {
+			br.start(m, nil, func(ctx context.Context, r *reporter) {
 				if processing {
 					// It may have run: its reply may be in the ledger.
 					o, neverSent := e.recovered(ctx, br, m, def)
 					if o != nil {
-						return o
+						r.report(o)
+						return
 					}
 					if pre == nil && def.SideEffects == config.Unsafe && !neverSent {
 						pre = tool.NewError(tool.Interrupted, "the call of unsafe tool %q was started before a fault and its effect is unknown; "+
 							"it was not run again. Check its effect before you call it again", m.Tool)
 					}
 				}
-				return e.call(ctx, br, m, def, pre)
+				e.call(ctx, br, m, def, pre, "", r)
 			})
 		}
 	}
@@ -710,42 +746,140 @@ func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry
 }
 
 // call runs one call: Action processing, then attempts until success, a
-// final error, or the retry budget. It never returns an error: a failed
-// call is an outcome.
-//
-// Its goroutine waits for the worker on call's frame and those below it,
-// so the work before and after the wait is in helpers of their own: at
-// thousands of waiting calls, a stack that stays under a quarter of its
-// size is halved by the collector.
-func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error) *outcome {
-	ctx, span, traceparent, log := e.startCall(ctx, br, m)
-	defer span.End()
-	start := time.Now()
+// final error, or the retry budget, and reports its outcome through r. A
+// failed call is an outcome. While an attempt waits for its worker on a
+// route that sends without waiting (NATS), no goroutine is held: the
+// reply's callback goes on with the call.
+func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error, memoKey string, r *reporter) {
+	c := &callRun{e: e, br: br, m: m, def: def, pre: pre, memoKey: memoKey, r: r, start: time.Now(), o: newOutcome(br.n, m)}
+	c.ctx, c.span, c.traceparent, c.log = e.startCall(ctx, br, m)
 	e.obs.CallsInFlight(1)
-	defer e.obs.CallsInFlight(-1)
-	o := newOutcome(br.n, m)
-	var reply tool.Outcome
+	r.cleanup = func() {
+		c.span.End()
+		e.obs.CallsInFlight(-1)
+	}
 	switch {
 	case pre != nil:
-		reply.Err = pre
+		c.end(tool.Outcome{Err: pre})
+		return
 	case def.SideEffects != config.Unsafe:
-		// Core hears that the call started while it runs; call returns,
-		// and the final status is written, only after that write.
-		reply = e.attempts(ctx, m, def, traceparent, br.progress(m), e.markOnSend(ctx, m, def, log), &o.res)
-	case !e.markProcessing(ctx, m, def, log):
-		reply.Err = unsafeNotMarked(m)
-	default:
-		reply = e.attempts(ctx, m, def, traceparent, br.progress(m), nil, &o.res)
+		// Core hears that the call started while it runs; the final
+		// status is written only after that write.
+		c.o.mark = e.markOnSend(c.ctx, m, c.log)
+		c.sent = c.o.mark.send
+	case !e.markProcessing(c.ctx, m, c.log):
+		c.end(tool.Outcome{Err: unsafeNotMarked(m)})
+		return
 	}
-	e.endCall(ctx, br, m, def, pre, o, reply, start, span, log)
-	return o
+	c.progress = br.progress(m)
+	c.attempt = 1
+	c.run()
+}
+
+// callRun is one call in flight, between its attempts.
+type callRun struct {
+	e           *Executor
+	br          *batchRun
+	m           *core.Manifest
+	def         *registry.Tool
+	pre         *tool.Error
+	memoKey     string
+	r           *reporter
+	ctx         context.Context
+	span        trace.Span
+	traceparent string
+	log         *slog.Logger
+	start       time.Time
+	o           *outcome
+	sent        func() // OnSent: the processing mark of a tool that is not unsafe
+	progress    func()
+	attempt     int
+	b           *backoff.ExponentialBackOff // made on the first retry
+}
+
+// run makes attempts until one is on its way to a worker that answers
+// through a callback, or the call has ended.
+func (c *callRun) run() {
+	for {
+		reply, used, waiting := c.try()
+		if waiting || !c.again(reply, used) {
+			return
+		}
+	}
+}
+
+// try makes one attempt. waiting: it was sent, and its reply goes to
+// c.replied. A hedging tool and a route that only dispatches hold the
+// goroutine until the reply (used: the attempt numbers it took).
+func (c *callRun) try() (reply tool.Outcome, used int, waiting bool) {
+	e, def := c.e, c.def
+	d := e.routes[def.Route]
+	req := tool.Request{Tool: def.Name, Body: c.m.Raw, ActionID: c.m.ActionID, RunID: c.m.RunID, Attempt: c.attempt, Timeout: def.Timeout,
+		MaxDuration: def.MaxDuration, Traceparent: c.traceparent, Unsafe: def.SideEffects == config.Unsafe, OnProgress: c.progress, OnSent: c.sent}
+	start := time.Now()
+	if after, ok := e.hedge.delay(def); ok {
+		reply, used = e.hedged(c.ctx, d, def, req, &c.o.res, start, after)
+		return reply, used, false
+	}
+	if s, ok := d.(Sender); ok {
+		reply, sent := s.Send(c.ctx, req, func(reply tool.Outcome) { c.replied(reply, start) })
+		return reply, 1, sent
+	}
+	reply = d.Dispatch(c.ctx, req)
+	if reply.Err == nil {
+		e.hedge.observe(def, time.Since(start))
+	}
+	return reply, 1, false
+}
+
+// replied goes on with the call when the reply of an attempt sent at
+// start comes.
+func (c *callRun) replied(reply tool.Outcome, start time.Time) {
+	c.r.guard(func() {
+		if reply.Err == nil {
+			c.e.hedge.observe(c.def, time.Since(start))
+		}
+		if c.again(reply, 1) {
+			c.run()
+		}
+	})
+}
+
+// again settles an attempt's reply under the tool's retry policy: retry a
+// timeout, no responders or a retryable worker error, but never resend an
+// unsafe tool once a worker may have received it. It reports true after
+// the backoff when another attempt is due, or ends the call.
+func (c *callRun) again(reply tool.Outcome, used int) bool {
+	c.attempt += used - 1
+	c.o.res.Attempts = c.attempt
+	def := c.def
+	if reply.Err == nil || c.attempt > def.Retries || c.ctx.Err() != nil || !reply.Err.Retryable() ||
+		(reply.Sent && def.SideEffects == config.Unsafe) {
+		c.end(reply)
+		return false
+	}
+	if c.b == nil {
+		c.b = retryBackoff()
+	}
+	// The wait holds the goroutine: retries are rare, and a second at most.
+	if clock.Sleep(c.ctx, c.b.NextBackOff()) != nil {
+		c.end(tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled between attempts: %v", context.Cause(c.ctx))})
+		return false
+	}
+	c.attempt++
+	return true
+}
+
+// end settles the call's last reply into its outcome and reports it.
+func (c *callRun) end(reply tool.Outcome) {
+	c.e.endCall(c.ctx, c.br, c.m, c.def, c.pre, c.o, reply, c.start, c.span, c.log)
+	c.e.remember(c.ctx, c.memoKey, c.def, c.o)
+	c.r.report(c.o)
 }
 
 // startCall starts the call's span, following OpenTelemetry's GenAI
 // conventions for a tool execution, and its logger. The worker continues
 // the span's trace when there is one.
-//
-//go:noinline
 func (e *Executor) startCall(ctx context.Context, br *batchRun, m *core.Manifest) (context.Context, trace.Span, string, *slog.Logger) {
 	ctx, span := e.tracer.Start(ctx, "execute_tool "+m.Tool, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
 		attribute.String("gen_ai.operation.name", "execute_tool"), attribute.String("gen_ai.tool.name", m.Tool),
@@ -774,8 +908,6 @@ func (br *batchRun) progress(m *core.Manifest) func() {
 // endCall settles the reply into the call's outcome (a large result goes
 // to the claim-check store first), spends the run's budget, and records
 // the call in the log, the span and the metrics.
-//
-//go:noinline
 func (e *Executor) endCall(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error, o *outcome,
 	reply tool.Outcome, start time.Time, span trace.Span, log *slog.Logger) {
 	o.res.DurationMS = time.Since(start).Milliseconds()
@@ -800,48 +932,73 @@ func (e *Executor) endCall(ctx context.Context, br *batchRun, m *core.Manifest, 
 	}
 }
 
-// markOnSend is the OnSent hook of a call whose tool is not unsafe: the
-// first attempt that leaves marks the Action processing. A hedge's copy
-// that leaves meanwhile waits for that write rather than making another.
-func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, def *registry.Tool, log *slog.Logger) func() {
-	var once sync.Once
-	return func() { once.Do(func() { e.markProcessing(ctx, m, def, log) }) }
+// marking is the processing mark of a call whose tool is not unsafe. Its
+// write is sent when the first attempt leaves, and no goroutine waits for
+// it: the call's final status, which must come after it, waits for it in
+// submit.
+type marking struct {
+	send func() // the attempts' OnSent: the first sends the write
+	sent atomic.Bool
+	done chan struct{} // closed when the write has landed or failed
+}
+
+// markOnSend is the processing mark of a call whose tool is not unsafe:
+// best effort, bounded by the finalise timeout. A hedge's copy that leaves
+// after the first attempt makes no second write.
+func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, log *slog.Logger) *marking {
+	mk := &marking{done: make(chan struct{})}
+	mk.send = func() {
+		if !mk.sent.CompareAndSwap(false, true) {
+			return
+		}
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.finaliseTimeout)
+		e.core.UpdateActionThen(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}, func(err error) {
+			cancel()
+			if err != nil {
+				log.Warn("marking action processing failed", "err", err)
+			}
+			close(mk.done)
+		})
+	}
+	return mk
+}
+
+// wait returns once the mark's write has ended, when it was sent, or when
+// ctx ends.
+func (mk *marking) wait(ctx context.Context) {
+	if mk == nil || !mk.sent.Load() {
+		return
+	}
+	select {
+	case <-mk.done:
+	case <-ctx.Done():
+	}
 }
 
 // intendTimeout bounds the ledger write before an unsafe call is marked
 // processing.
 const intendTimeout = 2 * time.Second
 
-// markProcessing sets the Action processing: before dispatch for an
-// unsafe tool, where it must land (within the submit budget); once the
-// first attempt has left for the others (markOnSend), where it is best
-// effort, bounded by the finalise timeout.
-func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, def *registry.Tool, log *slog.Logger) bool {
-	upd := core.ActionUpdate{Status: core.ActionProcessing}
-	if def.SideEffects == config.Unsafe {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
-		defer cancel()
-		if e.recoverer != nil {
-			// Without it a crash before the send leaves the call
-			// "unknown" (interrupted), never run twice: best effort, and
-			// bounded, since a write lost with a NATS node would otherwise
-			// hold the call for the whole budget.
-			ictx, icancel := context.WithTimeout(pctx, intendTimeout)
-			if err := e.recoverer.Intend(ictx, m.ActionID, m.RunID, m.Tool); err != nil {
-				log.Warn("recording the intent to send an unsafe call", "err", err)
-			}
-			icancel()
-		}
-		if _, err := e.core.FinaliseAction(pctx, m.ActionID, upd); err != nil {
-			log.Error("marking an unsafe call processing failed: not running it", "err", err)
-			return false
-		}
-		return true
-	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.finaliseTimeout)
+// markProcessing sets the Action of an unsafe call processing before
+// it is sent: the write must land (within the submit budget), or the call
+// does not run.
+func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, log *slog.Logger) bool {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 	defer cancel()
-	if _, err := e.core.UpdateAction(pctx, m.ActionID, upd); err != nil {
-		log.Warn("marking action processing failed", "err", err)
+	if e.recoverer != nil {
+		// Without it a crash before the send leaves the call "unknown"
+		// (interrupted), never run twice: best effort, and bounded, since a
+		// write lost with a NATS node would otherwise hold the call for the
+		// whole budget.
+		ictx, icancel := context.WithTimeout(pctx, intendTimeout)
+		if err := e.recoverer.Intend(ictx, m.ActionID, m.RunID, m.Tool); err != nil {
+			log.Warn("recording the intent to send an unsafe call", "err", err)
+		}
+		icancel()
+	}
+	if _, err := e.core.FinaliseAction(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}); err != nil {
+		log.Error("marking an unsafe call processing failed: not running it", "err", err)
+		return false
 	}
 	return true
 }
@@ -922,37 +1079,8 @@ func traceparentOf(ctx context.Context) string {
 	return carrier.Get("traceparent")
 }
 
-// attempts dispatches with the tool's retry policy: retry a timeout, no
-// responders or a retryable worker error, but never resend an unsafe tool
-// once a worker may have received it.
-func (e *Executor) attempts(ctx context.Context, m *core.Manifest, def *registry.Tool, traceparent string, progress, sent func(), res *CallResult) tool.Outcome {
-	d := e.routes[def.Route]
-	body := m.Raw
-	var b *backoff.ExponentialBackOff // made on the first retry
-	for attempt := 1; ; attempt++ {
-		reply, used := e.dispatch(ctx, d, def, tool.Request{Tool: def.Name, Body: body, ActionID: m.ActionID, RunID: m.RunID, Attempt: attempt, Timeout: def.Timeout,
-			MaxDuration: def.MaxDuration, Traceparent: traceparent, Unsafe: def.SideEffects == config.Unsafe, OnProgress: progress, OnSent: sent}, res)
-		attempt += used - 1
-		res.Attempts = attempt
-		if reply.Err == nil || attempt > def.Retries || ctx.Err() != nil || !reply.Err.Retryable() {
-			return reply
-		}
-		if reply.Sent && def.SideEffects == config.Unsafe {
-			return reply
-		}
-		if b == nil {
-			b = retryBackoff()
-		}
-		if clock.Sleep(ctx, b.NextBackOff()) != nil {
-			return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled between attempts: %v", context.Cause(ctx))}
-		}
-	}
-}
-
 // retryBackoff is the wait between attempts: jittered, exponential from
 // 50ms, capped at 1s.
-//
-//go:noinline
 func retryBackoff() *backoff.ExponentialBackOff {
 	b := &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: time.Second}
 	b.Reset()
@@ -999,6 +1127,8 @@ func (br *batchRun) submit(ctx context.Context, o *outcome) error {
 	if !o.res.OK {
 		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error
 	}
+	// The final status must not be overtaken by the processing mark.
+	o.mark.wait(sctx)
 	if _, err := e.core.FinaliseAction(sctx, m.ActionID, core.ActionUpdate{Status: o.status, Result: result}); err != nil {
 		return br.keepAfter(o, log, "action not finalised", err)
 	}

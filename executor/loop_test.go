@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -201,22 +202,31 @@ func TestParallelism(t *testing.T) {
 
 // TestGoroutinesPerWaitingRun: at thousands of waiting runs each goroutine
 // is a stack, so a run holds only those it needs. A caller that wants no
-// events has the loop run on its own goroutine, and a batch keeps none of
-// its own: while the run's one call waits, the run holds the caller's
-// goroutine and the call's. A caller that wants events also holds the
-// loop's goroutine while its own delivers them.
+// events has the loop run on its own goroutine, a batch keeps none of its
+// own, and a call holds none while it waits for its worker or for Core to
+// take its processing mark: while the run's one call waits for both, the
+// run holds only the caller's goroutine. A caller that wants events also
+// holds the loop's goroutine while its own delivers them.
 func TestGoroutinesPerWaitingRun(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		sink executor.Sink
 		want int
-	}{{"no events", nil, 2}, {"events", func(executor.Event) {}, 3}} {
+	}{{"no events", nil, 1}, {"events", func(executor.Event) {}, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
 			started, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			defer free() // also when the test fails before it
 			h := newHarness(t, twoTurns(calls("block")...), config.Executor{}, spec{config.Tool{Name: "block"}, func(ctx context.Context, c *tool.Call) ([]byte, error) {
 				close(started)
 				<-release
 				return []byte(`"ok"`), nil
+			}})
+			marking := make(chan struct{})
+			h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
+				close(marking)
+				<-release
 			}})
 			done := make(chan error, 1)
 			go func() {
@@ -224,11 +234,15 @@ func TestGoroutinesPerWaitingRun(t *testing.T) {
 				done <- err
 			}()
 			<-started
-			poll.Until(t, "the call to wait for its reply", func() bool { return len(runGoroutines("bridge.(*Client).Dispatch")) == 1 })
-			if got := runGoroutines("toolsidecar/executor.(*Executor).Drive", "toolsidecar/executor.(*Executor).lead", "toolsidecar/batch."); len(got) != tc.want {
+			<-marking
+			// The call's goroutine ends once the attempt has left.
+			poll.Until(t, "the call's send to end", func() bool {
+				return len(runGoroutines("toolsidecar/executor.(*callRun)", "toolsidecar/bridge.(*Client).Send", "toolsidecar/batch.")) == 0
+			})
+			if got := runGoroutines("toolsidecar/executor.(*Executor).Drive", "toolsidecar/executor.(*Executor).lead"); len(got) != tc.want {
 				t.Errorf("%d goroutines hold the waiting run, want %d:\n%s", len(got), tc.want, strings.Join(got, "\n\n"))
 			}
-			close(release)
+			free()
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
@@ -236,8 +250,6 @@ func TestGoroutinesPerWaitingRun(t *testing.T) {
 	}
 }
 
-// runGoroutines are the stacks of the goroutines whose stack names any of
-// the functions.
 func runGoroutines(funcs ...string) []string {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
