@@ -192,6 +192,13 @@ type Server struct {
 	// progress (more are answered 429 with Retry-After). defaults: 1024, 512
 	MaxConnections int `koanf:"max_connections"`
 	MaxDrives      int `koanf:"max_drives"`
+	// HTTP2Cleartext also serves HTTP/2 without TLS (h2c, prior knowledge)
+	// on the API's listener, so that a client can carry many drives on
+	// one connection, at most MaxStreams at once. default: false
+	HTTP2Cleartext bool `koanf:"http2_cleartext"`
+	// MaxStreams bounds the requests at once on one HTTP/2 connection.
+	// default: 250
+	MaxStreams int `koanf:"max_streams"`
 	// SSEKeepalive is how often an SSE drive that has nothing to say sends
 	// a comment, so that proxies and clients do not time it out. default:
 	// 15s
@@ -423,7 +430,7 @@ func Default() Config {
 		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, SSEKeepalive: 15 * time.Second},
+			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, MaxStreams: 250, SSEKeepalive: 15 * time.Second},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
 			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{},
@@ -757,7 +764,7 @@ func (c Config) Validate() error {
 	for key, n := range map[string]int64{
 		"server.read_header_timeout": int64(c.Server.ReadHeaderTimeout), "server.read_timeout": int64(c.Server.ReadTimeout),
 		"server.idle_timeout": int64(c.Server.IdleTimeout), "server.max_header_bytes": int64(c.Server.MaxHeaderBytes),
-		"server.max_connections": int64(c.Server.MaxConnections), "server.max_drives": int64(c.Server.MaxDrives),
+		"server.max_connections": int64(c.Server.MaxConnections), "server.max_drives": int64(c.Server.MaxDrives), "server.max_streams": int64(c.Server.MaxStreams),
 		"core.max_connections":  int64(c.Core.MaxConnections),
 		"server.max_body_bytes": c.Server.MaxBodyBytes, "executor.max_args_bytes": int64(c.Executor.MaxArgsBytes),
 		"executor.max_result_bytes": int64(c.Executor.MaxResultBytes), "executor.max_error_bytes": int64(c.Executor.MaxErrorBytes),

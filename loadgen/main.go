@@ -58,6 +58,7 @@ type options struct {
 	calls      int
 	latency    time.Duration
 	durable    bool
+	h2c        bool
 	plot       string
 	jsonOut    string
 	heap       string
@@ -72,6 +73,7 @@ func run() error {
 	flag.IntVar(&o.calls, "calls", 4, "calls per batch")
 	flag.DurationVar(&o.latency, "latency", time.Second, "how long the tool takes")
 	flag.BoolVar(&o.durable, "durable", false, "durable mode (JetStream ledger)")
+	flag.BoolVar(&o.h2c, "h2c", false, "drive over HTTP/2 without TLS (server.http2_cleartext), many drives per connection, instead of HTTP/1.1")
 	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
 	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken 2 s into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
@@ -155,7 +157,7 @@ func measure(o options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("toolsidecar under load: %d calls of %s per run, then a final turn; durable=%v\n", o.calls, o.latency, o.durable)
+	fmt.Printf("toolsidecar under load: %d calls of %s per run, then a final turn; durable=%v h2c=%v\n", o.calls, o.latency, o.durable, o.h2c)
 	fmt.Printf("%8s %10s %9s %9s %9s %7s %10s %9s %11s %10s %9s %6s %11s %15s\n", "runs", "calls/s", "p50", "p99", "max", "errors", "core req/call", "RSS MiB",
 		"goroutines", "stack MiB", "heap MiB", "GCs", "core queue", "core conns/run")
 	var results []result
@@ -223,11 +225,11 @@ func start(o options, tmp string) (*stack, error) {
 core: {url: "http://%s", timeout: 60s}
 nats:
   embedded: {listen: %q, allow_anonymous: true, store_dir: %q}
-server: {listen: %q, ops_listen: %q, pprof: true, proxy: false, max_drives: %d, max_connections: %d, read_timeout: 10m}
+server: {listen: %q, ops_listen: %q, pprof: true, proxy: false, max_drives: %d, max_connections: %d, read_timeout: 10m, http2_cleartext: %v}
 executor: {max_parallel: %d}
 tools:
   - {name: work, side_effects: read_only, timeout: 60s}
-`, o.durable, coreAddr, natsAddr, filepath.Join(tmp, "jetstream"), apiAddr, opsAddr, o.maxLevel+16, o.maxLevel+64, max(16, o.calls))
+`, o.durable, coreAddr, natsAddr, filepath.Join(tmp, "jetstream"), apiAddr, opsAddr, o.maxLevel+16, o.maxLevel+64, o.h2c, max(16, o.calls))
 	cfgPath := filepath.Join(tmp, "config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -285,9 +287,14 @@ tools:
 }
 
 func waitHTTP(url string, within time.Duration) error {
+	return waitHTTPWith(http.DefaultClient, url, within)
+}
+
+// waitHTTPWith waits, through client, until url answers 200.
+func waitHTTPWith(client *http.Client, url string, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
-		resp, err := http.Get(url)
+		resp, err := client.Get(url)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -370,7 +377,20 @@ func (s *stack) level(n int, o options) (result, error) {
 	}
 	before := s.counters()
 	stopSampling := s.sample()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, IdleConnTimeout: time.Minute}, Timeout: 10 * time.Minute}
+	tr := &http.Transport{MaxIdleConnsPerHost: n, IdleConnTimeout: time.Minute}
+	if o.h2c {
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Minute}
+	if o.h2c {
+		// One connection first: the drives then share it, and those past
+		// its stream limit open more, rather than each dialing its own.
+		if err := waitHTTPWith(client, s.api+"/healthz", 10*time.Second); err != nil {
+			return result{}, err
+		}
+	}
 	lat := make([]time.Duration, n)
 	var errCount atomic.Int32
 	var firstErr atomic.Value

@@ -451,6 +451,9 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	if s.ln, s.hs, err = s.listen("server.listen", s.cfg.Server.Listen, srv, base); err != nil {
 		return err
 	}
+	if s.cfg.Server.HTTP2Cleartext {
+		serveCleartextHTTP2(s.hs, s.cfg.Server.MaxStreams)
+	}
 	if s.cfg.Server.OpsListen != "" {
 		if s.opsLn, s.opsHS, err = s.listen("server.ops_listen", s.cfg.Server.OpsListen, srv.Ops(), base); err != nil {
 			return err
@@ -477,6 +480,18 @@ func httpServer(c config.Server, h http.Handler, base context.Context, log *slog
 		WriteTimeout: writeTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes,
 		BaseContext: func(net.Listener) context.Context { return base },
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+}
+
+// serveCleartextHTTP2 makes hs speak HTTP/2 without TLS as well, at most
+// maxStreams requests at once per connection. A drive held open over
+// HTTP/1.1 costs a connection, its buffers and net/http's reader
+// goroutine, which many drives on one HTTP/2 connection share
+// (BENCHMARKS.md).
+func serveCleartextHTTP2(hs *http.Server, maxStreams int) {
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	hs.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: maxStreams}
 }
 
 // writeTimeout bounds writing a short answer (health, metrics, tools).
