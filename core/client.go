@@ -285,9 +285,11 @@ func (c *Client) UpdateAction(ctx context.Context, actionID string, upd ActionUp
 
 // UpdateActionThen is UpdateAction for a caller that does not wait: no
 // goroutine is held while the write queues for a connection, runs, or
-// waits to be retried. then receives its error and must not block.
-func (c *Client) UpdateActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(error)) {
-	c.callThen(ctx, http.MethodPut, "/v1/actions/"+url.PathEscape(actionID), "actions_update", upd, nil, then)
+// waits to be retried. then receives its error and must not block. drop
+// withdraws the write while it is still queued: it reports true when the
+// write never left, and then then is never called.
+func (c *Client) UpdateActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(error)) (drop func() bool) {
+	return c.callThen(ctx, http.MethodPut, "/v1/actions/"+url.PathEscape(actionID), "actions_update", upd, nil, then)
 }
 
 // GetAction reads one Action.
@@ -406,18 +408,21 @@ func (c *Client) call(ctx context.Context, method, path, endpoint string, in, ou
 // callThen is call for a caller that does not wait for the answer: the
 // request and each retry queue for a worker, and no goroutine waits for
 // them or between them. then receives the error on a worker's or a
-// timer's goroutine, and must not block.
-func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in, out any, then func(error)) {
+// timer's goroutine, and must not block. drop withdraws the exchange while
+// it waits in the queue; it reports true when the request was never sent,
+// and then then is never called.
+func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in, out any, then func(error)) (drop func() bool) {
 	body, err := encode(method, endpoint, in)
 	if err != nil {
 		then(err)
-		return
+		return func() bool { return false }
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	r := c.retries(method)
+	var current atomic.Pointer[exchange]
 	var attempt func()
 	attempt = func() {
-		c.enqueue(&exchange{ctx: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, then: func(err error) {
+		x := &exchange{ctx: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, then: func(err error) {
 			if !r.again(err) {
 				cancel()
 				then(err)
@@ -431,9 +436,18 @@ func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in
 				}
 				attempt()
 			})
-		}})
+		}}
+		current.Store(x)
+		c.enqueue(x)
 	}
 	attempt()
+	return func() bool {
+		if current.Load().state.CompareAndSwap(queued, dropped) {
+			cancel()
+			return true
+		}
+		return false
+	}
 }
 
 // encode is the JSON body of a request; nil for none.

@@ -247,3 +247,37 @@ func TestUpdateActionThenRetries(t *testing.T) {
 		})
 	}
 }
+
+// TestUpdateActionThenDropped: a write withdrawn while it waits in the
+// queue never reaches Core and its callback never runs; one a worker has
+// taken cannot be withdrawn, and its callback runs once.
+func TestUpdateActionThenDropped(t *testing.T) {
+	srv, received, _, release := heldCore(t)
+	c, _ := New(Config{URL: srv.URL, MaxConns: 1})
+	var calls [2]atomic.Int32
+	done := make(chan struct{})
+	drop0 := c.UpdateActionThen(context.Background(), "act_0", ActionUpdate{Status: ActionProcessing}, func(error) { calls[0].Add(1); close(done) })
+	waitFor(received, 1)
+	drop1 := c.UpdateActionThen(context.Background(), "act_1", ActionUpdate{Status: ActionProcessing}, func(error) { calls[1].Add(1) })
+	if !drop1() {
+		t.Error("a queued write could not be withdrawn")
+	}
+	if drop0() {
+		t.Error("a write already at Core was withdrawn")
+	}
+	close(release)
+	<-done
+	c.exchanges.mu.Lock()
+	for len(c.exchanges.queue) > 0 || c.exchanges.workers > 0 { // the worker skips the withdrawn write and stops
+		c.exchanges.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		c.exchanges.mu.Lock()
+	}
+	c.exchanges.mu.Unlock()
+	if n := received.Load(); n != 1 {
+		t.Errorf("Core received %d writes, want 1", n)
+	}
+	if a, b := calls[0].Load(), calls[1].Load(); a != 1 || b != 0 {
+		t.Errorf("callbacks ran %d and %d times, want 1 and 0", a, b)
+	}
+}

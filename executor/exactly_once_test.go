@@ -195,7 +195,8 @@ func TestCoreDownPastBudget(t *testing.T) {
 		t.Fatalf("tool messages %+v while Core refused them", msgs)
 	}
 	for _, a := range h.sim.Actions(h.req.RunID) {
-		if a.Status != core.ActionProcessing {
+		// pending: the call ended before its processing mark left the queue.
+		if a.Status != core.ActionProcessing && a.Status != core.ActionPending {
 			t.Errorf("action %s %s: an Action is never finalised before its output", a.ID, a.Status)
 		}
 	}

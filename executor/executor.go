@@ -43,8 +43,9 @@ type Core interface {
 	FinaliseAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
 	UpdateAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
 	// UpdateActionThen is UpdateAction without waiting: then receives
-	// its error, and must not block.
-	UpdateActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(error))
+	// its error, and must not block. drop withdraws the write while it is
+	// queued (true: it never left, and then is never called).
+	UpdateActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(error)) (drop func() bool)
 	PendingActions(ctx context.Context, runID string) ([]core.PendingAction, error)
 	ActionsByStatus(ctx context.Context, runID, status string) ([]core.Action, error)
 	ListMessages(ctx context.Context, threadID string, limit int) ([]core.Message, error)

@@ -872,6 +872,7 @@ func (c *callRun) again(reply tool.Outcome, used int) bool {
 
 // end settles the call's last reply into its outcome and reports it.
 func (c *callRun) end(reply tool.Outcome) {
+	c.o.mark.withdraw()
 	c.e.endCall(c.ctx, c.br, c.m, c.def, c.pre, c.o, reply, c.start, c.span, c.log)
 	c.e.remember(c.ctx, c.memoKey, c.def, c.o)
 	c.r.report(c.o)
@@ -939,7 +940,8 @@ func (e *Executor) endCall(ctx context.Context, br *batchRun, m *core.Manifest, 
 type marking struct {
 	send func() // the attempts' OnSent: the first sends the write
 	sent atomic.Bool
-	done chan struct{} // closed when the write has landed or failed
+	drop func() bool   // withdraws the write while it is queued; set by send
+	done chan struct{} // closed when the write has landed, failed or was withdrawn
 }
 
 // markOnSend is the processing mark of a call whose tool is not unsafe:
@@ -952,7 +954,7 @@ func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, log *slog.L
 			return
 		}
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.finaliseTimeout)
-		e.core.UpdateActionThen(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}, func(err error) {
+		mk.drop = e.core.UpdateActionThen(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}, func(err error) {
 			cancel()
 			if err != nil {
 				log.Warn("marking action processing failed", "err", err)
@@ -961,6 +963,17 @@ func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, log *slog.L
 		})
 	}
 	return mk
+}
+
+// withdraw drops the mark's write when the call has ended before the
+// write left the Core client's queue: Core, so far behind, would hear that
+// the call started after it had finished, and the final status follows.
+// It saves Core a write per call exactly when Core is the bottleneck.
+func (mk *marking) withdraw() {
+	if mk == nil || !mk.sent.Load() || !mk.drop() {
+		return
+	}
+	close(mk.done)
 }
 
 // wait returns once the mark's write has ended, when it was sent, or when
