@@ -106,6 +106,7 @@ server:
   {{- end }}
   shutdown_timeout: {{ .Values.sidecar.shutdownTimeout }}
   max_drives: {{ .Values.sidecar.maxDrives }}
+  http2_cleartext: {{ .Values.sidecar.http2Cleartext }}
 executor:
   max_turns: {{ .Values.executor.maxTurns }}
   max_parallel: {{ .Values.executor.maxParallel }}
