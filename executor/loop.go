@@ -826,19 +826,23 @@ func (c *callRun) try() (reply tool.Outcome, used int, waiting bool) {
 		return reply, 1, sent
 	}
 	reply = d.Dispatch(c.ctx, req)
-	if reply.Err == nil {
-		e.hedge.observe(def, time.Since(start))
-	}
+	c.observe(reply, start)
 	return reply, 1, false
+}
+
+// observe gives the hedger the latency of an attempt sent at start that
+// succeeded.
+func (c *callRun) observe(reply tool.Outcome, start time.Time) {
+	if reply.Err == nil {
+		c.e.hedge.observe(c.def, time.Since(start))
+	}
 }
 
 // replied goes on with the call when the reply of an attempt sent at
 // start comes.
 func (c *callRun) replied(reply tool.Outcome, start time.Time) {
 	c.r.guard(func() {
-		if reply.Err == nil {
-			c.e.hedge.observe(c.def, time.Since(start))
-		}
+		c.observe(reply, start)
 		if c.again(reply, 1) {
 			c.run()
 		}

@@ -399,3 +399,32 @@ func TestProcessingMarkWithdrawn(t *testing.T) {
 		}
 	}
 }
+
+// TestHedgeAtPercentileLearnsFromReplies: a tool that hedges at a
+// percentile learns its latencies from the replies of its earlier calls,
+// which come through the bridge's callback. After a batch of 20 quick
+// calls, the next call's stalled first attempt is hedged, and the hedge's
+// reply is its outcome.
+func TestHedgeAtPercentileLearnsFromReplies(t *testing.T) {
+	quick := make([]string, 20)
+	for i := range quick {
+		quick[i] = "look"
+	}
+	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: calls(quick...)}, {Calls: calls(`look {"q": "stall"}`)}, {Content: "done"}}}
+	h := newHarness(t, sc, config.Executor{}, spec{config.Tool{Name: "look", HedgeAfter: "p50", Retries: 1, Timeout: 5 * time.Second},
+		func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			if strings.Contains(string(c.Args), "stall") && c.Attempt == 1 {
+				<-ctx.Done() // the straggler, until the hedge wins
+				return nil, ctx.Err()
+			}
+			return []byte(`"seen"`), nil
+		}})
+	sum, err := h.drive(context.Background())
+	if err != nil || sum.Status != executor.StatusCompleted || len(sum.Calls) != 21 {
+		t.Fatalf("summary %+v err %v", sum, err)
+	}
+	h.assertWholeBatches(21)
+	if c := sum.Calls[20]; !c.OK || !c.Hedged || c.Attempts != 2 {
+		t.Errorf("the stalled call %+v: want ok, hedged, 2 attempts", c)
+	}
+}
