@@ -1,10 +1,12 @@
 // Package batch joins a batch of calls as a whole. Tasks are added while
 // the batch is open (as manifests stream in) and run at once, at most
 // limit at a time (queued in order beyond it); their results are values,
-// so one failure never cancels a sibling. Results are handed to the submit function strictly in index
-// order and pipelined: result i is submitted as soon as results 0..i are
-// all in, by the goroutine whose task completed that prefix, so a batch
-// keeps no goroutine of its own while its calls wait. Wait returns only
+// so one failure never cancels a sibling. Results are handed to the submit
+// function strictly in index order, one at a time, and pipelined: result i
+// is submitted as soon as results 0..i are all in and result i-1 is
+// submitted, by the goroutine that completed that prefix (a task's, or
+// the callback of the submission before), so a batch keeps no goroutine
+// of its own while its calls or its submissions wait. Wait returns only
 // when every task has run and every result has been submitted.
 //
 // The package knows nothing of Core or NATS: it joins functions.
@@ -24,9 +26,9 @@ import (
 // Done, or just Wait.
 type Batch[T any] struct {
 	ctx    context.Context
-	submit func(i int, v T) error
+	submit func(i int, v T, done func(error))
 	group  errgroup.Group // the goroutines that start tasks
-	tasks  sync.WaitGroup // tasks holding a slot, until their result is submitted
+	tasks  sync.WaitGroup // tasks holding a slot, until their result is handed to submit
 
 	mu       sync.Mutex
 	results  []T
@@ -39,7 +41,9 @@ type Batch[T any] struct {
 	errs     []error
 
 	next       int  // the index submitted next
-	submitting bool // a goroutine is in the submit loop
+	submitting bool // a goroutine is in the submit loop, or a submission is on its way
+	calling    bool // the submit loop is inside submit
+	doneInline bool // the submission reported before submit returned
 	doneClosed bool
 	done       chan struct{} // closed when the batch is closed and every result is submitted
 }
@@ -50,6 +54,16 @@ type Batch[T any] struct {
 // (a submission is part of its task's slot); its errors are collected and
 // returned by Wait, and the remaining results are still submitted.
 func New[T any](ctx context.Context, limit int, submit func(i int, v T) error) *Batch[T] {
+	return NewThen(ctx, limit, func(i int, v T, done func(error)) { done(submit(i, v)) })
+}
+
+// NewThen is New for a submit function that reports through done, exactly
+// once, from any goroutine, before or after it returns: a submission that
+// waits for a callback holds no goroutine, and the next result is
+// submitted from that callback. A task's slot is handed on once submit
+// has returned, not once it has reported: submissions are one at a time
+// anyway, and need no slot to bound them.
+func NewThen[T any](ctx context.Context, limit int, submit func(i int, v T, done func(error))) *Batch[T] {
 	return &Batch[T]{ctx: ctx, submit: submit, limit: limit, done: make(chan struct{})}
 }
 
@@ -183,28 +197,62 @@ func (b *Batch[T]) Wait() ([]T, error) {
 }
 
 // submitReady submits the results that are in, from the next index on,
-// in order. One goroutine at a time runs the loop; a result that comes in
+// in order. One submit loop runs at a time; a result that comes in
 // meanwhile is seen by the loop's next check, which is made under the lock
 // the finishing task took to record it.
 func (b *Batch[T]) submitReady() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.submitting {
+		b.mu.Unlock()
 		return
 	}
 	b.submitting = true
+	b.pump()
+}
+
+// pump is the submit loop. It submits ready results until one is still on
+// its way (its callback goes on with the loop) or none is ready. A
+// submission that reports before submit returns is a trampoline's bounce:
+// the loop goes on here, so a batch of quick submissions does not recurse.
+// The caller holds b.mu and has set submitting; pump releases b.mu.
+func (b *Batch[T]) pump() {
 	for b.next < len(b.results) && b.finished[b.next] {
 		i, v := b.next, b.results[b.next]
+		b.calling, b.doneInline = true, false
 		b.mu.Unlock()
-		err := b.submit(i, v)
+		var once atomic.Bool
+		b.submit(i, v, func(err error) {
+			if !once.CompareAndSwap(false, true) {
+				panic(fmt.Sprintf("batch: result %d reported submitted twice", i))
+			}
+			b.submitted(i, err)
+		})
 		b.mu.Lock()
-		if err != nil {
-			b.errs = append(b.errs, fmt.Errorf("batch: submitting result %d: %w", i, err))
+		b.calling = false
+		if !b.doneInline {
+			b.mu.Unlock() // on its way: its callback goes on with the loop
+			return
 		}
-		b.next++
 	}
 	b.submitting = false
 	b.closeDoneLocked()
+	b.mu.Unlock()
+}
+
+// submitted records that result i was submitted, and goes on with the
+// submit loop unless the loop is still inside submit.
+func (b *Batch[T]) submitted(i int, err error) {
+	b.mu.Lock()
+	if err != nil {
+		b.errs = append(b.errs, fmt.Errorf("batch: submitting result %d: %w", i, err))
+	}
+	b.next++
+	if b.calling {
+		b.doneInline = true
+		b.mu.Unlock()
+		return
+	}
+	b.pump()
 }
 
 // closeDoneLocked closes done once the batch is closed and every result

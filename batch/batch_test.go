@@ -317,3 +317,110 @@ func testStartHoldsSlot(t *testing.T) {
 	}()
 	dones[0](1)
 }
+
+// TestSubmitThen: a submission that reports later holds no goroutine,
+// the next one starts only from its callback (one at a time, in index
+// order), an error is collected while the rest are still submitted, and
+// a second report panics.
+func TestSubmitThen(t *testing.T) { synctest.Test(t, testSubmitThen) }
+
+func testSubmitThen(t *testing.T) {
+	var mu sync.Mutex
+	var order []int
+	dones := map[int]func(error){}
+	b := NewThen(context.Background(), 0, func(i int, v int, done func(error)) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, i)
+		dones[i] = done
+	})
+	for i := range 4 {
+		b.Go(func(context.Context) int { return i })
+	}
+	b.Close()
+	submittedNow := func() []int {
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(order)
+	}
+	if got := submittedNow(); !slices.Equal(got, []int{0}) {
+		t.Fatalf("submissions started %v, want [0]: one at a time", got)
+	}
+	buf := make([]byte, 1<<16)
+	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "batch.(*Batch") {
+		t.Errorf("a goroutine holds the waiting submission:\n%s", st)
+	}
+	report := func(i int, err error) {
+		mu.Lock()
+		done := dones[i]
+		mu.Unlock()
+		go done(err)
+	}
+	boom := errors.New("core 500")
+	for i := range 4 {
+		var err error
+		if i == 2 {
+			err = boom
+		}
+		report(i, err)
+		want := min(i+2, 4)
+		if got := submittedNow(); len(got) != want {
+			t.Fatalf("after result %d reported, submissions started %v, want %d of them", i, got, want)
+		}
+		select {
+		case <-b.Done():
+			if i < 3 {
+				t.Fatalf("done after result %d of 4", i)
+			}
+		default:
+			if i == 3 {
+				t.Fatal("not done after every result reported")
+			}
+		}
+	}
+	res, err := b.Wait()
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "result 2") || !slices.Equal(res, []int{0, 1, 2, 3}) || !slices.Equal(order, []int{0, 1, 2, 3}) {
+		t.Fatalf("results %v, order %v, err %v", res, order, err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a submission reported twice without a panic")
+		}
+	}()
+	dones[1](nil)
+}
+
+// TestSubmitThenInlineDoesNotRecurse: 2,000 results ready at once, each
+// submission reporting before it returns: the loop goes on in place, so
+// the stack stays as deep as for the first.
+func TestSubmitThenInlineDoesNotRecurse(t *testing.T) {
+	var depth []int
+	b := NewThen(context.Background(), 0, func(i int, v int, done func(error)) {
+		depth = append(depth, runtime.Callers(0, make([]uintptr, 4096)))
+		done(nil)
+	})
+	var first func(int)
+	b.StartAfter(-1, func(_ context.Context, done func(int)) { first = done })
+	for i := 1; i < 2000; i++ {
+		b.Go(func(context.Context) int { return i })
+	}
+	for ready := 0; ready < 1999; { // every other task has run: the loop runs here
+		time.Sleep(time.Millisecond)
+		b.mu.Lock()
+		ready = 0
+		for _, f := range b.finished {
+			if f {
+				ready++
+			}
+		}
+		b.mu.Unlock()
+	}
+	first(0) // completes the prefix: every result is submitted from here
+	if _, err := b.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if len(depth) != 2000 || slices.Max(depth) != depth[0] {
+		t.Errorf("%d submissions, stack depth from %d to %d: want 2000, all as deep as the first", len(depth), depth[0], slices.Max(depth))
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -264,6 +265,13 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) (*Stream, er
 // SubmitToolOutput posts a tool result (POST /v1/messages/tools). Role,
 // meta_data and attachments are filled as the SDK fills them.
 func (c *Client) SubmitToolOutput(ctx context.Context, out ToolOutput) (Message, error) {
+	var m Message
+	err := c.call(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), &m)
+	return m, err
+}
+
+// toolMessage is out with the fields the SDK fills.
+func toolMessage(out ToolOutput) ToolOutput {
 	out.Role = "tool"
 	if out.MetaData == nil {
 		out.MetaData = map[string]any{}
@@ -271,9 +279,7 @@ func (c *Client) SubmitToolOutput(ctx context.Context, out ToolOutput) (Message,
 	if out.Attachments == nil {
 		out.Attachments = []any{}
 	}
-	var m Message
-	err := c.call(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", out, &m)
-	return m, err
+	return out
 }
 
 // UpdateAction sets an Action's status and result (PUT /v1/actions/{id}).
@@ -385,69 +391,123 @@ func (c *Client) CreateMessage(ctx context.Context, threadID, assistantID, conte
 	return m, err
 }
 
-// call performs one JSON exchange with retries.
+// call performs one JSON exchange with retries, and waits for it.
 func (c *Client) call(ctx context.Context, method, path, endpoint string, in, out any) error {
-	body, err := encode(method, endpoint, in)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
-	r := c.retries(method)
-	for {
-		err := c.do(ctx, method, path, endpoint, body, out)
-		if !r.again(err) {
-			return err
-		}
-		if werr := sleep(ctx, r.b.NextBackOff()); werr != nil {
-			return err
-		}
-	}
+	return await(func(then func(error)) { c.callThen(ctx, method, path, endpoint, in, out, then) })
+}
+
+// await starts an exchange that reports through then, and waits for it.
+func await(start func(then func(error))) error {
+	done := make(chan error, 1)
+	start(func(err error) { done <- err })
+	return <-done
 }
 
 // callThen is call for a caller that does not wait for the answer: the
 // request and each retry queue for a worker, and no goroutine waits for
-// them or between them. then receives the error on a worker's or a
-// timer's goroutine, and must not block. drop withdraws the exchange while
-// it waits in the queue; it reports true when the request was never sent,
-// and then then is never called.
+// them or between them. then receives the error on a worker's, a timer's
+// or the context's goroutine, and must not block; it hears ctx's end at
+// once, even while the request is queued or waits to be retried. drop
+// withdraws the exchange while it waits in the queue; it reports true
+// when the request was never sent, and then then is never called.
 func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in, out any, then func(error)) (drop func() bool) {
 	body, err := encode(method, endpoint, in)
 	if err != nil {
 		then(err)
 		return func() bool { return false }
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	r := c.retries(method)
-	var current atomic.Pointer[exchange]
-	var attempt func()
-	attempt = func() {
-		x := &exchange{ctx: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, then: func(err error) {
-			if !r.again(err) {
-				cancel()
-				then(err)
-				return
-			}
-			time.AfterFunc(r.b.NextBackOff(), func() {
-				if ctx.Err() != nil {
-					cancel()
-					then(err)
-					return
-				}
-				attempt()
-			})
-		}}
-		current.Store(x)
-		c.enqueue(x)
+	k := &calling{c: c, method: method, path: path, endpoint: endpoint, body: body, out: out, then: then}
+	k.ctx, k.cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+	c.retries(&k.r, method)
+	k.attempt()
+	return k.drop
+}
+
+// calling is one exchange of [Client.callThen] with its retries: one
+// allocation holds what the callbacks need.
+type calling struct {
+	c                      *Client
+	ctx                    context.Context
+	cancel                 context.CancelFunc
+	method, path, endpoint string
+	body                   []byte
+	out                    any
+	then                   func(error)
+	r                      retryPolicy
+	current                atomic.Pointer[exchange]
+}
+
+// attempt queues one attempt.
+func (k *calling) attempt() {
+	x := newExchange(k)
+	k.current.Store(x)
+	k.c.enqueue(x)
+}
+
+// answered takes an attempt's error: the exchange ends, or is tried again
+// after a backoff.
+func (k *calling) answered(err error) {
+	if !k.r.again(err) {
+		k.finish(err)
+		return
 	}
-	attempt()
-	return func() bool {
-		if current.Load().state.CompareAndSwap(queued, dropped) {
-			cancel()
-			return true
-		}
-		return false
+	after(k.ctx, k.r.b.NextBackOff(), k.attempt, func() { k.finish(err) })
+}
+
+func (k *calling) finish(err error) {
+	k.cancel()
+	k.then(err)
+}
+
+func (k *calling) drop() bool {
+	if k.current.Load().drop() {
+		k.cancel()
+		return true
 	}
+	return false
+}
+
+// after runs next once d has passed, or fail as soon as ctx ends first:
+// exactly one of them, on a timer's or the context's goroutine. It is the
+// asynchronous form of a sleep that gives up when its budget is spent.
+func after(ctx context.Context, d time.Duration, next, fail func()) {
+	w := &wakeup{next: next, fail: fail}
+	w.mu.Lock() // both callbacks wait until the fields are set
+	defer w.mu.Unlock()
+	w.timer = time.AfterFunc(d, w.elapsed)
+	w.stop = context.AfterFunc(ctx, w.ended)
+}
+
+// wakeup is one wait of [after].
+type wakeup struct {
+	mu         sync.Mutex
+	fired      bool
+	timer      *time.Timer
+	stop       func() bool
+	next, fail func()
+}
+
+func (w *wakeup) elapsed() {
+	if w.fire() {
+		w.stop()
+		w.next()
+	}
+}
+
+func (w *wakeup) ended() {
+	if w.fire() {
+		w.timer.Stop()
+		w.fail()
+	}
+}
+
+// fire reports whether the caller is the first of the two callbacks.
+func (w *wakeup) fire() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	first := !w.fired
+	w.fired = true
+	return first
 }
 
 // encode is the JSON body of a request; nil for none.
@@ -469,14 +529,15 @@ type retryPolicy struct {
 	idempotent bool
 	attempt    int
 	max        int
-	b          *backoff.ExponentialBackOff
+	b          backoff.ExponentialBackOff
 }
 
-func (c *Client) retries(method string) *retryPolicy {
+// retries sets r up for an exchange of method.
+func (c *Client) retries(r *retryPolicy, method string) {
 	// Jittered exponential backoff from 100ms, capped at 2s.
-	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: 2 * time.Second}
-	b.Reset()
-	return &retryPolicy{idempotent: method == http.MethodGet || method == http.MethodPut, max: c.cfg.Retries, b: b}
+	*r = retryPolicy{idempotent: method == http.MethodGet || method == http.MethodPut, max: c.cfg.Retries,
+		b: backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: 2 * time.Second}}
+	r.b.Reset()
 }
 
 // again reports whether an attempt that ended with err is tried again.
@@ -608,17 +669,4 @@ func neverSent(err error) bool {
 	}
 	var opErr *net.OpError
 	return errors.As(err, &opErr) && opErr.Op == "dial"
-}
-
-// sleep waits for d or until ctx ends. (internal/clock has the same for
-// the rest of the sidecar; core imports no project package.)
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

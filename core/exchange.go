@@ -2,28 +2,25 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
 
 // Exchanges with Core (every call but the completions stream) run on a
 // bounded set of worker goroutines, at most as many as the connections
-// they can use. A caller waits for its answer on a channel only: its own
-// goroutine never runs the HTTP client, whose deep frames would grow its
-// stack to 16 KiB and keep it there while the call then waits for its
-// worker. At thousands of calls in flight those stacks were most of the
-// sidecar's memory (BENCHMARKS.md, "Core exchanges on workers of their
-// own").
+// they can use. A caller hears its answer through a callback, and the
+// synchronous calls wait for that callback on a channel only: no caller's
+// goroutine runs the HTTP client, whose deep frames would grow its stack
+// to 16 KiB and keep it there while the call then waits for its worker. At
+// thousands of calls in flight those stacks were most of the sidecar's
+// memory (BENCHMARKS.md, "Core exchanges on workers of their own").
 
-// exchange is one request to Core, queued for a worker.
+// exchange is one attempt of a request to Core, queued for a worker.
 type exchange struct {
-	ctx                    context.Context
-	method, path, endpoint string
-	body                   []byte
-	out                    any
-	state                  atomic.Int32 // queued, taken or dropped
-	done                   chan error   // buffered: a worker never blocks on it
-	then                   func(error)  // instead of done, for a caller that does not wait
+	k     *calling     // the request; its answered hears the attempt's error once, unless dropped by drop
+	state atomic.Int32 // queued, taken or dropped
+	stop  func() bool  // unregisters the end of the request's ctx, once a worker has it
 }
 
 const (
@@ -42,21 +39,23 @@ type exchanges struct {
 	workers int
 }
 
-// do runs one exchange on a worker and returns its error. A caller whose
-// ctx ends while its request is still queued returns at once; one already
-// taken waits for the worker, whose request ends with ctx.
-func (c *Client) do(ctx context.Context, method, path, endpoint string, body []byte, out any) error {
-	x := &exchange{ctx: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, done: make(chan error, 1)}
-	c.enqueue(x)
-	select {
-	case err := <-x.done:
-		return err
-	case <-ctx.Done():
+// newExchange is an attempt of k whose ctx, should it end while the
+// attempt is still queued, ends it at once with ctx's error: a caller
+// whose budget is spent does not wait for a worker to reach its turn in
+// the queue.
+func newExchange(k *calling) *exchange {
+	x := &exchange{k: k}
+	x.stop = context.AfterFunc(k.ctx, func() {
 		if x.state.CompareAndSwap(queued, dropped) {
-			return ctx.Err()
+			k.answered(fmt.Errorf("core: %s %s: not sent: %w", k.method, k.path, k.ctx.Err()))
 		}
-		return <-x.done
-	}
+	})
+	return x
+}
+
+// drop withdraws x while it is queued, and reports whether it did.
+func (x *exchange) drop() bool {
+	return x.state.CompareAndSwap(queued, dropped)
 }
 
 // enqueue queues x and starts a worker if one is free.
@@ -97,11 +96,8 @@ func (c *Client) work() {
 		if !x.state.CompareAndSwap(queued, taken) {
 			continue
 		}
-		err := c.once(x.ctx, x.method, x.path, x.endpoint, x.body, x.out)
-		if x.then != nil {
-			x.then(err)
-		} else {
-			x.done <- err
-		}
+		x.stop()
+		k := x.k
+		k.answered(c.once(k.ctx, k.method, k.path, k.endpoint, k.body, k.out))
 	}
 }

@@ -33,19 +33,29 @@ var ErrBudget = errors.New("core: submit budget spent")
 // Retry-After, until ctx ends.
 func (c *Client) RecordToolOutput(ctx context.Context, out ToolOutput) (Message, error) {
 	var m Message
-	lookup := func(ctx context.Context) (bool, error) {
-		found, ok, err := c.FindToolOutput(ctx, out.ThreadID, out.ToolCallID)
-		if ok {
-			m = found
-		}
-		return ok, err
-	}
-	err := c.persist(ctx, "messages_tools", lookup, func(ctx context.Context) error {
-		var err error
-		m, err = c.SubmitToolOutput(ctx, out)
-		return err
+	err := await(func(then func(error)) {
+		c.RecordToolOutputThen(ctx, out, func(got Message, err error) { m = got; then(err) })
 	})
 	return m, err
+}
+
+// RecordToolOutputThen is RecordToolOutput for a caller that does not
+// wait: no goroutine is held while the writes and reads queue, run, or
+// wait to be retried. then receives the outcome once, and must not block.
+func (c *Client) RecordToolOutputThen(ctx context.Context, out ToolOutput, then func(Message, error)) {
+	var m Message
+	lookup := func(ctx context.Context, then func(bool, error)) {
+		c.findToolOutputThen(ctx, out.ThreadID, out.ToolCallID, func(found Message, ok bool, err error) {
+			if ok {
+				m = found
+			}
+			then(ok, err)
+		})
+	}
+	write := func(ctx context.Context, then func(error)) {
+		c.callThen(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), &m, then)
+	}
+	c.persistThen(ctx, "messages_tools", lookup, write, func(err error) { then(m, err) })
 }
 
 // FinaliseAction sets an Action's status and result (PUT
@@ -53,12 +63,21 @@ func (c *Client) RecordToolOutput(ctx context.Context, out ToolOutput) (Message,
 // ends.
 func (c *Client) FinaliseAction(ctx context.Context, actionID string, upd ActionUpdate) (Action, error) {
 	var a Action
-	err := c.persist(ctx, "actions_update", nil, func(ctx context.Context) error {
-		var err error
-		a, err = c.UpdateAction(ctx, actionID, upd)
-		return err
+	err := await(func(then func(error)) {
+		c.FinaliseActionThen(ctx, actionID, upd, func(got Action, err error) { a = got; then(err) })
 	})
 	return a, err
+}
+
+// FinaliseActionThen is FinaliseAction for a caller that does not wait:
+// then receives the outcome once, and must not block.
+func (c *Client) FinaliseActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(Action, error)) {
+	var a Action
+	path := "/v1/actions/" + url.PathEscape(actionID)
+	write := func(ctx context.Context, then func(error)) {
+		c.callThen(ctx, http.MethodPut, path, "actions_update", upd, &a, then)
+	}
+	c.persistThen(ctx, "actions_update", nil, write, func(err error) { then(a, err) })
 }
 
 // outputLookback is how many of a thread's newest messages are searched
@@ -69,16 +88,31 @@ const outputLookback = 100
 // FindToolOutput looks among the thread's newest messages for the tool
 // message of toolCallID.
 func (c *Client) FindToolOutput(ctx context.Context, threadID, toolCallID string) (Message, bool, error) {
-	msgs, err := c.ListMessages(ctx, threadID, outputLookback)
-	if err != nil {
-		return Message{}, false, err
-	}
-	for _, m := range msgs {
-		if m.Role == "tool" && m.ToolCallID == toolCallID {
-			return m, true, nil
+	var (
+		m  Message
+		ok bool
+	)
+	err := await(func(then func(error)) {
+		c.findToolOutputThen(ctx, threadID, toolCallID, func(found Message, has bool, err error) { m, ok = found, has; then(err) })
+	})
+	return m, ok, err
+}
+
+func (c *Client) findToolOutputThen(ctx context.Context, threadID, toolCallID string, then func(Message, bool, error)) {
+	var msgs messageList
+	c.callThen(ctx, http.MethodGet, messagesPath(threadID, outputLookback), "messages_list", nil, &msgs, func(err error) {
+		if err != nil {
+			then(Message{}, false, err)
+			return
 		}
-	}
-	return Message{}, false, nil
+		for _, m := range msgs.items {
+			if m.Role == "tool" && m.ToolCallID == toolCallID {
+				then(m, true, nil)
+				return
+			}
+		}
+		then(Message{}, false, nil)
+	})
 }
 
 // ListMessages reads a thread's newest messages, newest first (GET
@@ -86,9 +120,12 @@ func (c *Client) FindToolOutput(ctx context.Context, threadID, toolCallID string
 // {"data": [...]} list envelope are accepted.
 func (c *Client) ListMessages(ctx context.Context, threadID string, limit int) ([]Message, error) {
 	var out messageList
-	path := "/v1/threads/" + url.PathEscape(threadID) + "/messages?order=desc&limit=" + strconv.Itoa(limit)
-	err := c.call(ctx, http.MethodGet, path, "messages_list", nil, &out)
+	err := c.call(ctx, http.MethodGet, messagesPath(threadID, limit), "messages_list", nil, &out)
 	return out.items, err
+}
+
+func messagesPath(threadID string, limit int) string {
+	return "/v1/threads/" + url.PathEscape(threadID) + "/messages?order=desc&limit=" + strconv.Itoa(limit)
 }
 
 type messageList struct{ items []Message }
@@ -107,50 +144,75 @@ func (l *messageList) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// persist runs write until it succeeds, fails for good, or ctx ends. Before
-// a retry whose previous attempt may have taken effect, landed (when set)
-// says whether it did; then persist stops with success.
-func (c *Client) persist(ctx context.Context, endpoint string, landed func(context.Context) (bool, error), write func(context.Context) error) error {
-	b := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}
-	b.Reset()
-	uncertain := false
-	var lastErr error // the last write's failure: what the caller needs to hear
-	for attempt := 1; ; attempt++ {
-		if uncertain && landed != nil {
-			ok, err := landed(ctx)
-			if err == nil && ok {
-				return nil
-			}
-			if err != nil {
-				// The read failed: the write's effect is still unknown,
-				// so do not write again blindly; wait and read again.
-				if werr := sleep(ctx, b.NextBackOff()); werr != nil {
-					return fmt.Errorf("%w: %s after %d attempts: %w (then checking whether it landed: %v)", ErrBudget, endpoint, attempt-1, lastErr, err)
-				}
-				continue
-			}
+// persistThen runs write until it succeeds, fails for good, or ctx ends,
+// and hands the result to then. Before a retry whose previous attempt may
+// have taken effect, landed (when set) says whether it did; then it stops
+// with success. One step runs at a time, each started by the callback of
+// the one before, so no goroutine waits between them.
+func (c *Client) persistThen(ctx context.Context, endpoint string, landed func(context.Context, func(bool, error)), write func(context.Context, func(error)), then func(error)) {
+	p := &persisting{ctx: ctx, endpoint: endpoint, landed: landed, write: write, then: then,
+		b: backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}}
+	p.b.Reset()
+	p.next()
+}
+
+// persisting is one write of [Client.persistThen] on its way.
+type persisting struct {
+	ctx       context.Context
+	endpoint  string
+	landed    func(context.Context, func(bool, error))
+	write     func(context.Context, func(error))
+	then      func(error)
+	b         backoff.ExponentialBackOff
+	writes    int
+	uncertain bool  // a write may have taken effect
+	lastErr   error // the last write's failure: what the caller needs to hear
+}
+
+// next writes, unless a write may already have landed: then it looks
+// first.
+func (p *persisting) next() {
+	if !p.uncertain || p.landed == nil {
+		p.writeOnce()
+		return
+	}
+	p.landed(p.ctx, func(ok bool, err error) {
+		switch {
+		case err == nil && ok:
+			p.then(nil)
+		case err != nil:
+			// The read failed: the write's effect is still unknown, so
+			// do not write again blindly; wait and read again.
+			after(p.ctx, p.b.NextBackOff(), p.next, func() {
+				p.then(fmt.Errorf("%w: %s after %d attempts: %w (then checking whether it landed: %v)", ErrBudget, p.endpoint, p.writes, p.lastErr, err))
+			})
+		default:
+			p.writeOnce()
 		}
-		err := write(ctx)
+	})
+}
+
+func (p *persisting) writeOnce() {
+	p.writes++
+	p.write(p.ctx, func(err error) {
 		if err == nil {
-			return nil
+			p.then(nil)
+			return
 		}
-		lastErr = err
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, endpoint, attempt, err)
+		p.lastErr = err
+		spent := func() { p.then(fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, p.endpoint, p.writes, err)) }
+		if p.ctx.Err() != nil {
+			spent()
+			return
 		}
 		transient, maybeLanded := classify(err)
 		if !transient {
-			return err
+			p.then(err)
+			return
 		}
-		uncertain = uncertain || maybeLanded
-		wait := b.NextBackOff()
-		if ra := retryAfter(err); ra > wait {
-			wait = ra
-		}
-		if werr := sleep(ctx, wait); werr != nil {
-			return fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, endpoint, attempt, err)
-		}
-	}
+		p.uncertain = p.uncertain || maybeLanded
+		after(p.ctx, max(p.b.NextBackOff(), retryAfter(err)), p.next, spent)
+	})
 }
 
 // classify says whether a failed write may succeed when tried again, and

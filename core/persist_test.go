@@ -3,6 +3,10 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/pprof"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,7 +19,9 @@ import (
 type writeFixture struct {
 	sim    *coresim.Sim
 	c      *core.Client
+	url    string
 	thread string
+	run    string
 	m      *core.Manifest
 }
 
@@ -38,7 +44,7 @@ func newWriteFixture(t *testing.T) writeFixture {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	f := writeFixture{sim: sim, c: c, thread: th.ID}
+	f := writeFixture{sim: sim, c: c, url: srv.URL, thread: th.ID, run: run.ID}
 	for ch, err := range st.Chunks() {
 		if err == nil && ch.Kind == core.KindManifest {
 			f.m = ch.Manifest
@@ -126,4 +132,85 @@ func TestWriteBudgetSpent(t *testing.T) {
 	if msgs := f.sim.ToolMessages(f.thread); len(msgs) != 0 {
 		t.Errorf("tool messages %+v", msgs)
 	}
+}
+
+// TestWritesHoldNoGoroutineWhileRetrying: a write that Core answers with
+// 503 and Retry-After: 1 is retried a second later, after a look at
+// whether it landed. While it waits, nothing of the client runs, and the
+// callback hears the outcome once: one output, the Action final.
+func TestWritesHoldNoGoroutineWhileRetrying(t *testing.T) {
+	f := newWriteFixture(t)
+	// Without the exchange's own quick retries of a 503'd PUT, the write
+	// is retried by the submit loop, which honours Retry-After.
+	f.c, _ = core.New(core.Config{URL: f.url, Timeout: 300 * time.Millisecond, Retries: -1})
+	for _, tc := range []struct {
+		name, method, path string
+		start              func(then func(error))
+	}{
+		{"RecordToolOutputThen", "POST", "/v1/messages/tools", func(then func(error)) {
+			f.c.RecordToolOutputThen(context.Background(), f.output(), func(m core.Message, err error) {
+				if err == nil && m.ToolCallID != f.m.ToolCallID {
+					err = fmt.Errorf("message %+v", m)
+				}
+				then(err)
+			})
+		}},
+		{"FinaliseActionThen", "PUT", "/v1/actions/", func(then func(error)) {
+			f.c.FinaliseActionThen(context.Background(), f.m.ActionID, core.ActionUpdate{Status: core.ActionCompleted}, func(a core.Action, err error) {
+				if err == nil && a.Status != core.ActionCompleted {
+					err = fmt.Errorf("action %+v", a)
+				}
+				then(err)
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refused := make(chan struct{})
+			f.sim.AddFault(coresim.Fault{Method: tc.method, Path: tc.path, Status: 503, RetryAfter: "1", Hit: func() { close(refused) }})
+			var calls atomic.Int32
+			done := make(chan error, 2)
+			tc.start(func(err error) { calls.Add(1); done <- err })
+			<-refused
+			idle := false
+			for !idle {
+				select {
+				case err := <-done:
+					t.Fatalf("the write ended (%v) before the client was seen idle while it waited to retry", err)
+				default:
+				}
+				idle = inClient() == 0
+				time.Sleep(time.Millisecond)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if n := f.sim.CountRequests(tc.method, tc.path); n < 2 {
+				t.Errorf("%d requests to %s %s, want the refused one and its retry", n, tc.method, tc.path)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n := calls.Load(); n != 1 {
+				t.Errorf("the callback ran %d times", n)
+			}
+		})
+	}
+	f.assertOneOutput(t)
+	if acts := f.sim.Actions(f.run); len(acts) != 1 || acts[0].Status != core.ActionCompleted {
+		t.Errorf("actions %+v, want the one completed", acts)
+	}
+}
+
+// inClient counts the goroutines that run the Core client's code now (not
+// the idle connections' net/http goroutines, which a client's code may
+// have started).
+func inClient() int {
+	var b strings.Builder
+	pprof.Lookup("goroutine").WriteTo(&b, 2)
+	n := 0
+	for g := range strings.SplitSeq(b.String(), "\n\n") {
+		g, _, _ = strings.Cut(g, "created by")
+		if strings.Contains(g, "toolsidecar/core.") && !strings.Contains(g, "core.TestMain") {
+			n++
+		}
+	}
+	return n
 }

@@ -34,13 +34,16 @@ type Dispatcher interface {
 	Dispatch(ctx context.Context, req tool.Request) tool.Outcome
 }
 
-// Core is the part of Core's API the loop uses. RecordToolOutput and
-// FinaliseAction retry until their context (the submit budget) ends, and
-// RecordToolOutput never posts an output twice.
+// Core is the part of Core's API the loop uses. The writes that make an
+// outcome count (RecordToolOutputThen, FinaliseAction and
+// FinaliseActionThen) retry until their context (the submit budget) ends,
+// and RecordToolOutputThen never posts an output twice. The ...Then forms
+// do not wait: then receives the outcome once, and must not block.
 type Core interface {
 	Stream(ctx context.Context, req core.CompletionRequest) (*core.Stream, error)
-	RecordToolOutput(ctx context.Context, out core.ToolOutput) (core.Message, error)
+	RecordToolOutputThen(ctx context.Context, out core.ToolOutput, then func(core.Message, error))
 	FinaliseAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
+	FinaliseActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(core.Action, error))
 	UpdateAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
 	// UpdateActionThen is UpdateAction without waiting: then receives
 	// its error, and must not block. drop withdraws the write while it is

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -252,7 +253,7 @@ type batchRun struct {
 
 func (e *Executor) newBatch(ctx, tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
 	br := &batchRun{ctx: ctx, e: e, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), seen: map[string]bool{}, lanes: map[string]*lane{}}
-	br.b = batch.New(tctx, e.cfg.MaxParallel, func(i int, o *outcome) error { return br.submit(ctx, o) })
+	br.b = batch.NewThen(tctx, e.cfg.MaxParallel, func(i int, o *outcome, done func(error)) { br.submit(ctx, o, done) })
 	return br
 }
 
@@ -939,20 +940,23 @@ func (e *Executor) endCall(ctx context.Context, br *batchRun, m *core.Manifest, 
 
 // marking is the processing mark of a call whose tool is not unsafe. Its
 // write is sent when the first attempt leaves, and no goroutine waits for
-// it: the call's final status, which must come after it, waits for it in
-// submit.
+// it: the call's final status, which must come after it, is written from
+// its callback when submit gets there first.
 type marking struct {
 	send func() // the attempts' OnSent: the first sends the write
 	sent atomic.Bool
-	drop func() bool   // withdraws the write while it is queued; set by send
-	done chan struct{} // closed when the write has landed, failed or was withdrawn
+	drop func() bool // withdraws the write while it is queued; set by send
+
+	mu    sync.Mutex
+	ended bool   // the write has landed, failed or was withdrawn
+	next  func() // what waits for it to end
 }
 
 // markOnSend is the processing mark of a call whose tool is not unsafe:
 // best effort, bounded by the finalise timeout. A hedge's copy that leaves
 // after the first attempt makes no second write.
 func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, log *slog.Logger) *marking {
-	mk := &marking{done: make(chan struct{})}
+	mk := &marking{}
 	mk.send = func() {
 		if !mk.sent.CompareAndSwap(false, true) {
 			return
@@ -963,7 +967,7 @@ func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, log *slog.L
 			if err != nil {
 				log.Warn("marking action processing failed", "err", err)
 			}
-			close(mk.done)
+			mk.end()
 		})
 	}
 	return mk
@@ -977,19 +981,46 @@ func (mk *marking) withdraw() {
 	if mk == nil || !mk.sent.Load() || !mk.drop() {
 		return
 	}
-	close(mk.done)
+	mk.end()
 }
 
-// wait returns once the mark's write has ended, when it was sent, or when
-// ctx ends.
-func (mk *marking) wait(ctx context.Context) {
+// end records that the write has ended and runs what waited for it.
+func (mk *marking) end() {
+	mk.mu.Lock()
+	mk.ended = true
+	next := mk.next
+	mk.next = nil
+	mk.mu.Unlock()
+	if next != nil {
+		next()
+	}
+}
+
+// whenEnded runs f once the mark's write has ended (at once when it was
+// never sent), or when ctx ends first.
+func (mk *marking) whenEnded(ctx context.Context, f func()) {
 	if mk == nil || !mk.sent.Load() {
+		f()
 		return
 	}
-	select {
-	case <-mk.done:
-	case <-ctx.Done():
+	var once atomic.Bool
+	run := func() {
+		if once.CompareAndSwap(false, true) {
+			f()
+		}
 	}
+	mk.mu.Lock()
+	if mk.ended {
+		mk.mu.Unlock()
+		f()
+		return
+	}
+	stop := context.AfterFunc(ctx, run)
+	mk.next = func() {
+		stop()
+		run()
+	}
+	mk.mu.Unlock()
 }
 
 // intendTimeout bounds the ledger write before an unsafe call is marked
@@ -1115,51 +1146,79 @@ func errorContent(name string, err *tool.Error) string {
 }
 
 // submit records one outcome in Core: the tool message with its
-// tool_call_id (exactly once: core.RecordToolOutput reads before it posts
+// tool_call_id (exactly once: core.RecordToolOutputThen reads before it posts
 // again), then the Action's final status with a result summary. The Action
 // is never finalised before its output is recorded. It runs even after a
 // cancellation, within the submit budget; an outcome Core did not take is
-// kept for the next drive of the run.
-func (br *batchRun) submit(ctx context.Context, o *outcome) error {
-	e := br.e
-	m := o.m
-	log := br.log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+// kept for the next drive of the run. done receives the error once, from
+// the callback of the last step: no goroutine waits for Core meanwhile.
+func (br *batchRun) submit(ctx context.Context, o *outcome, done func(error)) {
 	if br.coreDown.Load() {
-		e.keep(o)
-		return fmt.Errorf("call %s (%s): %w: not tried, an earlier submission of the batch ran out of budget", m.ToolCallID, m.Tool, core.ErrBudget)
+		br.e.keep(o)
+		done(fmt.Errorf("call %s (%s): %w: not tried, an earlier submission of the batch ran out of budget", o.m.ToolCallID, o.m.Tool, core.ErrBudget))
+		return
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
-	defer cancel()
-	if !o.recorded {
-		_, err := e.core.RecordToolOutput(sctx, core.ToolOutput{
-			Content: o.content, ThreadID: br.req.ThreadID, AssistantID: br.req.AssistantID,
-			ToolID: m.ActionID, ToolCallID: m.ToolCallID,
-		})
+	s := &submission{br: br, o: o, done: done}
+	s.ctx, s.cancel = context.WithTimeout(context.WithoutCancel(ctx), br.e.cfg.SubmitBudget)
+	if o.recorded {
+		s.finalise()
+		return
+	}
+	m := o.m
+	br.e.core.RecordToolOutputThen(s.ctx, core.ToolOutput{
+		Content: o.content, ThreadID: br.req.ThreadID, AssistantID: br.req.AssistantID,
+		ToolID: m.ActionID, ToolCallID: m.ToolCallID,
+	}, func(_ core.Message, err error) {
 		if err != nil {
-			return br.keepAfter(o, log, "tool output not recorded", err)
+			s.end(br.keepAfter(o, "tool output not recorded", err))
+			return
 		}
 		o.recorded = true
-	}
+		s.finalise()
+	})
+}
+
+// submission is one outcome on its way to Core.
+type submission struct {
+	br     *batchRun
+	o      *outcome
+	ctx    context.Context // the submit budget
+	cancel context.CancelFunc
+	done   func(error)
+}
+
+// finalise writes the Action's final status, once the processing mark,
+// which it must not be overtaken by, has ended.
+func (s *submission) finalise() {
+	o := s.o
 	result := map[string]any{"ok": o.res.OK, "attempts": o.res.Attempts, "duration_ms": o.res.DurationMS, "bytes": len(o.content)}
 	if !o.res.OK {
 		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error
 	}
-	// The final status must not be overtaken by the processing mark.
-	o.mark.wait(sctx)
-	if _, err := e.core.FinaliseAction(sctx, m.ActionID, core.ActionUpdate{Status: o.status, Result: result}); err != nil {
-		return br.keepAfter(o, log, "action not finalised", err)
-	}
-	o.res.Submitted = true
-	res := o.res
-	br.emit(Event{Type: EventToolResult, Turn: res.Turn, Call: &res})
-	// The summary keeps no tool output: a drive's memory does not grow
-	// with what its tools return.
-	o.res.Output, o.content = "", ""
-	return nil
+	o.mark.whenEnded(s.ctx, func() {
+		s.br.e.core.FinaliseActionThen(s.ctx, o.m.ActionID, core.ActionUpdate{Status: o.status, Result: result}, func(_ core.Action, err error) {
+			if err != nil {
+				s.end(s.br.keepAfter(o, "action not finalised", err))
+				return
+			}
+			o.res.Submitted = true
+			res := o.res
+			s.br.emit(Event{Type: EventToolResult, Turn: res.Turn, Call: &res})
+			// The summary keeps no tool output: a drive's memory does not
+			// grow with what its tools return.
+			o.res.Output, o.content = "", ""
+			s.end(nil)
+		})
+	})
 }
 
-func (br *batchRun) keepAfter(o *outcome, log *slog.Logger, what string, err error) error {
-	log.Error(what+"; the outcome is kept for the next drive", "err", err)
+func (s *submission) end(err error) {
+	s.cancel()
+	s.done(err)
+}
+
+func (br *batchRun) keepAfter(o *outcome, what string, err error) error {
+	br.log.Error(what+"; the outcome is kept for the next drive", "action_id", o.m.ActionID, "tool_call_id", o.m.ToolCallID, "err", err)
 	br.e.keep(o)
 	if errors.Is(err, core.ErrBudget) {
 		br.coreDown.Store(true)

@@ -205,50 +205,61 @@ func TestParallelism(t *testing.T) {
 // TestGoroutinesPerWaitingRun: at thousands of waiting runs each goroutine
 // is a stack, so a run holds only those it needs. A caller that wants no
 // events has the loop run on its own goroutine, a batch keeps none of its
-// own, and a call holds none while it waits for its worker or for Core to
-// take its processing mark: while the run's one call waits for both, the
-// run holds only the caller's goroutine. A caller that wants events also
-// holds the loop's goroutine while its own delivers them.
+// own, a call holds none while it waits for its worker or for Core to take
+// its processing mark, and an outcome holds none while Core takes its tool
+// message: while the run waits for any of these, it holds only the
+// caller's goroutine. A caller that wants events also holds the loop's
+// goroutine while its own delivers them.
 func TestGoroutinesPerWaitingRun(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		sink executor.Sink
-		want int
-	}{{"no events", nil, 1}, {"events", func(executor.Event) {}, 2}} {
-		t.Run(tc.name, func(t *testing.T) {
-			started, release := make(chan struct{}), make(chan struct{})
-			var once sync.Once
-			free := func() { once.Do(func() { close(release) }) }
-			defer free() // also when the test fails before it
-			h := newHarness(t, twoTurns(calls("block")...), config.Executor{}, spec{config.Tool{Name: "block"}, func(ctx context.Context, c *tool.Call) ([]byte, error) {
-				close(started)
-				<-release
-				return []byte(`"ok"`), nil
-			}})
-			marking := make(chan struct{})
-			h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
-				close(marking)
-				<-release
-			}})
-			done := make(chan error, 1)
-			go func() {
-				_, err := h.exec.Drive(context.Background(), h.req, tc.sink)
-				done <- err
-			}()
-			<-started
-			<-marking
-			// The call's goroutine ends once the attempt has left.
-			poll.Until(t, "the call's send to end", func() bool {
-				return len(runGoroutines("toolsidecar/executor.(*callRun)", "toolsidecar/bridge.(*Client).Send", "toolsidecar/batch.")) == 0
+	for _, held := range []struct {
+		name, method, path string
+		block              bool // the tool blocks too
+	}{{"worker and mark", "PUT", "/v1/actions/", true}, {"tool message", "POST", "/v1/messages/tools", false}} {
+		for _, tc := range []struct {
+			name string
+			sink executor.Sink
+			want int
+		}{{"no events", nil, 1}, {"events", func(executor.Event) {}, 2}} {
+			t.Run(held.name+"/"+tc.name, func(t *testing.T) {
+				started, release := make(chan struct{}), make(chan struct{})
+				var once sync.Once
+				free := func() { once.Do(func() { close(release) }) }
+				defer free() // also when the test fails before it
+				h := newHarness(t, twoTurns(calls("block")...), config.Executor{}, spec{config.Tool{Name: "block"}, func(ctx context.Context, c *tool.Call) ([]byte, error) {
+					close(started)
+					if held.block {
+						<-release
+					}
+					return []byte(`"ok"`), nil
+				}})
+				hit := make(chan struct{})
+				h.sim.AddFault(coresim.Fault{Method: held.method, Path: held.path, Hit: func() {
+					close(hit)
+					<-release
+				}})
+				done := make(chan error, 1)
+				go func() {
+					_, err := h.exec.Drive(context.Background(), h.req, tc.sink)
+					done <- err
+				}()
+				<-started
+				<-hit
+				// The call's goroutine ends once the attempt has left, and
+				// the submission's once its write has.
+				poll.Until(t, "the call's send and the submission to end", func() bool {
+					return len(runGoroutines("toolsidecar/executor.(*callRun)", "toolsidecar/bridge.(*Client).Send", "toolsidecar/batch.",
+						"toolsidecar/executor.(*batchRun).submit", "toolsidecar/core.(*Client).RecordToolOutput")) == 0
+				})
+				if got := runGoroutines("toolsidecar/executor.(*Executor).Drive", "toolsidecar/executor.(*Executor).lead"); len(got) != tc.want {
+					t.Errorf("%d goroutines hold the waiting run, want %d:\n%s", len(got), tc.want, strings.Join(got, "\n\n"))
+				}
+				free()
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				h.assertWholeBatches(1)
 			})
-			if got := runGoroutines("toolsidecar/executor.(*Executor).Drive", "toolsidecar/executor.(*Executor).lead"); len(got) != tc.want {
-				t.Errorf("%d goroutines hold the waiting run, want %d:\n%s", len(got), tc.want, strings.Join(got, "\n\n"))
-			}
-			free()
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-		})
+		}
 	}
 }
 

@@ -62,6 +62,7 @@ type options struct {
 	plot       string
 	jsonOut    string
 	heap       string
+	heapAt     time.Duration
 	sidecarEnv string
 	maxLevel   int
 }
@@ -76,7 +77,8 @@ func run() error {
 	flag.BoolVar(&o.h2c, "h2c", false, "drive over HTTP/2 without TLS (server.http2_cleartext), many drives per connection, instead of HTTP/1.1")
 	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
-	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken 2 s into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
+	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken -heap-at into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
+	flag.DurationVar(&o.heapAt, "heap-at", 2*time.Second, "with -heap: when, into the last level, the profiles are taken")
 	flag.StringVar(&o.sidecarEnv, "sidecar-env", "", "extra environment of the sidecar process, comma-separated KEY=VALUE (e.g. GOMEMLIMIT=96MiB)")
 	workerURL := flag.String("worker", "", "serve the tool on this NATS URL (the worker process)")
 	concurrency := flag.Int("concurrency", 1024, "with -worker: calls at once")
@@ -407,7 +409,7 @@ func (s *stack) level(n int, o options) (result, error) {
 		})
 	}
 	if o.heap != "" && n == o.levels[len(o.levels)-1] {
-		time.Sleep(2 * time.Second)
+		time.Sleep(o.heapAt)
 		if err := s.saveHeap(o.heap); err != nil {
 			fmt.Fprintln(os.Stderr, "loadgen: heap profile:", err)
 		}
