@@ -53,18 +53,20 @@ func main() {
 }
 
 type options struct {
-	root       string
-	levels     []int
-	calls      int
-	latency    time.Duration
-	durable    bool
-	h2c        bool
-	plot       string
-	jsonOut    string
-	heap       string
-	heapAt     time.Duration
-	sidecarEnv string
-	maxLevel   int
+	root    string
+	levels  []int
+	calls   int
+	latency time.Duration
+	durable bool
+	h2c     bool
+	plot    string
+	jsonOut string
+	heap    string
+	heapAt  time.Duration
+	// sidecarCgroup: the sidecar joins it before it starts
+	sidecarCgroup string
+	sidecarEnv    string
+	maxLevel      int
 }
 
 func run() error {
@@ -79,6 +81,7 @@ func run() error {
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
 	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken -heap-at into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
 	flag.DurationVar(&o.heapAt, "heap-at", 2*time.Second, "with -heap: when, into the last level, the profiles are taken")
+	flag.StringVar(&o.sidecarCgroup, "sidecar-cgroup", "", "run the sidecar in this existing cgroup directory (for instance a memory cgroup with a limit, as a container's; needs the right to write its cgroup.procs)")
 	flag.StringVar(&o.sidecarEnv, "sidecar-env", "", "extra environment of the sidecar process, comma-separated KEY=VALUE (e.g. GOMEMLIMIT=96MiB)")
 	workerURL := flag.String("worker", "", "serve the tool on this NATS URL (the worker process)")
 	concurrency := flag.Int("concurrency", 1024, "with -worker: calls at once")
@@ -255,8 +258,13 @@ tools:
 	if o.sidecarEnv != "" {
 		sidecarEnv = append(sidecarEnv, strings.Split(o.sidecarEnv, ",")...)
 	}
-	if s.sidecar, err = launch(filepath.Join(tmp, "toolsidecar"), sidecarEnv,
-		"run", "--config", cfgPath, "--log-level", "error"); err != nil {
+	sidecarCmd := []string{filepath.Join(tmp, "toolsidecar"), "run", "--config", cfgPath, "--log-level", "error"}
+	if o.sidecarCgroup != "" {
+		// The shell joins the cgroup and becomes the sidecar (same pid),
+		// which reads its limit as it starts.
+		sidecarCmd = append([]string{"/bin/sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, o.sidecarCgroup}, sidecarCmd...)
+	}
+	if s.sidecar, err = launch(sidecarCmd[0], sidecarEnv, sidecarCmd[1:]...); err != nil {
 		return s, err
 	}
 	if err := waitHTTP(s.ops+"/readyz", 30*time.Second); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/internal/logging"
+	"github.com/projectdavid/toolsidecar/internal/memlimit"
 	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
@@ -211,6 +212,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "toolsidecar %s: %v\n", inv.cmd, err)
 		return 1
+	}
+	if inv.cmd == "run" || inv.cmd == "worker" {
+		if limit, container, ok := memlimit.Set("/"); ok {
+			inv.log.Info("memory limit set below the container's", "limit_mib", limit>>20, "container_mib", container>>20)
+		}
 	}
 	switch inv.cmd {
 	case "check", "tools":

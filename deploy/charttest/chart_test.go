@@ -255,8 +255,9 @@ func TestDefaultInstall(t *testing.T) {
 
 // TestExampleAppNative: the example application chart gets the sidecar as a
 // native sidecar (an init container that restarts always), with every
-// probe on the ops port, GOMEMLIMIT from its own limit, which is above the
-// measured peak, and the volumes its mounts need.
+// probe on the ops port, a memory limit above the measured peak and no
+// GOMEMLIMIT (the binary sets its own below the container's limit), and
+// the volumes its mounts need.
 func TestExampleAppNative(t *testing.T) {
 	o := decode(t, renderApp(t))
 	d, c := app(t, o)
@@ -283,16 +284,17 @@ func TestExampleAppNative(t *testing.T) {
 			t.Errorf("%s probe %+v: want %s on port ops", name, p, want)
 		}
 	}
-	var memlimit bool
 	for _, e := range c.Env {
-		if r := e.ValueFrom; e.Name == "GOMEMLIMIT" && r != nil && r.ResourceFieldRef != nil && r.ResourceFieldRef.Resource == "limits.memory" &&
-			r.ResourceFieldRef.ContainerName == "toolsidecar" {
-			memlimit = true
+		if e.Name == "GOMEMLIMIT" {
+			t.Errorf("env %+v: GOMEMLIMIT would override the limit the binary sets below the container's", e)
 		}
 	}
-	peak := resource.MustParse("130Mi") // BENCHMARKS.md, about 1,000 runs in flight
-	if lim := c.Resources.Limits.Memory(); !memlimit || lim.Cmp(peak) <= 0 {
-		t.Errorf("GOMEMLIMIT from the limit: %v; limit %v must be above the measured peak %v", memlimit, lim, peak)
+	// BENCHMARKS.md: about 150 MiB at 1,000 runs in flight, twice the
+	// default max_drives; the runtime's limit is a tenth below the
+	// container's.
+	peak := resource.MustParse("150Mi")
+	if lim := c.Resources.Limits.Memory(); lim.Value()-lim.Value()/10 <= peak.Value() {
+		t.Errorf("memory limit %v: the runtime's limit, a tenth below it, must be above the measured peak %v", lim, peak)
 	}
 	sc := c.SecurityContext
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||

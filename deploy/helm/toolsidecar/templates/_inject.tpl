@@ -73,14 +73,13 @@ checksum/toolsidecar-config: {{ include "toolsidecar.config" . | sha256sum }}
   ports:
     # The API listens on 127.0.0.1:{{ .Values.sidecar.port }}, inside the pod only.
     - { name: ops, containerPort: {{ .Values.sidecar.opsPort }}, protocol: TCP }
+  {{- /* No GOMEMLIMIT: the binary sets its runtime's limit below the
+  container's (its cgroup's), leaving room for the memory the runtime does
+  not count. A GOMEMLIMIT equal to the limit would not. */}}
+  {{- with .Values.sidecar.extraEnv }}
   env:
-    # The Go runtime keeps the heap under the container's memory limit.
-    - name: GOMEMLIMIT
-      valueFrom:
-        resourceFieldRef: { containerName: toolsidecar, resource: limits.memory, divisor: "1" }
-    {{- with .Values.sidecar.extraEnv }}
     {{- toYaml . | nindent 4 }}
-    {{- end }}
+  {{- end }}
   startupProbe:
     {{- toYaml .Values.sidecar.startupProbe | nindent 4 }}
   livenessProbe:
