@@ -61,11 +61,33 @@ func (e *Executor) lead(d *drive, req Request, run core.Run) (Summary, error) {
 	if e.leases == nil {
 		return e.run(d.ctx, req, run, d.emit)
 	}
+	// Taking the lease, or following its holder, returns before the run is
+	// driven: its frame is then not under the loop's for the run's whole
+	// life, and a waiting drive's stack is small enough for the collector
+	// to shrink it (BENCHMARKS.md, sixth session).
+	lease, run, ended := e.takeLease(d, req)
+	if lease == nil {
+		return ended.sum, ended.err
+	}
+	return e.runLeased(d, req, run, lease)
+}
+
+// ended is how a drive ended without this sidecar driving it.
+type ended struct {
+	sum Summary
+	err error
+}
+
+// takeLease takes the run's lease and reads the run under it. While
+// another sidecar holds the lease, it relays that sidecar's events; when
+// that drive ends, or this one cannot start, it returns no lease and how
+// the drive ended.
+func (e *Executor) takeLease(d *drive, req Request) (Lease, core.Run, *ended) {
 	followed := false
 	for {
 		lease, holder, err := e.acquire(d.ctx, req.RunID)
 		if err != nil {
-			return e.failedBeforeStart(d, req, "taking the run's lease: "+err.Error(), err)
+			return nil, core.Run{}, e.failedBeforeStart(d, req, "taking the run's lease: "+err.Error(), err)
 		}
 		if lease != nil {
 			// Read the run again under the lease: another sidecar may have
@@ -74,9 +96,9 @@ func (e *Executor) lead(d *drive, req Request, run core.Run) (Summary, error) {
 			run, err := e.core.GetRun(d.ctx, req.RunID)
 			if err != nil {
 				lease.Release()
-				return e.failedBeforeStart(d, req, "reading the run: "+err.Error(), err)
+				return nil, core.Run{}, e.failedBeforeStart(d, req, "reading the run: "+err.Error(), err)
 			}
-			return e.runLeased(d, req, run, lease)
+			return lease, run, nil
 		}
 		if !followed {
 			e.obs.DriveAttached()
@@ -100,11 +122,11 @@ func (e *Executor) lead(d *drive, req Request, run core.Run) (Summary, error) {
 		switch {
 		case final != nil:
 			d.emit(Event{Type: EventDone, Turn: final.Turns, Summary: final})
-			return *final, summaryErr(*final)
+			return nil, core.Run{}, &ended{*final, summaryErr(*final)}
 		case err != nil:
 			sum := Summary{RunID: req.RunID, Status: StatusCancelled, Calls: []CallResult{}, Error: context.Cause(d.ctx).Error()}
 			d.emit(Event{Type: EventDone, Summary: &sum})
-			return sum, nil
+			return nil, core.Run{}, &ended{sum, nil}
 		}
 	}
 }
@@ -145,10 +167,10 @@ func (e *Executor) runLeased(d *drive, req Request, run core.Run, lease Lease) (
 }
 
 // failedBeforeStart ends a drive that could not begin.
-func (e *Executor) failedBeforeStart(d *drive, req Request, msg string, err error) (Summary, error) {
+func (e *Executor) failedBeforeStart(d *drive, req Request, msg string, err error) *ended {
 	sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: msg}
 	d.emit(Event{Type: EventDone, Summary: &sum})
-	return sum, fmt.Errorf("executor: run %s: %w", req.RunID, err)
+	return &ended{sum, fmt.Errorf("executor: run %s: %w", req.RunID, err)}
 }
 
 // summaryErr is the error Drive returns with a summary relayed from
