@@ -65,15 +65,15 @@ func (e *Executor) lead(d *drive, req Request, run core.Run) (Summary, error) {
 	// driven: its frame is then not under the loop's for the run's whole
 	// life, and a waiting drive's stack is small enough for the collector
 	// to shrink it (BENCHMARKS.md, sixth session).
-	lease, run, ended := e.takeLease(d, req)
+	lease, run, end := e.takeLease(d, req)
 	if lease == nil {
-		return ended.sum, ended.err
+		return end.sum, end.err
 	}
 	return e.runLeased(d, req, run, lease)
 }
 
-// ended is how a drive ended without this sidecar driving it.
-type ended struct {
+// leadEnd is how a drive ended without this sidecar driving it.
+type leadEnd struct {
 	sum Summary
 	err error
 }
@@ -82,7 +82,7 @@ type ended struct {
 // another sidecar holds the lease, it relays that sidecar's events; when
 // that drive ends, or this one cannot start, it returns no lease and how
 // the drive ended.
-func (e *Executor) takeLease(d *drive, req Request) (Lease, core.Run, *ended) {
+func (e *Executor) takeLease(d *drive, req Request) (Lease, core.Run, *leadEnd) {
 	followed := false
 	for {
 		lease, holder, err := e.acquire(d.ctx, req.RunID)
@@ -122,11 +122,11 @@ func (e *Executor) takeLease(d *drive, req Request) (Lease, core.Run, *ended) {
 		switch {
 		case final != nil:
 			d.emit(Event{Type: EventDone, Turn: final.Turns, Summary: final})
-			return nil, core.Run{}, &ended{*final, summaryErr(*final)}
+			return nil, core.Run{}, &leadEnd{*final, summaryErr(*final)}
 		case err != nil:
 			sum := Summary{RunID: req.RunID, Status: StatusCancelled, Calls: []CallResult{}, Error: context.Cause(d.ctx).Error()}
 			d.emit(Event{Type: EventDone, Summary: &sum})
-			return nil, core.Run{}, &ended{sum, nil}
+			return nil, core.Run{}, &leadEnd{sum, nil}
 		}
 	}
 }
@@ -167,10 +167,10 @@ func (e *Executor) runLeased(d *drive, req Request, run core.Run, lease Lease) (
 }
 
 // failedBeforeStart ends a drive that could not begin.
-func (e *Executor) failedBeforeStart(d *drive, req Request, msg string, err error) *ended {
+func (e *Executor) failedBeforeStart(d *drive, req Request, msg string, err error) *leadEnd {
 	sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: msg}
 	d.emit(Event{Type: EventDone, Summary: &sum})
-	return &ended{sum, fmt.Errorf("executor: run %s: %w", req.RunID, err)}
+	return &leadEnd{sum, fmt.Errorf("executor: run %s: %w", req.RunID, err)}
 }
 
 // summaryErr is the error Drive returns with a summary relayed from
