@@ -85,19 +85,8 @@ func (c *Client) FinaliseActionThen(ctx context.Context, actionID string, upd Ac
 // messages.
 const outputLookback = 100
 
-// FindToolOutput looks among the thread's newest messages for the tool
-// message of toolCallID.
-func (c *Client) FindToolOutput(ctx context.Context, threadID, toolCallID string) (Message, bool, error) {
-	var (
-		m  Message
-		ok bool
-	)
-	err := await(func(then func(error)) {
-		c.findToolOutputThen(ctx, threadID, toolCallID, func(found Message, has bool, err error) { m, ok = found, has; then(err) })
-	})
-	return m, ok, err
-}
-
+// findToolOutputThen looks among the thread's newest messages for the
+// tool message of toolCallID, and hands then what it found.
 func (c *Client) findToolOutputThen(ctx context.Context, threadID, toolCallID string, then func(Message, bool, error)) {
 	var msgs messageList
 	c.callThen(ctx, http.MethodGet, messagesPath(threadID, outputLookback), "messages_list", nil, &msgs, func(err error) {

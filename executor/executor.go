@@ -44,8 +44,7 @@ type Core interface {
 	RecordToolOutputThen(ctx context.Context, out core.ToolOutput, then func(core.Message, error))
 	FinaliseAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
 	FinaliseActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(core.Action, error))
-	UpdateAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
-	// UpdateActionThen is UpdateAction without waiting: then receives
+	// UpdateActionThen sets an Action's status without waiting: then receives
 	// its error, and must not block. drop withdraws the write while it is
 	// queued (true: it never left, and then is never called).
 	UpdateActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(error)) (drop func() bool)
