@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,18 +179,36 @@ func dispatch(c *bridge.Client, r tool.Request) func() error {
 	}
 }
 
-// The throughput pair: many calls in flight at once.
+// The throughput pair: many calls in flight at once. Both report the
+// write syscalls of the answering side's connection per call.
 func BenchmarkRawRequestParallel(b *testing.B) {
-	side, work := natstest.Connect(b)
+	url := natstest.Start(b)
+	side := natstest.Dial(b, url)
+	work, writes := natstest.DialCounting(b, url)
 	sub, _ := work.Subscribe("raw.echo", func(m *nats.Msg) { m.Respond(m.Data) })
 	defer sub.Unsubscribe()
 	work.Flush()
 	body := []byte(natstest.Manifest)
-	parallel(b, func() error { _, err := side.Request("raw.echo", body, 5*time.Second); return err })
+	countWrites(b, writes, func() {
+		parallel(b, func() error { _, err := side.Request("raw.echo", body, 5*time.Second); return err })
+	})
 }
 
 func BenchmarkDispatchParallel(b *testing.B) {
-	parallel(b, dispatch(echoClient(b, 256), natstest.Request("echo", 5*time.Second)))
+	url := natstest.Start(b)
+	side := natstest.Dial(b, url)
+	work, writes := natstest.DialCounting(b, url)
+	natstest.Worker(b, work, map[string]tool.Handler{"echo": func(ctx context.Context, c *tool.Call) ([]byte, error) { return c.Manifest, nil }},
+		worker.WithConcurrency(256))
+	c := open(b, side)
+	countWrites(b, writes, func() { parallel(b, dispatch(c, natstest.Request("echo", 5*time.Second))) })
+}
+
+// countWrites runs bench and reports the writes counted meanwhile per call.
+func countWrites(b *testing.B, writes *atomic.Int64, bench func()) {
+	before := writes.Load()
+	bench()
+	b.ReportMetric(float64(writes.Load()-before)/float64(b.N), "responder-writes/op")
 }
 
 func BenchmarkDispatchDurableParallel(b *testing.B) {

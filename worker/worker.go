@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +81,21 @@ type Worker struct {
 
 	mu       sync.Mutex
 	inflight map[attemptKey]context.CancelCauseFunc
+
+	// The runners' replies, sent by one publisher (see publishLoop).
+	outMu     sync.Mutex
+	out       []reply
+	wake      chan struct{} // buffered 1: the publisher has replies to send
+	quit      chan struct{} // closed once the runners have returned
+	quitOnce  sync.Once
+	publisher sync.WaitGroup
+}
+
+// reply is one call's answer on its way to the publisher.
+type reply struct {
+	to, subject string // the reply subject, the request's subject (for the log)
+	data        []byte
+	err         error
 }
 
 // ErrCancelledBySidecar is the cause of a handler context cancelled through
@@ -95,6 +111,7 @@ func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 		o(w)
 	}
 	w.jobs, w.stop = make(chan job), make(chan struct{})
+	w.wake, w.quit = make(chan struct{}, 1), make(chan struct{})
 	return w
 }
 
@@ -165,6 +182,7 @@ func (w *Worker) Start() error {
 	for range w.limit {
 		w.runners.Go(w.runLoop)
 	}
+	w.publisher.Go(w.publishLoop)
 	var err error
 	if w.cancel, err = w.nc.Subscribe(wire.CancelWildcard(w.prefix), w.onCancel); err != nil {
 		w.abort()
@@ -196,7 +214,15 @@ func (w *Worker) abort() {
 		_ = w.cancel.Unsubscribe()
 	}
 	w.stopOnce.Do(func() { close(w.stop) })
+	w.quiesce()
+}
+
+// quiesce waits for the runners to return, then for the publisher to send
+// their last replies.
+func (w *Worker) quiesce() {
 	w.runners.Wait()
+	w.quitOnce.Do(func() { close(w.quit) })
+	w.publisher.Wait()
 }
 
 // Stop drains the endpoints (no new calls), waits for the calls in flight
@@ -222,7 +248,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	w.stopOnce.Do(func() { close(w.stop) })
 	done := make(chan struct{})
-	go func() { w.runners.Wait(); close(done) }()
+	go func() { w.quiesce(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -278,15 +304,16 @@ type attemptKey struct {
 }
 
 // serve hands each request to a runner; it blocks while all runners are
-// busy, which holds back this endpoint only. Runners answer on the reply
-// subject directly: micro's Request is not safe to answer from another
-// goroutine than its handler's.
+// busy, which holds back this endpoint only. Replies go to the reply
+// subject directly, not through micro's Request, which is not safe to
+// answer from another goroutine than its handler's.
 func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.HandlerFunc {
 	return func(r micro.Request) {
 		select {
 		case w.jobs <- job{name, h, st, r}:
 		case <-w.stop:
-			w.respond(r.Reply(), r.Subject(), nil, tool.NewError(tool.WorkerCrash, "worker stopping"))
+			// Sent from here: the publisher may already have returned.
+			w.publish(reply{r.Reply(), r.Subject(), nil, tool.NewError(tool.WorkerCrash, "worker stopping")})
 		}
 	}
 }
@@ -307,10 +334,10 @@ func (w *Worker) run(j job) {
 func (w *Worker) call(j job) error {
 	m := j.req
 	hdr := m.Headers()
-	reply := m.Reply()
+	to := m.Reply()
 	call, err := tool.ParseCall(j.name, m.Data())
 	if err != nil {
-		w.respond(reply, m.Subject(), nil, err)
+		w.respond(reply{to, m.Subject(), nil, err})
 		return err
 	}
 	call.Attempt, _ = strconv.Atoi(hdr.Get(tool.HeaderAttempt))
@@ -327,9 +354,9 @@ func (w *Worker) call(j job) error {
 		// Progress restarts the sidecar's timeout, so it restarts ours.
 		extend = func() { t.Reset(budget) }
 	}
-	if reply != "" {
+	if to != "" {
 		call.SetProgress(func() error {
-			if err := w.nc.PublishMsg(wire.ProgressMsg(reply)); err != nil {
+			if err := w.nc.PublishMsg(wire.ProgressMsg(to)); err != nil {
 				return fmt.Errorf("worker: progress: %w", err)
 			}
 			if extend != nil {
@@ -353,22 +380,77 @@ func (w *Worker) call(j job) error {
 	if errors.Is(context.Cause(ctx), ErrCancelledBySidecar) {
 		return ErrCancelledBySidecar // the sidecar stopped waiting; nobody reads a reply
 	}
-	w.respond(reply, m.Subject(), data, err)
+	w.respond(reply{to, m.Subject(), data, err})
 	return err
 }
 
-func (w *Worker) respond(reply, subject string, data []byte, err error) {
-	if reply == "" {
+// respond hands a runner's reply to the publisher.
+func (w *Worker) respond(r reply) {
+	if r.to == "" {
 		return
 	}
-	out := &nats.Msg{Subject: reply, Data: data} // success: no header to encode
-	if err != nil {
-		out = wire.ErrorMsg(reply, tool.AsError(err))
+	w.outMu.Lock()
+	w.out = append(w.out, r)
+	first := len(w.out) == 1
+	w.outMu.Unlock()
+	if first {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
 	}
-	if perr := w.nc.PublishMsg(out); perr != nil {
-		w.log.Error("reply failed", "subject", subject, "err", perr)
+}
+
+// publishLoop sends the runners' replies in batches. A runner that
+// published its own reply woke nats.go's flusher, which ran as soon as the
+// runner went back to wait: one write syscall per reply, against a dozen
+// replies per write for a responder that answers on its subscription's
+// goroutine (BENCHMARKS.md). Here the runners that are ready to run go
+// first, their replies queue up, and the flusher, woken by the first of
+// them, writes the whole batch at once.
+func (w *Worker) publishLoop() {
+	var batch []reply
+	for quit := false; !quit; {
+		select {
+		case <-w.wake:
+			runtime.Gosched() // let the runners that are ready add theirs
+		case <-w.quit: // the runners have returned: send their last replies
+			quit = true
+		}
+		batch = w.publishAll(batch)
+	}
+}
+
+// publishAll sends the queued replies and returns the emptied slice, to be
+// swapped in next time.
+func (w *Worker) publishAll(spare []reply) []reply {
+	w.outMu.Lock()
+	batch := w.out
+	w.out = spare[:0]
+	w.outMu.Unlock()
+	for i, r := range batch {
+		w.publish(r)
+		batch[i] = reply{} // keep no result alive
+	}
+	return batch
+}
+
+// publish sends a reply: a success without headers, an error in the
+// micro-style error headers.
+func (w *Worker) publish(r reply) {
+	if r.to == "" {
+		return
+	}
+	var perr error
+	if r.err == nil {
+		perr = w.nc.Publish(r.to, r.data)
+	} else {
+		perr = w.nc.PublishMsg(wire.ErrorMsg(r.to, tool.AsError(r.err)))
+	}
+	if perr != nil {
+		w.log.Error("reply failed", "subject", r.subject, "err", perr)
 		if errors.Is(perr, nats.ErrMaxPayload) {
-			_ = w.nc.PublishMsg(wire.ErrorMsg(reply, tool.NewError(tool.ToolFailed, "result of %d bytes exceeds the NATS max payload", len(data))))
+			_ = w.nc.PublishMsg(wire.ErrorMsg(r.to, tool.NewError(tool.ToolFailed, "result of %d bytes exceeds the NATS max payload", len(r.data))))
 		}
 	}
 }

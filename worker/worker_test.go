@@ -323,3 +323,23 @@ func TestStopRunsDelivered(t *testing.T) {
 		t.Errorf("%d calls ran, want 3", ran.Load())
 	}
 }
+
+// TestOversizedResult: a result larger than the server's max payload
+// cannot be sent; the sidecar gets a tool_error that says so instead of
+// waiting out the timeout, and the calls after it are answered.
+func TestOversizedResult(t *testing.T) {
+	side, work := natstest.Connect(t)
+	natstest.Worker(t, work, map[string]tool.Handler{
+		"big":   func(ctx context.Context, c *tool.Call) ([]byte, error) { return make([]byte, work.MaxPayload()+1), nil },
+		"small": func(ctx context.Context, c *tool.Call) ([]byte, error) { return []byte("ok"), nil },
+	})
+	c := natstest.Client(t, side, natstest.Prefix)
+	r := c.Dispatch(context.Background(), natstest.Request("big", 10*time.Second))
+	var te *tool.Error
+	if !errors.As(r.Err, &te) || te.Type != tool.ToolFailed || !strings.Contains(te.Message, "exceeds the NATS max payload") {
+		t.Fatalf("outcome %+v, want a tool_error about the max payload", r)
+	}
+	if r := c.Dispatch(context.Background(), natstest.Request("small", time.Minute)); r.Err != nil || string(r.Data) != "ok" {
+		t.Errorf("next call: %+v, want ok", r)
+	}
+}

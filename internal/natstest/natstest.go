@@ -6,6 +6,8 @@ package natstest
 
 import (
 	"context"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,4 +118,41 @@ func Dial(t testing.TB, url string) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// DialCounting is Dial with a count of the write calls made on the
+// connection's socket, each a write syscall: how well a client batches what
+// it sends.
+func DialCounting(t testing.TB, url string) (*nats.Conn, *atomic.Int64) {
+	t.Helper()
+	d := &countingDialer{writes: new(atomic.Int64)}
+	nc, err := nats.Connect(url, nats.SetCustomDialer(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, d.writes
+}
+
+type countingDialer struct {
+	net.Dialer
+	writes *atomic.Int64
+}
+
+func (d *countingDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := d.Dialer.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{c, d.writes}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
 }
