@@ -94,3 +94,40 @@ func TestTracing(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceContextWithoutTracing: with no tracer (the default), a caller's
+// traceparent still reaches Core on every request of its drive, and a
+// drive without one sends none.
+func TestTraceContextWithoutTracing(t *testing.T) {
+	h := newHarness(t, twoTurns(calls("rec")...), config.Executor{}, spec{config.Tool{Name: "rec"}, echo})
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	bare := h.env.NewRun()
+	began := time.Now()
+	if resp, sum := testenv.Drive(t, h.env.URL, h.run, map[string]string{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}); resp.StatusCode != 200 || sum.Status != "completed" {
+		t.Fatalf("drive: %d, %+v", resp.StatusCode, sum)
+	}
+	between := time.Now()
+	if resp, sum := testenv.Drive(t, h.env.URL, bare, nil); resp.StatusCode != 200 || sum.Status != "completed" {
+		t.Fatalf("drive without traceparent: %d, %+v", resp.StatusCode, sum)
+	}
+	var traced, untraced int
+	for _, r := range h.sim.Requests() {
+		switch {
+		case r.At.Before(began):
+			continue // the test's own set-up
+		case r.At.Before(between):
+			traced++
+			if !strings.Contains(r.Traceparent, traceID) {
+				t.Errorf("%s %s reached Core without the caller's traceparent (%q)", r.Method, r.Path, r.Traceparent)
+			}
+		case strings.Contains(r.Path, bare.RunID) || strings.Contains(r.Path, bare.ThreadID):
+			untraced++
+			if r.Traceparent != "" {
+				t.Errorf("%s %s carried traceparent %q, but the drive had none", r.Method, r.Path, r.Traceparent)
+			}
+		}
+	}
+	if traced < 3 || untraced < 3 {
+		t.Errorf("%d requests of the traced drive and %d of the other seen, want several of each", traced, untraced)
+	}
+}

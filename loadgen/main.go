@@ -63,6 +63,7 @@ type options struct {
 	jsonOut string
 	heap    string
 	heapAt  time.Duration
+	cpuProf string
 	// sidecarCgroup: the sidecar joins it before it starts
 	sidecarCgroup string
 	sidecarEnv    string
@@ -80,6 +81,7 @@ func run() error {
 	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
 	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken -heap-at into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
+	flag.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the sidecar, 5 s from the start of the last level (after -heap's), to this file (server.pprof)")
 	flag.DurationVar(&o.heapAt, "heap-at", 2*time.Second, "with -heap: when, into the last level, the profiles are taken")
 	flag.StringVar(&o.sidecarCgroup, "sidecar-cgroup", "", "run the sidecar in this existing cgroup directory (for instance a memory cgroup with a limit, as a container's; needs the right to write its cgroup.procs)")
 	flag.StringVar(&o.sidecarEnv, "sidecar-env", "", "extra environment of the sidecar process, comma-separated KEY=VALUE (e.g. GOMEMLIMIT=96MiB)")
@@ -129,6 +131,8 @@ func serveWorker(url string, concurrency int, latency time.Duration) error {
 type stack struct {
 	procs   []*exec.Cmd
 	sidecar *exec.Cmd
+	coresim *exec.Cmd
+	worker  *exec.Cmd
 	api     string // the sidecar's API, http://host:port
 	ops     string // its ops listener
 	core    *core.Client
@@ -174,6 +178,9 @@ func measure(o options) error {
 		results = append(results, r)
 		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f %6d %11d %15.2f\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
 			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB, r.GCs, r.PeakCoreQueue, r.CoreConnsPerRun)
+		c := r.CPUPerCall
+		fmt.Printf("%8s CPU per call: sidecar %d µs, Core %d µs, worker %d µs, loadgen %d µs\n", "", c.Sidecar.Microseconds(), c.Core.Microseconds(),
+			c.Worker.Microseconds(), c.Loadgen.Microseconds())
 		if o.durable && r.LeaseRenewalMean > 0 {
 			fmt.Printf("%8s lease renewals: %s on average; %d leases lapsed under their drives\n", "", r.LeaseRenewalMean.Round(time.Millisecond), r.LeasesExpired)
 		}
@@ -250,10 +257,10 @@ tools:
 		s.procs = append(s.procs, c)
 		return c, nil
 	}
-	if _, err := launch(filepath.Join(tmp, "coresim"), nil, "--listen", coreAddr, "--scenario", scenario); err != nil {
+	var err error
+	if s.coresim, err = launch(filepath.Join(tmp, "coresim"), nil, "--listen", coreAddr, "--scenario", scenario); err != nil {
 		return s, err
 	}
-	var err error
 	sidecarEnv := []string{"TOOLSIDECAR_CORE_API_KEY=" + apiKey}
 	if o.sidecarEnv != "" {
 		sidecarEnv = append(sidecarEnv, strings.Split(o.sidecarEnv, ",")...)
@@ -271,7 +278,7 @@ tools:
 		return s, fmt.Errorf("the sidecar did not become ready: %w", err)
 	}
 	self, _ := os.Executable()
-	if _, err := launch(self, nil, "-worker", "nats://"+natsAddr, "-concurrency", strconv.Itoa(o.maxLevel*o.calls+16),
+	if s.worker, err = launch(self, nil, "-worker", "nats://"+natsAddr, "-concurrency", strconv.Itoa(o.maxLevel*o.calls+16),
 		"-latency", o.latency.String()); err != nil {
 		return s, err
 	}
@@ -347,6 +354,47 @@ type result struct {
 	// key, and the leases whose holder's key lapsed under their drives.
 	LeaseRenewalMean time.Duration `json:"lease_renewal_mean_ns,omitempty"`
 	LeasesExpired    int           `json:"leases_expired,omitempty"`
+	// CPUPerCall is the CPU time (user and system) each process used
+	// during the level, per call: on a machine whose cores they share, it
+	// says which of them bounds the throughput.
+	CPUPerCall cpuSplit `json:"cpu_per_call_ns"`
+}
+
+// cpuSplit is a CPU time for each process of the stack.
+type cpuSplit struct {
+	Sidecar time.Duration `json:"sidecar"`
+	Core    time.Duration `json:"core"`
+	Worker  time.Duration `json:"worker"`
+	Loadgen time.Duration `json:"loadgen"`
+}
+
+// cpu reads the CPU time each process has used so far.
+func (s *stack) cpu() cpuSplit {
+	return cpuSplit{Sidecar: cpuTime(s.sidecar.Process.Pid), Core: cpuTime(s.coresim.Process.Pid), Worker: cpuTime(s.worker.Process.Pid), Loadgen: cpuTime(os.Getpid())}
+}
+
+// perCall is the CPU each process used from c to after, per call.
+func (c cpuSplit) perCall(after cpuSplit, calls int) cpuSplit {
+	per := func(a, b time.Duration) time.Duration { return (b - a) / time.Duration(calls) }
+	return cpuSplit{Sidecar: per(c.Sidecar, after.Sidecar), Core: per(c.Core, after.Core), Worker: per(c.Worker, after.Worker), Loadgen: per(c.Loadgen, after.Loadgen)}
+}
+
+// cpuTime is a process's user and system CPU time so far, from
+// /proc/PID/stat (Linux), whose fields 14 and 15 count clock ticks of
+// 1/100 s (USER_HZ, 100 on the architectures Go builds for).
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name, field 2, is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * (time.Second / 100)
 }
 
 // counted are the sidecar's counters a level reads before and after.
@@ -385,7 +433,7 @@ func (s *stack) level(n int, o options) (result, error) {
 	if setupErr != nil {
 		return result{}, setupErr
 	}
-	before := s.counters()
+	before, cpuBefore := s.counters(), s.cpu()
 	stopSampling := s.sample()
 	tr := &http.Transport{MaxIdleConnsPerHost: n, IdleConnTimeout: time.Minute}
 	if o.h2c {
@@ -422,16 +470,21 @@ func (s *stack) level(n int, o options) (result, error) {
 			fmt.Fprintln(os.Stderr, "loadgen: heap profile:", err)
 		}
 	}
+	if o.cpuProf != "" && n == o.levels[len(o.levels)-1] {
+		if err := s.saveProfiles(map[string]string{"profile?seconds=5": o.cpuProf}); err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen: CPU profile:", err)
+		}
+	}
 	wg.Wait()
 	wall := time.Since(start)
 	p := stopSampling()
 	client.CloseIdleConnections()
-	after := s.counters()
+	after, cpuAfter := s.counters(), s.cpu()
 	slices.Sort(lat)
 	r := result{Runs: n, Calls: n * o.calls, Wall: wall, CallsPerSec: float64(n*o.calls) / wall.Seconds(), P50: lat[n/2], P99: lat[min(n-1, n*99/100)],
 		Max: lat[n-1], Errors: int(errCount.Load()), CoreRequestsPerCall: (after.coreRequests - before.coreRequests) / float64(n*o.calls),
 		PeakRSSMiB: p.rssMiB, PeakGoroutines: p.goroutines, PeakStackMiB: p.stackMiB, PeakHeapMiB: p.heapMiB, GCs: int(after.gcs - before.gcs),
-		PeakCoreQueue: p.coreQueue, CoreConnsPerRun: (after.coreConns - before.coreConns) / float64(n)}
+		PeakCoreQueue: p.coreQueue, CoreConnsPerRun: (after.coreConns - before.coreConns) / float64(n), CPUPerCall: cpuBefore.perCall(cpuAfter, n*o.calls)}
 	if renewals := after.leaseRenewals - before.leaseRenewals; renewals > 0 {
 		r.LeaseRenewalMean = time.Duration((after.leaseRenewalSeconds - before.leaseRenewalSeconds) / renewals * float64(time.Second))
 		r.LeasesExpired = int(after.leasesExpired - before.leasesExpired)
@@ -551,7 +604,12 @@ func rssKiB(pid int) int64 {
 // saveHeap writes the sidecar's heap profile to path, and its goroutines,
 // grouped by stack, to path.goroutines.
 func (s *stack) saveHeap(path string) error {
-	for profile, file := range map[string]string{"heap": path, "goroutine?debug=1": path + ".goroutines"} {
+	return s.saveProfiles(map[string]string{"heap": path, "goroutine?debug=1": path + ".goroutines"})
+}
+
+// saveProfiles writes each of the sidecar's pprof profiles to its file.
+func (s *stack) saveProfiles(files map[string]string) error {
+	for profile, file := range files {
 		resp, err := http.Get(s.ops + "/debug/pprof/" + profile)
 		if err != nil {
 			return err

@@ -23,7 +23,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
@@ -390,11 +389,9 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 	if tc != nil {
 		opts = append(opts, core.WithTLS(tc))
 	}
-	// Calls to Core become client spans of the drive, and carry its
-	// traceparent.
-	opts = append(opts, core.WithRoundTripper(func(rt http.RoundTripper) http.RoundTripper {
-		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(s.tp), otelhttp.WithPropagators(propagator))
-	}))
+	// Calls to Core carry the drive's traceparent, and become client spans
+	// of the drive when spans are recorded.
+	opts = append(opts, core.WithRoundTripper(func(rt http.RoundTripper) http.RoundTripper { return coreTransport(s.tp, rt) }))
 	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout,
 		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout, MaxConns: s.cfg.Core.MaxConnections}, opts...)
 }
