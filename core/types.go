@@ -117,7 +117,16 @@ type Run struct {
 	Model       string         `json:"model,omitempty"`
 	MetaData    map[string]any `json:"meta_data,omitempty"`
 	CurrentTurn int            `json:"current_turn,omitempty"`
+	// StartedAt is when the run's first turn began: Core stamps it as that
+	// turn starts, before any Action of the run exists, and sends null
+	// until then (core-protocol.md, A.2). Kept raw so that a null can be
+	// told from an answer without the field.
+	StartedAt json.RawMessage `json:"started_at"`
 }
+
+// NeverStarted says that Core reports no turn of the run begun, so the run
+// has no Actions. An answer without started_at says nothing either way.
+func (r Run) NeverStarted() bool { return string(r.StartedAt) == "null" }
 
 // RunList is Core's answer to GET /v1/runs and GET /v1/threads/{id}/runs
 // (projectdavid-core, routers/runs_router.py list_runs): a page of the

@@ -3,6 +3,7 @@ package coresim
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +42,9 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 	rn.turns++
 	turn, scripted := s.scriptedTurn(rn)
 	rn.CurrentTurn = rn.turns
+	if rn.turns == 1 {
+		rn.StartedAt = strconv.AppendInt(nil, time.Now().Unix(), 10)
+	}
 	s.mu.Unlock()
 
 	if turn.HTTPStatus != 0 {

@@ -2,9 +2,11 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,8 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/promtest"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -116,16 +120,15 @@ func TestConcurrentDrivesAttach(t *testing.T) {
 	const n = 50
 	sums := make([]executor.Summary, n)
 	var wg sync.WaitGroup
-	var started atomic.Int32
 	for i := range n {
-		wg.Go(func() {
-			started.Add(1)
-			sums[i], _ = h.exec.Drive(context.Background(), h.req, nil)
-		})
+		wg.Go(func() { sums[i], _ = h.exec.Drive(context.Background(), h.req, nil) })
 	}
-	for started.Load() < n {
-		time.Sleep(time.Millisecond)
-	}
+	// The calls are held until every other drive has attached: one that
+	// came after the run ended would rightly report it ended.
+	poll.Until(t, "49 drives attached to the first", func() bool {
+		attached, _ := promtest.Sum(t, h.exec.Metrics(), "toolsidecar_drives_attached_total")
+		return attached == n-1
+	})
 	close(release)
 	wg.Wait()
 	assertCompletedOnce(t, h, sums[0], 3, c)
@@ -253,6 +256,63 @@ func TestReconcileAfterLostSidecar(t *testing.T) {
 	if typ, _ := errorOf(t, msgs[2].Content); typ != "interrupted" {
 		t.Errorf("unsafe call's output %s, want an interrupted error", msgs[2].Content)
 	}
+}
+
+// TestFreshRunAsksNoOpenActions: a run whose first turn never began has no
+// Actions, so its drive skips the reconciliation's two reads, but only
+// when Core says so (started_at present and null). A Core answer without
+// the field leaves the reads in place, and a run that began is reconciled
+// (TestReconcileAfterLostSidecar).
+func TestFreshRunAsksNoOpenActions(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		strip     bool // Core's run read has no started_at
+		wantReads int
+	}{{"started_at null", false, 0}, {"no started_at", true, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &counted{}
+			opts := testenv.Options{}
+			if tc.strip {
+				opts.ServeCore = withoutStartedAt
+			}
+			h := newHarnessWith(t, threeEcho(), opts, spec{config.Tool{Name: "echo"}, c.handler})
+			sum, err := h.drive(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertCompletedOnce(t, h, sum, 3, c)
+			reads := h.sim.CountRequests(http.MethodGet, "/v1/actions/pending/") + h.sim.CountRequests(http.MethodGet, "/v1/runs/"+h.req.RunID+"/actions/")
+			if reads != tc.wantReads {
+				t.Errorf("%d reads of the run's open Actions, want %d", reads, tc.wantReads)
+			}
+		})
+	}
+}
+
+// withoutStartedAt serves the simulator as a Core whose run reads have no
+// started_at field.
+func withoutStartedAt(sim *coresim.Sim) (string, *core.Client, func()) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || !strings.HasPrefix(r.URL.Path, "/v1/runs/") || strings.Count(r.URL.Path, "/") != 3 {
+			sim.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		sim.ServeHTTP(rec, r)
+		var run map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &run); err != nil {
+			panic(err)
+		}
+		delete(run, "started_at")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rec.Code)
+		_ = json.NewEncoder(w).Encode(run)
+	}))
+	cc, err := core.New(core.Config{URL: srv.URL, APIKey: testenv.APIKey, Timeout: 5 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	return srv.URL, cc, srv.Close
 }
 
 // panicky is a transport that panics: a bug in the sidecar's own code,

@@ -60,8 +60,12 @@ func (e *Executor) loop(ctx context.Context, req Request, run core.Run, emit Sin
 		return e.finished(ctx, req, run, sum)
 	}
 	// Finish the last batch first: calls a previous drive (or a sidecar
-	// that died) left without an outcome in Core.
-	tr := e.reconcile(ctx, req, emit, log)
+	// that died) left without an outcome in Core. A run that never began a
+	// turn has none, and Core need not be asked.
+	var tr turnResult
+	if !run.NeverStarted() {
+		tr = e.reconcile(ctx, req, emit, log)
+	}
 	sum.Calls = append(sum.Calls, tr.calls...)
 	if done, err := e.ended(tr, sum); done {
 		return err
