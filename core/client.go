@@ -66,8 +66,9 @@ type Observer func(endpoint string, status int, d time.Duration)
 // Option configures a [Client].
 type Option func(*Client) error
 
-// WithHTTPClient sets the HTTP client (transport, TLS) of every call. It
-// must not set a whole-request Timeout, which would cut long streams.
+// WithHTTPClient sets the transport (TLS, proxy) of every call: only hc's
+// Transport is used, so neither a Timeout, which would cut long streams,
+// nor a redirect policy or cookie jar applies (no redirect is followed).
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) error {
 		if hc == nil {
@@ -121,9 +122,10 @@ func WithObserver(o Observer) Option {
 // Client talks to one Core. It is safe for concurrent use.
 type Client struct {
 	cfg      Config
-	base     *url.URL
-	hc       *http.Client // short calls: connections pooled and bounded
-	streamHC *http.Client // completions streams: one connection each
+	base     string        // Core's URL, without userinfo or a trailing slash
+	user     *url.Userinfo // the URL's userinfo: basic authentication
+	hc       *http.Client  // short calls: connections pooled and bounded
+	streamHC *http.Client  // completions streams: one connection each
 	observe  Observer
 	gap      func(time.Duration)
 	// exchanges runs the short calls on at most cfg.MaxConns workers.
@@ -156,7 +158,9 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	c := &Client{cfg: cfg, base: u, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
+	user := u.User
+	u.User = nil
+	c := &Client{cfg: cfg, base: u.String(), user: user, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
 		exchanges: exchanges{max: cfg.MaxConns}}
 	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, &c.dialed)}
 	c.streamHC = &http.Client{Transport: newTransport(0, &c.streamsDialed)}
@@ -242,7 +246,7 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) (*Stream, er
 	}
 	hreq.Header.Set("Accept", "text/event-stream")
 	start := time.Now()
-	resp, err := c.streamHC.Do(hreq)
+	resp, err := send(c.streamHC, hreq)
 	if err != nil {
 		c.observe("completions", 0, time.Since(start))
 		cancel(err)
@@ -555,7 +559,7 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 		return err
 	}
 	start := time.Now()
-	resp, err := c.hc.Do(req)
+	resp, err := send(c.hc, req)
 	if err != nil {
 		c.observe(endpoint, 0, time.Since(start))
 		return fmt.Errorf("core: %s %s: %w", method, req.URL.Path, err)
@@ -581,12 +585,24 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 	return nil
 }
 
+// send sends req on hc's transport, without http.Client: a redirect from
+// Core is an answer like any other non-2xx, not followed, so that the API
+// key never goes to another host; and a request is not made to pay for
+// the copies of its headers that following one would need.
+func send(hc *http.Client, req *http.Request) (*http.Response, error) {
+	rt := hc.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	return rt.RoundTrip(req)
+}
+
 func (c *Client) newRequest(ctx context.Context, method, path string, body []byte) (*http.Request, error) {
 	var r io.Reader
 	if body != nil {
 		r = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base.String()+path, r)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
 	if err != nil {
 		return nil, fmt.Errorf("core: building %s %s: %w", method, path, err)
 	}
@@ -594,6 +610,10 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
+	if c.user != nil { // as http.Client would, from the URL's userinfo
+		password, _ := c.user.Password()
+		req.SetBasicAuth(c.user.Username(), password)
+	}
 	if key := c.keyFor(ctx); key != "" {
 		req.Header.Set("X-API-Key", key)
 	}

@@ -192,3 +192,57 @@ func TestRunTerminal(t *testing.T) {
 		}
 	}
 }
+
+// TestRedirectNotFollowed: a Core that answers a redirect to another host
+// gets neither a second request nor the API key there; the call fails with
+// the redirect's status, for a short call and for a stream alike.
+func TestRedirectNotFollowed(t *testing.T) {
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		io.WriteString(w, `{"id": "run_1", "status": "queued"}`)
+	}))
+	defer other.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	c, err := New(Config{URL: srv.URL, APIKey: "secret", Retries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetRun(context.Background(), "run_1"); StatusCode(err) != http.StatusTemporaryRedirect {
+		t.Errorf("GetRun: %v, want the 307 as an error", err)
+	}
+	if _, err := c.Stream(context.Background(), CompletionRequest{RunID: "run_1"}); StatusCode(err) != http.StatusTemporaryRedirect {
+		t.Errorf("Stream: %v, want the 307 as an error", err)
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Errorf("the redirect target got %d requests", n)
+	}
+}
+
+// TestURLUserinfo: a Core URL with userinfo authenticates every request,
+// short calls and streams, with HTTP basic authentication.
+func TestURLUserinfo(t *testing.T) {
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, password, _ := r.BasicAuth()
+		seen = append(seen, user+":"+password)
+		io.WriteString(w, `{"id": "run_1", "status": "queued"}`)
+	}))
+	defer srv.Close()
+	c, err := New(Config{URL: strings.Replace(srv.URL, "http://", "http://ops:p%40ss@", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := c.Stream(context.Background(), CompletionRequest{RunID: "run_1"}); err == nil {
+		s.Close()
+	}
+	if len(seen) != 2 || seen[0] != "ops:p@ss" || seen[1] != "ops:p@ss" {
+		t.Errorf("Core saw the credentials %q, want ops:p@ss on both requests", seen)
+	}
+}

@@ -60,7 +60,7 @@ func inHTTPClient() int {
 	pprof.Lookup("goroutine").WriteTo(&b, 2)
 	n := 0
 	for g := range strings.SplitSeq(b.String(), "\n\n") {
-		if strings.Contains(g, "net/http.(*Client).do") {
+		if strings.Contains(g, "net/http.(*Transport).roundTrip") {
 			n++
 		}
 	}
