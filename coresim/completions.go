@@ -248,6 +248,14 @@ func (s *Sim) newAction(rn *run, c Call) *action {
 	a.TriggeredAt = s.now().Format("2006-01-02T15:04:05")
 	rn.batches[b] = append(rn.batches[b], a)
 	s.actions[a.ID] = a
+	if t := s.threads[rn.ThreadID]; t != nil {
+		if t.calls == nil {
+			t.calls = map[string]*action{}
+		}
+		if _, seen := t.calls[c.ID]; !seen {
+			t.calls[c.ID] = a
+		}
+	}
 	return a
 }
 

@@ -223,18 +223,11 @@ func (s *Sim) checkOutput(in core.ToolOutput) {
 	}
 }
 
+// actionByCallID is the first Action of the thread's runs that carried
+// callID.
 func (s *Sim) actionByCallID(threadID, callID string) *action {
-	for _, rn := range s.runs {
-		if rn.ThreadID != threadID {
-			continue
-		}
-		for _, b := range rn.batches {
-			for _, a := range b {
-				if a.ToolCallID == callID {
-					return a
-				}
-			}
-		}
+	if t := s.threads[threadID]; t != nil {
+		return t.calls[callID]
 	}
 	return nil
 }
@@ -260,8 +253,9 @@ func (s *Sim) createRun(w http.ResponseWriter, r *http.Request) {
 		model = a.Model
 	}
 	rn := &run{Run: core.Run{ID: s.newID("run_", 22), AssistantID: in.AssistantID, ThreadID: in.ThreadID, Status: core.RunQueued, Model: model, MetaData: in.MetaData},
-		owner: s.user(r), created: s.seq}
+		owner: s.user(r)}
 	s.runs[rn.ID] = rn
+	s.byCreation = append(s.byCreation, rn)
 	writeJSON(w, http.StatusOK, rn.Run)
 }
 
@@ -325,18 +319,25 @@ func (s *Sim) listRuns(w http.ResponseWriter, r *http.Request) {
 	thread := q.Get("thread_id")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var runs []*run
-	for _, rn := range s.runs {
-		if s.owns(r, rn.owner) && (thread == "" || rn.ThreadID == thread) {
-			runs = append(runs, rn)
+	out := core.RunList{Object: "list", Data: []core.Run{}}
+	all := slices.Values(s.byCreation)
+	if order == "desc" {
+		all = func(yield func(*run) bool) {
+			for _, rn := range slices.Backward(s.byCreation) {
+				if !yield(rn) {
+					return
+				}
+			}
 		}
 	}
-	slices.SortFunc(runs, func(a, b *run) int { return cmp.Compare(a.created, b.created) })
-	if order == "desc" {
-		slices.Reverse(runs)
-	}
-	out := core.RunList{Object: "list", Data: []core.Run{}, HasMore: len(runs) > limit}
-	for _, rn := range runs[:min(limit, len(runs))] {
+	for rn := range all {
+		if !s.owns(r, rn.owner) || (thread != "" && rn.ThreadID != thread) {
+			continue
+		}
+		if len(out.Data) == limit {
+			out.HasMore = true
+			break
+		}
 		out.Data = append(out.Data, rn.Run)
 	}
 	// first_id and last_id are null on an empty page.

@@ -93,6 +93,7 @@ type Sim struct {
 	assistants map[string]*core.Assistant
 	threads    map[string]*thread
 	runs       map[string]*run
+	byCreation []*run // the runs in creation order, for listings
 	actions    map[string]*action
 	violations []Violation
 	requests   []Request
@@ -104,6 +105,10 @@ type thread struct {
 	id       string
 	owner    string // the creating key, with PerKeyUsers
 	messages []message
+	// calls are the thread's Actions by tool_call_id, the first of each:
+	// a tool output finds its Action without a scan of every run, which
+	// at 10,000 runs took most of the simulator's time under its lock.
+	calls map[string]*action
 }
 
 type message struct {
@@ -113,7 +118,6 @@ type message struct {
 type run struct {
 	core.Run
 	owner   string // the creating key, with PerKeyUsers
-	created int    // creation order: Core lists runs by created_at
 	turns   int
 	batches [][]*action // actions per tool turn, in call order
 	ended   bool
