@@ -178,9 +178,10 @@ func measure(o options) error {
 		results = append(results, r)
 		fmt.Printf("%8d %10.0f %9s %9s %9s %7d %13.2f %9.1f %11d %10.1f %9.1f %6d %11d %15.2f\n", r.Runs, r.CallsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond),
 			r.Max.Round(time.Millisecond), r.Errors, r.CoreRequestsPerCall, r.PeakRSSMiB, r.PeakGoroutines, r.PeakStackMiB, r.PeakHeapMiB, r.GCs, r.PeakCoreQueue, r.CoreConnsPerRun)
-		c := r.CPUPerCall
-		fmt.Printf("%8s CPU per call: sidecar %d µs, Core %d µs, worker %d µs, loadgen %d µs\n", "", c.Sidecar.Microseconds(), c.Core.Microseconds(),
-			c.Worker.Microseconds(), c.Loadgen.Microseconds())
+		if c := r.CPUPerCall; r.Calls >= minCPUCalls {
+			fmt.Printf("%8s CPU per call: sidecar %d µs, Core %d µs, worker %d µs, loadgen %d µs\n", "", c.Sidecar.Microseconds(), c.Core.Microseconds(),
+				c.Worker.Microseconds(), c.Loadgen.Microseconds())
+		}
 		if o.durable && r.LeaseRenewalMean > 0 {
 			fmt.Printf("%8s lease renewals: %s on average; %d leases lapsed under their drives\n", "", r.LeaseRenewalMean.Round(time.Millisecond), r.LeasesExpired)
 		}
@@ -359,6 +360,10 @@ type result struct {
 	// says which of them bounds the throughput.
 	CPUPerCall cpuSplit `json:"cpu_per_call_ns"`
 }
+
+// minCPUCalls is the fewest calls of a level whose CPU per call is
+// printed: /proc counts in ticks of 10 ms, too coarse for a few calls.
+const minCPUCalls = 400
 
 // cpuSplit is a CPU time for each process of the stack.
 type cpuSplit struct {
