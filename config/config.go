@@ -92,7 +92,8 @@ type Core struct {
 	// APIKeyFile holds the X-API-Key. Optional: TOOLSIDECAR_CORE_API_KEY
 	// is read when it is empty.
 	APIKeyFile string `koanf:"api_key_file"`
-	// Timeout bounds each non-streaming call. default: 30s
+	// Timeout bounds each non-streaming call from when it is sent, not
+	// its wait for a connection. default: 30s
 	Timeout time.Duration `koanf:"timeout"`
 	// StreamIdleTimeout bounds the silence between frames. default: 280s
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`

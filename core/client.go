@@ -35,7 +35,9 @@ type Config struct {
 	// APIKey goes in X-API-Key. It is a secret: it is never logged and
 	// never part of an error.
 	APIKey string
-	// Timeout bounds each non-streaming call, retries included.
+	// Timeout bounds each non-streaming call, retries included, from
+	// when it is sent: not its wait in the client's queue, which its
+	// caller's context bounds.
 	// default: 30s
 	Timeout time.Duration
 	// StreamIdleTimeout bounds the silence between two frames of a
@@ -420,8 +422,7 @@ func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in
 		then(err)
 		return func() bool { return false }
 	}
-	k := &calling{c: c, method: method, path: path, endpoint: endpoint, body: body, out: out, then: then}
-	k.ctx, k.cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+	k := &calling{c: c, parent: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, then: then}
 	c.retries(&k.r, method)
 	k.attempt()
 	return k.drop
@@ -430,7 +431,13 @@ func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in
 // calling is one exchange of [Client.callThen] with its retries: one
 // allocation holds what the callbacks need.
 type calling struct {
-	c                      *Client
+	c      *Client
+	parent context.Context // the caller's: a queued attempt ends with it
+	// ctx is parent bounded by Config.Timeout, made when a worker takes
+	// the first attempt: a context with a deadline and a timer for each
+	// of thousands of queued requests was a sixth of the heap at 10,000
+	// runs (BENCHMARKS.md). Written by the worker of an attempt, before
+	// the next attempt is queued.
 	ctx                    context.Context
 	cancel                 context.CancelFunc
 	method, path, endpoint string
@@ -448,6 +455,15 @@ func (k *calling) attempt() {
 	k.c.enqueue(x)
 }
 
+// sent is the context of an attempt that a worker has taken: the
+// exchange's deadline starts with its first attempt.
+func (k *calling) sent() context.Context {
+	if k.ctx == nil {
+		k.ctx, k.cancel = context.WithTimeout(k.parent, k.c.cfg.Timeout)
+	}
+	return k.ctx
+}
+
 // answered takes an attempt's error: the exchange ends, or is tried again
 // after a backoff.
 func (k *calling) answered(err error) {
@@ -455,17 +471,24 @@ func (k *calling) answered(err error) {
 		k.finish(err)
 		return
 	}
-	after(k.ctx, k.r.b.NextBackOff(), k.attempt, func() { k.finish(err) })
+	after(k.sent(), k.r.b.NextBackOff(), k.attempt, func() { k.finish(err) })
 }
 
 func (k *calling) finish(err error) {
-	k.cancel()
+	k.release()
 	k.then(err)
+}
+
+// release ends the exchange's deadline, if an attempt was taken.
+func (k *calling) release() {
+	if k.cancel != nil {
+		k.cancel()
+	}
 }
 
 func (k *calling) drop() bool {
 	if k.current.Load().drop() {
-		k.cancel()
+		k.release()
 		return true
 	}
 	return false

@@ -45,9 +45,9 @@ type exchanges struct {
 // the queue.
 func newExchange(k *calling) *exchange {
 	x := &exchange{k: k}
-	x.stop = context.AfterFunc(k.ctx, func() {
+	x.stop = context.AfterFunc(k.parent, func() {
 		if x.state.CompareAndSwap(queued, dropped) {
-			k.answered(fmt.Errorf("core: %s %s: not sent: %w", k.method, k.path, k.ctx.Err()))
+			k.answered(fmt.Errorf("core: %s %s: not sent: %w", k.method, k.path, k.parent.Err()))
 		}
 	})
 	return x
@@ -98,6 +98,6 @@ func (c *Client) work() {
 		}
 		x.stop()
 		k := x.k
-		k.answered(c.once(k.ctx, k.method, k.path, k.endpoint, k.body, k.out))
+		k.answered(c.once(k.sent(), k.method, k.path, k.endpoint, k.body, k.out))
 	}
 }

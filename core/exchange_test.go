@@ -168,6 +168,29 @@ func TestQueuedCallGivesUp(t *testing.T) {
 	}
 }
 
+// TestTimeoutStartsWhenSent: core.timeout bounds a request from when it
+// is sent, not its wait in the queue. With one connection, the second of
+// two requests waits 700 ms for the first, then Core takes 700 ms to
+// answer it: 1.4 s after it was made, but 0.7 s of a 1 s timeout after it
+// was sent, so it succeeds.
+func TestTimeoutStartsWhenSent(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(700 * time.Millisecond)
+		w.Write([]byte(`{"id": "run_1", "status": "queued"}`))
+	}))
+	defer srv.Close()
+	c, _ := New(Config{URL: srv.URL, MaxConns: 1, Timeout: time.Second, Retries: -1})
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := c.GetRun(context.Background(), "run_1"); errs <- err }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("a request failed: %v; its wait in the queue counted against its timeout", err)
+		}
+	}
+}
+
 // TestUpdateActionThenHoldsNoGoroutine: writes made without waiting queue
 // for the workers like any call, but no goroutine waits for them: with
 // Core holding every request, only the workers' goroutines exist. Each
