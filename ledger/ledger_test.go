@@ -81,8 +81,10 @@ func TestRecover(t *testing.T) {
 	req2 := tool.Request{Tool: "pay", ActionID: "act_2", Attempt: 1, Timeout: time.Second, Unsafe: true}
 	l.Dispatched(ctx, req2, "run_1", l.Inbox()+".tok2")
 	nc.PublishMsg(wire.ErrorMsg(l.Inbox()+".tok2", tool.NewError(tool.ToolFailed, "card declined")))
-	nc.Flush()
-	out, ok, _ = l.Recover(ctx, "act_2", false)
+	// Awaited: the stream stores the reply after the server has taken it,
+	// so a lookup right after Flush may come too early (it did, once in a
+	// full make test).
+	out, ok, _ = l.Recover(ctx, "act_2", true)
 	if !ok || out.Err == nil || out.Err.Type != tool.ToolFailed || out.Err.Message != "card declined" {
 		t.Errorf("error reply: %+v ok %v", out, ok)
 	}
