@@ -403,9 +403,9 @@ func (w *Worker) respond(r reply) {
 
 // publishLoop sends the runners' replies in batches. A runner that
 // published its own reply woke nats.go's flusher, which ran as soon as the
-// runner went back to wait: one write syscall per reply, against a dozen
-// replies per write for a responder that answers on its subscription's
-// goroutine (BENCHMARKS.md). Here the runners that are ready to run go
+// runner went back to wait: one write syscall per reply, against about
+// twenty replies per write for a responder that answers on its
+// subscription's goroutine (BENCHMARKS.md). Here the runners that are ready to run go
 // first, their replies queue up, and the flusher, woken by the first of
 // them, writes the whole batch at once.
 func (w *Worker) publishLoop() {
