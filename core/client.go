@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -124,10 +125,10 @@ func WithObserver(o Observer) Option {
 // Client talks to one Core. It is safe for concurrent use.
 type Client struct {
 	cfg      Config
-	base     string        // Core's URL, without userinfo or a trailing slash
-	user     *url.Userinfo // the URL's userinfo: basic authentication
-	hc       *http.Client  // short calls: connections pooled and bounded
-	streamHC *http.Client  // completions streams: one connection each
+	base     string       // Core's URL, without userinfo or a trailing slash
+	basic    string       // the Authorization header of the URL's userinfo, if any
+	hc       *http.Client // short calls: connections pooled and bounded
+	streamHC *http.Client // completions streams: one connection each
 	observe  Observer
 	gap      func(time.Duration)
 	// exchanges runs the short calls on at most cfg.MaxConns workers.
@@ -160,9 +161,13 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	user := u.User
-	u.User = nil
-	c := &Client{cfg: cfg, base: u.String(), user: user, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
+	var basic string
+	if u.User != nil { // as http.Client would send it
+		password, _ := u.User.Password()
+		basic = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
+		u.User = nil
+	}
+	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
 		exchanges: exchanges{max: cfg.MaxConns}}
 	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, &c.dialed)}
 	c.streamHC = &http.Client{Transport: newTransport(0, &c.streamsDialed)}
@@ -435,8 +440,8 @@ type calling struct {
 	parent context.Context // the caller's: a queued attempt ends with it
 	// ctx is parent bounded by Config.Timeout, made when a worker takes
 	// the first attempt: a context with a deadline and a timer for each
-	// of thousands of queued requests was a sixth of the heap at 10,000
-	// runs (BENCHMARKS.md). Written by the worker of an attempt, before
+	// of thousands of queued requests was about a seventh of the heap at
+	// 10,000 runs (BENCHMARKS.md). Written by the worker of an attempt, before
 	// the next attempt is queued.
 	ctx                    context.Context
 	cancel                 context.CancelFunc
@@ -633,9 +638,8 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
-	if c.user != nil { // as http.Client would, from the URL's userinfo
-		password, _ := c.user.Password()
-		req.SetBasicAuth(c.user.Username(), password)
+	if c.basic != "" {
+		req.Header.Set("Authorization", c.basic)
 	}
 	if key := c.keyFor(ctx); key != "" {
 		req.Header.Set("X-API-Key", key)

@@ -39,15 +39,21 @@ type exchanges struct {
 	workers int
 }
 
-// newExchange is an attempt of k whose ctx, should it end while the
-// attempt is still queued, ends it at once with ctx's error: a caller
-// whose budget is spent does not wait for a worker to reach its turn in
-// the queue.
+// newExchange is an attempt of k that, should its context end while the
+// attempt is still queued, ends at once with the context's error: a
+// caller whose budget is spent, or a retry whose exchange ran out of
+// time, does not wait for a worker to reach its turn in the queue. The
+// context is the caller's for a first attempt, and the exchange's, with
+// its deadline, for a retry.
 func newExchange(k *calling) *exchange {
 	x := &exchange{k: k}
-	x.stop = context.AfterFunc(k.parent, func() {
+	ctx := k.parent
+	if k.ctx != nil {
+		ctx = k.ctx
+	}
+	x.stop = context.AfterFunc(ctx, func() {
 		if x.state.CompareAndSwap(queued, dropped) {
-			k.answered(fmt.Errorf("core: %s %s: not sent: %w", k.method, k.path, k.parent.Err()))
+			k.answered(fmt.Errorf("core: %s %s: not sent: %w", k.method, k.path, ctx.Err()))
 		}
 	})
 	return x

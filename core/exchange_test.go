@@ -191,6 +191,35 @@ func TestTimeoutStartsWhenSent(t *testing.T) {
 	}
 }
 
+// TestQueuedRetryEndsAtItsDeadline: a retry is queued with the deadline
+// its exchange took when first sent. Queued behind a request Core holds,
+// it ends at that deadline, at once, not when the held request lets the
+// worker go.
+func TestQueuedRetryEndsAtItsDeadline(t *testing.T) {
+	srv, received, _, release := heldCore(t)
+	defer close(release)
+	c, _ := New(Config{URL: srv.URL, MaxConns: 1})
+	go c.GetRun(context.Background(), "run_1")
+	waitFor(received, 1) // the one worker is busy
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	ended := make(chan error, 1)
+	k := &calling{c: c, parent: context.Background(), ctx: ctx, cancel: cancel, method: http.MethodGet, path: "/v1/runs/run_2",
+		endpoint: "runs_get", then: func(err error) { ended <- err }}
+	c.retries(&k.r, http.MethodGet)
+	k.attempt() // as after a first sending: k.ctx is the exchange's
+	select {
+	case err := <-ended:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("the queued retry ended with %v, want its deadline", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued retry waited for a worker past its deadline")
+	}
+	if n := received.Load(); n != 1 {
+		t.Errorf("%d requests reached Core, want 1: the retry must not be sent", n)
+	}
+}
+
 // TestUpdateActionThenHoldsNoGoroutine: writes made without waiting queue
 // for the workers like any call, but no goroutine waits for them: with
 // Core holding every request, only the workers' goroutines exist. Each
