@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -159,9 +158,7 @@ type Executor struct {
 	recoverer Recoverer
 	leases    Leases
 	tracer    trace.Tracer
-	// finaliseTimeout bounds the best-effort processing mark.
-	finaliseTimeout time.Duration
-	stopping        atomic.Bool
+	stopping  atomic.Bool
 
 	drivesMu sync.Mutex
 	drives   map[string]*drive // runs being driven: one driver per run
@@ -215,7 +212,7 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 		cfg.MaxHedgeRatio = def.MaxHedgeRatio
 	}
 	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
-		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""), finaliseTimeout: 30 * time.Second,
+		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""),
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
 		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)}}
 	e.routes[registry.Builtin] = builtin{e}

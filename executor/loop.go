@@ -957,17 +957,22 @@ type marking struct {
 }
 
 // markOnSend is the processing mark of a call whose tool is not unsafe:
-// best effort, bounded by the finalise timeout. A hedge's copy that leaves
-// after the first attempt makes no second write.
+// best effort. A hedge's copy that leaves after the first attempt makes no
+// second write.
+//
+// The write outlives the call's context, and its only bound is the Core
+// client's core.timeout, which starts when the write is sent: while it
+// waits in the client's queue, the call's end withdraws it. A deadline of
+// its own from the start held a timer, a context and its parent's child
+// registration for each queued write, a tenth of the live heap at 10,000
+// runs (BENCHMARKS.md).
 func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, log *slog.Logger) *marking {
 	mk := &marking{}
 	mk.send = func() {
 		if !mk.sent.CompareAndSwap(false, true) {
 			return
 		}
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.finaliseTimeout)
-		mk.drop = e.core.UpdateActionThen(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}, func(err error) {
-			cancel()
+		mk.drop = e.core.UpdateActionThen(context.WithoutCancel(ctx), m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}, func(err error) {
 			if err != nil {
 				log.Warn("marking action processing failed", "err", err)
 			}
