@@ -44,12 +44,16 @@ type exchanges struct {
 // caller whose budget is spent, or a retry whose exchange ran out of
 // time, does not wait for a worker to reach its turn in the queue. The
 // context is the caller's for a first attempt, and the exchange's, with
-// its deadline, for a retry.
+// its deadline, for a retry. A context that never ends (a processing
+// mark's, thousands of which may queue at once) needs no watch.
 func newExchange(k *calling) *exchange {
-	x := &exchange{k: k}
+	x := &exchange{k: k, stop: neverEnds}
 	ctx := k.parent
 	if k.ctx != nil {
 		ctx = k.ctx
+	}
+	if ctx.Done() == nil {
+		return x
 	}
 	x.stop = context.AfterFunc(ctx, func() {
 		if x.state.CompareAndSwap(queued, dropped) {
@@ -58,6 +62,9 @@ func newExchange(k *calling) *exchange {
 	})
 	return x
 }
+
+// neverEnds is the stop of an exchange whose context cannot end.
+func neverEnds() bool { return false }
 
 // drop withdraws x while it is queued, and reports whether it did.
 func (x *exchange) drop() bool {

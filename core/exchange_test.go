@@ -333,3 +333,23 @@ func TestUpdateActionThenDropped(t *testing.T) {
 		t.Errorf("callbacks ran %d and %d times, want 1 and 0", a, b)
 	}
 }
+
+// TestNeverEndingContextIsNotWatched: an attempt whose context cannot end
+// (a processing mark's, thousands of which queue at once under load)
+// allocates itself only, while one whose context can end registers a
+// watch on it. TestUpdateActionThenHoldsNoGoroutine sends such attempts.
+func TestNeverEndingContextIsNotWatched(t *testing.T) {
+	c, _ := New(Config{URL: "http://127.0.0.1:1"})
+	allocs := func(ctx context.Context) float64 {
+		k := &calling{c: c, parent: ctx, method: http.MethodPut, path: "/v1/actions/act_1", endpoint: "actions_update", then: func(error) {}}
+		return testing.AllocsPerRun(100, func() { newExchange(k).stop() })
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if n := allocs(context.WithoutCancel(ctx)); n != 1 {
+		t.Errorf("an attempt on a context that never ends made %v allocations, want 1 (itself)", n)
+	}
+	if n := allocs(ctx); n <= 1 {
+		t.Errorf("an attempt on a context that can end made %v allocations: the measure does not see the watch", n)
+	}
+}
