@@ -67,7 +67,7 @@ type ClaimCheck struct {
 func (e *Executor) claimCheck(ctx context.Context, m *core.Manifest, data []byte, log *slog.Logger) ([]byte, string) {
 	handle := m.ToolCallID
 	if err := e.results.PutResult(context.WithoutCancel(ctx), resultName(m.RunID, handle), data); err != nil {
-		log.Warn("claim-check: the result could not be stored; it is submitted whole", "bytes", len(data), "err", err)
+		callLog(log, m).Warn("claim-check: the result could not be stored; it is submitted whole", "bytes", len(data), "err", err)
 		return data, ""
 	}
 	preview := runePrefix(data, e.cfg.ClaimCheckPreviewBytes)

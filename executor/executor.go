@@ -141,7 +141,8 @@ func WithObserver(o Observer) Option {
 func WithTracer(t trace.Tracer) Option {
 	return func(e *Executor) {
 		if t != nil {
-			e.tracer = t
+			_, off := t.(noop.Tracer)
+			e.tracer, e.tracing = t, !off
 		}
 	}
 }
@@ -158,6 +159,7 @@ type Executor struct {
 	recoverer Recoverer
 	leases    Leases
 	tracer    trace.Tracer
+	tracing   bool // false with OpenTelemetry's no-op tracer, whose spans record nothing
 	stopping  atomic.Bool
 
 	drivesMu sync.Mutex

@@ -757,7 +757,7 @@ func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry
 // reply's callback goes on with the call.
 func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error, memoKey string, r *reporter) {
 	c := &callRun{e: e, br: br, m: m, def: def, pre: pre, memoKey: memoKey, r: r, start: time.Now(), o: newOutcome(br.n, m)}
-	c.ctx, c.span, c.traceparent, c.log = e.startCall(ctx, br, m)
+	c.ctx, c.span, c.traceparent = e.startCall(ctx, br, m)
 	e.obs.CallsInFlight(1)
 	r.cleanup = func() {
 		c.span.End()
@@ -770,9 +770,9 @@ func (e *Executor) call(ctx context.Context, br *batchRun, m *core.Manifest, def
 	case def.SideEffects != config.Unsafe:
 		// Core hears that the call started while it runs; the final
 		// status is written only after that write.
-		c.o.mark = e.markOnSend(c.ctx, m, c.log)
+		c.o.mark = e.markOnSend(c.ctx, m, br.log)
 		c.sent = c.o.mark.send
-	case !e.markProcessing(c.ctx, m, c.log):
+	case !e.markProcessing(c.ctx, m, br.log):
 		c.end(tool.Outcome{Err: unsafeNotMarked(m)})
 		return
 	}
@@ -793,7 +793,6 @@ type callRun struct {
 	ctx         context.Context
 	span        trace.Span
 	traceparent string
-	log         *slog.Logger
 	start       time.Time
 	o           *outcome
 	sent        func() // OnSent: the processing mark of a tool that is not unsafe
@@ -882,15 +881,25 @@ func (c *callRun) again(reply tool.Outcome, used int) bool {
 // end settles the call's last reply into its outcome and reports it.
 func (c *callRun) end(reply tool.Outcome) {
 	c.o.mark.withdraw()
-	c.e.endCall(c.ctx, c.br, c.m, c.def, c.pre, c.o, reply, c.start, c.span, c.log)
+	c.e.endCall(c.ctx, c.br, c.m, c.def, c.pre, c.o, reply, c.start, c.span)
 	c.e.remember(c.ctx, c.memoKey, c.def, c.o)
 	c.r.report(c.o)
 }
 
 // startCall starts the call's span, following OpenTelemetry's GenAI
-// conventions for a tool execution, and its logger. The worker continues
-// the span's trace when there is one.
-func (e *Executor) startCall(ctx context.Context, br *batchRun, m *core.Manifest) (context.Context, trace.Span, string, *slog.Logger) {
+// conventions for a tool execution. The worker continues the span's trace
+// when there is one.
+func (e *Executor) startCall(ctx context.Context, br *batchRun, m *core.Manifest) (context.Context, trace.Span, string) {
+	if !e.tracing {
+		// The span would record nothing: its name, attributes and context
+		// are not made, and the worker gets the trace context that a no-op
+		// span would pass on.
+		traceparent := br.req.Traceparent
+		if trace.SpanContextFromContext(ctx).IsValid() {
+			traceparent = traceparentOf(ctx)
+		}
+		return ctx, noSpan, traceparent
+	}
 	ctx, span := e.tracer.Start(ctx, "execute_tool "+m.Tool, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
 		attribute.String("gen_ai.operation.name", "execute_tool"), attribute.String("gen_ai.tool.name", m.Tool),
 		attribute.String("gen_ai.tool.call.id", m.ToolCallID), attribute.String("toolsidecar.action_id", m.ActionID)))
@@ -898,7 +907,17 @@ func (e *Executor) startCall(ctx context.Context, br *batchRun, m *core.Manifest
 	if span.SpanContext().IsValid() {
 		traceparent = traceparentOf(ctx)
 	}
-	return ctx, span, traceparent, br.log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
+	return ctx, span, traceparent
+}
+
+// noSpan is the span of a call when nothing is traced: it records nothing.
+var noSpan = trace.SpanFromContext(context.Background())
+
+// callLog is log with a call's attributes. It is made where a call logs,
+// which most calls never do: a logger made for each call as it started
+// was held for as long as the call ran.
+func callLog(log *slog.Logger, m *core.Manifest) *slog.Logger {
+	return log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
 }
 
 // unsafeNotMarked: an unsafe call runs only once Core knows it started, so
@@ -919,22 +938,25 @@ func (br *batchRun) progress(m *core.Manifest) func() {
 // to the claim-check store first), spends the run's budget, and records
 // the call in the log, the span and the metrics.
 func (e *Executor) endCall(ctx context.Context, br *batchRun, m *core.Manifest, def *registry.Tool, pre *tool.Error, o *outcome,
-	reply tool.Outcome, start time.Time, span trace.Span, log *slog.Logger) {
+	reply tool.Outcome, start time.Time, span trace.Span) {
 	o.res.DurationMS = time.Since(start).Milliseconds()
 	if cc := e.cfg.ClaimCheckBytes; cc > 0 && reply.Err == nil && len(reply.Data) > cc && len(reply.Data) <= e.cfg.MaxResultBytes && def.Route != registry.Builtin {
-		reply.Data, o.res.ClaimCheck = e.claimCheck(ctx, m, reply.Data, log)
+		reply.Data, o.res.ClaimCheck = e.claimCheck(ctx, m, reply.Data, br.log)
 	}
 	e.settle(o, reply)
 	if pre == nil && br.req.budget != nil {
 		br.req.budget.spend(time.Since(start), len(o.content))
 	}
 	if !o.res.OK {
-		log.InfoContext(ctx, "call failed", "error_type", o.res.ErrorType, "err", o.res.Error, "attempts", o.res.Attempts,
+		callLog(br.log, m).InfoContext(ctx, "call failed", "error_type", o.res.ErrorType, "err", o.res.Error, "attempts", o.res.Attempts,
 			"duration", time.Since(start))
 		span.SetStatus(codes.Error, o.res.ErrorType)
 		e.obs.CallDone(m.Tool, o.res.ErrorType, time.Since(start))
 	} else {
 		e.obs.CallDone(m.Tool, "ok", time.Since(start))
+	}
+	if !span.IsRecording() {
+		return
 	}
 	span.SetAttributes(attribute.Int("toolsidecar.attempts", o.res.Attempts), attribute.Bool("toolsidecar.ok", o.res.OK))
 	if !o.res.OK {
@@ -974,7 +996,7 @@ func (e *Executor) markOnSend(ctx context.Context, m *core.Manifest, log *slog.L
 		}
 		mk.drop = e.core.UpdateActionThen(context.WithoutCancel(ctx), m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}, func(err error) {
 			if err != nil {
-				log.Warn("marking action processing failed", "err", err)
+				callLog(log, m).Warn("marking action processing failed", "err", err)
 			}
 			mk.end()
 		})
@@ -1049,12 +1071,12 @@ func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, log *sl
 		// whole budget.
 		ictx, icancel := context.WithTimeout(pctx, intendTimeout)
 		if err := e.recoverer.Intend(ictx, m.ActionID, m.RunID, m.Tool); err != nil {
-			log.Warn("recording the intent to send an unsafe call", "err", err)
+			callLog(log, m).Warn("recording the intent to send an unsafe call", "err", err)
 		}
 		icancel()
 	}
 	if _, err := e.core.FinaliseAction(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}); err != nil {
-		log.Error("marking an unsafe call processing failed: not running it", "err", err)
+		callLog(log, m).Error("marking an unsafe call processing failed: not running it", "err", err)
 		return false
 	}
 	return true

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"strings"
@@ -19,7 +20,9 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/promtest"
+	"github.com/projectdavid/toolsidecar/internal/syncbuf"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
+	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -437,5 +440,54 @@ func TestHedgeAtPercentileLearnsFromReplies(t *testing.T) {
 	h.assertWholeBatches(21)
 	if c := sum.Calls[20]; !c.OK || !c.Hedged || c.Attempts != 2 {
 		t.Errorf("the stalled call %+v: want ok, hedged, 2 attempts", c)
+	}
+}
+
+// TestFailedCallLogsItsIDs: each failed call logs one "call failed" record
+// carrying the run's and the call's identifiers, whose logger is made only
+// then; a call that succeeds logs nothing.
+func TestFailedCallLogsItsIDs(t *testing.T) {
+	var logs syncbuf.Buffer
+	h := newHarnessWith(t, twoTurns(calls(`echo`, `fail`, `teleport`)...),
+		testenv.Options{Sidecar: []sidecar.Option{sidecar.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil)))}},
+		spec{config.Tool{Name: "echo"}, echo},
+		spec{config.Tool{Name: "fail"}, func(context.Context, *tool.Call) ([]byte, error) { return nil, errors.New("no such flight") }},
+	)
+	sum, err := h.drive(context.Background())
+	if err != nil || len(sum.Calls) != 3 {
+		t.Fatalf("summary %+v err %v", sum, err)
+	}
+	type record struct {
+		Msg, RunID, ActionID, ToolCallID, Tool, ErrorType string
+	}
+	failed := map[string]record{}
+	for line := range strings.Lines(logs.String()) {
+		var r struct {
+			Msg        string `json:"msg"`
+			RunID      string `json:"run_id"`
+			ActionID   string `json:"action_id"`
+			ToolCallID string `json:"tool_call_id"`
+			Tool       string `json:"tool"`
+			ErrorType  string `json:"error_type"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if r.Msg == "call failed" {
+			failed[r.ToolCallID] = record(r)
+		}
+	}
+	want := map[string]string{"echo": "", "fail": string(tool.ToolFailed), "teleport": string(tool.NotFound)}
+	for _, c := range sum.Calls {
+		r, logged := failed[c.ToolCallID]
+		if want[c.Tool] == "" {
+			if logged {
+				t.Errorf("call %s (%s) succeeded and logged %+v", c.ToolCallID, c.Tool, r)
+			}
+			continue
+		}
+		if w := (record{"call failed", h.req.RunID, c.ActionID, c.ToolCallID, c.Tool, want[c.Tool]}); r != w {
+			t.Errorf("call %s (%s) logged %+v, want %+v", c.ToolCallID, c.Tool, r, w)
+		}
 	}
 }

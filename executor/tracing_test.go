@@ -96,10 +96,15 @@ func TestTracing(t *testing.T) {
 }
 
 // TestTraceContextWithoutTracing: with no tracer (the default), a caller's
-// traceparent still reaches Core on every request of its drive, and a
-// drive without one sends none.
+// traceparent still reaches Core on every request of its drive and the
+// worker of each call, and a drive without one sends Core none.
 func TestTraceContextWithoutTracing(t *testing.T) {
-	h := newHarness(t, twoTurns(calls("rec")...), config.Executor{}, spec{config.Tool{Name: "rec"}, echo})
+	workerSaw := make(chan string, 2)
+	record := func(_ context.Context, c *tool.Call) ([]byte, error) {
+		workerSaw <- c.Traceparent
+		return []byte(`"ok"`), nil
+	}
+	h := newHarness(t, twoTurns(calls("rec")...), config.Executor{}, spec{config.Tool{Name: "rec"}, record})
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	bare := h.env.NewRun()
 	began := time.Now()
@@ -129,5 +134,12 @@ func TestTraceContextWithoutTracing(t *testing.T) {
 	}
 	if traced < 3 || untraced < 3 {
 		t.Errorf("%d requests of the traced drive and %d of the other seen, want several of each", traced, untraced)
+	}
+	if tp, want := <-workerSaw, "00-"+traceID+"-00f067aa0ba902b7-01"; tp != want {
+		t.Errorf("the worker of the traced drive's call got traceparent %q, want the caller's %q", tp, want)
+	}
+	// Without a caller's, the bridge makes an unsampled one for the call.
+	if tp := <-workerSaw; strings.Contains(tp, traceID) || !strings.HasSuffix(tp, "-00") {
+		t.Errorf("the worker of the other drive's call got traceparent %q, want one of its own, unsampled", tp)
 	}
 }
