@@ -597,7 +597,7 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 	if resp.StatusCode/100 != 2 {
 		return c.httpError(req, resp)
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxBodyBytes+1))
+	data, err := readBody(resp, c.cfg.MaxBodyBytes)
 	if err != nil {
 		return fmt.Errorf("core: %s %s: reading body: %w", method, req.URL.Path, err)
 	}
@@ -611,6 +611,18 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 		return fmt.Errorf("core: %s %s: decoding response: %w", method, req.URL.Path, err)
 	}
 	return nil
+}
+
+// readBody reads a response's body, up to one byte more than max. A body
+// whose length is announced within max is read in one allocation of that
+// size, not grown from 512 bytes by doubling.
+func readBody(resp *http.Response, max int64) ([]byte, error) {
+	if n := resp.ContentLength; n >= 0 && n <= max {
+		data := make([]byte, n)
+		_, err := io.ReadFull(resp.Body, data)
+		return data, err
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, max+1))
 }
 
 // send sends req on hc's transport, without http.Client: a redirect from

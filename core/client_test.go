@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -168,6 +169,38 @@ func TestResponseBodyBounded(t *testing.T) {
 	c2, _ := New(Config{URL: srv2.URL})
 	if _, err := c2.GetRun(context.Background(), "r"); err == nil || !strings.Contains(err.Error(), "decoding") {
 		t.Fatalf("err = %v, want a decode error", err)
+	}
+}
+
+// TestResponseBodyLength: a body whose length is announced is read to
+// that length: within the bound it decodes; over it, it is refused;
+// shorter than announced, it fails instead of decoding a part.
+func TestResponseBodyLength(t *testing.T) {
+	run := `{"id": "run_1", "status": "queued"}`
+	for name, tc := range map[string]struct {
+		announced int
+		body      string
+		wantErr   string
+	}{
+		"exact":     {len(run), run, ""},
+		"over max":  {2048, run + strings.Repeat(" ", 2048-len(run)), "over 1024 bytes"},
+		"too short": {len(run) + 10, run, "reading body"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", strconv.Itoa(tc.announced))
+				io.WriteString(w, tc.body)
+			}))
+			defer srv.Close()
+			c, _ := New(Config{URL: srv.URL, MaxBodyBytes: 1024, Retries: -1})
+			r, err := c.GetRun(context.Background(), "run_1")
+			switch {
+			case tc.wantErr == "" && (err != nil || r.ID != "run_1" || r.Status != "queued"):
+				t.Errorf("run %+v err %v, want run_1 queued", r, err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("err = %v, want %q", err, tc.wantErr)
+			}
+		})
 	}
 }
 

@@ -28,15 +28,27 @@ var ErrBudget = errors.New("core: submit budget spent")
 // /v1/messages/tools). After a failure whose effect is uncertain (a
 // timeout, a dropped connection, a 5xx after the body was sent) it reads
 // the thread's newest messages and, when one carries the output's
-// tool_call_id, returns it instead of posting again. It retries on
-// connection errors, timeouts, 429, 502, 503 and 504, honouring
-// Retry-After, until ctx ends.
+// tool_call_id, returns it instead of posting again; a message it posted
+// has the content it sent. It retries on connection errors, timeouts, 429,
+// 502, 503 and 504, honouring Retry-After, until ctx ends.
 func (c *Client) RecordToolOutput(ctx context.Context, out ToolOutput) (Message, error) {
 	var m Message
 	err := await(func(then func(error)) {
 		c.RecordToolOutputThen(ctx, out, func(got Message, err error) { m = got; then(err) })
 	})
 	return m, err
+}
+
+// storedMessage is Message as Core's answer to a posted tool output is
+// decoded: without the content, which Core echoes and the client has just
+// sent. Decoding it again made a copy of every tool result.
+type storedMessage struct {
+	ID         string `json:"id"`
+	ThreadID   string `json:"thread_id"`
+	Role       string `json:"role"`
+	Content    string `json:"-"`
+	ToolID     string `json:"tool_id,omitempty"`
+	ToolCallID string `json:"tool_call_id,omitempty"`
 }
 
 // RecordToolOutputThen is RecordToolOutput for a caller that does not
@@ -53,7 +65,12 @@ func (c *Client) RecordToolOutputThen(ctx context.Context, out ToolOutput, then 
 		})
 	}
 	write := func(ctx context.Context, then func(error)) {
-		c.callThen(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), &m, then)
+		c.callThen(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), (*storedMessage)(&m), func(err error) {
+			if err == nil {
+				m.Content = out.Content
+			}
+			then(err)
+		})
 	}
 	c.persistThen(ctx, "messages_tools", lookup, write, func(err error) { then(m, err) })
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"runtime/pprof"
 	"strings"
 	"sync/atomic"
@@ -213,4 +216,24 @@ func inClient() int {
 		}
 	}
 	return n
+}
+
+// TestRecordedOutputNotDecodedAgain: the message a post returns carries
+// Core's identifiers and the content the client sent; the content Core
+// echoes is not decoded (here it differs, which the real Core's never
+// does, so that the test can tell).
+func TestRecordedOutputNotDecodedAgain(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/messages/tools" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, `{"id": "msg_7", "thread_id": "thread_1", "role": "tool", "content": "echoed", "tool_call_id": "call_1"}`)
+	}))
+	defer srv.Close()
+	c, _ := core.New(core.Config{URL: srv.URL, Retries: -1})
+	m, err := c.RecordToolOutput(context.Background(), core.ToolOutput{Content: "sent", ThreadID: "thread_1", ToolCallID: "call_1"})
+	if want := (core.Message{ID: "msg_7", ThreadID: "thread_1", Role: "tool", Content: "sent", ToolCallID: "call_1"}); err != nil || m != want {
+		t.Fatalf("message %+v err %v, want %+v", m, err, want)
+	}
 }
