@@ -597,11 +597,19 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 	if resp.StatusCode/100 != 2 {
 		return c.httpError(req, resp)
 	}
-	data, err := readBody(resp, c.cfg.MaxBodyBytes)
+	var data []byte
+	var n int64
+	if out == nil {
+		// Read to its end, so that the connection is kept, and dropped.
+		n, err = io.Copy(io.Discard, io.LimitReader(resp.Body, c.cfg.MaxBodyBytes+1))
+	} else {
+		data, err = readBody(resp, c.cfg.MaxBodyBytes)
+		n = int64(len(data))
+	}
 	if err != nil {
 		return fmt.Errorf("core: %s %s: reading body: %w", method, req.URL.Path, err)
 	}
-	if int64(len(data)) > c.cfg.MaxBodyBytes {
+	if n > c.cfg.MaxBodyBytes {
 		return fmt.Errorf("core: %s %s: response body over %d bytes", method, req.URL.Path, c.cfg.MaxBodyBytes)
 	}
 	if out == nil || len(bytes.TrimSpace(data)) == 0 {

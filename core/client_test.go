@@ -173,8 +173,10 @@ func TestResponseBodyBounded(t *testing.T) {
 }
 
 // TestResponseBodyLength: a body whose length is announced is read to
-// that length: within the bound it decodes; over it, it is refused;
-// shorter than announced, it fails instead of decoding a part.
+// that length, whether it is decoded (a run read) or dropped (an Action
+// written without waiting for it): within the bound the exchange
+// succeeds; over it, it is refused; shorter than announced, it fails
+// instead of decoding a part.
 func TestResponseBodyLength(t *testing.T) {
 	run := `{"id": "run_1", "status": "queued"}`
 	for name, tc := range map[string]struct {
@@ -198,7 +200,17 @@ func TestResponseBodyLength(t *testing.T) {
 			case tc.wantErr == "" && (err != nil || r.ID != "run_1" || r.Status != "queued"):
 				t.Errorf("run %+v err %v, want run_1 queued", r, err)
 			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-				t.Errorf("err = %v, want %q", err, tc.wantErr)
+				t.Errorf("reading: err = %v, want %q", err, tc.wantErr)
+			}
+			// A write is retried until its budget ends, and then reports
+			// its last attempt's error.
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			err = await(func(then func(error)) {
+				c.FinaliseActionThen(ctx, "act_1", ActionUpdate{Status: ActionCompleted}, then)
+			})
+			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("writing: err = %v, want %q", err, tc.wantErr)
 			}
 		})
 	}

@@ -80,21 +80,30 @@ func (c *Client) RecordToolOutputThen(ctx context.Context, out ToolOutput, then 
 // ends.
 func (c *Client) FinaliseAction(ctx context.Context, actionID string, upd ActionUpdate) (Action, error) {
 	var a Action
-	err := await(func(then func(error)) {
-		c.FinaliseActionThen(ctx, actionID, upd, func(got Action, err error) { a = got; then(err) })
-	})
+	err := await(func(then func(error)) { c.finaliseThen(ctx, actionID, upd, &a, then) })
 	return a, err
 }
 
-// FinaliseActionThen is FinaliseAction for a caller that does not wait:
-// then receives the outcome once, and must not block.
-func (c *Client) FinaliseActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(Action, error)) {
-	var a Action
+// FinaliseActionThen is FinaliseAction for a caller that does not wait
+// and has no use for the Action Core answers with, which is not decoded
+// (a tenth of a call's allocations on the sidecar's side): then receives
+// the outcome once, and must not block.
+func (c *Client) FinaliseActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(error)) {
+	c.finaliseThen(ctx, actionID, upd, nil, then)
+}
+
+// finaliseThen writes the Action's status and decodes Core's answer into
+// out, unless it is nil.
+func (c *Client) finaliseThen(ctx context.Context, actionID string, upd ActionUpdate, out *Action, then func(error)) {
 	path := "/v1/actions/" + url.PathEscape(actionID)
 	write := func(ctx context.Context, then func(error)) {
-		c.callThen(ctx, http.MethodPut, path, "actions_update", upd, &a, then)
+		var o any // a nil *Action in an interface would not read as nil
+		if out != nil {
+			o = out
+		}
+		c.callThen(ctx, http.MethodPut, path, "actions_update", upd, o, then)
 	}
-	c.persistThen(ctx, "actions_update", nil, write, func(err error) { then(a, err) })
+	c.persistThen(ctx, "actions_update", nil, write, then)
 }
 
 // outputLookback is how many of a thread's newest messages are searched

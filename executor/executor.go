@@ -42,7 +42,7 @@ type Core interface {
 	Stream(ctx context.Context, req core.CompletionRequest) (*core.Stream, error)
 	RecordToolOutputThen(ctx context.Context, out core.ToolOutput, then func(core.Message, error))
 	FinaliseAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
-	FinaliseActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(core.Action, error))
+	FinaliseActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(error))
 	// UpdateActionThen sets an Action's status without waiting: then receives
 	// its error, and must not block. drop withdraws the write while it is
 	// queued (true: it never left, and then is never called).

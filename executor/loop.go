@@ -1227,7 +1227,7 @@ func (s *submission) finalise() {
 		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error
 	}
 	o.mark.whenEnded(s.ctx, func() {
-		s.br.e.core.FinaliseActionThen(s.ctx, o.m.ActionID, core.ActionUpdate{Status: o.status, Result: result}, func(_ core.Action, err error) {
+		s.br.e.core.FinaliseActionThen(s.ctx, o.m.ActionID, core.ActionUpdate{Status: o.status, Result: result}, func(err error) {
 			if err != nil {
 				s.end(s.br.keepAfter(o, "action not finalised", err))
 				return
