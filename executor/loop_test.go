@@ -444,8 +444,8 @@ func TestHedgeAtPercentileLearnsFromReplies(t *testing.T) {
 }
 
 // TestFailedCallLogsItsIDs: each failed call logs one "call failed" record
-// carrying the run's and the call's identifiers, whose logger is made only
-// then; a call that succeeds logs nothing.
+// carrying the run's and the call's identifiers, which the executor adds
+// only where a call logs; a call that succeeds logs nothing.
 func TestFailedCallLogsItsIDs(t *testing.T) {
 	var logs syncbuf.Buffer
 	h := newHarnessWith(t, twoTurns(calls(`echo`, `fail`, `teleport`)...),
