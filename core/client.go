@@ -126,7 +126,7 @@ func WithObserver(o Observer) Option {
 type Client struct {
 	cfg      Config
 	base     string       // Core's URL, without userinfo or a trailing slash
-	basic    string       // the Authorization header of the URL's userinfo, if any
+	basic    []string     // the Authorization header of the URL's userinfo, if any
 	hc       *http.Client // short calls: connections pooled and bounded
 	streamHC *http.Client // completions streams: one connection each
 	observe  Observer
@@ -161,10 +161,10 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	var basic string
+	var basic []string
 	if u.User != nil { // as http.Client would send it
 		password, _ := u.User.Password()
-		basic = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
+		basic = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))}
 		u.User = nil
 	}
 	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
@@ -654,18 +654,24 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 	if err != nil {
 		return nil, fmt.Errorf("core: building %s %s: %w", method, path, err)
 	}
+	// The keys are canonical already, and the constant values are shared
+	// by every request: no request changes a header's values in place,
+	// and an append to one of these (length and capacity 1) copies it.
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header["Content-Type"] = jsonType
 	}
-	req.Header.Set("Accept", "application/json")
-	if c.basic != "" {
-		req.Header.Set("Authorization", c.basic)
+	req.Header["Accept"] = jsonType
+	if c.basic != nil {
+		req.Header["Authorization"] = c.basic
 	}
 	if key := c.keyFor(ctx); key != "" {
-		req.Header.Set("X-API-Key", key)
+		req.Header["X-Api-Key"] = []string{key}
 	}
 	return req, nil
 }
+
+// jsonType is the value of the Content-Type and Accept headers.
+var jsonType = []string{"application/json"}
 
 // callerKey is the context key of a caller's Core API key.
 type callerKey struct{}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -99,14 +100,15 @@ func TestPostRetriedWhenNeverDelivered(t *testing.T) {
 // TestWireBodies checks what goes on the wire for the calls the loop makes.
 func TestWireBodies(t *testing.T) {
 	type seen struct {
-		method, path, key string
-		body              map[string]any
+		method, path, key   string
+		contentType, accept []string
+		body                map[string]any
 	}
 	var got []seen
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
-		got = append(got, seen{r.Method, r.URL.RequestURI(), r.Header.Get("X-API-Key"), body})
+		got = append(got, seen{r.Method, r.URL.RequestURI(), r.Header.Get("X-API-Key"), r.Header.Values("Content-Type"), r.Header.Values("Accept"), body})
 		w.Header().Set("Content-Type", "application/json")
 		switch {
 		case strings.Contains(r.URL.Path, "pending"), strings.Contains(r.URL.Path, "status"):
@@ -132,6 +134,12 @@ func TestWireBodies(t *testing.T) {
 	for _, s := range got {
 		if s.key != "sekret" {
 			t.Errorf("%s %s without X-API-Key", s.method, s.path)
+		}
+		if wantType := s.body != nil; wantType != slices.Equal(s.contentType, []string{"application/json"}) {
+			t.Errorf("%s %s has Content-Type %q", s.method, s.path, s.contentType)
+		}
+		if !slices.Equal(s.accept, []string{"application/json"}) {
+			t.Errorf("%s %s has Accept %q", s.method, s.path, s.accept)
 		}
 	}
 	out := got[0].body
