@@ -406,14 +406,12 @@ func cpuTime(pid int) time.Duration {
 type counted struct{ coreRequests, gcs, coreConns, leaseRenewals, leaseRenewalSeconds, leasesExpired float64 }
 
 func (s *stack) counters() counted {
-	var c counted
-	c.coreRequests, _ = s.metric("toolsidecar_core_request_duration_seconds_count")
-	c.gcs, _ = s.metric("go_gc_duration_seconds_count")
-	c.coreConns, _ = s.metric("toolsidecar_core_connections_opened_total")
-	c.leaseRenewals, _ = s.metric("toolsidecar_lease_renewal_seconds_count")
-	c.leaseRenewalSeconds, _ = s.metric("toolsidecar_lease_renewal_seconds_sum")
-	c.leasesExpired, _ = s.metric("toolsidecar_leases_expired_total")
-	return c
+	m, _ := s.metrics("toolsidecar_core_request_duration_seconds_count", "go_gc_duration_seconds_count",
+		"toolsidecar_core_connections_opened_total", "toolsidecar_lease_renewal_seconds_count",
+		"toolsidecar_lease_renewal_seconds_sum", "toolsidecar_leases_expired_total")
+	return counted{coreRequests: m["toolsidecar_core_request_duration_seconds_count"], gcs: m["go_gc_duration_seconds_count"],
+		coreConns: m["toolsidecar_core_connections_opened_total"], leaseRenewals: m["toolsidecar_lease_renewal_seconds_count"],
+		leaseRenewalSeconds: m["toolsidecar_lease_renewal_seconds_sum"], leasesExpired: m["toolsidecar_leases_expired_total"]}
 }
 
 // level sets up n runs, drives them all at once and measures.
@@ -561,17 +559,11 @@ func (s *stack) sample() func() peaks {
 		for i := 0; ; i++ {
 			keepMax(&peakRSS, rssKiB(s.sidecar.Process.Pid))
 			if i%10 == 0 {
-				if g, err := s.metric("go_goroutines"); err == nil {
-					keepMax(&peakG, int64(g))
-				}
-				if b, err := s.metric("go_memstats_stack_inuse_bytes"); err == nil {
-					keepMax(&peakStack, int64(b))
-				}
-				if b, err := s.metric("go_memstats_heap_inuse_bytes"); err == nil {
-					keepMax(&peakHeap, int64(b))
-				}
-				if q, err := s.metric("toolsidecar_core_requests_queued"); err == nil {
-					keepMax(&peakQueue, int64(q))
+				if m, err := s.metrics("go_goroutines", "go_memstats_stack_inuse_bytes", "go_memstats_heap_inuse_bytes", "toolsidecar_core_requests_queued"); err == nil {
+					keepMax(&peakG, int64(m["go_goroutines"]))
+					keepMax(&peakStack, int64(m["go_memstats_stack_inuse_bytes"]))
+					keepMax(&peakHeap, int64(m["go_memstats_heap_inuse_bytes"]))
+					keepMax(&peakQueue, int64(m["toolsidecar_core_requests_queued"]))
 				}
 			}
 			select {
@@ -631,24 +623,29 @@ func (s *stack) saveProfiles(files map[string]string) error {
 	return nil
 }
 
-// metric sums the samples of a metric on the sidecar's /metrics.
-func (s *stack) metric(name string) (float64, error) {
+// metrics sums the samples of each named metric on the sidecar's
+// /metrics, from one scrape: each scrape is work for the sidecar under
+// measurement (a gather of every metric, compressed), so it reads them
+// all at once.
+func (s *stack) metrics(names ...string) (map[string]float64, error) {
 	resp, err := http.Get(s.ops + "/metrics")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var sum float64
+	sums := make(map[string]float64, len(names))
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
-			fields := strings.Fields(line)
-			v, _ := strconv.ParseFloat(fields[len(fields)-1], 64)
-			sum += v
+		for _, name := range names {
+			if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
+				fields := strings.Fields(line)
+				v, _ := strconv.ParseFloat(fields[len(fields)-1], 64)
+				sums[name] += v
+			}
 		}
 	}
-	return sum, nil
+	return sums, nil
 }
