@@ -54,6 +54,21 @@ func waitFor(received *atomic.Int32, n int32) {
 	}
 }
 
+// endsAtOnce checks that a queued exchange, whose only worker Core holds,
+// ends with want without waiting for that worker: within 10 s, far less
+// than the test's hold on Core.
+func endsAtOnce(t *testing.T, ended <-chan error, want error, what string) {
+	t.Helper()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, want) {
+			t.Errorf("%s ended with %v, want %v", what, err, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s waited for a worker instead of ending with %v", what, want)
+	}
+}
+
 // inHTTPClient counts the goroutines running net/http's client.
 func inHTTPClient() int {
 	var b strings.Builder
@@ -155,14 +170,7 @@ func TestQueuedCallGivesUp(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { _, err := c.GetRun(ctx, "run_1"); errc <- err }()
 	cancel()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("queued call ended with %v, want context.Canceled", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a cancelled call waited for a worker")
-	}
+	endsAtOnce(t, errc, context.Canceled, "the cancelled queued call")
 	if n := received.Load(); n != DefaultMaxConns {
 		t.Errorf("%d requests reached Core, want %d: the cancelled one must not be sent", n, DefaultMaxConns)
 	}
@@ -207,14 +215,7 @@ func TestQueuedRetryEndsAtItsDeadline(t *testing.T) {
 		endpoint: "runs_get", then: func(err error) { ended <- err }}
 	c.retries(&k.r, http.MethodGet)
 	k.attempt() // as after a first sending: k.ctx is the exchange's
-	select {
-	case err := <-ended:
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("the queued retry ended with %v, want its deadline", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the queued retry waited for a worker past its deadline")
-	}
+	endsAtOnce(t, ended, context.DeadlineExceeded, "the queued retry")
 	if n := received.Load(); n != 1 {
 		t.Errorf("%d requests reached Core, want 1: the retry must not be sent", n)
 	}

@@ -93,15 +93,11 @@ func (c *Client) FinaliseActionThen(ctx context.Context, actionID string, upd Ac
 }
 
 // finaliseThen writes the Action's status and decodes Core's answer into
-// out, unless it is nil.
-func (c *Client) finaliseThen(ctx context.Context, actionID string, upd ActionUpdate, out *Action, then func(error)) {
+// out (an *Action), unless it is nil.
+func (c *Client) finaliseThen(ctx context.Context, actionID string, upd ActionUpdate, out any, then func(error)) {
 	path := "/v1/actions/" + url.PathEscape(actionID)
 	write := func(ctx context.Context, then func(error)) {
-		var o any // a nil *Action in an interface would not read as nil
-		if out != nil {
-			o = out
-		}
-		c.callThen(ctx, http.MethodPut, path, "actions_update", upd, o, then)
+		c.callThen(ctx, http.MethodPut, path, "actions_update", upd, out, then)
 	}
 	c.persistThen(ctx, "actions_update", nil, write, then)
 }

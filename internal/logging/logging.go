@@ -34,10 +34,11 @@ func New(w io.Writer, format string, level slog.Level) (*slog.Logger, error) {
 
 // traced adds the trace and span ids of the record's context. It also
 // keeps the attributes of With to itself until a record is logged: the
-// JSON and text handlers format them at once, and the sidecar makes a
-// logger for every call, which logs only when the call fails: at 10,000
-// runs their formatted attributes held 7-23 MiB of the heap in profiles
-// (BENCHMARKS.md).
+// JSON and text handlers format them at once, and the sidecar makes
+// loggers for every drive and batch, most of which never log. When calls
+// had one each too, their formatted attributes held 7-23 MiB of the heap
+// at 10,000 runs in profiles (BENCHMARKS.md); calls now add theirs only
+// where they log (executor's callLog).
 type traced struct {
 	h     slog.Handler
 	attrs *attrs // nil: none held back
