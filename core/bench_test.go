@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 )
 
@@ -53,6 +54,52 @@ func BenchmarkExchangesOverTLS(b *testing.B) {
 			})
 			b.StopTimer()
 			b.ReportMetric(float64(conns.Load()-start)/float64(b.N), "conns/op")
+			c.hc.CloseIdleConnections()
+		})
+	}
+}
+
+// BenchmarkShortCalls: a status write from 64 goroutines to a Core over
+// plain HTTP, through the client's kept connections (the pool: each
+// request on its worker's goroutine) and through net/http's Transport,
+// which the client used before and still uses through a proxy. Both run
+// in one process against one server (whose work is in both figures), to
+// be compared as a ratio.
+//
+//	go test ./core -run '^$' -bench ShortCalls -benchtime 50000x -count 4
+func BenchmarkShortCalls(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"id": "act_1", "status": "completed"}`))
+	}))
+	defer srv.Close()
+	for _, bc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"pool", nil},
+		{"net-http-transport", []Option{WithHTTPClient(&http.Client{Transport: newTransport(DefaultMaxConns, &atomic.Int64{})})}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c, err := New(Config{URL: srv.URL}, bc.opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			upd := ActionUpdate{Status: "completed"}
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					done := make(chan error, 1)
+					c.FinaliseActionThen(context.Background(), "act_1", upd, func(err error) { done <- err })
+					if err := <-done; err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
 			c.hc.CloseIdleConnections()
 		})
 	}

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"golang.org/x/net/http/httpproxy"
 )
 
 // Config is the client's configuration. Zero values mean the defaults.
@@ -88,11 +89,14 @@ func WithHTTPClient(hc *http.Client) Option {
 func WithTLS(tc *tls.Config) Option {
 	return func(c *Client) error {
 		for _, hc := range []*http.Client{c.hc, c.streamHC} {
-			t, ok := hc.Transport.(*http.Transport)
-			if !ok {
-				return fmt.Errorf("core: WithTLS needs an *http.Transport, the client has a %T", hc.Transport)
+			switch t := hc.Transport.(type) {
+			case *http.Transport:
+				t.TLSClientConfig = tc.Clone()
+			case *pool:
+				t.setTLS(tc)
+			default:
+				return fmt.Errorf("core: WithTLS needs the client's own transports, the client has a %T", hc.Transport)
 			}
-			t.TLSClientConfig = tc.Clone()
 		}
 		return nil
 	}
@@ -169,7 +173,16 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
 		exchanges: exchanges{max: cfg.MaxConns}}
-	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, &c.dialed)}
+	c.hc = &http.Client{Transport: newPool(u, max(cfg.MaxConns, 64), &c.dialed)}
+	proxy, err := httpproxy.FromEnvironment().ProxyFunc()(u)
+	if err != nil {
+		return nil, fmt.Errorf("core: the proxy for %s: %w", u.Redacted(), err)
+	}
+	if proxy != nil { // HTTP_PROXY or HTTPS_PROXY: net/http speaks to proxies
+		t := newTransport(cfg.MaxConns, &c.dialed)
+		t.Proxy = http.ProxyURL(proxy)
+		c.hc.Transport = t
+	}
 	c.streamHC = &http.Client{Transport: newTransport(0, &c.streamsDialed)}
 	for _, o := range opts {
 		if err := o(c); err != nil {

@@ -75,7 +75,7 @@ func inHTTPClient() int {
 	pprof.Lookup("goroutine").WriteTo(&b, 2)
 	n := 0
 	for g := range strings.SplitSeq(b.String(), "\n\n") {
-		if strings.Contains(g, "net/http.(*Transport).roundTrip") {
+		if strings.Contains(g, "net/http.(*Transport).roundTrip") || strings.Contains(g, "core.(*pool).RoundTrip") {
 			n++
 		}
 	}

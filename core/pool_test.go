@@ -1,0 +1,276 @@
+package core
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projectdavid/toolsidecar/internal/promtest"
+)
+
+// connLog makes an unstarted srv count the connections it accepts, and
+// tell of each it has closed.
+type connLog struct {
+	opened atomic.Int32
+	closed chan struct{}
+}
+
+func logConns(srv *httptest.Server) *connLog {
+	l := &connLog{closed: make(chan struct{}, 64)}
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			l.opened.Add(1)
+		case http.StateClosed:
+			l.closed <- struct{}{}
+		}
+	}
+	return l
+}
+
+// waitClosed waits for Core to have closed a connection.
+func (l *connLog) waitClosed(t *testing.T) {
+	t.Helper()
+	select {
+	case <-l.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Core did not close the connection")
+	}
+}
+
+// runCore answers every request with a run.
+func runCore(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"id": "run_1", "status": "in_progress"}`)
+}
+
+// TestKeptConnectionClosedByCore: Core closes a kept connection while it
+// is idle (uvicorn does after 5 s). The next request, a POST that is not
+// sent twice, goes out on a new connection and is answered, over plain
+// HTTP and over TLS, where Core's close comes with an alert.
+func TestKeptConnectionClosedByCore(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost {
+					w.Header().Set("Content-Type", "application/json")
+					io.WriteString(w, `{"id": "msg_1", "role": "tool"}`)
+					return
+				}
+				runCore(w, r)
+			}))
+			conns := logConns(srv)
+			var opts []Option
+			if tlsOn {
+				srv.StartTLS()
+				opts = append(opts, WithTLS(srv.Client().Transport.(*http.Transport).TLSClientConfig))
+			} else {
+				srv.Start()
+			}
+			defer srv.Close()
+			reg := prometheus.NewRegistry()
+			c, err := New(Config{URL: srv.URL}, append(opts, WithMetrics(reg))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+				t.Fatal(err)
+			}
+			srv.CloseClientConnections()
+			conns.waitClosed(t)
+			if _, err := c.SubmitToolOutput(context.Background(), ToolOutput{ThreadID: "t", ToolID: "call_1", Content: "ok"}); err != nil {
+				t.Fatalf("a POST after Core closed the idle connection: %v", err)
+			}
+			if n := conns.opened.Load(); n != 2 {
+				t.Errorf("Core accepted %d connections, want 2: the closed one is not used", n)
+			}
+			if n := promtest.Value(t, reg, "toolsidecar_core_connections_opened_total", "use=calls"); n != 2 {
+				t.Errorf("toolsidecar_core_connections_opened_total{use=calls} %v, want 2", n)
+			}
+		})
+	}
+}
+
+// TestClosedAfterTheRequest: Core closes a kept connection as the
+// request arrives on it, without an answer (the close raced the send).
+// A PUT, safe to repeat, is sent again on a new connection; a POST is not,
+// and its error says why.
+func TestClosedAfterTheRequest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted, requests atomic.Int32
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for served := 0; ; served++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					requests.Add(1)
+					if served == 1 { // the second request on a connection
+						return
+					}
+					io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 38\r\n\r\n"+`{"id": "act_1", "status": "completed"}`)
+				}
+			}()
+		}
+	}()
+	c, err := New(Config{URL: "http://" + ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	upd := ActionUpdate{Status: "completed"}
+	for i := range 2 { // the second is answered on a new connection
+		if _, err := c.UpdateAction(ctx, "act_1", upd); err != nil {
+			t.Fatalf("PUT %d: %v", i, err)
+		}
+	}
+	if n, r := accepted.Load(), requests.Load(); n != 2 || r != 3 {
+		t.Errorf("%d connections and %d requests for two PUTs, want 2 and 3 (the PUT on the closed one sent again)", n, r)
+	}
+	_, err = c.SubmitToolOutput(ctx, ToolOutput{ThreadID: "t", ToolID: "call_1", Content: "ok"})
+	if !errors.Is(err, errClosedKept) {
+		t.Fatalf("POST on a connection closed under it: %v, want %v", err, errClosedKept)
+	}
+	if r := requests.Load(); r != 4 {
+		t.Errorf("Core received %d requests, want 4: the POST is sent once", r)
+	}
+}
+
+// TestConnectionKeptOrClosed: a connection is kept across answers with a
+// length or chunked, and closed when the answer asks for it, when its
+// body is not read to the end (an error's excerpt from a long body: not
+// drained, however long), or when the request's context ends while Core
+// answers.
+func TestConnectionKeptOrClosed(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/runs/chunked":
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id": "chunked",`)
+			w.(http.Flusher).Flush()
+			io.WriteString(w, ` "status": "in_progress"}`)
+		case "/v1/runs/closing":
+			w.Header().Set("Connection", "close")
+			runCore(w, r)
+		case "/v1/runs/long-error":
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(strings.Repeat("x", 4<<20)))
+		case "/v1/runs/held":
+			<-release
+			runCore(w, r)
+		default:
+			runCore(w, r)
+		}
+	}))
+	conns := logConns(srv)
+	srv.Start()
+	defer srv.Close()
+	defer close(release)
+	c, _ := New(Config{URL: srv.URL, Retries: -1})
+	ctx := context.Background()
+	steps := []struct {
+		run     string
+		wantErr bool
+		conns   int32 // accepted by Core after the step
+	}{
+		{"run_1", false, 1},
+		{"chunked", false, 1},
+		{"chunked", false, 1},
+		{"run_1", false, 1},
+		{"closing", false, 1},
+		{"run_1", false, 2},
+		{"long-error", true, 2},
+		{"run_1", false, 3},
+		{"held", true, 3},
+		{"run_1", false, 4},
+		{"run_1", false, 4},
+	}
+	for i, s := range steps {
+		callCtx, cancel := ctx, context.CancelFunc(func() {})
+		if s.run == "held" {
+			callCtx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+		}
+		run, err := c.GetRun(callCtx, s.run)
+		cancel()
+		if (err != nil) != s.wantErr {
+			t.Fatalf("step %d (%s): %+v, %v", i, s.run, run, err)
+		}
+		if err == nil && run.Status != "in_progress" {
+			t.Errorf("step %d (%s): run %+v", i, s.run, run)
+		}
+		if n := conns.opened.Load(); n != s.conns {
+			t.Fatalf("after step %d (%s) Core accepted %d connections, want %d", i, s.run, n, s.conns)
+		}
+	}
+}
+
+// TestIdleConnectionsClosed: a connection idle for longer than the
+// pool's idle timeout is closed by the sidecar, with no request to
+// notice it.
+func TestIdleConnectionsClosed(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(runCore))
+	conns := logConns(srv)
+	srv.Start()
+	defer srv.Close()
+	c, _ := New(Config{URL: srv.URL})
+	p := c.hc.Transport.(*pool)
+	p.idleTimeout = 20 * time.Millisecond
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	conns.waitClosed(t)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.idle) != 0 || p.pruner != nil {
+		t.Errorf("%d connections idle and a pruner armed (%v) after the idle timeout", len(p.idle), p.pruner != nil)
+	}
+}
+
+// TestShortCallsThroughAProxy: with HTTP_PROXY set for Core's host, the
+// short calls go through the proxy.
+func TestShortCallsThroughAProxy(t *testing.T) {
+	var proxied atomic.Value
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		proxied.Store(r.URL.String())
+		runCore(w, r)
+	}))
+	defer proxy.Close()
+	t.Setenv("HTTP_PROXY", proxy.URL)
+	t.Setenv("NO_PROXY", "")
+	c, err := New(Config{URL: "http://core.invalid:9000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := proxied.Load(), "http://core.invalid:9000/v1/runs/run_1"; got != want {
+		t.Errorf("the proxy saw %v, want %s", got, want)
+	}
+}
