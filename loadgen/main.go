@@ -63,6 +63,7 @@ type options struct {
 	jsonOut string
 	heap    string
 	heapAt  time.Duration
+	cpuFor  time.Duration
 	cpuProf string
 	// sidecarCgroup: the sidecar joins it before it starts
 	sidecarCgroup string
@@ -81,7 +82,8 @@ func run() error {
 	flag.StringVar(&o.plot, "plot", "", "write the plot to this SVG file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results to this JSON file")
 	flag.StringVar(&o.heap, "heap", "", "write the sidecar's heap profile, taken -heap-at into the last level, to this file, and its goroutines to FILE.goroutines (server.pprof)")
-	flag.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the sidecar, 5 s from the start of the last level (after -heap's), to this file (server.pprof)")
+	flag.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of the sidecar, -cpuprofile-for from the start of the last level (after -heap's), to this file (server.pprof)")
+	flag.DurationVar(&o.cpuFor, "cpuprofile-for", 5*time.Second, "with -cpuprofile: how long the profile runs (whole seconds)")
 	flag.DurationVar(&o.heapAt, "heap-at", 2*time.Second, "with -heap: when, into the last level, the profiles are taken")
 	flag.StringVar(&o.sidecarCgroup, "sidecar-cgroup", "", "run the sidecar in this existing cgroup directory (for instance a memory cgroup with a limit, as a container's; needs the right to write its cgroup.procs)")
 	flag.StringVar(&o.sidecarEnv, "sidecar-env", "", "extra environment of the sidecar process, comma-separated KEY=VALUE (e.g. GOMEMLIMIT=96MiB)")
@@ -474,7 +476,7 @@ func (s *stack) level(n int, o options) (result, error) {
 		}
 	}
 	if o.cpuProf != "" && n == o.levels[len(o.levels)-1] {
-		if err := s.saveProfiles(map[string]string{"profile?seconds=5": o.cpuProf}); err != nil {
+		if err := s.saveProfiles(map[string]string{fmt.Sprintf("profile?seconds=%d", max(1, int(o.cpuFor.Seconds()))): o.cpuProf}); err != nil {
 			fmt.Fprintln(os.Stderr, "loadgen: CPU profile:", err)
 		}
 	}
