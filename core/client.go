@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,7 +79,7 @@ func WithHTTPClient(hc *http.Client) Option {
 		if hc == nil {
 			return errors.New("core: nil http client")
 		}
-		c.hc, c.streamHC = hc, hc
+		c.hc, c.streamHC, c.otherHC = hc, hc, hc
 		return nil
 	}
 }
@@ -88,7 +89,7 @@ func WithHTTPClient(hc *http.Client) Option {
 // bounds, which WithHTTPClient replaces.
 func WithTLS(tc *tls.Config) Option {
 	return func(c *Client) error {
-		for _, hc := range []*http.Client{c.hc, c.streamHC} {
+		for _, hc := range c.clients() {
 			switch t := hc.Transport.(type) {
 			case *http.Transport:
 				t.TLSClientConfig = tc.Clone()
@@ -106,11 +107,7 @@ func WithTLS(tc *tls.Config) Option {
 // WithHTTPClient, if both are given): tracing, say.
 func WithRoundTripper(wrap func(http.RoundTripper) http.RoundTripper) Option {
 	return func(c *Client) error {
-		clients := []*http.Client{c.hc, c.streamHC}
-		if c.hc == c.streamHC { // WithHTTPClient: one client for both
-			clients = clients[:1]
-		}
-		for _, hc := range clients {
+		for _, hc := range c.clients() {
 			rt := hc.Transport
 			if rt == nil {
 				rt = http.DefaultTransport
@@ -133,6 +130,7 @@ type Client struct {
 	basic    []string     // the Authorization header of the URL's userinfo, if any
 	hc       *http.Client // short calls: connections pooled and bounded
 	streamHC *http.Client // completions streams: one connection each
+	otherHC  *http.Client // requests on others' behalf: see Transport
 	observe  Observer
 	gap      func(time.Duration)
 	// exchanges runs the short calls on at most cfg.MaxConns workers.
@@ -174,6 +172,8 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
 		exchanges: exchanges{max: cfg.MaxConns}}
 	c.hc = &http.Client{Transport: newPool(u, max(cfg.MaxConns, 64), &c.dialed)}
+	c.streamHC = &http.Client{Transport: newPool(u, 64, &c.streamsDialed)}
+	c.otherHC = &http.Client{Transport: newTransport(0, &c.streamsDialed)}
 	proxy, err := httpproxy.FromEnvironment().ProxyFunc()(u)
 	if err != nil {
 		return nil, fmt.Errorf("core: the proxy for %s: %w", u.Redacted(), err)
@@ -182,8 +182,9 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		t := newTransport(cfg.MaxConns, &c.dialed)
 		t.Proxy = http.ProxyURL(proxy)
 		c.hc.Transport = t
+		c.otherHC.Transport.(*http.Transport).Proxy = http.ProxyURL(proxy)
+		c.streamHC = c.otherHC
 	}
-	c.streamHC = &http.Client{Transport: newTransport(0, &c.streamsDialed)}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -193,10 +194,21 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 }
 
 // Transport is the round tripper for requests made to Core on another's
-// behalf (a proxy, a probe): the streams' transport, with the client's
-// TLS and tracing, its connections kept, and no bound shared with the
-// client's own short calls, so that they never wait behind its queue.
-func (c *Client) Transport() http.RoundTripper { return c.streamHC.Transport }
+// behalf (a proxy, a probe): net/http's, for any request, with the
+// client's TLS and tracing, its connections kept, and no bound shared with
+// the client's own short calls, so that they never wait behind its queue.
+func (c *Client) Transport() http.RoundTripper { return c.otherHC.Transport }
+
+// clients are the client's HTTP clients, each once.
+func (c *Client) clients() []*http.Client {
+	var out []*http.Client
+	for _, hc := range []*http.Client{c.hc, c.streamHC, c.otherHC} {
+		if !slices.Contains(out, hc) {
+			out = append(out, hc)
+		}
+	}
+	return out
+}
 
 // DefaultMaxConns bounds the connections of short calls by default. A
 // batch of thousands of calls then queues for a connection instead of
