@@ -475,6 +475,7 @@ type calling struct {
 	out                    any
 	then                   func(error)
 	r                      retryPolicy
+	earlier                error // the last attempt's failure, once it is retried
 	current                atomic.Pointer[exchange]
 }
 
@@ -497,11 +498,24 @@ func (k *calling) sent() context.Context {
 // answered takes an attempt's error: the exchange ends, or is tried again
 // after a backoff.
 func (k *calling) answered(err error) {
+	err = withEarlier(err, k.earlier)
 	if !k.r.again(err) {
 		k.finish(err)
 		return
 	}
+	k.earlier = err
 	after(k.sent(), k.r.b.NextBackOff(), k.attempt, func() { k.finish(err) })
+}
+
+// withEarlier adds to err, when its attempt was ended by its context, the
+// failure of the attempt before it: when a budget runs out while a retry
+// still waits for a connection, the reason it was a retry (Core's 503,
+// say) is what its caller needs to hear. Both stay in the chain.
+func withEarlier(err, earlier error) error {
+	if earlier == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return err
+	}
+	return fmt.Errorf("%w (the attempt before: %w)", err, earlier)
 }
 
 func (k *calling) finish(err error) {

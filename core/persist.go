@@ -210,6 +210,7 @@ func (p *persisting) writeOnce() {
 			p.then(nil)
 			return
 		}
+		err = withEarlier(err, p.lastErr)
 		p.lastErr = err
 		spent := func() { p.then(fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, p.endpoint, p.writes, err)) }
 		if p.ctx.Err() != nil {

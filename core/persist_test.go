@@ -232,3 +232,39 @@ func TestRecordedOutputNotDecodedAgain(t *testing.T) {
 		t.Fatalf("message %+v err %v, want %+v", m, err, want)
 	}
 }
+
+// TestBudgetEndsWhileARetryWaits: a write refused with 503 waits to be
+// tried again, and its retry is still queued behind a request that Core
+// holds when the budget ends. The error reports the 503 that made it a
+// retry, not the retry that was never sent.
+func TestBudgetEndsWhileARetryWaits(t *testing.T) {
+	refused, held, release := make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			refused <- struct{}{}
+			return
+		}
+		close(held)
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id": "run_1", "status": "queued"}`)
+	}))
+	defer srv.Close()
+	defer close(release)
+	c, _ := core.New(core.Config{URL: srv.URL, MaxConns: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	errc := make(chan error, 1)
+	c.FinaliseActionThen(ctx, "act_1", core.ActionUpdate{Status: core.ActionCompleted}, func(err error) { errc <- err })
+	<-refused // the first attempt; its retry waits 100 to 300 ms
+	go c.GetRun(context.Background(), "run_1")
+	<-held // the only connection is Core's until the test ends
+	err := <-errc
+	if !errors.Is(err, core.ErrBudget) || core.StatusCode(err) != http.StatusServiceUnavailable {
+		t.Fatalf("err %v, want ErrBudget wrapping the 503", err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "not sent") {
+		t.Errorf("err %v, want it to say the retry was not sent before the budget ended", err)
+	}
+}

@@ -274,3 +274,53 @@ func TestShortCallsThroughAProxy(t *testing.T) {
 		t.Errorf("the proxy saw %v, want %s", got, want)
 	}
 }
+
+// TestCoreRestarted: Core stops, closing its connections, and starts
+// again on the same address. The client's next requests, a POST that is
+// not sent twice among them, reach the new Core on new connections.
+func TestCoreRestarted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	first := httptest.NewUnstartedServer(http.HandlerFunc(runCore))
+	first.Listener.Close()
+	first.Listener = ln
+	first.Start()
+	c, _ := New(Config{URL: first.URL})
+	ctx := context.Background()
+	for range 3 {
+		if _, err := c.GetRun(ctx, "run_1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.Close()
+
+	var posts atomic.Int32
+	second := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id": "msg_1", "role": "tool"}`)
+			return
+		}
+		runCore(w, r)
+	}))
+	conns := logConns(second)
+	second.Listener.Close()
+	if second.Listener, err = net.Listen("tcp", addr); err != nil {
+		t.Fatalf("listening again on %s: %v", addr, err)
+	}
+	second.Start()
+	defer second.Close()
+	if _, err := c.SubmitToolOutput(ctx, ToolOutput{ThreadID: "t", ToolID: "call_1", Content: "ok"}); err != nil {
+		t.Fatalf("a POST after Core restarted: %v", err)
+	}
+	if _, err := c.GetRun(ctx, "run_1"); err != nil {
+		t.Fatalf("a GET after Core restarted: %v", err)
+	}
+	if n, p := conns.opened.Load(), posts.Load(); n != 1 || p != 1 {
+		t.Errorf("the restarted Core accepted %d connections and %d POSTs, want 1 and 1", n, p)
+	}
+}
