@@ -43,9 +43,8 @@ type pool struct {
 // keptConn is one connection of a pool.
 type keptConn struct {
 	conn   net.Conn
-	raw    net.Conn // under TLS, the TCP connection
-	br     *bufio.Reader
-	bw     *bufio.Writer
+	raw    net.Conn      // under TLS, the TCP connection
+	br     *bufio.Reader // while a request is on it; see buffers
 	reused bool
 	since  time.Time // when it went idle
 }
@@ -123,10 +122,16 @@ func (p *pool) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // exchange writes req and reads the head of its answer.
 func (kc *keptConn) exchange(req *http.Request) (*http.Response, error) {
-	err := req.Write(kc.bw)
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(kc.conn)
+	err := req.Write(bw)
 	if err == nil {
-		err = kc.bw.Flush()
+		err = bw.Flush()
 	}
+	bw.Reset(nil)
+	writers.Put(bw)
+	kc.br = readers.Get().(*bufio.Reader)
+	kc.br.Reset(kc.conn)
 	if err == nil && kc.reused {
 		_, err = kc.br.Peek(1) // the answer's first byte, or the close
 	}
@@ -192,13 +197,30 @@ func (p *pool) get(ctx context.Context) (*keptConn, error) {
 		}
 		kc.conn = tlsConn
 	}
-	kc.br = bufio.NewReader(kc.conn)
-	kc.bw = bufio.NewWriter(kc.conn)
 	return kc, nil
 }
 
-// put keeps kc idle, or closes it when maxIdle are.
+// Buffers are lent to a connection while a request is on it: a writer
+// while the request is written, a reader until its answer's body is read.
+// An idle connection holds neither, and an open completions stream, which
+// may last minutes, only a reader. At 10,000 runs thousands of streams are
+// open at once (BENCHMARKS.md).
+var (
+	readers = sync.Pool{New: func() any { return bufio.NewReader(nil) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriter(nil) }}
+)
+
+// put keeps kc idle, or closes it when maxIdle are. A connection with
+// bytes left unread after its answer is closed: what follows is not an
+// answer to anything.
 func (p *pool) put(kc *keptConn) {
+	if kc.br.Buffered() > 0 {
+		kc.conn.Close()
+		return
+	}
+	kc.br.Reset(nil)
+	readers.Put(kc.br)
+	kc.br = nil
 	kc.since = time.Now()
 	p.mu.Lock()
 	if len(p.idle) >= p.maxIdle {

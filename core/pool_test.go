@@ -164,8 +164,8 @@ func TestClosedAfterTheRequest(t *testing.T) {
 // TestConnectionKeptOrClosed: a connection is kept across answers with a
 // length or chunked, and closed when the answer asks for it, when its
 // body is not read to the end (an error's excerpt from a long body: not
-// drained, however long), or when the request's context ends while Core
-// answers.
+// drained, however long), when the request's context ends while Core
+// answers, or when bytes that answer nothing follow the answer.
 func TestConnectionKeptOrClosed(t *testing.T) {
 	release := make(chan struct{})
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -184,6 +184,14 @@ func TestConnectionKeptOrClosed(t *testing.T) {
 		case "/v1/runs/held":
 			<-release
 			runCore(w, r)
+		case "/v1/runs/trailing":
+			// An answer followed by bytes that answer nothing.
+			conn, bw, _ := w.(http.Hijacker).Hijack()
+			defer conn.Close()
+			body := `{"id": "trailing", "status": "in_progress"}`
+			fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%sHTTP/1.1 200 OK\r\n\r\n", len(body), body)
+			bw.Flush()
+			io.Copy(io.Discard, conn) // until the client closes it
 		default:
 			runCore(w, r)
 		}
@@ -210,6 +218,9 @@ func TestConnectionKeptOrClosed(t *testing.T) {
 		{"held", true, 3},
 		{"run_1", false, 4},
 		{"run_1", false, 4},
+		{"trailing", false, 4},
+		{"run_1", false, 5},
+		{"run_1", false, 5},
 	}
 	for i, s := range steps {
 		callCtx, cancel := ctx, context.CancelFunc(func() {})
@@ -322,5 +333,22 @@ func TestCoreRestarted(t *testing.T) {
 	}
 	if n, p := conns.opened.Load(), posts.Load(); n != 1 || p != 1 {
 		t.Errorf("the restarted Core accepted %d connections and %d POSTs, want 1 and 1", n, p)
+	}
+}
+
+// TestIdleConnectionHoldsNoBuffer: a connection kept idle lends its
+// reader back; only a request in flight, or an open stream, holds one.
+func TestIdleConnectionHoldsNoBuffer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(runCore))
+	defer srv.Close()
+	c, _ := New(Config{URL: srv.URL})
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	p := c.hc.Transport.(*pool)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.idle) != 1 || p.idle[0].br != nil {
+		t.Fatalf("%d idle connections, the first holding a reader: %v; want 1, holding none", len(p.idle), len(p.idle) > 0 && p.idle[0].br != nil)
 	}
 }
