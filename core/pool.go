@@ -15,18 +15,19 @@ import (
 	"time"
 )
 
-// pool is the transport of the client's short calls: HTTP/1.1 over kept
-// connections, each request written and its answer read on the goroutine
-// that calls RoundTrip (one of the exchange workers). net/http's
-// Transport hands every request to a writing and a reading goroutine of
-// its connection, and that hand-off, at three to four requests to Core
-// per tool call, was about half of the sidecar's CPU (BENCHMARKS.md,
-// "Short calls on the worker's own goroutine"). The request is still
-// written, and the answer parsed, by net/http (Request.Write,
-// ReadResponse).
+// pool is the transport of the client's short calls, and another of its
+// completions streams: HTTP/1.1 over kept connections, each request
+// written and its answer read on the goroutine that calls RoundTrip (an
+// exchange worker, or a turn's). net/http's Transport hands every request
+// to a writing and a reading goroutine of its connection; at three to
+// four requests to Core per tool call, that was most of the sidecar's CPU
+// under load (BENCHMARKS.md, "Core requests on the worker's own
+// goroutine"). The request is still written, and the answer parsed, by
+// net/http (Request.Write, ReadResponse).
 //
 // A connection is used by one request at a time. The number in use is
-// bounded by the client's workers, so the pool bounds only the idle ones.
+// bounded by the client's workers, or by the turns open at once, so the
+// pool bounds only the idle ones.
 type pool struct {
 	addr        string      // host:port
 	tls         *tls.Config // nil for plain HTTP
