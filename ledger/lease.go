@@ -263,16 +263,71 @@ func (ls *Leases) holderOf(ctx context.Context, e jetstream.KeyValueEntry) (hold
 	if json.Unmarshal(e.Value(), &h) != nil || h.Instance == "" {
 		return h, false, nil
 	}
-	reg, err := ls.alive.Get(ctx, h.Instance)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return h, false, nil
-	}
-	if err != nil {
+	reg, found, err := ls.registered(ctx, h.Instance)
+	if err != nil || !found {
 		return h, false, err
 	}
 	var cur holder
-	return h, json.Unmarshal(reg.Value(), &cur) == nil && cur.Incarnation == h.Incarnation, nil
+	return h, json.Unmarshal(reg, &cur) == nil && cur.Incarnation == h.Incarnation, nil
 }
+
+// registered reads a sidecar's key from the leader of its bucket's
+// stream. A KV Get is a direct get, which any replica may answer, and a
+// replica can say a key is not there that the stream has: during a NATS
+// node loss, a live sidecar was taken for gone that way, its runs taken
+// over while it drove them, and an unsafe call ran twice
+// (TestClusterNodeLoss, RELIABILITY.md). The leader answers with what the
+// stream has committed; while there is none, the read fails, and a lease
+// is not taken over on a guess.
+func (ls *Leases) registered(ctx context.Context, instance string) (value []byte, found bool, err error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, registeredTimeout)
+		defer cancel()
+	}
+	bucket := ls.alive.Bucket()
+	req, _ := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{"$KV." + bucket + "." + instance})
+	msg, err := ls.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, false, fmt.Errorf("ledger: reading sidecar %s's key: %w", instance, err)
+	}
+	var resp struct {
+		Message *struct {
+			Header []byte `json:"hdrs"`
+			Data   []byte `json:"data"`
+		} `json:"message"`
+		Error *struct {
+			ErrCode     jetstream.ErrorCode `json:"err_code"`
+			Description string              `json:"description"`
+		} `json:"error"`
+	}
+	switch err := json.Unmarshal(msg.Data, &resp); {
+	case err != nil:
+		return nil, false, fmt.Errorf("ledger: reading sidecar %s's key: %w", instance, err)
+	case resp.Error != nil && resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, false, nil
+	case resp.Error != nil:
+		return nil, false, fmt.Errorf("ledger: reading sidecar %s's key: %s", instance, resp.Error.Description)
+	case resp.Message == nil:
+		return nil, false, fmt.Errorf("ledger: reading sidecar %s's key: an answer without the message", instance)
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return nil, false, fmt.Errorf("ledger: reading sidecar %s's key: %w", instance, err)
+		}
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil, false, nil
+		}
+	}
+	return resp.Message.Data, true, nil
+}
+
+// registeredTimeout bounds a read of a sidecar's key whose caller set no
+// deadline, as nats.go's own KV reads are bounded.
+const registeredTimeout = 5 * time.Second
 
 // free says whether nobody alive holds a run's lease.
 func (ls *Leases) free(ctx context.Context, runID string) (bool, error) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -443,5 +444,69 @@ func TestRenewalOrder(t *testing.T) {
 	held[0].KeepNow()
 	if got := strings.Join(ledger.RenewalOrder(a), " "); got != "run_2 run_3 run_1" {
 		t.Errorf("renewal order %q, want \"run_2 run_3 run_1\" (run_1 was written last)", got)
+	}
+}
+
+// TestLeaseNotTakenOnAStaleRead: a replica that lags says a live
+// sidecar's key is not there. A KV Get, a direct get that any replica
+// may answer, believed it, and a live holder's run was taken over (in
+// TestClusterNodeLoss, during a node loss). Here the subject of that
+// direct get is mapped to a responder that answers "not found", as such a
+// replica would; pod-b still finds pod-a holding the run, because it
+// reads pod-a's key from the stream's leader.
+func TestLeaseNotTakenOnAStaleRead(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	conn := func() *nats.Conn {
+		nc, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	la, _, err := a.Acquire(ctx, "run_1")
+	if la == nil || err != nil {
+		t.Fatalf("pod-a: lease %v err %v", la, err)
+	}
+	defer la.Release()
+
+	replica := conn()
+	sub, err := replica.Subscribe("lagging.replica", func(m *nats.Msg) {
+		m.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"404"}, "Description": []string{"Message Not Found"}}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	replica.Flush()
+	if err := ns.GlobalAccount().AddMapping("$JS.API.DIRECT.GET.KV_T_SIDECARS.$KV.T_SIDECARS.pod-a", "lagging.replica"); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := jetstream.New(conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sidecars, err := kv.KeyValue(ctx, "T_SIDECARS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sidecars.Get(ctx, "pod-a"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("a direct get of pod-a's key: %v, want the lagging replica's not found (the mapping is not in place)", err)
+	}
+
+	if lb, holder, err := b.Acquire(ctx, "run_1"); lb != nil || holder != "pod-a" || err != nil {
+		t.Fatalf("pod-b while pod-a holds, a replica saying pod-a's key is gone: lease %v holder %q err %v; want pod-a named", lb, holder, err)
 	}
 }
