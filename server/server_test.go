@@ -23,6 +23,7 @@ import (
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/promtest"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/server"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -544,6 +545,13 @@ func TestDriveAttachAndUnknownRun(t *testing.T) {
 	<-started
 	<-started // both echo calls run: the drive is in its first batch
 	resp := sc.openSSE(t, r)
+	// The answer's head comes before the attach, which first reads the run
+	// in Core: released before it, the drive could reach its last turn
+	// unseen.
+	poll.Until(t, "the second drive to attach", func() bool {
+		n, _ := promtest.Sum(t, sc.env.Sidecar.Metrics(), "toolsidecar_drives_attached_total")
+		return n == 1
+	})
 	close(release)
 	log := readSSE(t, resp)
 	types, done := log.types, log.done
