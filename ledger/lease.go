@@ -215,6 +215,20 @@ var errLapsed = errors.New("ledger: this sidecar's key in NATS was not renewed w
 // (a sidecar that died, or this instance's earlier life) is taken over at
 // once: the caller asks only when it drives no such run itself.
 func (ls *Leases) Acquire(ctx context.Context, runID string) (lease *Lease, holder string, err error) {
+	return ls.acquire(ctx, runID, acquireTries)
+}
+
+// acquireTries bounds the rounds of one Acquire whose run key changed, or
+// read as absent, between its create and its update. A key that changes
+// hands that often, or a replica that answers the read stale each time
+// (KV reads are direct gets), is an error for the caller to retry after a
+// pause, not a recursion without end.
+const acquireTries = 8
+
+func (ls *Leases) acquire(ctx context.Context, runID string, tries int) (lease *Lease, holder string, err error) {
+	if tries == 0 {
+		return nil, "", fmt.Errorf("ledger: the lease of run %s changed, or read as absent, %d times while it was being taken", runID, acquireTries)
+	}
 	if ls.sinceBeat() > ls.ttl {
 		return nil, "", errLapsed
 	}
@@ -223,7 +237,7 @@ func (ls *Leases) Acquire(ctx context.Context, runID string) (lease *Lease, hold
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		e, gerr := ls.holds.Get(ctx, runID)
 		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
-			return ls.Acquire(ctx, runID) // released in between
+			return ls.acquire(ctx, runID, tries-1) // released in between
 		}
 		if gerr != nil {
 			return nil, "", fmt.Errorf("ledger: reading the lease of run %s: %w", runID, gerr)
@@ -237,7 +251,7 @@ func (ls *Leases) Acquire(ctx context.Context, runID string) (lease *Lease, hold
 		}
 		rev, err = ls.holds.Update(ctx, runID, ls.self, e.Revision())
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return ls.Acquire(ctx, runID) // taken or released in between
+			return ls.acquire(ctx, runID, tries-1) // taken or released in between
 		}
 		if err == nil && cur.Instance != ls.instance {
 			ls.log.Info("run lease taken over from a sidecar that is gone", "run_id", runID, "holder", cur.Instance)

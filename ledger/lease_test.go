@@ -455,23 +455,7 @@ func TestRenewalOrder(t *testing.T) {
 // replica would; pod-b still finds pod-a holding the run, because it
 // reads pod-a's key from the stream's leader.
 func TestLeaseNotTakenOnAStaleRead(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
-	conn := func() *nats.Conn {
-		nc, err := nats.Connect(ns.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	ns, conn := mappableServer(t)
 	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
 	defer a.Close()
 	defer b.Close()
@@ -481,24 +465,12 @@ func TestLeaseNotTakenOnAStaleRead(t *testing.T) {
 		t.Fatalf("pod-a: lease %v err %v", la, err)
 	}
 	defer la.Release()
-
-	replica := conn()
-	sub, err := replica.Subscribe("lagging.replica", func(m *nats.Msg) {
-		m.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"404"}, "Description": []string{"Message Not Found"}}})
-	})
+	laggingReplica(t, ns, conn(), "$JS.API.DIRECT.GET.KV_T_SIDECARS.$KV.T_SIDECARS.pod-a")
+	js, err := jetstream.New(conn())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Unsubscribe()
-	replica.Flush()
-	if err := ns.GlobalAccount().AddMapping("$JS.API.DIRECT.GET.KV_T_SIDECARS.$KV.T_SIDECARS.pod-a", "lagging.replica"); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := jetstream.New(conn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sidecars, err := kv.KeyValue(ctx, "T_SIDECARS")
+	sidecars, err := js.KeyValue(ctx, "T_SIDECARS")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,5 +480,68 @@ func TestLeaseNotTakenOnAStaleRead(t *testing.T) {
 
 	if lb, holder, err := b.Acquire(ctx, "run_1"); lb != nil || holder != "pod-a" || err != nil {
 		t.Fatalf("pod-b while pod-a holds, a replica saying pod-a's key is gone: lease %v holder %q err %v; want pod-a named", lb, holder, err)
+	}
+}
+
+// mappableServer is a JetStream server whose global account a test can
+// give subject mappings, and a way to connect to it.
+func mappableServer(t *testing.T) (*natsserver.Server, func() *nats.Conn) {
+	t.Helper()
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	return ns, func() *nats.Conn {
+		nc, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+}
+
+// laggingReplica maps a direct get's subject to a responder on nc that
+// answers "not found", as a replica that has not stored the key would.
+func laggingReplica(t *testing.T, ns *natsserver.Server, nc *nats.Conn, directGet string) {
+	t.Helper()
+	sub, err := nc.Subscribe("lagging.replica", func(m *nats.Msg) {
+		m.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"404"}, "Description": []string{"Message Not Found"}}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	nc.Flush()
+	if err := ns.GlobalAccount().AddMapping(directGet, "lagging.replica"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAcquireAgainstAStaleRunKey: a replica keeps answering that a run's
+// key is not there while pod-a holds it. pod-b's Acquire, whose create
+// finds the key and whose read does not, tries a bounded number of times
+// and says so, instead of recursing until its context ends.
+func TestAcquireAgainstAStaleRunKey(t *testing.T) {
+	ns, conn := mappableServer(t)
+	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
+	defer a.Close()
+	defer b.Close()
+	la, _, err := a.Acquire(context.Background(), "run_1")
+	if la == nil || err != nil {
+		t.Fatalf("pod-a: lease %v err %v", la, err)
+	}
+	defer la.Release()
+	laggingReplica(t, ns, conn(), "$JS.API.DIRECT.GET.KV_T_DRIVES.$KV.T_DRIVES.run_1")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lb, holder, err := b.Acquire(ctx, "run_1")
+	if lb != nil || holder != "" || err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "times while it was being taken") {
+		t.Fatalf("pod-b: lease %v holder %q err %v; want the bounded rounds' error", lb, holder, err)
 	}
 }
