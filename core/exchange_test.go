@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime/pprof"
@@ -38,13 +37,7 @@ func heldCore(t *testing.T) (srv *httptest.Server, received, conns *atomic.Int32
 
 // countConns makes an unstarted srv count the connections it accepts.
 func countConns(srv *httptest.Server) *atomic.Int32 {
-	n := &atomic.Int32{}
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			n.Add(1)
-		}
-	}
-	return n
+	return &logConns(srv).opened
 }
 
 // waitFor waits, up to 10 s, until n requests have reached Core.

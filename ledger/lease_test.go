@@ -455,16 +455,8 @@ func TestRenewalOrder(t *testing.T) {
 // replica would; pod-b still finds pod-a holding the run, because it
 // reads pod-a's key from the stream's leader.
 func TestLeaseNotTakenOnAStaleRead(t *testing.T) {
-	ns, conn := mappableServer(t)
-	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
-	defer a.Close()
-	defer b.Close()
+	ns, conn, b := podAHoldsRun1(t)
 	ctx := context.Background()
-	la, _, err := a.Acquire(ctx, "run_1")
-	if la == nil || err != nil {
-		t.Fatalf("pod-a: lease %v err %v", la, err)
-	}
-	defer la.Release()
 	laggingReplica(t, ns, conn(), "$JS.API.DIRECT.GET.KV_T_SIDECARS.$KV.T_SIDECARS.pod-a")
 	js, err := jetstream.New(conn())
 	if err != nil {
@@ -481,6 +473,22 @@ func TestLeaseNotTakenOnAStaleRead(t *testing.T) {
 	if lb, holder, err := b.Acquire(ctx, "run_1"); lb != nil || holder != "pod-a" || err != nil {
 		t.Fatalf("pod-b while pod-a holds, a replica saying pod-a's key is gone: lease %v holder %q err %v; want pod-a named", lb, holder, err)
 	}
+}
+
+// podAHoldsRun1 starts a server whose subjects a test can map, with
+// pod-a holding run_1's lease and pod-b open beside it.
+func podAHoldsRun1(t *testing.T) (*natsserver.Server, func() *nats.Conn, *ledger.Leases) {
+	t.Helper()
+	ns, conn := mappableServer(t)
+	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
+	t.Cleanup(b.Close)
+	t.Cleanup(a.Close)
+	la, _, err := a.Acquire(context.Background(), "run_1")
+	if la == nil || err != nil {
+		t.Fatalf("pod-a: lease %v err %v", la, err)
+	}
+	t.Cleanup(la.Release)
+	return ns, conn, b
 }
 
 // mappableServer is a JetStream server whose global account a test can
@@ -528,15 +536,7 @@ func laggingReplica(t *testing.T, ns *natsserver.Server, nc *nats.Conn, directGe
 // finds the key and whose read does not, tries a bounded number of times
 // and says so, instead of recursing until its context ends.
 func TestAcquireAgainstAStaleRunKey(t *testing.T) {
-	ns, conn := mappableServer(t)
-	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
-	defer a.Close()
-	defer b.Close()
-	la, _, err := a.Acquire(context.Background(), "run_1")
-	if la == nil || err != nil {
-		t.Fatalf("pod-a: lease %v err %v", la, err)
-	}
-	defer la.Release()
+	ns, conn, b := podAHoldsRun1(t)
 	laggingReplica(t, ns, conn(), "$JS.API.DIRECT.GET.KV_T_DRIVES.$KV.T_DRIVES.run_1")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
