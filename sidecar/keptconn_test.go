@@ -5,7 +5,6 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
@@ -16,14 +15,16 @@ import (
 )
 
 // TestCoreDropsKeptConnections: a Core that closes every connection after
-// each answer (keep-alive off, as behind some proxies), and one that
-// closes idle connections after 2 ms (uvicorn does after 5 s). Runs of an
+// each answer (keep-alive off, as behind some proxies). Core closing an
+// idle connection is core's TestKeptConnectionClosedByCore and
+// TestCoreRestarted; a close that races a request's send fails a POST (by
+// net/http's rule too), and a 2 ms idle timeout made that happen under
+// make test's load, so it is not tested here. Runs of an
 // unsafe call beside read-only ones go through whole: one output per
 // call, every Action final, the unsafe tool run once per call.
 func TestCoreDropsKeptConnections(t *testing.T) {
 	for name, tweak := range map[string]func(*httptest.Server){
-		"keep-alive off":    func(s *httptest.Server) { s.Config.SetKeepAlivesEnabled(false) },
-		"idle closed early": func(s *httptest.Server) { s.Config.IdleTimeout = 2 * time.Millisecond },
+		"keep-alive off": func(s *httptest.Server) { s.Config.SetKeepAlivesEnabled(false) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			const runs, calls = 6, 3
