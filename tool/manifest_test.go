@@ -93,3 +93,15 @@ func trimSpace(b []byte) []byte {
 }
 
 const manifest = `{"type": "tool_call_manifest", "run_id": "run_1", "action_id": "act_1", "tool_call_id": "call_1", "tool": "echo", "args": {"x": 1}}`
+
+// BenchmarkParseCall: the worker's parse of a typical manifest.
+//
+//	go test ./tool -run '^$' -bench ParseCall -benchmem
+func BenchmarkParseCall(b *testing.B) {
+	body := []byte(manifest)
+	for b.Loop() {
+		if _, err := ParseCall("get_flight_times", body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

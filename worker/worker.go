@@ -74,10 +74,15 @@ type Worker struct {
 	stop     chan struct{} // closed by Stop once the endpoints drained
 	stopOnce sync.Once
 	runners  sync.WaitGroup
-	svc      micro.Service
-	cancel   *nats.Subscription
-	ownSubs  int // subscriptions the service holds on nc (see Stop)
-	stats    map[string]*endpointStats
+
+	spawnMu  sync.Mutex
+	started  int  // runners started, at most limit
+	quiesced bool // no runner starts any more: runners.Wait has begun
+
+	svc     micro.Service
+	cancel  *nats.Subscription
+	ownSubs int // subscriptions the service holds on nc (see Stop)
+	stats   map[string]*endpointStats
 
 	mu       sync.Mutex
 	inflight map[attemptKey]context.CancelCauseFunc
@@ -174,14 +179,10 @@ func (w *Worker) Stats() []StatsData {
 	return out
 }
 
-// Start starts the runners, subscribes the cancel subject, then adds the
-// micro service with one endpoint per registered tool.
+// Start starts the reply publisher, subscribes the cancel subject, then
+// adds the micro service with one endpoint per registered tool. Runners
+// start with the calls that need them (see startRunner).
 func (w *Worker) Start() error {
-	// A fixed set of long-lived runners, not a goroutine per call: their
-	// stacks stay grown, which matters on the hot path (JSON decoding).
-	for range w.limit {
-		w.runners.Go(w.runLoop)
-	}
 	w.publisher.Go(w.publishLoop)
 	var err error
 	if w.cancel, err = w.nc.Subscribe(wire.CancelWildcard(w.prefix), w.onCancel); err != nil {
@@ -220,6 +221,9 @@ func (w *Worker) abort() {
 // quiesce waits for the runners to return, then for the publisher to send
 // their last replies.
 func (w *Worker) quiesce() {
+	w.spawnMu.Lock()
+	w.quiesced = true
+	w.spawnMu.Unlock()
 	w.runners.Wait()
 	w.quitOnce.Do(func() { close(w.quit) })
 	w.publisher.Wait()
@@ -264,16 +268,133 @@ func (w *Worker) Stop(ctx context.Context) error {
 	return nil
 }
 
-// runLoop runs calls until the worker stops.
-func (w *Worker) runLoop() {
+// startRunner starts a runner with j as its first call, unless limit
+// runners run already or the worker is stopping; it says whether it did.
+//
+// Runners are long-lived, not a goroutine per call: their stacks stay
+// grown, which matters on the hot path (JSON decoding). They are started
+// as calls need them, not all at Start: a worker whose limit is far above
+// the calls it sees at once keeps only as many runners as it used. Fewer
+// runners are fewer stacks for each collection to scan, and a call more
+// often meets a runner whose stack and caches are warm (BENCHMARKS.md).
+func (w *Worker) startRunner(j job) bool {
+	w.spawnMu.Lock()
+	defer w.spawnMu.Unlock()
+	if w.quiesced || w.started >= w.limit {
+		return false
+	}
+	w.started++
+	w.runners.Go(func() { w.runLoop(j) })
+	return true
+}
+
+// runLoop runs first, then calls until the worker stops.
+func (w *Worker) runLoop(first job) {
+	r := &runner{w: w}
+	r.timer = time.AfterFunc(time.Hour, r.expire)
+	r.timer.Stop()
+	defer r.timer.Stop()
+	r.run(first)
 	for {
 		select {
 		case j := <-w.jobs:
-			w.run(j)
+			r.run(j)
 		case <-w.stop:
 			return
 		}
 	}
+}
+
+// runner is what one runner goroutine keeps from call to call: the
+// deadline timer and the state that progress and the timer read, so that
+// a call allocates neither a timer nor closures over them. seq tells a
+// Progress after its call returned that its call is over.
+//
+// The timer is not set for each call. It stays set at armed, and a call
+// whose deadline is later leaves it be: when it fires, it cancels the
+// running call if that call's deadline has passed and is set again for the
+// deadline otherwise. Deadlines of successive calls mostly increase, so
+// most calls touch no timer at all.
+type runner struct {
+	w     *Worker
+	timer *time.Timer // runs expire
+
+	mu     sync.Mutex
+	seq    uint64
+	cancel context.CancelCauseFunc // the running call's; nil between calls
+	to     string                  // its reply subject
+	budget time.Duration           // send to deadline; progress restarts it (0: no deadline)
+	due    time.Time               // the running call's deadline
+	armed  time.Time               // when the timer fires; zero: not set
+}
+
+// expire is the timer: the running call's deadline may have passed.
+func (r *runner) expire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.armed = time.Time{}
+	if r.cancel == nil || r.budget == 0 {
+		return
+	}
+	if left := time.Until(r.due); left > 0 {
+		r.armLocked(left)
+		return
+	}
+	r.cancel(context.DeadlineExceeded)
+}
+
+// armLocked makes sure the timer fires by d from now. The caller holds r.mu.
+func (r *runner) armLocked(d time.Duration) {
+	at := time.Now().Add(d)
+	if r.armed.IsZero() || at.Before(r.armed) {
+		r.armed = at
+		r.timer.Reset(d)
+	}
+}
+
+// progress sends call seq's progress message and, as progress restarts
+// the sidecar's timeout, restarts the deadline. After the call returned it
+// does nothing.
+func (r *runner) progress(seq uint64) error {
+	r.mu.Lock()
+	to, current := r.to, r.seq == seq
+	r.mu.Unlock()
+	if !current {
+		return nil
+	}
+	if err := r.w.nc.PublishMsg(wire.ProgressMsg(to)); err != nil {
+		return fmt.Errorf("worker: progress: %w", err)
+	}
+	r.mu.Lock()
+	if r.seq == seq && r.budget > 0 {
+		r.due = time.Now().Add(r.budget) // later: a timer set earlier sets itself again
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+// begin makes r's state the call's, with its deadline when it has one.
+func (r *runner) begin(cancel context.CancelCauseFunc, to string, deadline time.Time) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seq++
+	r.cancel, r.to, r.budget = cancel, to, 0
+	if !deadline.IsZero() {
+		// A deadline already passed is a budget of 1ns: the call is
+		// cancelled at once, as an AfterFunc of a negative duration would.
+		r.budget = max(time.Until(deadline), 1)
+		r.due = time.Now().Add(r.budget)
+		r.armLocked(r.budget)
+	}
+	return r.seq
+}
+
+// end clears the call's state: a Progress or a firing finds none.
+func (r *runner) end() {
+	r.mu.Lock()
+	r.seq++
+	r.cancel, r.to, r.budget = nil, "", 0
+	r.mu.Unlock()
 }
 
 // onCancel stops the calls of an action. With a Tool-Attempt header it
@@ -303,14 +424,24 @@ type attemptKey struct {
 	attempt int
 }
 
-// serve hands each request to a runner; it blocks while all runners are
-// busy, which holds back this endpoint only. Replies go to the reply
-// subject directly, not through micro's Request, which is not safe to
-// answer from another goroutine than its handler's.
+// serve hands each request to an idle runner, or to a new one below the
+// limit; it blocks while limit runners are busy, which holds back this
+// endpoint only. Replies go to the reply subject directly, not through
+// micro's Request, which is not safe to answer from another goroutine than
+// its handler's.
 func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.HandlerFunc {
 	return func(r micro.Request) {
+		j := job{name, h, st, r}
 		select {
-		case w.jobs <- job{name, h, st, r}:
+		case w.jobs <- j:
+			return
+		default:
+		}
+		if w.startRunner(j) {
+			return
+		}
+		select {
+		case w.jobs <- j:
 		case <-w.stop:
 			// Sent from here: the publisher may already have returned.
 			w.publish(reply{r.Reply(), r.Subject(), nil, tool.NewError(tool.WorkerCrash, "worker stopping")})
@@ -318,10 +449,10 @@ func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.Han
 	}
 }
 
-func (w *Worker) run(j job) {
+func (r *runner) run(j job) {
 	j.st.InFlight.Add(1)
 	start := time.Now()
-	err := w.call(j)
+	err := r.call(j)
 	j.st.HandlerTime.Add(int64(time.Since(start)))
 	j.st.InFlight.Add(-1)
 	j.st.Completed.Add(1)
@@ -331,7 +462,8 @@ func (w *Worker) run(j job) {
 }
 
 // call runs one call and replies; it returns the call's error, if any.
-func (w *Worker) call(j job) error {
+func (r *runner) call(j job) error {
+	w := r.w
 	m := j.req
 	hdr := m.Headers()
 	to := m.Reply()
@@ -343,27 +475,15 @@ func (w *Worker) call(j job) error {
 	call.Attempt, _ = strconv.Atoi(hdr.Get(tool.HeaderAttempt))
 	call.IdempotencyKey = hdr.Get(tool.HeaderIdempotencyKey)
 	call.Traceparent = hdr.Get(tool.HeaderTraceparent)
-	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
-	var extend func()
 	if ms, err := strconv.ParseInt(hdr.Get(tool.HeaderDeadline), 10, 64); err == nil {
 		call.Deadline = time.UnixMilli(ms)
-		budget := time.Until(call.Deadline)
-		t := time.AfterFunc(budget, func() { cancel(context.DeadlineExceeded) })
-		defer t.Stop()
-		// Progress restarts the sidecar's timeout, so it restarts ours.
-		extend = func() { t.Reset(budget) }
 	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	seq := r.begin(cancel, to, call.Deadline)
+	defer r.end()
 	if to != "" {
-		call.SetProgress(func() error {
-			if err := w.nc.PublishMsg(wire.ProgressMsg(to)); err != nil {
-				return fmt.Errorf("worker: progress: %w", err)
-			}
-			if extend != nil {
-				extend()
-			}
-			return nil
-		})
+		call.SetProgress(func() error { return r.progress(seq) })
 	}
 	if call.ActionID != "" {
 		key := attemptKey{call.ActionID, call.Attempt}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -341,5 +342,166 @@ func TestOversizedResult(t *testing.T) {
 	}
 	if r := c.Dispatch(context.Background(), natstest.Request("small", time.Minute)); r.Err != nil || string(r.Data) != "ok" {
 		t.Errorf("next call: %+v, want ok", r)
+	}
+}
+
+// TestRunnersStartAsNeeded: a worker allowed 64 calls at once starts no
+// runner before its first call, and one per call that finds every runner
+// busy: 5 calls held at once start 5, not 64. Held calls never free their
+// runner, so each request after the first finds none idle.
+func TestRunnersStartAsNeeded(t *testing.T) {
+	side, work := natstest.Connect(t)
+	var running atomic.Int32
+	release := make(chan struct{})
+	w := natstest.Worker(t, work, map[string]tool.Handler{"held": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		running.Add(1)
+		<-release
+		return []byte("ok"), nil
+	}}, worker.WithConcurrency(64))
+	if n := worker.Started(w); n != 0 {
+		t.Fatalf("%d runners before any call, want 0", n)
+	}
+	c := natstest.Client(t, side, natstest.Prefix)
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			if r := c.Dispatch(context.Background(), natstest.Request("held", time.Minute)); r.Err != nil {
+				t.Error(r.Err)
+			}
+		})
+	}
+	poll.Until(t, "5 handlers running", func() bool { return running.Load() == 5 })
+	if n := worker.Started(w); n != 5 {
+		t.Errorf("%d runners for 5 calls at once, want 5", n)
+	}
+	close(release)
+	wg.Wait()
+}
+
+// probeEnd is when and why a held probe call's context ended.
+type probeEnd struct {
+	cause    error
+	at       time.Time
+	deadline time.Time
+}
+
+// probe sends calls to a "probe" tool served by one runner. The calls are
+// plain NATS requests with the protocol's headers, so that only the
+// worker's own deadline can end them: no sidecar times out and cancels.
+type probe struct {
+	nc    *nats.Conn
+	ended chan probeEnd   // a held call's end
+	kept  chan *tool.Call // a quick call's Call, kept past its return
+}
+
+func newProbe(t *testing.T) *probe {
+	t.Helper()
+	side, work := natstest.Connect(t)
+	p := &probe{nc: side, ended: make(chan probeEnd, 1), kept: make(chan *tool.Call, 1)}
+	natstest.Worker(t, work, map[string]tool.Handler{"probe": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		if string(c.Args) == `"quick"` {
+			p.kept <- c
+			return []byte("quick"), nil
+		}
+		select {
+		case <-ctx.Done():
+			p.ended <- probeEnd{context.Cause(ctx), time.Now(), c.Deadline}
+		case <-time.After(20 * time.Second): // the test fails on this
+			p.ended <- probeEnd{errors.New("never cancelled"), time.Now(), c.Deadline}
+		}
+		return nil, ctx.Err()
+	}}, worker.WithConcurrency(1))
+	return p
+}
+
+// call sends a call with the given args and deadline, and returns the
+// first message on its reply subject.
+func (p *probe) call(t *testing.T, args string, deadline time.Duration) *nats.Msg {
+	t.Helper()
+	m := nats.NewMsg(wire.Subject(natstest.Prefix, "probe"))
+	m.Data = []byte(`{"run_id": "run_1", "action_id": "act_1", "tool_call_id": "call_1", "tool": "probe", "args": ` + args + `}`)
+	m.Header.Set(tool.HeaderDeadline, strconv.FormatInt(time.Now().Add(deadline).UnixMilli(), 10))
+	m.Header.Set(tool.HeaderAttempt, "1")
+	r, err := p.nc.RequestMsg(m, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestDeadlineEarlierThanTheTimer: the runner's timer is still set for a
+// call an hour out when a call with a 200 ms deadline starts on the same
+// runner; that call is still cancelled at its deadline, and its reply says
+// so.
+func TestDeadlineEarlierThanTheTimer(t *testing.T) {
+	p := newProbe(t)
+	if r := p.call(t, `"quick"`, time.Hour); string(r.Data) != "quick" {
+		t.Fatalf("first call: %q", r.Data)
+	}
+	<-p.kept
+	r := p.call(t, `"hold"`, 200*time.Millisecond)
+	if e := <-p.ended; !errors.Is(e.cause, context.DeadlineExceeded) {
+		t.Errorf("held call ended by %v, want its deadline", e.cause)
+	}
+	if got := r.Header.Get(tool.HeaderErrorType); got != string(tool.Timeout) {
+		t.Errorf("held call's reply has error type %q, want %s", got, tool.Timeout)
+	}
+}
+
+// TestDeadlineLaterThanTheTimer: the runner's timer, set for a quick
+// call's 100 ms deadline, fires while the next call (400 ms) runs; that
+// call is not cancelled before its own deadline, and is at it.
+func TestDeadlineLaterThanTheTimer(t *testing.T) {
+	p := newProbe(t)
+	if r := p.call(t, `"quick"`, 100*time.Millisecond); string(r.Data) != "quick" {
+		t.Fatalf("first call: %q", r.Data)
+	}
+	<-p.kept
+	p.call(t, `"hold"`, 400*time.Millisecond)
+	e := <-p.ended
+	if !errors.Is(e.cause, context.DeadlineExceeded) {
+		t.Fatalf("held call ended by %v, want its deadline", e.cause)
+	}
+	if e.at.Before(e.deadline) {
+		t.Errorf("held call cancelled at %s, before its deadline %s", e.at.Format(time.StampMicro), e.deadline.Format(time.StampMicro))
+	}
+}
+
+// TestProgressAfterReturn: a handler that kept its Call and reports
+// progress after returning sends nothing and cannot extend the deadline
+// of the next call on its runner.
+func TestProgressAfterReturn(t *testing.T) {
+	p := newProbe(t)
+	if r := p.call(t, `"quick"`, time.Minute); string(r.Data) != "quick" {
+		t.Fatalf("first call: %q", r.Data)
+	}
+	stale := <-p.kept
+	stop := make(chan struct{})
+	var stray atomic.Int32
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				if err := stale.Progress(); err != nil {
+					stray.Add(1)
+				}
+			}
+		}
+	})
+	r := p.call(t, `"hold"`, 300*time.Millisecond)
+	e := <-p.ended
+	close(stop)
+	wg.Wait()
+	if !errors.Is(e.cause, context.DeadlineExceeded) {
+		t.Errorf("held call ended by %v, want its deadline", e.cause)
+	}
+	if wire.IsProgress(r) {
+		t.Error("the held call's first reply is a progress message: the stale Progress reached it")
+	}
+	if stray.Load() != 0 {
+		t.Errorf("a stale Progress returned an error %d times", stray.Load())
 	}
 }
