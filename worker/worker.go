@@ -76,16 +76,14 @@ type Worker struct {
 	runners  sync.WaitGroup
 
 	spawnMu  sync.Mutex
-	started  int  // runners started, at most limit
-	quiesced bool // no runner starts any more: runners.Wait has begun
+	started  int       // runners started, at most limit
+	all      []*runner // the started runners, for cancels (see cancelWhere)
+	quiesced bool      // no runner starts any more: runners.Wait has begun
 
 	svc     micro.Service
 	cancel  *nats.Subscription
 	ownSubs int // subscriptions the service holds on nc (see Stop)
 	stats   map[string]*endpointStats
-
-	mu       sync.Mutex
-	inflight map[attemptKey]context.CancelCauseFunc
 
 	// The runners' replies, sent by one publisher (see publishLoop).
 	outMu     sync.Mutex
@@ -110,7 +108,7 @@ var ErrCancelledBySidecar = errors.New("worker: cancelled by the sidecar")
 // New builds a worker; register handlers, then Start. No I/O.
 func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 	w := &Worker{nc: nc, prefix: subjectPrefix, queue: wire.QueueGroup, limit: 64,
-		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, inflight: map[attemptKey]context.CancelCauseFunc{},
+		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{},
 		name: "toolsidecar-worker", version: moduleVersion(), stats: map[string]*endpointStats{}}
 	for _, o := range opts {
 		o(w)
@@ -256,11 +254,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		w.mu.Lock()
-		for _, cancel := range w.inflight {
-			cancel(context.Cause(ctx))
-		}
-		w.mu.Unlock()
+		w.cancelWhere(func(string, int) bool { return true }, context.Cause(ctx))
 		<-done
 	}
 	// Cancels keep reaching the calls in flight until the last returns.
@@ -284,22 +278,23 @@ func (w *Worker) startRunner(j job) bool {
 		return false
 	}
 	w.started++
-	w.runners.Go(func() { w.runLoop(j) })
-	return true
-}
-
-// runLoop runs first, then calls until the worker stops.
-func (w *Worker) runLoop(first job) {
 	r := &runner{w: w}
 	r.timer = time.AfterFunc(time.Hour, r.expire)
 	r.timer.Stop()
+	w.all = append(w.all, r)
+	w.runners.Go(func() { r.loop(j) })
+	return true
+}
+
+// loop runs first, then calls until the worker stops.
+func (r *runner) loop(first job) {
 	defer r.timer.Stop()
 	r.run(first)
 	for {
 		select {
-		case j := <-w.jobs:
+		case j := <-r.w.jobs:
 			r.run(j)
-		case <-w.stop:
+		case <-r.w.stop:
 			return
 		}
 	}
@@ -319,13 +314,15 @@ type runner struct {
 	w     *Worker
 	timer *time.Timer // runs expire
 
-	mu     sync.Mutex
-	seq    uint64
-	cancel context.CancelCauseFunc // the running call's; nil between calls
-	to     string                  // its reply subject
-	budget time.Duration           // send to deadline; progress restarts it (0: no deadline)
-	due    time.Time               // the running call's deadline
-	armed  time.Time               // when the timer fires; zero: not set
+	mu      sync.Mutex
+	seq     uint64
+	cancel  context.CancelCauseFunc // the running call's; nil between calls
+	action  string                  // its action ID and attempt, which cancels name
+	attempt int
+	to      string        // its reply subject
+	budget  time.Duration // send to deadline; progress restarts it (0: no deadline)
+	due     time.Time     // the running call's deadline
+	armed   time.Time     // when the timer fires; zero: not set
 }
 
 // expire is the timer: the running call's deadline may have passed.
@@ -374,11 +371,12 @@ func (r *runner) progress(seq uint64) error {
 }
 
 // begin makes r's state the call's, with its deadline when it has one.
-func (r *runner) begin(cancel context.CancelCauseFunc, to string, deadline time.Time) uint64 {
+func (r *runner) begin(cancel context.CancelCauseFunc, call *tool.Call, to string) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
-	r.cancel, r.to, r.budget = cancel, to, 0
+	r.cancel, r.action, r.attempt, r.to, r.budget = cancel, call.ActionID, call.Attempt, to, 0
+	deadline := call.Deadline
 	if !deadline.IsZero() {
 		// A deadline already passed is a budget of 1ns: the call is
 		// cancelled at once, as an AfterFunc of a negative duration would.
@@ -393,7 +391,7 @@ func (r *runner) begin(cancel context.CancelCauseFunc, to string, deadline time.
 func (r *runner) end() {
 	r.mu.Lock()
 	r.seq++
-	r.cancel, r.to, r.budget = nil, "", 0
+	r.cancel, r.action, r.attempt, r.to, r.budget = nil, "", 0, "", 0
 	r.mu.Unlock()
 }
 
@@ -402,26 +400,24 @@ func (r *runner) end() {
 func (w *Worker) onCancel(m *nats.Msg) {
 	id := m.Subject[len(wire.CancelSubject(w.prefix, "")):]
 	attempt, err := strconv.Atoi(m.Header.Get(tool.HeaderAttempt))
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if err == nil {
-		if cancel := w.inflight[attemptKey{id, attempt}]; cancel != nil {
-			cancel(ErrCancelledBySidecar)
-		}
-		return
-	}
-	for k, cancel := range w.inflight { // rare: a cancel that names no attempt
-		if k.action == id {
-			cancel(ErrCancelledBySidecar)
-		}
-	}
+	anyAttempt := err != nil // rare: a cancel that names no attempt
+	w.cancelWhere(func(action string, a int) bool { return action == id && (anyAttempt || a == attempt) }, ErrCancelledBySidecar)
 }
 
-// attemptKey names one attempt of one call in flight. One flat map keyed
-// by it costs no allocation per call.
-type attemptKey struct {
-	action  string
-	attempt int
+// cancelWhere cancels, with cause, the running calls whose action and
+// attempt match. Each runner holds its running call's: a call registers
+// nowhere else, and a cancel, which is rare, looks at every runner.
+func (w *Worker) cancelWhere(match func(action string, attempt int) bool, cause error) {
+	w.spawnMu.Lock()
+	all := w.all
+	w.spawnMu.Unlock()
+	for _, r := range all {
+		r.mu.Lock()
+		if r.cancel != nil && match(r.action, r.attempt) {
+			r.cancel(cause)
+		}
+		r.mu.Unlock()
+	}
 }
 
 // serve hands each request to an idle runner, or to a new one below the
@@ -480,21 +476,10 @@ func (r *runner) call(j job) error {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	seq := r.begin(cancel, to, call.Deadline)
+	seq := r.begin(cancel, call, to)
 	defer r.end()
 	if to != "" {
 		call.SetProgress(func() error { return r.progress(seq) })
-	}
-	if call.ActionID != "" {
-		key := attemptKey{call.ActionID, call.Attempt}
-		w.mu.Lock()
-		w.inflight[key] = cancel
-		w.mu.Unlock()
-		defer func() {
-			w.mu.Lock()
-			delete(w.inflight, key)
-			w.mu.Unlock()
-		}()
 	}
 	data, err := tool.Invoke(ctx, j.h, call, w.log)
 	if errors.Is(context.Cause(ctx), ErrCancelledBySidecar) {

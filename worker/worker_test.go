@@ -505,3 +505,34 @@ func TestProgressAfterReturn(t *testing.T) {
 		t.Errorf("a stale Progress returned an error %d times", stray.Load())
 	}
 }
+
+// TestStopCancelsCallWithoutActionID: Stop's cancel reaches a call whose
+// manifest names no action (a plain NATS request): cancels are looked up
+// on the runners, not in a registry of action IDs.
+func TestStopCancelsCallWithoutActionID(t *testing.T) {
+	side, work := natstest.Connect(t)
+	started := make(chan struct{})
+	w := worker.New(work, natstest.Prefix)
+	w.Handle("hang", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		close(started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go side.Request(wire.Subject(natstest.Prefix, "hang"), []byte(`{"tool": "hang", "args": {}}`), 30*time.Second)
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop did not cancel the call without an action ID")
+	}
+}
