@@ -17,13 +17,13 @@ var errNotObject = errors.New("manifest is not a JSON object")
 
 // parseManifest reads the manifest's fields without reflection: on the
 // worker's hot path encoding/json's reflective decoding cost more than the
-// whole sidecar side of a call. The input is checked with json.Valid first,
+// whole sidecar side of a call. The input is checked with validJSON first,
 // so the scan below may assume well-formed JSON. Keys match exactly (Core's
 // keys are lowercase) and, as with encoding/json, the last duplicate wins.
 // The three ids are cut from one string: one allocation, not three.
 func parseManifest(data []byte) (manifestFields, error) {
 	var f manifestFields
-	if !json.Valid(data) {
+	if !validJSON(data) {
 		return f, errors.New("manifest is not valid JSON")
 	}
 	i := skipSpace(data, 0)
