@@ -91,16 +91,7 @@ func TestProgressExtendsDeadline(t *testing.T) {
 // handlers to return.
 func TestStopCancelsAtDeadline(t *testing.T) {
 	side, work := natstest.Connect(t)
-	started := make(chan struct{})
-	w := worker.New(work, natstest.Prefix)
-	w.Handle("hang", func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		close(started)
-		<-ctx.Done()
-		return nil, ctx.Err()
-	})
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
+	w, started := hangingWorker(t, work)
 	c := natstest.Client(t, side, natstest.Prefix)
 	got := make(chan tool.Outcome, 1)
 	go func() { got <- c.Dispatch(context.Background(), natstest.Request("hang", time.Minute)) }()
@@ -113,6 +104,24 @@ func TestStopCancelsAtDeadline(t *testing.T) {
 	if r := <-got; r.Err == nil || r.Err.Type != tool.Cancelled {
 		t.Errorf("outcome of a call cut by Stop: %+v, want cancelled", r)
 	}
+}
+
+// hangingWorker starts (without stopping it) a worker whose tool "hang"
+// runs until its context ends; started is closed when the first call
+// starts.
+func hangingWorker(t *testing.T, work *nats.Conn) (*worker.Worker, <-chan struct{}) {
+	t.Helper()
+	started := make(chan struct{})
+	w := worker.New(work, natstest.Prefix)
+	w.Handle("hang", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		close(started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return w, started
 }
 
 func TestBadListen(t *testing.T) {
@@ -511,16 +520,7 @@ func TestProgressAfterReturn(t *testing.T) {
 // on the runners, not in a registry of action IDs.
 func TestStopCancelsCallWithoutActionID(t *testing.T) {
 	side, work := natstest.Connect(t)
-	started := make(chan struct{})
-	w := worker.New(work, natstest.Prefix)
-	w.Handle("hang", func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		close(started)
-		<-ctx.Done()
-		return nil, ctx.Err()
-	})
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
+	w, started := hangingWorker(t, work)
 	go side.Request(wire.Subject(natstest.Prefix, "hang"), []byte(`{"tool": "hang", "args": {}}`), 30*time.Second)
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
