@@ -106,6 +106,11 @@ type Core struct {
 	// each); more wait in a queue (toolsidecar_core_requests_queued).
 	// default: 64
 	MaxConnections int `koanf:"max_connections"`
+	// IdleTimeout is how long a connection to Core is kept idle. Keep it
+	// below Core's keep-alive timeout (uvicorn's: 5 s), so that the
+	// sidecar, not Core, closes an idle connection: a POST that meets
+	// Core's close on its way out is not sent again. default: 4s
+	IdleTimeout time.Duration `koanf:"idle_timeout"`
 }
 
 // NATS is the worker bus.
@@ -427,7 +432,7 @@ func Default() Config {
 	return Config{
 		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second},
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second,
-			MaxConnections: 64},
+			MaxConnections: 64, IdleTimeout: 4 * time.Second},
 		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
@@ -747,7 +752,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for key, d := range map[string]time.Duration{
-		"core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout,
+		"core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout, "core.idle_timeout": c.Core.IdleTimeout,
 		"server.shutdown_timeout": c.Server.ShutdownTimeout, "executor.cancel_poll": c.Executor.CancelPoll,
 		"executor.submit_budget": c.Executor.SubmitBudget, "server.sse_keepalive": c.Server.SSEKeepalive,
 		"nats.connect_retry": c.NATS.ConnectRetry,

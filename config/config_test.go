@@ -32,7 +32,7 @@ func TestGoodConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Core.URL != "http://core:9000" || cfg.Core.Timeout != 5*time.Second || cfg.Core.StreamIdleTimeout != 280*time.Second {
+	if cfg.Core.URL != "http://core:9000" || cfg.Core.Timeout != 5*time.Second || cfg.Core.StreamIdleTimeout != 280*time.Second || cfg.Core.IdleTimeout != 4*time.Second {
 		t.Errorf("core %+v", cfg.Core)
 	}
 	if cfg.Executor.MaxParallel != 4 || cfg.Executor.MaxTurns != 10 || cfg.Executor.MissingTool != MissingToolFailRun {
@@ -155,6 +155,7 @@ func TestBoundsAndUnits(t *testing.T) {
 		"core: {timeout: 30}\n":                      "has no unit",
 		"tools: [{name: a, timeout: 30}]\n":          "has no unit",
 		"core: {timeout: -1s}\n":                     "core.timeout: must be positive",
+		"core: {idle_timeout: 0s}\n":                 "core.idle_timeout: must be positive",
 		"server: {max_body_bytes: -5}\n":             "server.max_body_bytes: must be positive",
 		"server: {max_drives: 0}\n":                  "server.max_drives: must be positive",
 		"executor: {submit_budget: 0s}\n":            "executor.submit_budget: must be positive",

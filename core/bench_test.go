@@ -78,7 +78,7 @@ func BenchmarkShortCalls(b *testing.B) {
 		opts []Option
 	}{
 		{"pool", nil},
-		{"net-http-transport", []Option{WithHTTPClient(&http.Client{Transport: newTransport(DefaultMaxConns, &atomic.Int64{})})}},
+		{"net-http-transport", []Option{WithHTTPClient(&http.Client{Transport: newTransport(DefaultMaxConns, DefaultIdleTimeout, &atomic.Int64{})})}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			c, err := New(Config{URL: srv.URL}, bc.opts...)

@@ -61,7 +61,17 @@ type Config struct {
 	// flight on them; more wait in a queue.
 	// default: 64
 	MaxConns int
+	// IdleTimeout is how long a connection to Core is kept idle. Below
+	// Core's own keep-alive timeout, the sidecar closes an idle
+	// connection first, so a request never meets a close that Core sent
+	// as it went out (a POST is not sent twice).
+	// default: 4s (uvicorn closes after 5 s)
+	IdleTimeout time.Duration
 }
+
+// DefaultIdleTimeout is [Config.IdleTimeout]'s default: a second under
+// uvicorn's keep-alive timeout, which Core's server uses.
+const DefaultIdleTimeout = 4 * time.Second
 
 // Observer is told of every HTTP exchange with Core: the endpoint template
 // (bounded cardinality), the status code (0 on a transport error) and the
@@ -163,6 +173,9 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
 	var basic []string
 	if u.User != nil { // as http.Client would send it
 		password, _ := u.User.Password()
@@ -171,15 +184,15 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
 		exchanges: exchanges{max: cfg.MaxConns}}
-	c.hc = &http.Client{Transport: newPool(u, max(cfg.MaxConns, 64), &c.dialed)}
-	c.streamHC = &http.Client{Transport: newPool(u, 64, &c.streamsDialed)}
-	c.otherHC = &http.Client{Transport: newTransport(0, &c.streamsDialed)}
+	c.hc = &http.Client{Transport: newPool(u, max(cfg.MaxConns, 64), cfg.IdleTimeout, &c.dialed)}
+	c.streamHC = &http.Client{Transport: newPool(u, 64, cfg.IdleTimeout, &c.streamsDialed)}
+	c.otherHC = &http.Client{Transport: newTransport(0, cfg.IdleTimeout, &c.streamsDialed)}
 	proxy, err := httpproxy.FromEnvironment().ProxyFunc()(u)
 	if err != nil {
 		return nil, fmt.Errorf("core: the proxy for %s: %w", u.Redacted(), err)
 	}
 	if proxy != nil { // HTTP_PROXY or HTTPS_PROXY: net/http speaks to proxies
-		t := newTransport(cfg.MaxConns, &c.dialed)
+		t := newTransport(cfg.MaxConns, cfg.IdleTimeout, &c.dialed)
 		t.Proxy = http.ProxyURL(proxy)
 		c.hc.Transport = t
 		c.otherHC.Transport.(*http.Transport).Proxy = http.ProxyURL(proxy)
@@ -220,9 +233,11 @@ const DefaultMaxConns = 64
 // newTransport is a transport of at most maxConns connections (0: no
 // bound) that keeps up to 64 of them idle, or maxConns if more, so that
 // the next request finds one open: without it, over TLS, each would pay a
-// handshake. It counts the connections it opens in dialed.
-func newTransport(maxConns int, dialed *atomic.Int64) *http.Transport {
+// handshake. It keeps an idle connection for idle, and counts the
+// connections it opens in dialed.
+func newTransport(maxConns int, idle time.Duration, dialed *atomic.Int64) *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.IdleConnTimeout = idle
 	t.MaxConnsPerHost = maxConns
 	t.MaxIdleConnsPerHost = max(maxConns, 64)
 	t.MaxIdleConns = max(4*t.MaxIdleConnsPerHost, 256)

@@ -50,14 +50,9 @@ type keptConn struct {
 	since  time.Time // when it went idle
 }
 
-// idleTimeout is how long an idle connection is kept: net/http's
-// DefaultTransport's. Core's server may close it sooner (uvicorn: 5 s);
-// take notices that before sending on it.
-const idleTimeout = 90 * time.Second
-
 // newPool is a pool of connections to the host of u (http or https), at
 // most maxIdle of them idle, counting the connections it opens in dialed.
-func newPool(u *url.URL, maxIdle int, dialed *atomic.Int64) *pool {
+func newPool(u *url.URL, maxIdle int, idleTimeout time.Duration, dialed *atomic.Int64) *pool {
 	port := u.Port()
 	if port == "" {
 		port = "80"

@@ -105,17 +105,19 @@ func TestKeptConnectionClosedByCore(t *testing.T) {
 	}
 }
 
-// TestClosedAfterTheRequest: Core closes a kept connection as the
-// request arrives on it, without an answer (the close raced the send).
-// A PUT, safe to repeat, is sent again on a new connection; a POST is not,
-// and its error says why.
-func TestClosedAfterTheRequest(t *testing.T) {
+// oneAnswerCore is a Core whose keep-alive ends as a connection's second
+// request arrives: it answers the first request on each connection, and
+// closes the connection on the second without answering (the close raced
+// the send). A completions request is answered with a stream of [DONE]
+// alone, any other with an Action. It counts the connections it accepts
+// and the requests it reads.
+func oneAnswerCore(t *testing.T) (url string, accepted, requests *atomic.Int32) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	var accepted, requests atomic.Int32
+	t.Cleanup(func() { ln.Close() })
+	accepted, requests = new(atomic.Int32), new(atomic.Int32)
 	go func() {
 		for {
 			conn, err := ln.Accept()
@@ -136,12 +138,25 @@ func TestClosedAfterTheRequest(t *testing.T) {
 					if served == 1 { // the second request on a connection
 						return
 					}
-					io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 38\r\n\r\n"+`{"id": "act_1", "status": "completed"}`)
+					typ, body := "application/json", `{"id": "act_1", "status": "completed"}`
+					if req.URL.Path == "/v1/completions" {
+						typ, body = "text/event-stream", "data: [DONE]\n\n"
+					}
+					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s", typ, len(body), body)
 				}
 			}()
 		}
 	}()
-	c, err := New(Config{URL: "http://" + ln.Addr().String()})
+	return "http://" + ln.Addr().String(), accepted, requests
+}
+
+// TestClosedAfterTheRequest: Core closes a kept connection as the
+// request arrives on it, without an answer (the close raced the send).
+// A PUT, safe to repeat, is sent again on a new connection; a POST is not,
+// and its error says why.
+func TestClosedAfterTheRequest(t *testing.T) {
+	url, accepted, requests := oneAnswerCore(t)
+	c, err := New(Config{URL: url})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +176,43 @@ func TestClosedAfterTheRequest(t *testing.T) {
 	}
 	if r := requests.Load(); r != 4 {
 		t.Errorf("Core received %d requests, want 4: the POST is sent once", r)
+	}
+}
+
+// TestIdleTimeoutUnderCores: with Core's keep-alive ending as a request
+// arrives (oneAnswerCore), a connection idle for longer than the client's
+// IdleTimeout is closed by the client, not sent on: each POST, a tool
+// output and a turn's completions request, goes out once on a new
+// connection and is answered. TestClosedAfterTheRequest is the same Core
+// with the connection reused: the POST is lost.
+func TestIdleTimeoutUnderCores(t *testing.T) {
+	url, accepted, requests := oneAnswerCore(t)
+	c, err := New(Config{URL: url, IdleTimeout: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 2 {
+		time.Sleep(5 * time.Millisecond) // idle for longer than IdleTimeout
+		if _, err := c.SubmitToolOutput(ctx, ToolOutput{ThreadID: "t", ToolID: "call_1", Content: "ok"}); err != nil {
+			t.Fatalf("tool output %d: %v", i, err)
+		}
+	}
+	for i := range 2 {
+		time.Sleep(5 * time.Millisecond)
+		s, err := c.Stream(ctx, CompletionRequest{RunID: "run_1"})
+		if err != nil {
+			t.Fatalf("completions %d: %v", i, err)
+		}
+		for _, err := range s.Chunks() {
+			if err != nil {
+				t.Fatalf("completions %d: %v", i, err)
+			}
+		}
+		s.Close()
+	}
+	if n, r := accepted.Load(), requests.Load(); n != 4 || r != 4 {
+		t.Errorf("%d connections and %d requests for four POSTs, want 4 and 4: each POST on a new connection, once", n, r)
 	}
 }
 

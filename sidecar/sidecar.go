@@ -393,7 +393,7 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 	// of the drive when spans are recorded.
 	opts = append(opts, core.WithRoundTripper(func(rt http.RoundTripper) http.RoundTripper { return coreTransport(s.tp, rt) }))
 	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout,
-		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout, MaxConns: s.cfg.Core.MaxConnections}, opts...)
+		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout, MaxConns: s.cfg.Core.MaxConnections, IdleTimeout: s.cfg.Core.IdleTimeout}, opts...)
 }
 
 // buildExecutor wires the loop: NATS for route nats, the in-process

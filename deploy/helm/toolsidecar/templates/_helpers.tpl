@@ -81,6 +81,7 @@ core:
   stream_idle_timeout: {{ .Values.core.streamIdleTimeout }}
   readiness_check: {{ .Values.core.readinessCheck }}
   max_connections: {{ .Values.core.maxConnections }}
+  idle_timeout: {{ .Values.core.idleTimeout }}
   {{- if .Values.core.tls.secretName }}
   {{- include "toolsidecar.tlsFiles" (dict "tls" .Values.core.tls "volume" "core-tls") | trim | nindent 2 }}
   {{- end }}
