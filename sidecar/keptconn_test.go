@@ -94,7 +94,7 @@ func TestCoreDropsKeptConnections(t *testing.T) {
 }
 
 // countingEcho is testenv.Echo that counts its runs by Action.
-func countingEcho(mu *sync.Mutex, runs map[string]int) func(context.Context, *tool.Call) ([]byte, error) {
+func countingEcho(mu *sync.Mutex, runs map[string]int) handler {
 	return func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		mu.Lock()
 		runs[c.ActionID]++
