@@ -110,11 +110,15 @@ bench:
 	$(GO) test ./bridge -run '^$$' -bench 'RawRequest$$|Dispatch$$|DispatchDurable$$|DispatchDurableUnsafe$$' -benchtime 20000x -count 3
 	for i in 1 2 3; do $(GO) test ./bridge -run '^$$' -bench 'Parallel$$' -benchtime 20000x || exit 1; done
 
-## soak: the durable-mode fault suite of RELIABILITY.md, each fault
-## SOAK times (make test runs each once), then a summary per fault.
+## soak: the property test of the loop's invariant over SOAK_SEEDS random
+## seeds of load and Core faults (make test runs 3), then the durable-mode
+## fault suite of RELIABILITY.md, each fault SOAK times (make test runs
+## each once), with a summary per fault.
 SOAK ?= 20
+SOAK_SEEDS ?= 100
 SOAK_TESTS := TestSIGKILLMidBatch|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss|TestLeaseHolderKilled
 soak:
+	PROPERTY_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 60m -run TestInvariantUnderLoadAndFaults ./executor
 	SOAK_REPS=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh
 
 ## fuzz: run every fuzz target for FUZZTIME (CI runs only their seeds);

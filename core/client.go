@@ -22,7 +22,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -38,9 +37,11 @@ type Config struct {
 	// APIKey goes in X-API-Key. It is a secret: it is never logged and
 	// never part of an error.
 	APIKey string
-	// Timeout bounds each non-streaming call, retries included, from
-	// when it is sent: not its wait in the client's queue, which its
-	// caller's context bounds.
+	// Timeout bounds each non-streaming call, retries and the wait for a
+	// connection included. The writes that make a call's outcome count
+	// (RecordToolOutput, WriteAction) are bounded by their caller's
+	// context instead: one of them given up on could still be applied by
+	// Core after the call's next write.
 	// default: 30s
 	Timeout time.Duration
 	// StreamIdleTimeout bounds the silence between two frames of a
@@ -57,8 +58,8 @@ type Config struct {
 	// default: 3; negative disables retries
 	Retries int
 	// MaxConns bounds the connections of short calls (every call but the
-	// completions streams, which have one each) and the requests in
-	// flight on them; more wait in a queue.
+	// completions streams, which have one each); more requests wait in
+	// net/http's Transport for one.
 	// default: 64
 	MaxConns int
 	// IdleTimeout is how long a connection to Core is kept idle. Below
@@ -100,14 +101,11 @@ func WithHTTPClient(hc *http.Client) Option {
 func WithTLS(tc *tls.Config) Option {
 	return func(c *Client) error {
 		for _, hc := range c.clients() {
-			switch t := hc.Transport.(type) {
-			case *http.Transport:
-				t.TLSClientConfig = tc.Clone()
-			case *pool:
-				t.setTLS(tc)
-			default:
+			t, ok := hc.Transport.(*http.Transport)
+			if !ok {
 				return fmt.Errorf("core: WithTLS needs the client's own transports, the client has a %T", hc.Transport)
 			}
+			t.TLSClientConfig = tc.Clone()
 		}
 		return nil
 	}
@@ -143,8 +141,9 @@ type Client struct {
 	otherHC  *http.Client // requests on others' behalf: see Transport
 	observe  Observer
 	gap      func(time.Duration)
-	// exchanges runs the short calls on at most cfg.MaxConns workers.
-	exchanges exchanges
+	// inFlight counts the short calls sent and not yet answered; beyond
+	// cfg.MaxConns, they wait for a connection.
+	inFlight atomic.Int64
 	// dialed counts the connections opened, for short calls and streams.
 	dialed, streamsDialed atomic.Int64
 }
@@ -182,21 +181,31 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		basic = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))}
 		u.User = nil
 	}
-	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
-		exchanges: exchanges{max: cfg.MaxConns}}
-	c.hc = &http.Client{Transport: newPool(u, max(cfg.MaxConns, 64), cfg.IdleTimeout, &c.dialed)}
-	c.streamHC = &http.Client{Transport: newPool(u, 64, cfg.IdleTimeout, &c.streamsDialed)}
+	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {}}
+	// Short calls share at most MaxConns connections; completions streams,
+	// each holding one for a whole turn, and requests on others' behalf
+	// have transports of their own, so that neither waits behind the other.
+	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, cfg.IdleTimeout, &c.dialed)}
+	// A completions stream is a POST that must not be sent twice, and
+	// net/http does not resend one that meets a connection Core closed
+	// (Core restarted, or its keep-alive ended) as it left. Each stream
+	// therefore opens a connection of its own: one handshake per turn of
+	// model inference. (A negative MaxIdleConnsPerHost keeps no idle
+	// connection without asking Core to close: DisableKeepAlives would
+	// send "Connection: close", after which Go's server no longer watches
+	// the connection for the client going away.)
+	streams := newTransport(0, cfg.IdleTimeout, &c.streamsDialed)
+	streams.MaxIdleConnsPerHost = -1
+	c.streamHC = &http.Client{Transport: streams}
 	c.otherHC = &http.Client{Transport: newTransport(0, cfg.IdleTimeout, &c.streamsDialed)}
+	// The proxy (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) is read now, not once
+	// per process as http.ProxyFromEnvironment does.
 	proxy, err := httpproxy.FromEnvironment().ProxyFunc()(u)
 	if err != nil {
 		return nil, fmt.Errorf("core: the proxy for %s: %w", u.Redacted(), err)
 	}
-	if proxy != nil { // HTTP_PROXY or HTTPS_PROXY: net/http speaks to proxies
-		t := newTransport(cfg.MaxConns, cfg.IdleTimeout, &c.dialed)
-		t.Proxy = http.ProxyURL(proxy)
-		c.hc.Transport = t
-		c.otherHC.Transport.(*http.Transport).Proxy = http.ProxyURL(proxy)
-		c.streamHC = c.otherHC
+	for _, hc := range c.clients() {
+		hc.Transport.(*http.Transport).Proxy = http.ProxyURL(proxy)
 	}
 	for _, o := range opts {
 		if err := o(c); err != nil {
@@ -209,7 +218,7 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 // Transport is the round tripper for requests made to Core on another's
 // behalf (a proxy, a probe): net/http's, for any request, with the
 // client's TLS and tracing, its connections kept, and no bound shared with
-// the client's own short calls, so that they never wait behind its queue.
+// the client's own short calls, so that they never wait behind them.
 func (c *Client) Transport() http.RoundTripper { return c.otherHC.Transport }
 
 // clients are the client's HTTP clients, each once.
@@ -340,15 +349,6 @@ func (c *Client) UpdateAction(ctx context.Context, actionID string, upd ActionUp
 	return a, err
 }
 
-// UpdateActionThen is UpdateAction for a caller that does not wait: no
-// goroutine is held while the write queues for a connection, runs, or
-// waits to be retried. then receives its error and must not block. drop
-// withdraws the write while it is still queued: it reports true when the
-// write never left, and then then is never called.
-func (c *Client) UpdateActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(error)) (drop func() bool) {
-	return c.callThen(ctx, http.MethodPut, "/v1/actions/"+url.PathEscape(actionID), "actions_update", upd, nil, then)
-}
-
 // GetAction reads one Action.
 func (c *Client) GetAction(ctx context.Context, actionID string) (Action, error) {
 	var a Action
@@ -442,158 +442,39 @@ func (c *Client) CreateMessage(ctx context.Context, threadID, assistantID, conte
 	return m, err
 }
 
-// call performs one JSON exchange with retries, and waits for it.
+// call performs one JSON exchange, retrying a transient failure of a
+// request that may be repeated, all within Config.Timeout.
 func (c *Client) call(ctx context.Context, method, path, endpoint string, in, out any) error {
-	return await(func(then func(error)) { c.callThen(ctx, method, path, endpoint, in, out, then) })
-}
-
-// await starts an exchange that reports through then, and waits for it.
-func await(start func(then func(error))) error {
-	done := make(chan error, 1)
-	start(func(err error) { done <- err })
-	return <-done
-}
-
-// callThen is call for a caller that does not wait for the answer: the
-// request and each retry queue for a worker, and no goroutine waits for
-// them or between them. then receives the error on a worker's, a timer's
-// or the context's goroutine, and must not block; it hears ctx's end at
-// once, even while the request is queued or waits to be retried. drop
-// withdraws the exchange while it waits in the queue; it reports true
-// when the request was never sent, and then then is never called.
-func (c *Client) callThen(ctx context.Context, method, path, endpoint string, in, out any, then func(error)) (drop func() bool) {
 	body, err := encode(method, endpoint, in)
 	if err != nil {
-		then(err)
-		return func() bool { return false }
+		return err
 	}
-	k := &calling{c: c, parent: ctx, method: method, path: path, endpoint: endpoint, body: body, out: out, then: then}
-	c.retries(&k.r, method)
-	k.attempt()
-	return k.drop
-}
-
-// calling is one exchange of [Client.callThen] with its retries: one
-// allocation holds what the callbacks need.
-type calling struct {
-	c      *Client
-	parent context.Context // the caller's: a queued attempt ends with it
-	// ctx is parent bounded by Config.Timeout, made when a worker takes
-	// the first attempt: a context with a deadline and a timer for each
-	// of thousands of queued requests was about a seventh of the heap at
-	// 10,000 runs (BENCHMARKS.md). Written by the worker of an attempt, before
-	// the next attempt is queued.
-	ctx                    context.Context
-	cancel                 context.CancelFunc
-	method, path, endpoint string
-	body                   []byte
-	out                    any
-	then                   func(error)
-	r                      retryPolicy
-	earlier                error // the last attempt's failure, once it is retried
-	current                atomic.Pointer[exchange]
-}
-
-// attempt queues one attempt.
-func (k *calling) attempt() {
-	x := newExchange(k)
-	k.current.Store(x)
-	k.c.enqueue(x)
-}
-
-// sent is the context of an attempt that a worker has taken: the
-// exchange's deadline starts with its first attempt.
-func (k *calling) sent() context.Context {
-	if k.ctx == nil {
-		k.ctx, k.cancel = context.WithTimeout(k.parent, k.c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	var r retryPolicy
+	c.retries(&r, method)
+	var earlier error
+	for {
+		err := withEarlier(c.once(ctx, method, path, endpoint, body, out), earlier)
+		if !r.again(err) {
+			return err
+		}
+		earlier = err
+		if sleep(ctx, r.b.NextBackOff()) != nil {
+			return withEarlier(fmt.Errorf("core: %s %s: not sent again: %w", method, path, context.Cause(ctx)), earlier)
+		}
 	}
-	return k.ctx
-}
-
-// answered takes an attempt's error: the exchange ends, or is tried again
-// after a backoff.
-func (k *calling) answered(err error) {
-	err = withEarlier(err, k.earlier)
-	if !k.r.again(err) {
-		k.finish(err)
-		return
-	}
-	k.earlier = err
-	after(k.sent(), k.r.b.NextBackOff(), k.attempt, func() { k.finish(err) })
 }
 
 // withEarlier adds to err, when its attempt was ended by its context, the
 // failure of the attempt before it: when a budget runs out while a retry
-// still waits for a connection, the reason it was a retry (Core's 503,
-// say) is what its caller needs to hear. Both stay in the chain.
+// waits, the reason it was a retry (Core's 503, say) is what its caller
+// needs to hear. Both stay in the chain.
 func withEarlier(err, earlier error) error {
 	if earlier == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 		return err
 	}
 	return fmt.Errorf("%w (the attempt before: %w)", err, earlier)
-}
-
-func (k *calling) finish(err error) {
-	k.release()
-	k.then(err)
-}
-
-// release ends the exchange's deadline, if an attempt was taken.
-func (k *calling) release() {
-	if k.cancel != nil {
-		k.cancel()
-	}
-}
-
-func (k *calling) drop() bool {
-	if k.current.Load().drop() {
-		k.release()
-		return true
-	}
-	return false
-}
-
-// after runs next once d has passed, or fail as soon as ctx ends first:
-// exactly one of them, on a timer's or the context's goroutine. It is the
-// asynchronous form of a sleep that gives up when its budget is spent.
-func after(ctx context.Context, d time.Duration, next, fail func()) {
-	w := &wakeup{next: next, fail: fail}
-	w.mu.Lock() // both callbacks wait until the fields are set
-	defer w.mu.Unlock()
-	w.timer = time.AfterFunc(d, w.elapsed)
-	w.stop = context.AfterFunc(ctx, w.ended)
-}
-
-// wakeup is one wait of [after].
-type wakeup struct {
-	mu         sync.Mutex
-	fired      bool
-	timer      *time.Timer
-	stop       func() bool
-	next, fail func()
-}
-
-func (w *wakeup) elapsed() {
-	if w.fire() {
-		w.stop()
-		w.next()
-	}
-}
-
-func (w *wakeup) ended() {
-	if w.fire() {
-		w.timer.Stop()
-		w.fail()
-	}
-}
-
-// fire reports whether the caller is the first of the two callbacks.
-func (w *wakeup) fire() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	first := !w.fired
-	w.fired = true
-	return first
 }
 
 // encode is the JSON body of a request; nil for none.
@@ -641,7 +522,9 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 		return err
 	}
 	start := time.Now()
+	c.inFlight.Add(1)
 	resp, err := send(c.hc, req)
+	c.inFlight.Add(-1)
 	if err != nil {
 		c.observe(endpoint, 0, time.Since(start))
 		return fmt.Errorf("core: %s %s: %w", method, req.URL.Path, err)

@@ -26,16 +26,28 @@ var ErrBudget = errors.New("core: submit budget spent")
 
 // RecordToolOutput posts a tool output exactly once (POST
 // /v1/messages/tools). After a failure whose effect is uncertain (a
-// timeout, a dropped connection, a 5xx after the body was sent) it reads
-// the thread's newest messages and, when one carries the output's
+// dropped connection, a 5xx after the body was sent) it reads the
+// thread's newest messages and, when one carries the output's
 // tool_call_id, returns it instead of posting again; a message it posted
-// has the content it sent. It retries on connection errors, timeouts, 429,
-// 502, 503 and 504, honouring Retry-After, until ctx ends.
+// has the content it sent. It retries on connection errors, 429, 502, 503
+// and 504, honouring Retry-After, until ctx ends.
 func (c *Client) RecordToolOutput(ctx context.Context, out ToolOutput) (Message, error) {
 	var m Message
-	err := await(func(then func(error)) {
-		c.RecordToolOutputThen(ctx, out, func(got Message, err error) { m = got; then(err) })
-	})
+	landed := func(ctx context.Context) (bool, error) {
+		found, ok, err := c.findToolOutput(ctx, out.ThreadID, out.ToolCallID)
+		if ok {
+			m = found
+		}
+		return ok, err
+	}
+	write := func(ctx context.Context) error {
+		err := c.write(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), (*storedMessage)(&m))
+		if err == nil {
+			m.Content = out.Content
+		}
+		return err
+	}
+	err := c.persist(ctx, "messages_tools", landed, write)
 	return m, err
 }
 
@@ -51,55 +63,28 @@ type storedMessage struct {
 	ToolCallID string `json:"tool_call_id,omitempty"`
 }
 
-// RecordToolOutputThen is RecordToolOutput for a caller that does not
-// wait: no goroutine is held while the writes and reads queue, run, or
-// wait to be retried. then receives the outcome once, and must not block.
-func (c *Client) RecordToolOutputThen(ctx context.Context, out ToolOutput, then func(Message, error)) {
-	var m Message
-	lookup := func(ctx context.Context, then func(bool, error)) {
-		c.findToolOutputThen(ctx, out.ThreadID, out.ToolCallID, func(found Message, ok bool, err error) {
-			if ok {
-				m = found
-			}
-			then(ok, err)
-		})
-	}
-	write := func(ctx context.Context, then func(error)) {
-		c.callThen(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), (*storedMessage)(&m), func(err error) {
-			if err == nil {
-				m.Content = out.Content
-			}
-			then(err)
-		})
-	}
-	c.persistThen(ctx, "messages_tools", lookup, write, func(err error) { then(m, err) })
-}
-
-// FinaliseAction sets an Action's status and result (PUT
-// /v1/actions/{id}, idempotent), retrying transient failures until ctx
-// ends.
-func (c *Client) FinaliseAction(ctx context.Context, actionID string, upd ActionUpdate) (Action, error) {
-	var a Action
-	err := await(func(then func(error)) { c.finaliseThen(ctx, actionID, upd, &a, then) })
-	return a, err
-}
-
-// FinaliseActionThen is FinaliseAction for a caller that does not wait
-// and has no use for the Action Core answers with, which is not decoded
-// (measured: 17 allocations and 6.6 us a call): then receives the outcome
-// once, and must not block.
-func (c *Client) FinaliseActionThen(ctx context.Context, actionID string, upd ActionUpdate, then func(error)) {
-	c.finaliseThen(ctx, actionID, upd, nil, then)
-}
-
-// finaliseThen writes the Action's status and decodes Core's answer into
-// out (an *Action), unless it is nil.
-func (c *Client) finaliseThen(ctx context.Context, actionID string, upd ActionUpdate, out any, then func(error)) {
+// WriteAction sets an Action's status and result (PUT /v1/actions/{id},
+// idempotent), retrying transient failures until ctx ends. Core's answer
+// is not decoded.
+func (c *Client) WriteAction(ctx context.Context, actionID string, upd ActionUpdate) error {
 	path := "/v1/actions/" + url.PathEscape(actionID)
-	write := func(ctx context.Context, then func(error)) {
-		c.callThen(ctx, http.MethodPut, path, "actions_update", upd, out, then)
+	return c.persist(ctx, "actions_update", nil, func(ctx context.Context) error {
+		return c.write(ctx, http.MethodPut, path, "actions_update", upd, nil)
+	})
+}
+
+// write is one attempt of a write that makes an outcome count. It waits
+// for Core's answer as long as ctx allows (the submit budget), not only
+// Config.Timeout: a write given up on may still be applied by Core later,
+// after the call's next write, and Core would then see the call's writes
+// out of order (a processing mark after the final status, or an output
+// posted twice).
+func (c *Client) write(ctx context.Context, method, path, endpoint string, in, out any) error {
+	body, err := encode(method, endpoint, in)
+	if err != nil {
+		return err
 	}
-	c.persistThen(ctx, "actions_update", nil, write, then)
+	return c.once(ctx, method, path, endpoint, body, out)
 }
 
 // outputLookback is how many of a thread's newest messages are searched
@@ -107,23 +92,19 @@ func (c *Client) finaliseThen(ctx context.Context, actionID string, upd ActionUp
 // messages.
 const outputLookback = 100
 
-// findToolOutputThen looks among the thread's newest messages for the
-// tool message of toolCallID, and hands then what it found.
-func (c *Client) findToolOutputThen(ctx context.Context, threadID, toolCallID string, then func(Message, bool, error)) {
-	var msgs messageList
-	c.callThen(ctx, http.MethodGet, messagesPath(threadID, outputLookback), "messages_list", nil, &msgs, func(err error) {
-		if err != nil {
-			then(Message{}, false, err)
-			return
+// findToolOutput looks among the thread's newest messages for the tool
+// message of toolCallID.
+func (c *Client) findToolOutput(ctx context.Context, threadID, toolCallID string) (Message, bool, error) {
+	msgs, err := c.ListMessages(ctx, threadID, outputLookback)
+	if err != nil {
+		return Message{}, false, err
+	}
+	for _, m := range msgs {
+		if m.Role == "tool" && m.ToolCallID == toolCallID {
+			return m, true, nil
 		}
-		for _, m := range msgs.items {
-			if m.Role == "tool" && m.ToolCallID == toolCallID {
-				then(m, true, nil)
-				return
-			}
-		}
-		then(Message{}, false, nil)
-	})
+	}
+	return Message{}, false, nil
 }
 
 // ListMessages reads a thread's newest messages, newest first (GET
@@ -155,76 +136,51 @@ func (l *messageList) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// persistThen runs write until it succeeds, fails for good, or ctx ends,
-// and hands the result to then. Before a retry whose previous attempt may
-// have taken effect, landed (when set) says whether it did; then it stops
-// with success. One step runs at a time, each started by the callback of
-// the one before, so no goroutine waits between them.
-func (c *Client) persistThen(ctx context.Context, endpoint string, landed func(context.Context, func(bool, error)), write func(context.Context, func(error)), then func(error)) {
-	p := &persisting{ctx: ctx, endpoint: endpoint, landed: landed, write: write, then: then,
-		b: backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}}
-	p.b.Reset()
-	p.next()
-}
-
-// persisting is one write of [Client.persistThen] on its way.
-type persisting struct {
-	ctx       context.Context
-	endpoint  string
-	landed    func(context.Context, func(bool, error))
-	write     func(context.Context, func(error))
-	then      func(error)
-	b         backoff.ExponentialBackOff
-	writes    int
-	uncertain bool  // a write may have taken effect
-	lastErr   error // the last write's failure: what the caller needs to hear
-}
-
-// next writes, unless a write may already have landed: then it looks
-// first.
-func (p *persisting) next() {
-	if !p.uncertain || p.landed == nil {
-		p.writeOnce()
-		return
-	}
-	p.landed(p.ctx, func(ok bool, err error) {
-		switch {
-		case err == nil && ok:
-			p.then(nil)
-		case err != nil:
-			// The read failed: the write's effect is still unknown, so
-			// do not write again blindly; wait and read again.
-			after(p.ctx, p.b.NextBackOff(), p.next, func() {
-				p.then(fmt.Errorf("%w: %s after %d attempts: %w (then checking whether it landed: %v)", ErrBudget, p.endpoint, p.writes, p.lastErr, err))
-			})
-		default:
-			p.writeOnce()
+// persist runs write until it succeeds, fails for good, or ctx ends.
+// Before a retry whose previous attempt may have taken effect, landed
+// (when set) says whether it did; then it stops with success. A read that
+// fails leaves the write's effect unknown, so it is not written again
+// blindly: the read is tried again after the backoff.
+func (c *Client) persist(ctx context.Context, endpoint string, landed func(context.Context) (bool, error), write func(context.Context) error) error {
+	b := backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}
+	b.Reset()
+	var (
+		writes    int
+		uncertain bool  // a write may have taken effect
+		lastErr   error // the last write's failure: what the caller needs to hear
+	)
+	for {
+		if uncertain && landed != nil {
+			ok, err := landed(ctx)
+			if err == nil && ok {
+				return nil
+			}
+			if err != nil {
+				if sleep(ctx, b.NextBackOff()) != nil {
+					return fmt.Errorf("%w: %s after %d attempts: %w (then checking whether it landed: %v)", ErrBudget, endpoint, writes, lastErr, err)
+				}
+				continue
+			}
 		}
-	})
-}
-
-func (p *persisting) writeOnce() {
-	p.writes++
-	p.write(p.ctx, func(err error) {
+		writes++
+		err := write(ctx)
 		if err == nil {
-			p.then(nil)
-			return
+			return nil
 		}
-		err = withEarlier(err, p.lastErr)
-		p.lastErr = err
-		spent := func() { p.then(fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, p.endpoint, p.writes, err)) }
-		if p.ctx.Err() != nil {
-			spent()
-			return
+		err = withEarlier(err, lastErr)
+		lastErr = err
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, endpoint, writes, err)
 		}
 		transient, maybeLanded := classify(err)
 		if !transient {
-			p.then(err)
-			return
+			return err
 		}
-		p.uncertain = p.uncertain || maybeLanded
-		after(p.ctx, max(p.b.NextBackOff(), retryAfter(err)), p.next, spent)
-	})
+		uncertain = uncertain || maybeLanded
+		if sleep(ctx, max(b.NextBackOff(), retryAfter(err))) != nil {
+			return fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, endpoint, writes, err)
+		}
+	}
 }
 
 // classify says whether a failed write may succeed when tried again, and
@@ -266,4 +222,17 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		d = t.Sub(now)
 	}
 	return max(0, min(d, time.Minute))
+}
+
+// sleep waits for d, or until ctx ends, which it reports as ctx's error.
+// (internal/clock has the same wait; core imports no project package.)
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

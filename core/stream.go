@@ -120,28 +120,8 @@ func (s *Stream) step(ev sse.Event, err error, ok bool) (c Chunk, cerr error, sk
 
 func (s *Stream) finish(err error) error {
 	s.done, s.err = true, err
-	if err == io.EOF {
-		s.drain()
-	}
 	s.closeBody()
 	return err
-}
-
-// After [DONE], Core ends the body at once. Reading it to its end lets the
-// connection serve the run's next turn; a body closed early would cost
-// Core a new connection, and over TLS a handshake, for every turn. The
-// read is bounded in bytes and time, for a server that keeps it open.
-const (
-	drainBytes = 4 << 10
-	drainWait  = 250 * time.Millisecond
-)
-
-var errDrainWait = errors.New("core: the body went on after [DONE]")
-
-func (s *Stream) drain() {
-	t := time.AfterFunc(drainWait, func() { s.cancel(errDrainWait) })
-	defer t.Stop()
-	_, _ = io.CopyN(io.Discard, s.body, drainBytes)
 }
 
 func (s *Stream) closeBody() {

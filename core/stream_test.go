@@ -299,26 +299,22 @@ func TestMalformedManifests(t *testing.T) {
 	}
 }
 
-// TestStreamKeepsConnection: a stream read to [DONE] leaves its
-// connection open for the next turn's stream, as Core ends the body right
-// after [DONE]. A server that keeps the body open after [DONE] still
-// gives io.EOF, and its connection is closed, not reused.
-func TestStreamKeepsConnection(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		holdOpen  bool
-		wantConns int32
-	}{{"body ends after [DONE]", false, 1}, {"body held open after [DONE]", true, 3}} {
-		t.Run(tc.name, func(t *testing.T) {
+// TestStreamOwnConnection: each turn's stream opens a connection of its
+// own and closes it, whether Core ends the body right after [DONE] or
+// keeps it open: a completions POST never meets a kept connection that
+// Core may have closed as it left.
+func TestStreamOwnConnection(t *testing.T) {
+	for _, holdOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("held open=%v", holdOpen), func(t *testing.T) {
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.Write([]byte("data: {\"type\": \"content\", \"content\": \"hi\", \"run_id\": \"r\"}\n\ndata: [DONE]\n\n"))
 				w.(http.Flusher).Flush()
-				if tc.holdOpen {
+				if holdOpen {
 					<-r.Context().Done()
 				}
 			}))
-			conns := countConns(srv)
+			conns := logConns(srv)
 			srv.Start()
 			defer srv.Close()
 			c, _ := New(Config{URL: srv.URL})
@@ -331,9 +327,10 @@ func TestStreamKeepsConnection(t *testing.T) {
 					t.Fatalf("turn %d: got %v, want [content \"hi\", end done]", turn, got)
 				}
 				s.Close()
+				conns.waitClosed(t)
 			}
-			if n := conns.Load(); n != tc.wantConns {
-				t.Errorf("3 streams used %d connections, want %d", n, tc.wantConns)
+			if n := conns.opened.Load(); n != 3 {
+				t.Errorf("3 streams used %d connections, want 3", n)
 			}
 		})
 	}

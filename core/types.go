@@ -1,6 +1,10 @@
 package core
 
-import "encoding/json"
+import (
+	"cmp"
+	"encoding/json"
+	"time"
+)
 
 // Action statuses accepted by PUT /v1/actions/{id} (ActionStatus).
 const (
@@ -95,6 +99,36 @@ type Action struct {
 	IsProcessed  bool            `json:"is_processed"`
 	TriggeredAt  any             `json:"triggered_at,omitempty"`
 	ProcessedAt  any             `json:"processed_at,omitempty"`
+}
+
+// CompareTriggered orders two Actions by the time Core created them
+// (triggered_at, which Core stamps with datetime.now() as it reads each
+// call from the model's stream), then by turn_index. A stamp that cannot
+// be read compares equal, so a stable sort keeps Core's own order there.
+func CompareTriggered(a, b Action) int {
+	ta, oka := triggered(a.TriggeredAt)
+	tb, okb := triggered(b.TriggeredAt)
+	if oka && okb {
+		if c := ta.Compare(tb); c != 0 {
+			return c
+		}
+	}
+	return cmp.Compare(a.TurnIndex, b.TurnIndex)
+}
+
+// triggered reads a triggered_at stamp: ISO 8601 with or without a zone
+// and fractional seconds, as Pydantic writes a naive datetime.
+func triggered(v any) (time.Time, bool) {
+	s, ok := v.(string)
+	if !ok {
+		return time.Time{}, false
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999", "2006-01-02 15:04:05.999999999"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // PendingAction is one item of GET /v1/actions/pending/{run_id}.

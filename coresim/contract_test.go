@@ -61,6 +61,12 @@ func TestContractViolations(t *testing.T) {
 			f.post(t, ms[0].ActionID, ms[1].ToolCallID, "x")
 			f.post(t, ms[2].ActionID, ms[2].ToolCallID, "x")
 		}, ViolationToolIDMismatch, 0},
+		{"processing after output", func(t *testing.T, f *fixture, ms []*core.Manifest) {
+			for _, m := range ms {
+				f.post(t, m.ActionID, m.ToolCallID, "x")
+			}
+			f.c.UpdateAction(context.Background(), ms[1].ActionID, core.ActionUpdate{Status: core.ActionProcessing})
+		}, ViolationProcessingAfterOutput, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,11 +102,11 @@ func TestContractViolations(t *testing.T) {
 func TestActionNotFinalised(t *testing.T) {
 	f := setup(t, threeCalls())
 	ms, _, _ := f.turn(t)
+	f.c.UpdateAction(context.Background(), ms[2].ActionID, core.ActionUpdate{Status: core.ActionProcessing})
 	for _, m := range ms {
 		f.post(t, m.ActionID, m.ToolCallID, "x")
 	}
 	f.finalise(t, ms[:2])
-	f.c.UpdateAction(context.Background(), ms[2].ActionID, core.ActionUpdate{Status: core.ActionProcessing})
 	f.turn(t)
 	v := f.sim.Violations()
 	if len(v) != 1 || v[0].Kind != ViolationActionNotFinalised || v[0].ToolCallID != ms[2].ToolCallID {

@@ -30,6 +30,10 @@ type Fault struct {
 	Delay time.Duration `yaml:"delay" json:"delay"`
 	// Drop closes the connection without an answer.
 	Drop bool `yaml:"drop" json:"drop"`
+	// Hold is slept before the request takes effect, whatever its client
+	// does meanwhile: a Core that applies a write late, perhaps after its
+	// client gave up on it and sent the call's next write.
+	Hold time.Duration `yaml:"hold" json:"hold"`
 	// Hit, when set, is called as each matching request starts its fault
 	// (after the write, with Store): a test's signal that the client is
 	// now at that point, to kill it there.
@@ -50,6 +54,11 @@ func (s *Sim) AddFault(f Fault) {
 	defer s.mu.Unlock()
 	s.faults = append(s.faults, &activeFault{Fault: f, left: f.Times})
 }
+
+// Holding counts the requests a Hold fault holds and has not yet let take
+// effect: a test waits for none before it reads the contract log, since a
+// held write may be applied after its client has finished.
+func (s *Sim) Holding() int { return int(s.holding.Load()) }
 
 // ClearFaults disarms every fault: Core is healthy again.
 func (s *Sim) ClearFaults() {
@@ -81,6 +90,11 @@ func (f *Fault) matches(path string) bool {
 
 // serveFault answers r as f says.
 func (s *Sim) serveFault(w http.ResponseWriter, r *http.Request, f *Fault) {
+	if f.Hold > 0 {
+		s.holding.Add(1)
+		defer s.holding.Add(-1) // after the request took effect
+		time.Sleep(f.Hold)
+	}
 	var stored *recorder
 	if f.Store {
 		stored = &recorder{header: http.Header{}, status: http.StatusOK}

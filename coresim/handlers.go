@@ -1,15 +1,19 @@
 package coresim
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/projectdavid/toolsidecar/core"
 )
@@ -30,6 +34,10 @@ func (s *Sim) routes() {
 	s.mux.HandleFunc("PUT /v1/actions/{id}", s.auth(s.updateAction))
 	s.mux.HandleFunc("GET /v1/actions/pending/{run_id}", s.auth(s.pendingActions))
 	s.mux.HandleFunc("GET /v1/threads/{id}/messages", s.auth(s.listMessages))
+	// Not Core's: the contract log, for a simulator in another process.
+	s.mux.HandleFunc("GET /_sim/violations", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.Violations())
+	}))
 }
 
 // listMessages answers a thread's messages as a list envelope, newest first
@@ -59,6 +67,12 @@ func (s *Sim) listMessages(w http.ResponseWriter, r *http.Request) {
 
 // ServeHTTP records the request, bounds its body and routes it.
 func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.SplitWrites {
+		w = &splitWriter{ResponseWriter: w}
+	}
+	if s.cfg.MaxLatency > 0 {
+		time.Sleep(rand.N(s.cfg.MaxLatency))
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	s.mu.Lock()
 	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Body: body, At: s.now(), Key: r.Header.Get("X-API-Key"),
@@ -75,6 +89,36 @@ func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// splitWriter sends an answer's head on its own, before the body.
+type splitWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *splitWriter) WriteHeader(status int) {
+	if !w.wrote {
+		w.wrote = true
+		w.ResponseWriter.WriteHeader(status)
+		http.NewResponseController(w.ResponseWriter).Flush()
+	}
+}
+
+func (w *splitWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush and Hijack are the underlying writer's: streams and dropped
+// connections work as without the split.
+func (w *splitWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *splitWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *splitWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // detail writes FastAPI's error shape.
 func detail(w http.ResponseWriter, status int, msg string) {
@@ -419,6 +463,10 @@ func (s *Sim) updateAction(w http.ResponseWriter, r *http.Request) {
 		switch a.Status {
 		case core.ActionCompleted, core.ActionFailed, core.ActionCancelled:
 			s.violate(ViolationReopened, a.RunID, a.ToolCallID, "action "+a.ID+" set "+in.Status+" after "+a.Status)
+		default:
+			if in.Status == core.ActionProcessing && a.outputs > 0 {
+				s.violate(ViolationProcessingAfterOutput, a.RunID, a.ToolCallID, "action "+a.ID+" set processing after its tool output")
+			}
 		}
 	}
 	a.Status, a.Result = in.Status, in.Result

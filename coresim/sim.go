@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/core"
@@ -40,6 +41,9 @@ const (
 	// ViolationReopened: an Action set pending or processing after it was
 	// completed, failed or cancelled, which loses its final status.
 	ViolationReopened = "reopened"
+	// ViolationProcessingAfterOutput: an Action set processing after its
+	// tool output was recorded: Core saw the call start after it ended.
+	ViolationProcessingAfterOutput = "processing_after_output"
 )
 
 // Violation is one entry of the contract log.
@@ -80,6 +84,13 @@ type Config struct {
 	// foreign thread 403. Actions check nothing, as on Core. A request
 	// without a key is 401. APIKey is then ignored.
 	PerKeyUsers bool
+	// SplitWrites writes every answer's head and body in two writes (two
+	// TCP segments), as an ASGI server such as uvicorn does: a client must
+	// not take the head alone for the answer.
+	SplitWrites bool
+	// MaxLatency, when set, delays every request by a random time below
+	// it before it is handled.
+	MaxLatency time.Duration
 }
 
 // Sim is the simulator state and its http.Handler. It is safe for
@@ -98,6 +109,7 @@ type Sim struct {
 	violations []Violation
 	requests   []Request
 	faults     []*activeFault
+	holding    atomic.Int32 // requests held by a Hold fault, not yet applied
 	now        func() time.Time
 }
 

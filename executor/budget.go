@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -83,6 +84,27 @@ func (b *budget) spend(d time.Duration, resultBytes int) {
 	defer b.mu.Unlock()
 	b.toolTime += d
 	b.resultBytes += int64(resultBytes)
+}
+
+// spendBudget is the budget policy's second half: a call that ran counts
+// its time and the size of its result against the run's budget (whether
+// the call may run at all was decided as its manifest arrived, in the
+// model's order).
+func (e *Executor) spendBudget(next dispatchFunc) dispatchFunc {
+	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
+		b := c.b.req.budget
+		if b == nil {
+			return next(ctx, c, o)
+		}
+		start := time.Now()
+		reply := next(ctx, c, o)
+		size := len(reply.Data)
+		if reply.Err != nil {
+			size = len(reply.Err.Message)
+		}
+		b.spend(time.Since(start), size)
+		return reply
+	}
 }
 
 // admit counts a call against the run's and the tool's budgets, or refuses

@@ -4,12 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"time"
 	"unicode/utf8"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -61,20 +60,30 @@ type ClaimCheck struct {
 	Note         string `json:"note"`
 }
 
-// claimCheck stores a large result and returns what the model reads in its
-// place; when the store fails the result is returned as it is (and the
-// result size limit still applies).
-func (e *Executor) claimCheck(ctx context.Context, m *core.Manifest, data []byte, log *slog.Logger) ([]byte, string) {
-	handle := m.ToolCallID
-	if err := e.results.PutResult(context.WithoutCancel(ctx), resultName(m.RunID, handle), data); err != nil {
-		callLog(log, m).Warn("claim-check: the result could not be stored; it is submitted whole", "bytes", len(data), "err", err)
-		return data, ""
+// claimChecked is the claim-check policy: a successful result larger than
+// executor.claim_check_bytes (and within the result limit) is stored, and
+// the model reads a preview and a handle in its place; when the store
+// fails the result is submitted whole.
+func (e *Executor) claimChecked(next dispatchFunc) dispatchFunc {
+	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
+		reply := next(ctx, c, o)
+		cc := e.cfg.ClaimCheckBytes
+		if cc <= 0 || reply.Err != nil || len(reply.Data) <= cc || len(reply.Data) > e.cfg.MaxResultBytes || c.def.Route == registry.Builtin {
+			return reply
+		}
+		m, data := c.m, reply.Data
+		handle := m.ToolCallID
+		if err := e.results.PutResult(context.WithoutCancel(ctx), resultName(m.RunID, handle), data); err != nil {
+			callLog(c.b.log, m).Warn("claim-check: the result could not be stored; it is submitted whole", "bytes", len(data), "err", err)
+			return reply
+		}
+		preview := runePrefix(data, e.cfg.ClaimCheckPreviewBytes)
+		reply.Data, _ = json.Marshal(map[string]ClaimCheck{"claim_check": {Handle: handle, SizeBytes: len(data), Preview: string(preview), PreviewBytes: len(preview),
+			Note: fmt.Sprintf("This result has %d bytes; the preview holds the first %d. Call %s with this handle, an offset and a length (at most %d) to read more.",
+				len(data), len(preview), config.ReadToolResult, e.cfg.ClaimCheckBytes)}})
+		o.res.ClaimCheck = handle
+		return reply
 	}
-	preview := runePrefix(data, e.cfg.ClaimCheckPreviewBytes)
-	b, _ := json.Marshal(map[string]ClaimCheck{"claim_check": {Handle: handle, SizeBytes: len(data), Preview: string(preview), PreviewBytes: len(preview),
-		Note: fmt.Sprintf("This result has %d bytes; the preview holds the first %d. Call %s with this handle, an offset and a length (at most %d) to read more.",
-			len(data), len(preview), config.ReadToolResult, e.cfg.ClaimCheckBytes)}})
-	return b, handle
 }
 
 // runePrefix is at most n bytes of b, cut on a rune boundary.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Memo remembers the results of dedupe tools by run, tool and arguments,
@@ -60,33 +60,35 @@ func dedupeKey(m *core.Manifest) (string, bool) {
 	return hex.EncodeToString(h.Sum(nil)), true
 }
 
-// deduped answers a call of a dedupe tool from an earlier call of its run,
-// when there is one; key is where the call's own result is to be
-// remembered ("" when the call is not deduplicated).
-func (e *Executor) deduped(ctx context.Context, m *core.Manifest, def *registry.Tool) (hit *MemoEntry, key string) {
-	if def == nil || def.Config.Dedupe != config.DedupeRun {
-		return nil, ""
+// dedupe is the dedupe policy: a call of a dedupe tool is answered from an
+// earlier identical call of its run when the memo has one (it is never
+// dispatched), and a successful result is remembered for the calls after.
+func (e *Executor) dedupe(next dispatchFunc) dispatchFunc {
+	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
+		def := c.def
+		if def.Config.Dedupe != config.DedupeRun {
+			return next(ctx, c, o)
+		}
+		key, ok := dedupeKey(c.m)
+		if !ok {
+			return next(ctx, c, o)
+		}
+		if me, ok := e.memo.Recall(ctx, key); ok && time.Now().Before(me.Expires) {
+			callLog(c.b.log, c.m).Info("call answered from an earlier call of the run", "from", me.ToolCallID)
+			e.obs.CallDeduped(c.m.Tool)
+			o.res.DedupedFrom = me.ToolCallID
+			return tool.Outcome{Data: []byte(me.Content)}
+		}
+		reply := next(ctx, c, o)
+		if reply.Err == nil && len(reply.Data) <= e.cfg.MaxResultBytes {
+			ttl := def.Config.DedupeTTL
+			if ttl <= 0 {
+				ttl = 10 * time.Minute
+			}
+			e.memo.Remember(context.WithoutCancel(ctx), key, MemoEntry{ToolCallID: c.m.ToolCallID, Content: string(reply.Data), Expires: time.Now().Add(ttl)})
+		}
+		return reply
 	}
-	key, ok := dedupeKey(m)
-	if !ok {
-		return nil, ""
-	}
-	if me, ok := e.memo.Recall(ctx, key); ok && time.Now().Before(me.Expires) {
-		return &me, key
-	}
-	return nil, key
-}
-
-// remember stores a successful result of a dedupe tool.
-func (e *Executor) remember(ctx context.Context, key string, def *registry.Tool, o *outcome) {
-	if key == "" || !o.res.OK {
-		return
-	}
-	ttl := def.Config.DedupeTTL
-	if ttl <= 0 {
-		ttl = 10 * time.Minute
-	}
-	e.memo.Remember(context.WithoutCancel(ctx), key, MemoEntry{ToolCallID: o.m.ToolCallID, Content: o.content, Expires: time.Now().Add(ttl)})
 }
 
 // memMemo is the memo in memory: entries expire with their TTL, and the

@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/projectdavid/toolsidecar/core"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/projectdavid/toolsidecar/core"
 )
 
 // One driver per run: a second Drive of a run that is being driven attaches

@@ -69,11 +69,13 @@ func assertCompletedOnce(t *testing.T, h *harness, sum executor.Summary, calls i
 
 func threeEcho() coresim.Scenario { return twoTurns(calls("echo", "echo", "echo")...) }
 
-// TestCoreWriteFaults: cases 1-3 of the exactly-once issue. Core refuses
-// the first tool outputs with 503; Core stores an output but answers after
-// core.timeout, or drops the connection after storing it; the final PUT
-// of an Action fails four times in a row. Each run still completes with
-// one output per call and each tool run once.
+// TestCoreWriteFaults: Core refuses the first tool outputs with 503; Core
+// stores an output but answers after core.timeout, or drops the connection
+// after storing it; the final PUT of an Action fails four times in a row;
+// Core holds the processing marks, or an output, past core.timeout before
+// it applies them. Each run still completes with one output per call, each
+// Action's writes in order (the contract log is empty) and each tool run
+// once.
 func TestCoreWriteFaults(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -85,6 +87,11 @@ func TestCoreWriteFaults(t *testing.T) {
 		// The processing marks take the first three PUTs; then four fail.
 		{"final status fails four times", []coresim.Fault{{Method: "PUT", Path: "/v1/actions/", Status: 503, Times: 3, Store: true},
 			{Method: "PUT", Path: "/v1/actions/", Status: 502, Times: 4}}},
+		// Core holds a write past core.timeout before it applies it: a
+		// write given up on would be applied after the call's next one
+		// (a processing mark after the final status, an output twice).
+		{"processing marks held past core.timeout", []coresim.Fault{{Method: "PUT", Path: "/v1/actions/", Hold: time.Second, Times: 3}}},
+		{"output held past core.timeout", []coresim.Fault{{Method: "POST", Path: "/v1/messages/tools", Hold: time.Second}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

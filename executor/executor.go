@@ -33,21 +33,15 @@ type Dispatcher interface {
 	Dispatch(ctx context.Context, req tool.Request) tool.Outcome
 }
 
-// Core is the part of Core's API the loop uses. The writes that make an
-// outcome count (RecordToolOutputThen, FinaliseAction and
-// FinaliseActionThen) retry until their context (the submit budget) ends,
-// and RecordToolOutputThen never posts an output twice. The ...Then forms
-// do not wait: then receives the outcome once, and must not block.
+// Core is the part of Core's API the loop uses. Each call waits for its
+// answer. The writes that make an outcome count (RecordToolOutput and
+// WriteAction) retry until their context (the submit budget) ends, and
+// RecordToolOutput never posts an output twice.
 type Core interface {
 	Stream(ctx context.Context, req core.CompletionRequest) (*core.Stream, error)
-	RecordToolOutputThen(ctx context.Context, out core.ToolOutput, then func(core.Message, error))
-	FinaliseAction(ctx context.Context, actionID string, upd core.ActionUpdate) (core.Action, error)
-	FinaliseActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(error))
-	// UpdateActionThen sets an Action's status without waiting: then receives
-	// its error, and must not block. drop withdraws the write while it is
-	// queued (true: it never left, and then is never called).
-	UpdateActionThen(ctx context.Context, actionID string, upd core.ActionUpdate, then func(error)) (drop func() bool)
-	PendingActions(ctx context.Context, runID string) ([]core.PendingAction, error)
+	RecordToolOutput(ctx context.Context, out core.ToolOutput) (core.Message, error)
+	// WriteAction sets an Action's status (processing, or its final one).
+	WriteAction(ctx context.Context, actionID string, upd core.ActionUpdate) error
 	ActionsByStatus(ctx context.Context, runID, status string) ([]core.Action, error)
 	ListMessages(ctx context.Context, threadID string, limit int) ([]core.Message, error)
 	GetRun(ctx context.Context, runID string) (core.Run, error)
@@ -289,12 +283,4 @@ type Summary struct {
 	Error   string       `json:"error,omitempty"`
 	// Budget is the drive's spending against its budgets, when any is set.
 	Budget *BudgetReport `json:"budget,omitempty"`
-}
-
-// Sender is a Dispatcher that sends an attempt without holding a goroutine
-// while the worker runs (package bridge): done receives the outcome, from
-// any goroutine and possibly before Send returns. When the attempt cannot
-// be sent, Send returns its outcome and false, and done is never called.
-type Sender interface {
-	Send(ctx context.Context, req tool.Request, done func(tool.Outcome)) (tool.Outcome, bool)
 }

@@ -18,7 +18,10 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.MaybeServeCore() // a benchmark's Core in a process of its own
+	goleak.VerifyTestMain(m)
+}
 
 // harness is a whole sidecar on real parts (testenv), driven in process.
 type harness struct {

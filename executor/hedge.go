@@ -95,6 +95,21 @@ func (h *hedger) observe(def *registry.Tool, d time.Duration) {
 	l.n = min(l.n+1, hedgeWindow)
 }
 
+// send makes one attempt of a call on route d: hedged when the tool
+// hedges (a straggler is sent a second time), plainly otherwise. used is
+// the number of attempt numbers it took.
+func (e *Executor) send(ctx context.Context, d Dispatcher, def *registry.Tool, req tool.Request, res *CallResult) (reply tool.Outcome, used int) {
+	start := time.Now()
+	if after, ok := e.hedge.delay(def); ok {
+		return e.hedged(ctx, d, def, req, res, start, after)
+	}
+	reply = d.Dispatch(ctx, req)
+	if reply.Err == nil {
+		e.hedge.observe(def, time.Since(start))
+	}
+	return reply, 1
+}
+
 // hedged sends one attempt of a tool that hedges; still unanswered after
 // delay, it sends a copy as the next attempt, takes the first success (or
 // the last failure) and cancels the other. It returns the reply and how

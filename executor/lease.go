@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+
 	"github.com/projectdavid/toolsidecar/core"
 )
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -205,82 +204,6 @@ func TestParallelism(t *testing.T) {
 	}
 }
 
-// TestGoroutinesPerWaitingRun: at thousands of waiting runs each goroutine
-// is a stack, so a run holds only those it needs. A caller that wants no
-// events has the loop run on its own goroutine, a batch keeps none of its
-// own, a call holds none while it waits for its worker or for Core to take
-// its processing mark, and an outcome holds none while Core takes its tool
-// message: while the run waits for any of these, it holds only the
-// caller's goroutine. A caller that wants events also holds the loop's
-// goroutine while its own delivers them.
-func TestGoroutinesPerWaitingRun(t *testing.T) {
-	for _, held := range []struct {
-		name, method, path string
-		block              bool // the tool blocks too
-	}{{"worker and mark", "PUT", "/v1/actions/", true}, {"tool message", "POST", "/v1/messages/tools", false}} {
-		for _, tc := range []struct {
-			name string
-			sink executor.Sink
-			want int
-		}{{"no events", nil, 1}, {"events", func(executor.Event) {}, 2}} {
-			t.Run(held.name+"/"+tc.name, func(t *testing.T) {
-				started, release := make(chan struct{}), make(chan struct{})
-				var once sync.Once
-				free := func() { once.Do(func() { close(release) }) }
-				defer free() // also when the test fails before it
-				h := newHarness(t, twoTurns(calls("block")...), config.Executor{}, spec{config.Tool{Name: "block"}, func(ctx context.Context, c *tool.Call) ([]byte, error) {
-					close(started)
-					if held.block {
-						<-release
-					}
-					return []byte(`"ok"`), nil
-				}})
-				hit := make(chan struct{})
-				h.sim.AddFault(coresim.Fault{Method: held.method, Path: held.path, Hit: func() {
-					close(hit)
-					<-release
-				}})
-				done := make(chan error, 1)
-				go func() {
-					_, err := h.exec.Drive(context.Background(), h.req, tc.sink)
-					done <- err
-				}()
-				<-started
-				<-hit
-				// The call's goroutine ends once the attempt has left, and
-				// the submission's once its write has.
-				poll.Until(t, "the call's send and the submission to end", func() bool {
-					return len(runGoroutines("toolsidecar/executor.(*callRun)", "toolsidecar/bridge.(*Client).Send", "toolsidecar/batch.",
-						"toolsidecar/executor.(*batchRun).submit", "toolsidecar/core.(*Client).RecordToolOutput")) == 0
-				})
-				if got := runGoroutines("toolsidecar/executor.(*Executor).Drive", "toolsidecar/executor.(*Executor).lead"); len(got) != tc.want {
-					t.Errorf("%d goroutines hold the waiting run, want %d:\n%s", len(got), tc.want, strings.Join(got, "\n\n"))
-				}
-				free()
-				if err := <-done; err != nil {
-					t.Fatal(err)
-				}
-				h.assertWholeBatches(1)
-			})
-		}
-	}
-}
-
-func runGoroutines(funcs ...string) []string {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	var out []string
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		for _, f := range funcs {
-			if strings.Contains(g, f) {
-				out = append(out, g)
-				break
-			}
-		}
-	}
-	return out
-}
-
 // TestCallRunsWhileCoreHearsItStarted: a call of a tool that is not unsafe
 // leaves for its worker while Core is still being told that it started, so
 // a slow Core write does not hold the tool back; its final status is
@@ -359,27 +282,19 @@ func TestCallRunsWhileCoreHearsItStarted(t *testing.T) {
 	}
 }
 
-// TestProcessingMarkWithdrawn: when Core is so far behind that a call ends
-// while its processing write still waits in the Core client's queue, the
-// write is withdrawn: Core goes from pending to the final status, one write
-// fewer. A write Core already has is waited for, as before. One connection
-// to Core is held by the first mark to arrive; the other call's mark
-// queues behind it while that call ends.
-func TestProcessingMarkWithdrawn(t *testing.T) {
+// TestOutputWaitsForProcessingMark: Core is slow to answer one call's
+// processing mark while its tool answers at once. The call's output is
+// posted only after Core has answered the mark, so Core never sees the
+// call start after its output (the simulator records that as a
+// violation), and the final status is the Action's last write.
+func TestOutputWaitsForProcessingMark(t *testing.T) {
 	release, held := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	defer free()
 	var heldAction atomic.Value // the Action whose mark Core holds
-	handler := func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		<-held
-		if c.ActionID == heldAction.Load() {
-			<-release
-		}
-		return []byte(`"done"`), nil
-	}
-	h := newHarnessWith(t, twoTurns(calls("a", "b")...), testenv.Options{Config: func(c *config.Config) { c.Core.MaxConnections = 1 }},
-		spec{config.Tool{Name: "a"}, handler}, spec{config.Tool{Name: "b"}, handler})
+	h := newHarness(t, twoTurns(calls("a", "b")...), config.Executor{},
+		spec{config.Tool{Name: "a"}, echo}, spec{config.Tool{Name: "b"}, echo})
 	h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
 		reqs := h.sim.Requests()
 		heldAction.Store(strings.TrimPrefix(reqs[len(reqs)-1].Path, "/v1/actions/"))
@@ -388,29 +303,30 @@ func TestProcessingMarkWithdrawn(t *testing.T) {
 	}})
 	done := make(chan error, 1)
 	go func() { _, err := h.drive(context.Background()); done <- err }()
-	poll.Until(t, "the call whose mark is queued to end", func() bool {
+	<-held
+	poll.Until(t, "both calls to have their outcome", func() bool {
 		n, _ := promtest.Sum(t, h.env.Sidecar.Metrics(), "toolsidecar_calls_total")
-		return n == 1
+		return n == 2
 	})
 	free()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	acts := h.assertWholeBatches(2)
-	marks := map[string]int{}
+	h.assertWholeBatches(2) // no processing_after_output violation
+	a := heldAction.Load().(string)
+	var writes []string
 	for _, r := range h.sim.Requests() {
-		if r.Method == "PUT" && strings.HasPrefix(r.Path, "/v1/actions/") && strings.Contains(string(r.Body), `"processing"`) {
-			marks[strings.TrimPrefix(r.Path, "/v1/actions/")]++
+		switch {
+		case r.Method == "PUT" && r.Path == "/v1/actions/"+a:
+			var body struct{ Status string }
+			_ = json.Unmarshal(r.Body, &body)
+			writes = append(writes, body.Status)
+		case r.Method == "POST" && r.Path == "/v1/messages/tools" && strings.Contains(string(r.Body), a):
+			writes = append(writes, "output")
 		}
 	}
-	for _, a := range acts {
-		want := 0
-		if a.ID == heldAction.Load() {
-			want = 1
-		}
-		if marks[a.ID] != want || a.Status != core.ActionCompleted {
-			t.Errorf("%s (%s): %d processing writes, status %s; want %d, completed", a.ID, a.ToolName, marks[a.ID], a.Status, want)
-		}
+	if !slices.Equal(writes, []string{core.ActionProcessing, "output", core.ActionCompleted}) {
+		t.Errorf("writes of the held Action %s reached Core as %v, want [processing output completed]", a, writes)
 	}
 }
 

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -43,20 +41,9 @@ func TestCoreDropsKeptConnections(t *testing.T) {
 			var mu sync.Mutex
 			unsafeRuns := map[string]int{}
 			env := testenv.Start(t, batchOf("look", "pay", "look"), testenv.Options{
-				ServeCore: func(sim *coresim.Sim) (string, *core.Client, func()) {
-					srv := httptest.NewUnstartedServer(sim)
-					tc.tweak(srv)
-					srv.Start()
-					// The application's set-up calls (a POST of a thread,
-					// never sent twice) reach the same Core on a server
-					// of its own: only the sidecar meets the closes.
-					setup := httptest.NewServer(sim)
-					app, err := core.New(core.Config{URL: setup.URL, APIKey: testenv.APIKey})
-					if err != nil {
-						t.Fatal(err)
-					}
-					return srv.URL, app, func() { srv.Close(); setup.Close() }
-				},
+				// The application's set-up calls (a POST of a thread, never
+				// sent twice) do not meet the closes.
+				ServeCore: testenv.CoreApart(t, tc.tweak),
 				Config: func(c *config.Config) {
 					if tc.idle > 0 {
 						c.Core.IdleTimeout = tc.idle

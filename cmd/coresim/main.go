@@ -24,6 +24,9 @@ func run() int {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to serve on")
 	scenario := flag.String("scenario", "", "scenario file (YAML or JSON); default: the flights demo")
 	apiKeyFile := flag.String("api-key-file", "", "file holding the X-API-Key to require (default: none)")
+	splitWrites := flag.Bool("split-writes", false, "write each answer's head and body in two writes, as uvicorn does")
+	maxLatency := flag.Duration("max-latency", 0, "delay each request by a random time below this")
+	keepAlive := flag.Duration("keep-alive", 0, "close a kept connection idle this long (uvicorn: 5s; default: net/http's)")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 
@@ -35,7 +38,7 @@ func run() int {
 			return 2
 		}
 	}
-	cfg := coresim.Config{Scenario: sc}
+	cfg := coresim.Config{Scenario: sc, SplitWrites: *splitWrites, MaxLatency: *maxLatency}
 	if *apiKeyFile != "" {
 		key, err := os.ReadFile(*apiKeyFile)
 		if err != nil {
@@ -51,7 +54,7 @@ func run() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv := &http.Server{Handler: coresim.New(cfg), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: coresim.New(cfg), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: *keepAlive}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	fmt.Printf("coresim listening on http://%s (scenario %q)\n", ln.Addr(), sc.Name)

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -74,12 +75,34 @@ type Options struct {
 	NATS   func(*config.NATS)
 	// Sidecar options are passed to sidecar.New.
 	Sidecar []sidecar.Option
+	// Sim, when set, edits the simulator's configuration.
+	Sim func(*coresim.Config)
 	// Config, when set, edits the whole configuration last.
 	Config func(*config.Config)
 	// ServeCore, when set, serves the simulator instead of a plain
 	// loopback server (over TLS, say). It returns Core's URL, the
 	// application's client for set-up, and what stops the server.
 	ServeCore func(*coresim.Sim) (url string, app *core.Client, stop func())
+}
+
+// CoreApart serves the simulator to the sidecar on a server of its own,
+// changed by tweak before it starts (a keep-alive, TLS), and to the
+// application's set-up calls on another, so that only the sidecar meets
+// what the test does to its server. It is an [Options.ServeCore].
+func CoreApart(t testing.TB, tweak func(*httptest.Server)) func(*coresim.Sim) (string, *core.Client, func()) {
+	return func(sim *coresim.Sim) (string, *core.Client, func()) {
+		srv := httptest.NewUnstartedServer(sim)
+		if tweak != nil {
+			tweak(srv)
+		}
+		srv.Start()
+		setup := httptest.NewServer(sim)
+		app, err := core.New(core.Config{URL: setup.URL, APIKey: APIKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv.URL, app, func() { srv.Close(); setup.Close() }
+	}
 }
 
 // Env is a running sidecar on real parts.
@@ -109,6 +132,9 @@ func New(t testing.TB, sc coresim.Scenario, tools ...Tool) *Env {
 func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env {
 	t.Helper()
 	simCfg := coresim.Config{APIKey: APIKey, Scenario: sc, PerKeyUsers: opts.PerKeyUsers}
+	if opts.Sim != nil {
+		opts.Sim(&simCfg)
+	}
 	var (
 		sim    *coresim.Sim
 		simURL string
@@ -308,6 +334,9 @@ func (e *Env) AssertWholeBatches(r Run, wantCalls int) []core.Action {
 // AssertWholeBatches is Env.AssertWholeBatches for a simulator of one's own.
 func AssertWholeBatches(t testing.TB, sim *coresim.Sim, r Run, wantCalls int) []core.Action {
 	t.Helper()
+	// A write Core holds is applied after its client is done with it:
+	// what it does to the Action counts too.
+	poll.Until(t, "Core to apply the writes it holds", func() bool { return sim.Holding() == 0 })
 	if v := sim.Violations(); len(v) != 0 {
 		t.Errorf("contract violations: %v", v)
 	}
