@@ -2,10 +2,12 @@
 // goroutine of its own, added while the batch is open (as manifests stream
 // in), and is joined by an errgroup. A call takes one of limit slots for
 // the part of its work that must be bounded (its tool running), and takes
-// its turn in the batch's order for the part that must be ordered (its
-// output's post): the turn of call i comes only after call i-1's turn has
-// ended. A failed call is a value of the caller's; Wait returns only the
-// errors the calls return, after every call has ended.
+// its turn in the batch's order for the parts that must be ordered: the
+// turn of call i comes only after call i-1's turn has ended. There are two
+// such turns, one after the other (InOrder, then ThenInOrder), so that a
+// call's second ordered step may overlap the next call's first. A failed
+// call is a value of the caller's; Wait returns only the errors the calls
+// return, after every call has ended.
 //
 // The package knows nothing of Core or NATS: it joins functions.
 package batch
@@ -19,16 +21,17 @@ import (
 // Batch is one batch. Go adds calls from one goroutine; Wait joins them.
 type Batch struct {
 	g     errgroup.Group
-	slots chan struct{} // nil: no limit
-	tail  chan struct{} // closed when the last added call's turn has ended
+	slots chan struct{}    // nil: no limit
+	tail  [2]chan struct{} // closed when the last added call's turns have ended
 	n     int
 }
 
 // New opens a batch whose calls hold at most limit slots at a time
 // (limit < 1: no limit).
 func New(limit int) *Batch {
-	b := &Batch{tail: make(chan struct{})}
-	close(b.tail) // the first call's turn has no predecessor
+	b := &Batch{tail: [2]chan struct{}{make(chan struct{}), make(chan struct{})}}
+	close(b.tail[0]) // the first call's turns have no predecessor
+	close(b.tail[1])
 	if limit > 0 {
 		b.slots = make(chan struct{}, limit)
 	}
@@ -39,21 +42,22 @@ func New(limit int) *Batch {
 type Place struct {
 	Index int
 	b     *Batch
-	prev  <-chan struct{} // the previous call's turn has ended
-	turn  chan struct{}   // this call's turn has ended
-	ended bool
+	prev  [2]<-chan struct{} // the previous call's turns have ended
+	turn  [2]chan struct{}   // this call's turns have ended
+	ended [2]bool
 }
 
 // Go runs f on a goroutine of its own, at the next place of the batch.
 // Calls to Go must not be concurrent with each other or with Wait. The
-// place's turn ends when f returns, if f has not taken it, so that a call
-// that ends early never holds back the calls after it.
+// place's turns end when f returns, if f has not taken them, so that a
+// call that ends early never holds back the calls after it.
 func (b *Batch) Go(f func(p *Place) error) {
-	p := &Place{Index: b.n, b: b, prev: b.tail, turn: make(chan struct{})}
+	p := &Place{Index: b.n, b: b, prev: [2]<-chan struct{}{b.tail[0], b.tail[1]}, turn: [2]chan struct{}{make(chan struct{}), make(chan struct{})}}
 	b.n++
 	b.tail = p.turn
 	b.g.Go(func() error {
-		defer p.endTurn()
+		defer p.endTurn(1)
+		defer p.endTurn(0)
 		return f(p)
 	})
 }
@@ -80,24 +84,35 @@ func (p *Place) Slot(ctx context.Context) (release func(), err error) {
 	}
 }
 
-// InOrder waits until every earlier call's turn has ended, runs f, and
-// ends this call's turn. It waits without a context: an earlier call's
-// turn always ends, when its own ordered step does or when it returns.
-func (p *Place) InOrder(f func()) {
-	<-p.prev
-	defer p.endTurn()
+// InOrder waits until every earlier call's first turn has ended, runs f,
+// and ends this call's first turn. It waits without a context: an earlier
+// call's turn always ends, when its own ordered step does or when it
+// returns.
+func (p *Place) InOrder(f func()) { p.inTurn(0, f) }
+
+// ThenInOrder is InOrder for the second turn, which follows the call's
+// first: f runs once this call's first turn and every earlier call's
+// second turn have ended.
+func (p *Place) ThenInOrder(f func()) {
+	p.endTurn(0)
+	p.inTurn(1, f)
+}
+
+func (p *Place) inTurn(i int, f func()) {
+	<-p.prev[i]
+	defer p.endTurn(i)
 	f()
 }
 
-// endTurn lets the next call take its turn. InOrder's f and the wrapper of
-// Go both run on the call's goroutine, so no lock is needed.
-func (p *Place) endTurn() {
-	if p.ended {
+// endTurn lets the next call take its turn i. The turns and the wrapper of
+// Go all run on the call's goroutine, so no lock is needed.
+func (p *Place) endTurn(i int) {
+	if p.ended[i] {
 		return
 	}
-	p.ended = true
-	// A turn skipped (the call ended without InOrder) still ends after
-	// the turns before it: the next call must not overtake them.
-	<-p.prev
-	close(p.turn)
+	p.ended[i] = true
+	// A turn skipped (the call ended without it) still ends after the
+	// turns before it: the next call must not overtake them.
+	<-p.prev[i]
+	close(p.turn[i])
 }

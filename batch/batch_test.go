@@ -191,3 +191,38 @@ func TestWaitReturnsAnError(t *testing.T) {
 		t.Errorf("ended %d of %d calls", ended.Load(), b.Len())
 	}
 }
+
+// TestSecondTurnOverlapsTheNextFirst: call 0's second ordered step may
+// run while call 1 takes its first; call 1's second waits for call 0's.
+func TestSecondTurnOverlapsTheNextFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan struct{})
+		var mu sync.Mutex
+		var order []string
+		note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+		b := New(0)
+		b.Go(func(p *Place) error {
+			p.InOrder(func() { note("0 first") })
+			p.ThenInOrder(func() { <-hold; note("0 second") })
+			return nil
+		})
+		b.Go(func(p *Place) error {
+			p.InOrder(func() { note("1 first") })
+			p.ThenInOrder(func() { note("1 second") })
+			return nil
+		})
+		synctest.Wait() // call 0 holds its second turn
+		mu.Lock()
+		if got := slices.Clone(order); !slices.Equal(got, []string{"0 first", "1 first"}) {
+			t.Errorf("while call 0's second step runs: %v, want [0 first 1 first]", got)
+		}
+		mu.Unlock()
+		close(hold)
+		if err := b.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(order, []string{"0 first", "1 first", "0 second", "1 second"}) {
+			t.Errorf("steps %v", order)
+		}
+	})
+}

@@ -245,7 +245,14 @@ func (s *Sim) newAction(rn *run, c Call) *action {
 	a.RunID, a.ToolName, a.Status = rn.ID, c.Tool, core.ActionPending
 	a.FunctionArgs = dumps(c.argsJSON())
 	a.Result = []byte("null")
-	a.TriggeredAt = s.now().Format("2006-01-02T15:04:05")
+	// Pydantic's naive datetime, in microseconds; Core's inserts are far
+	// slower than that, so no two calls of a run share a stamp.
+	at := s.now().Truncate(time.Microsecond)
+	if !at.After(s.lastTriggered) {
+		at = s.lastTriggered.Add(time.Microsecond)
+	}
+	s.lastTriggered = at
+	a.TriggeredAt = at.Format("2006-01-02T15:04:05.000000")
 	rn.batches[b] = append(rn.batches[b], a)
 	s.actions[a.ID] = a
 	if t := s.threads[rn.ThreadID]; t != nil {

@@ -110,7 +110,9 @@ type Sim struct {
 	requests   []Request
 	faults     []*activeFault
 	holding    atomic.Int32 // requests held by a Hold fault, not yet applied
-	now        func() time.Time
+	// lastTriggered is the newest Action's triggered_at.
+	lastTriggered time.Time
+	now           func() time.Time
 }
 
 type thread struct {

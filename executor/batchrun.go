@@ -18,14 +18,13 @@ import (
 
 	"github.com/projectdavid/toolsidecar/batch"
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // outcome is one call's result on its way to Core.
 type outcome struct {
-	m        *core.Manifest
+	m        *ToolCall
 	res      CallResult
 	content  string // the tool message
 	status   string // the Action's final status
@@ -60,7 +59,7 @@ func (e *Executor) newBatch(tctx context.Context, req Request, n int, emit Sink,
 // add checks one manifest from the stream and starts its call at once.
 // Budgets are counted here, as the calls stream in: the model's order
 // decides which calls a budget refuses.
-func (br *batchRun) add(ctx context.Context, m *core.Manifest) {
+func (br *batchRun) add(ctx context.Context, m *ToolCall) {
 	if br.seen[m.ActionID] {
 		br.log.Warn("duplicate manifest ignored", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
 		return
@@ -84,7 +83,7 @@ func (br *batchRun) add(ctx context.Context, m *core.Manifest) {
 // start announces a call and runs it on a goroutine of its own.
 func (br *batchRun) start(c *call) {
 	c.ran = make(chan struct{})
-	if c.def != nil && c.def.Config.Lane != "" && c.open == "" {
+	if c.def != nil && c.def.Config.Lane != "" && !c.open {
 		// Open calls finishing a previous drive's batch run without lanes:
 		// the order they were made in is not known here.
 		br.lane(c.def.Config.Lane).join(c)
@@ -129,7 +128,7 @@ func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context
 	}
 	serr := errors.Join(errs...)
 	switch cause := context.Cause(br.ctx); {
-	case serr != nil && errors.Is(serr, core.ErrBudget):
+	case serr != nil && errors.Is(serr, ErrSubmitBudget):
 		tr.interrupted = fmt.Errorf("%w; the outcomes are kept and the next drive of the run submits them: %w", ErrSubmit, serr)
 	case serr != nil:
 		tr.err = fmt.Errorf("%w: %w", ErrSubmit, serr)
@@ -144,7 +143,7 @@ func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context
 
 // precheck resolves the tool and validates the arguments. The error, if
 // any, becomes the call's outcome; the stream goes on.
-func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry.Tool, *tool.Error) {
+func (e *Executor) precheck(reg *registry.Registry, m *ToolCall) (*registry.Tool, *tool.Error) {
 	if m.Problem != "" {
 		return nil, tool.NewError(tool.InvalidArgs, "the tool call could not be read: %s", m.Problem)
 	}
@@ -167,7 +166,7 @@ func (e *Executor) precheck(reg *registry.Registry, m *core.Manifest) (*registry
 // startCall starts the call's span, following OpenTelemetry's GenAI
 // conventions for a tool execution. The worker continues the span's trace
 // when there is one.
-func (e *Executor) startCall(ctx context.Context, br *batchRun, m *core.Manifest) (context.Context, trace.Span, string) {
+func (e *Executor) startCall(ctx context.Context, br *batchRun, m *ToolCall) (context.Context, trace.Span, string) {
 	if !e.tracing {
 		// The span would record nothing: its name, attributes and context
 		// are not made, and the worker gets the trace context that a no-op
@@ -194,20 +193,20 @@ var noSpan = trace.SpanFromContext(context.Background())
 // callLog is log with a call's attributes. It is made where a call logs,
 // which most calls never do: a logger made for each call as it started
 // was held for as long as the call ran.
-func callLog(log *slog.Logger, m *core.Manifest) *slog.Logger {
+func callLog(log *slog.Logger, m *ToolCall) *slog.Logger {
 	return log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
 }
 
 // unsafeNotMarked: an unsafe call runs only once Core knows it started, so
 // failed is the outcome of a call that failed before it ran.
-func (e *Executor) failed(turn int, m *core.Manifest, err *tool.Error) *outcome {
+func (e *Executor) failed(turn int, m *ToolCall, err *tool.Error) *outcome {
 	o := newOutcome(turn, m)
 	e.settle(o, tool.Outcome{Err: err})
 	return o
 }
 
 // newOutcome is the outcome of a call, yet to be settled.
-func newOutcome(turn int, m *core.Manifest) *outcome {
+func newOutcome(turn int, m *ToolCall) *outcome {
 	return &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}}
 }
 
@@ -222,7 +221,7 @@ func (e *Executor) settle(o *outcome, reply tool.Outcome) {
 	if reply.Err != nil {
 		e.setFailed(o, reply.Err)
 	} else {
-		o.res.OK, o.content, o.status = true, string(reply.Data), core.ActionCompleted
+		o.res.OK, o.content, o.status = true, string(reply.Data), CallCompleted
 	}
 	o.res.Output = o.content
 	o.done = time.Now()
@@ -230,9 +229,9 @@ func (e *Executor) settle(o *outcome, reply tool.Outcome) {
 
 // alreadyRecorded is the outcome of a call whose tool message Core has:
 // only its Action is finalised.
-func (e *Executor) alreadyRecorded(turn int, m *core.Manifest) *outcome {
+func (e *Executor) alreadyRecorded(turn int, m *ToolCall) *outcome {
 	o := newOutcome(turn, m)
-	o.recorded, o.status, o.res.OK, o.done = true, core.ActionCompleted, true, time.Now()
+	o.recorded, o.status, o.res.OK, o.done = true, CallCompleted, true, time.Now()
 	return o
 }
 
@@ -240,9 +239,9 @@ func (e *Executor) setFailed(o *outcome, err *tool.Error) {
 	o.res.ErrorType, o.res.Error = string(err.Type), truncate(err.Message, e.cfg.MaxErrorBytes)
 	err = &tool.Error{Type: err.Type, Code: err.Code, Message: o.res.Error}
 	o.content = errorContent(o.m.Tool, err)
-	o.status = core.ActionFailed
+	o.status = CallFailed
 	if err.Type == tool.Cancelled {
-		o.status = core.ActionCancelled
+		o.status = CallCancelled
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/batch"
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -26,7 +25,7 @@ import (
 type call struct {
 	e   *Executor
 	b   *batchRun
-	m   *core.Manifest
+	m   *ToolCall
 	def *registry.Tool // nil for an unknown tool
 	pre *tool.Error    // why the call fails before it is dispatched, if it does
 	ln  *lane          // its ordered lane, if any
@@ -35,7 +34,8 @@ type call struct {
 	laneBefore <-chan struct{}
 
 	// Set when a reconciliation found the call open in Core.
-	open     string   // Core's status: pending or processing; "" for a call from the stream
+	open     bool     // found open in the upstream, not read from the stream
+	started  bool     // found open and marked started: it may have run
 	kept     *outcome // the outcome a previous drive kept when Core did not take it
 	recorded bool     // its output is in Core already: only its Action is finalised
 
@@ -69,18 +69,28 @@ func (c *call) run(ctx context.Context) {
 	}
 	close(c.ran)
 
-	// 5–6. Submit, in the batch's call order (Core appends tool messages
-	// in arrival order, and the application hears the results in the
-	// order the model made the calls): record the output, only once Core
-	// has answered the processing mark, then finalise the Action, whose
-	// status is the call's last write. A cancelled run is still submitted,
-	// within the submit budget.
+	// 5. Record the output: once Core has answered the processing mark,
+	// and after the previous call of the batch has recorded its own (Core
+	// appends tool messages in arrival order). A cancelled run is still
+	// submitted, within the submit budget.
 	c.awaitMark()
-	c.place.InOrder(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.e.cfg.SubmitBudget)
-		defer cancel()
-		if c.err = c.record(ctx); c.err == nil {
-			c.err = c.finalise(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.e.cfg.SubmitBudget)
+	defer cancel()
+	c.place.InOrder(func() { c.err = c.record(ctx) })
+
+	// 6. Finalise the Action: its status is the call's last write. It may
+	// overlap the next calls' outputs; the application hears the results
+	// in the order the model made the calls.
+	if c.err == nil {
+		c.err = c.finalise(ctx)
+	}
+	c.place.ThenInOrder(func() {
+		if c.err == nil {
+			res := c.o.res
+			c.b.emit(Event{Type: EventToolResult, Turn: res.Turn, Call: &res})
+			// The summary keeps no tool output: a drive's memory does
+			// not grow with what its tools return.
+			c.o.res.Output, c.o.content = "", ""
 		}
 	})
 }
@@ -105,7 +115,7 @@ func (c *call) outcome(ctx context.Context) (o *outcome) {
 	// manifest arrived, so that budgets count calls in the model's order).
 	// A call found processing may have run before a fault: its reply may
 	// be in the ledger, and an unsafe one is not run again.
-	if c.pre == nil && c.open == core.ActionProcessing {
+	if c.pre == nil && c.started {
 		if rec, neverSent := c.e.recovered(ctx, c.b, c.m, c.def); rec != nil {
 			return rec
 		} else if c.def.SideEffects == config.Unsafe && !neverSent {
@@ -210,39 +220,29 @@ func (c *call) record(ctx context.Context) error {
 	o := c.o
 	if c.b.coreDown.Load() {
 		c.e.keep(o)
-		return fmt.Errorf("call %s (%s): %w: not tried, an earlier submission of the batch ran out of budget", c.m.ToolCallID, c.m.Tool, core.ErrBudget)
+		return fmt.Errorf("call %s (%s): %w: not tried, an earlier submission of the batch ran out of budget", c.m.ToolCallID, c.m.Tool, ErrSubmitBudget)
 	}
 	if o.recorded {
 		return nil
 	}
-	_, err := c.e.core.RecordToolOutput(ctx, core.ToolOutput{
-		Content: o.content, ThreadID: c.b.req.ThreadID, AssistantID: c.b.req.AssistantID,
-		ToolID: c.m.ActionID, ToolCallID: c.m.ToolCallID,
-	})
-	if err != nil {
+	if err := c.e.up.RecordOutput(ctx, c.b.req, c.m, o.content); err != nil {
 		return c.keepAfter("tool output not recorded", err)
 	}
 	o.recorded = true
 	return nil
 }
 
-// finalise writes the Action's final status with a summary of the result,
-// and tells the drive's followers the call is done.
+// finalise writes the Action's final status with a summary of the result.
 func (c *call) finalise(ctx context.Context) error {
 	o := c.o
 	result := map[string]any{"ok": o.res.OK, "attempts": o.res.Attempts, "duration_ms": o.res.DurationMS, "bytes": len(o.content)}
 	if !o.res.OK {
 		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error
 	}
-	if err := c.e.core.WriteAction(ctx, c.m.ActionID, core.ActionUpdate{Status: o.status, Result: result}); err != nil {
+	if err := c.e.up.Finalise(ctx, c.m, o.status, result); err != nil {
 		return c.keepAfter("action not finalised", err)
 	}
 	o.res.Submitted = true
-	res := o.res
-	c.b.emit(Event{Type: EventToolResult, Turn: res.Turn, Call: &res})
-	// The summary keeps no tool output: a drive's memory does not grow
-	// with what its tools return.
-	o.res.Output, o.content = "", ""
 	return nil
 }
 
@@ -251,7 +251,7 @@ func (c *call) finalise(ctx context.Context) error {
 func (c *call) keepAfter(what string, err error) error {
 	callLog(c.b.log, c.m).Error(what+"; the outcome is kept for the next drive", "err", err)
 	c.e.keep(c.o)
-	if errors.Is(err, core.ErrBudget) {
+	if errors.Is(err, ErrSubmitBudget) {
 		c.b.coreDown.Store(true)
 	}
 	return fmt.Errorf("call %s (%s): %s: %w", c.m.ToolCallID, c.m.Tool, what, err)
@@ -261,10 +261,10 @@ func (c *call) keepAfter(what string, err error) error {
 // answer is awaited before the output, within the submit budget, even
 // when the run is cancelled meanwhile, so that Core never applies the
 // mark after a later write of the call.
-func (e *Executor) mark(ctx context.Context, m *core.Manifest) error {
+func (e *Executor) mark(ctx context.Context, m *ToolCall) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 	defer cancel()
-	return e.core.WriteAction(ctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing})
+	return e.up.MarkStarted(ctx, m)
 }
 
 // intendTimeout bounds the ledger write before an unsafe call is marked
@@ -274,7 +274,7 @@ const intendTimeout = 2 * time.Second
 // markProcessing sets the Action of an unsafe call processing before it
 // is sent: the write must land (within the submit budget), or the call
 // does not run.
-func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, log *slog.Logger) bool {
+func (e *Executor) markProcessing(ctx context.Context, m *ToolCall, log *slog.Logger) bool {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 	defer cancel()
 	if e.recoverer != nil {
@@ -288,7 +288,7 @@ func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, log *sl
 		}
 		icancel()
 	}
-	if err := e.core.WriteAction(pctx, m.ActionID, core.ActionUpdate{Status: core.ActionProcessing}); err != nil {
+	if err := e.up.MarkStarted(pctx, m); err != nil {
 		callLog(log, m).Error("marking an unsafe call processing failed: not running it", "err", err)
 		return false
 	}
@@ -297,7 +297,7 @@ func (e *Executor) markProcessing(ctx context.Context, m *core.Manifest, log *sl
 
 // unsafeNotMarked: an unsafe call runs only once Core knows it started, so
 // that a later reconciliation does not run it a second time.
-func unsafeNotMarked(m *core.Manifest) *tool.Error {
+func unsafeNotMarked(m *ToolCall) *tool.Error {
 	return tool.NewError(tool.Interrupted, "Core could not be told that the call of unsafe tool %q started, so it was not run", m.Tool)
 }
 

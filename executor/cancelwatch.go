@@ -2,13 +2,11 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"maps"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/projectdavid/toolsidecar/core"
 )
 
 // watcher asks Core whether the runs whose batches are in flight were
@@ -21,7 +19,7 @@ import (
 // runs. A cancel that comes through the sidecar (proxy mode) needs no read
 // at all: [Executor.CancelRun].
 type watcher struct {
-	core     Core
+	up       Upstream
 	interval time.Duration
 	rps      float64
 
@@ -41,14 +39,14 @@ type listings struct {
 // watch is one run whose batch is in flight.
 type watch struct {
 	ctx    context.Context // the turn's: it carries the caller's key
-	caller string          // that key (core.CallerOf), looked up once
+	caller string          // that key (Upstream.Caller), looked up once
 	cancel context.CancelCauseFunc
 	last   time.Time // of the last read
 }
 
 // add watches runID until the returned func is called.
 func (w *watcher) add(ctx context.Context, runID string, cancel context.CancelCauseFunc) (remove func()) {
-	wt := &watch{ctx: ctx, caller: core.CallerOf(ctx), cancel: cancel, last: time.Now()}
+	wt := &watch{ctx: ctx, caller: w.up.Caller(ctx), cancel: cancel, last: time.Now()}
 	w.mu.Lock()
 	w.runs[runID] = wt
 	if w.stop == nil {
@@ -191,19 +189,18 @@ func (w *watcher) list(c *caller) bool {
 	// Not the run's own context: that run may end while the listing
 	// speaks for the others.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), checkTimeout)
-	l, err := w.core.ListRuns(ctx, min(core.MaxRunList, 2*c.waiting), true)
+	runs, err := w.up.RecentRuns(ctx, 2*c.waiting)
 	cancel()
 	if err != nil {
-		s := core.StatusCode(err)
-		return s != http.StatusNotFound && s != http.StatusMethodNotAllowed && s != http.StatusUnprocessableEntity
+		return !errors.Is(err, ErrNoListing)
 	}
 	now := time.Now()
 	var stopped []*watch
 	w.mu.Lock()
-	for _, r := range l.Data {
+	for _, r := range runs {
 		if wt := w.runs[r.ID]; wt != nil {
 			wt.last = now
-			if core.RunStopped(r.Status) {
+			if r.Stopped() {
 				stopped = append(stopped, wt)
 			}
 		}
@@ -230,9 +227,9 @@ func (w *watcher) check(runID string) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(wt.ctx, checkTimeout)
-	run, err := w.core.GetRun(ctx, runID)
+	run, err := w.up.Run(ctx, runID)
 	cancel()
-	if err == nil && core.RunStopped(run.Status) {
+	if err == nil && run.Stopped() {
 		wt.cancel(ErrRunCancelled)
 	}
 }

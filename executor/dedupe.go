@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -41,7 +40,7 @@ func WithMemo(m Memo) Option { return func(e *Executor) { e.memo = m } }
 // canonical JSON (keys sorted, no spaces), so that {"a":1,"b":2} and
 // {"b": 2, "a": 1} are the same call. ok is false for arguments that are
 // not JSON.
-func dedupeKey(m *core.Manifest) (string, bool) {
+func dedupeKey(m *ToolCall) (string, bool) {
 	d := json.NewDecoder(bytes.NewReader(argsOrEmpty(m.Args)))
 	d.UseNumber()
 	var v any
@@ -143,4 +142,12 @@ func (m *memMemo) drop(el *list.Element) {
 	m.order.Remove(el)
 	delete(m.items, it.key)
 	m.bytes -= len(it.e.Content)
+}
+
+// argsOrEmpty is a call's arguments, {} for none.
+func argsOrEmpty(a json.RawMessage) json.RawMessage {
+	if len(a) == 0 || string(a) == "null" {
+		return json.RawMessage("{}")
+	}
+	return a
 }

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/projectdavid/toolsidecar/core"
 )
 
 // TestDedupeKey: the key ignores key order and spacing of the arguments,
@@ -14,7 +12,7 @@ import (
 // no key.
 func TestDedupeKey(t *testing.T) {
 	key := func(run, tool, args string) string {
-		k, ok := dedupeKey(&core.Manifest{RunID: run, Tool: tool, Args: []byte(args)})
+		k, ok := dedupeKey(&ToolCall{RunID: run, Tool: tool, Args: []byte(args)})
 		if !ok {
 			return "none"
 		}

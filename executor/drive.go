@@ -8,8 +8,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/projectdavid/toolsidecar/core"
 )
 
 // One driver per run: a second Drive of a run that is being driven attaches
@@ -186,7 +184,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 		sink = func(Event) {}
 	}
 	if req.CallerKey != "" {
-		ctx = core.AsCaller(ctx, req.CallerKey)
+		ctx = e.up.AsCaller(ctx, req.CallerKey)
 	}
 	// One span per drive request, from the ownership check on: the loop of
 	// a drive this request leads runs under it.
@@ -195,7 +193,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	defer span.End()
 	// Ownership before work: the caller must be able to read the run with
 	// its own identity, or nothing is dispatched (nor joined) for it.
-	run, err := e.core.GetRun(ctx, req.RunID)
+	run, err := e.up.Run(ctx, req.RunID)
 	if err != nil {
 		sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: "reading the run: " + err.Error()}
 		sink(Event{Type: EventDone, Summary: &sum})

@@ -13,6 +13,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/promtest"
@@ -342,7 +343,7 @@ func TestPanicOutsideWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex := executor.New(config.Executor{}, cc, registry.NewLive(reg), panicky{})
+	ex := executor.New(config.Executor{}, coreup.New(cc), registry.NewLive(reg), panicky{})
 	ctx := context.Background()
 	a, _ := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/x"})
 	th, _ := cc.CreateThread(ctx)

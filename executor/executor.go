@@ -21,7 +21,6 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -31,21 +30,6 @@ import (
 // (package bridge) and the in-process routes (package plugins) satisfy it.
 type Dispatcher interface {
 	Dispatch(ctx context.Context, req tool.Request) tool.Outcome
-}
-
-// Core is the part of Core's API the loop uses. Each call waits for its
-// answer. The writes that make an outcome count (RecordToolOutput and
-// WriteAction) retry until their context (the submit budget) ends, and
-// RecordToolOutput never posts an output twice.
-type Core interface {
-	Stream(ctx context.Context, req core.CompletionRequest) (*core.Stream, error)
-	RecordToolOutput(ctx context.Context, out core.ToolOutput) (core.Message, error)
-	// WriteAction sets an Action's status (processing, or its final one).
-	WriteAction(ctx context.Context, actionID string, upd core.ActionUpdate) error
-	ActionsByStatus(ctx context.Context, runID, status string) ([]core.Action, error)
-	ListMessages(ctx context.Context, threadID string, limit int) ([]core.Message, error)
-	GetRun(ctx context.Context, runID string) (core.Run, error)
-	ListRuns(ctx context.Context, limit int, newestFirst bool) (core.RunList, error)
 }
 
 // Recoverer finds the reply of a call whose sidecar went away while it ran
@@ -145,7 +129,7 @@ func WithTracer(t trace.Tracer) Option {
 // goroutines and waits for them.
 type Executor struct {
 	cfg       config.Executor
-	core      Core
+	up        Upstream
 	tools     Tools
 	routes    map[string]Dispatcher
 	log       *slog.Logger
@@ -174,8 +158,9 @@ type Executor struct {
 // shutdown.
 func (e *Executor) Stop() { e.stopping.Store(true) }
 
-// New builds an executor. nats serves the "nats" route. No I/O.
-func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Option) *Executor {
+// New builds an executor that drives the runs of up. nats serves the
+// "nats" route. No I/O.
+func New(cfg config.Executor, up Upstream, tools Tools, nats Dispatcher, opts ...Option) *Executor {
 	def := config.Default().Executor
 	if cfg.MaxTurns < 1 {
 		cfg.MaxTurns = def.MaxTurns
@@ -207,12 +192,12 @@ func New(cfg config.Executor, c Core, tools Tools, nats Dispatcher, opts ...Opti
 	if cfg.MaxHedgeRatio <= 0 {
 		cfg.MaxHedgeRatio = def.MaxHedgeRatio
 	}
-	e := &Executor{cfg: cfg, core: c, tools: tools, routes: map[string]Dispatcher{"nats": nats},
+	e := &Executor{cfg: cfg, up: up, tools: tools, routes: map[string]Dispatcher{"nats": nats},
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""),
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
 		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)}}
 	e.routes[registry.Builtin] = builtin{e}
-	e.watch = &watcher{core: c, interval: cfg.CancelPoll, rps: cfg.CancelPollRPS, runs: map[string]*watch{}}
+	e.watch = &watcher{up: up, interval: cfg.CancelPoll, rps: cfg.CancelPollRPS, runs: map[string]*watch{}}
 	for _, o := range opts {
 		o(e)
 	}

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-
-	"github.com/projectdavid/toolsidecar/core"
 )
 
 // One driver per run across sidecars: in durable mode, a drive first takes
@@ -58,7 +56,7 @@ type relayed struct {
 // lead runs the loop of a drive this sidecar leads, under the run's lease
 // when there are leases.
 // The run read before (run) serves only without leases.
-func (e *Executor) lead(d *drive, req Request, run core.Run) (Summary, error) {
+func (e *Executor) lead(d *drive, req Request, run Run) (Summary, error) {
 	if e.leases == nil {
 		return e.run(d.ctx, req, run, d.emit)
 	}
@@ -83,21 +81,21 @@ type leadEnd struct {
 // another sidecar holds the lease, it relays that sidecar's events; when
 // that drive ends, or this one cannot start, it returns no lease and how
 // the drive ended.
-func (e *Executor) takeLease(d *drive, req Request) (Lease, core.Run, *leadEnd) {
+func (e *Executor) takeLease(d *drive, req Request) (Lease, Run, *leadEnd) {
 	followed := false
 	for {
 		lease, holder, err := e.acquire(d.ctx, req.RunID)
 		if err != nil {
-			return nil, core.Run{}, e.failedBeforeStart(d, req, "taking the run's lease: "+err.Error(), err)
+			return nil, Run{}, e.failedBeforeStart(d, req, "taking the run's lease: "+err.Error(), err)
 		}
 		if lease != nil {
 			// Read the run again under the lease: another sidecar may have
 			// driven it to its end since the first read (and released the
 			// lease just before this one took it).
-			run, err := e.core.GetRun(d.ctx, req.RunID)
+			run, err := e.up.Run(d.ctx, req.RunID)
 			if err != nil {
 				lease.Release()
-				return nil, core.Run{}, e.failedBeforeStart(d, req, "reading the run: "+err.Error(), err)
+				return nil, Run{}, e.failedBeforeStart(d, req, "reading the run: "+err.Error(), err)
 			}
 			return lease, run, nil
 		}
@@ -123,11 +121,11 @@ func (e *Executor) takeLease(d *drive, req Request) (Lease, core.Run, *leadEnd) 
 		switch {
 		case final != nil:
 			d.emit(Event{Type: EventDone, Turn: final.Turns, Summary: final})
-			return nil, core.Run{}, &leadEnd{*final, summaryErr(*final)}
+			return nil, Run{}, &leadEnd{*final, summaryErr(*final)}
 		case err != nil:
 			sum := Summary{RunID: req.RunID, Status: StatusCancelled, Calls: []CallResult{}, Error: context.Cause(d.ctx).Error()}
 			d.emit(Event{Type: EventDone, Summary: &sum})
-			return nil, core.Run{}, &leadEnd{sum, nil}
+			return nil, Run{}, &leadEnd{sum, nil}
 		}
 	}
 }
@@ -156,7 +154,7 @@ func (e *Executor) acquire(ctx context.Context, runID string) (Lease, string, er
 
 // runLeased runs the loop while the lease is held, publishing its events
 // to followers; a lost lease stops the drive before its next turn.
-func (e *Executor) runLeased(d *drive, req Request, run core.Run, lease Lease) (Summary, error) {
+func (e *Executor) runLeased(d *drive, req Request, run Run, lease Lease) (Summary, error) {
 	defer lease.Release()
 	req.leaseLost = lease.Lost()
 	return e.run(d.ctx, req, run, func(ev Event) {

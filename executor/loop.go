@@ -12,14 +12,13 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 )
 
 // run is the loop of one drive: check the run, reconcile with Core, then
 // turns until the run ends.
 // Its span is the drive's, which Drive started.
-func (e *Executor) run(ctx context.Context, req Request, run core.Run, emit Sink) (Summary, error) {
+func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Summary, error) {
 	span := trace.SpanFromContext(ctx)
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Calls: []CallResult{}}
@@ -40,19 +39,19 @@ func (e *Executor) run(ctx context.Context, req Request, run core.Run, emit Sink
 	return sum, err
 }
 
-func (e *Executor) loop(ctx context.Context, req Request, run core.Run, emit Sink, log *slog.Logger, sum *Summary) error {
+func (e *Executor) loop(ctx context.Context, req Request, run Run, emit Sink, log *slog.Logger, sum *Summary) error {
 	maxTurns := e.cfg.MaxTurns
 	if req.MaxTurns > 0 && req.MaxTurns < maxTurns {
 		maxTurns = req.MaxTurns // a caller may tighten the operator's limit, never loosen it
 	}
-	if core.RunTerminal(run.Status) {
+	if run.Ended() {
 		return e.finished(ctx, req, run, sum)
 	}
 	// Finish the last batch first: calls a previous drive (or a sidecar
 	// that died) left without an outcome in Core. A run that never began a
 	// turn has none, and Core need not be asked.
 	var tr turnResult
-	if !run.NeverStarted() {
+	if !run.NeverStarted {
 		tr = e.reconcile(ctx, req, emit, log)
 	}
 	sum.Calls = append(sum.Calls, tr.calls...)
@@ -142,25 +141,21 @@ func (e *Executor) guard(last []CallResult) error {
 	return nil
 }
 
-// finished reports a run that Core says has ended, without asking the model
-// anything: its status and, where Core has it, the final assistant text.
-func (e *Executor) finished(ctx context.Context, req Request, run core.Run, sum *Summary) error {
+// finished reports a run that the upstream says has ended, without asking
+// the model anything: its status and, where the upstream has it, the final
+// answer.
+func (e *Executor) finished(ctx context.Context, req Request, run Run, sum *Summary) error {
 	switch run.Status {
-	case core.RunCompleted:
+	case RunCompleted:
 		sum.Status = StatusCompleted
-	case core.RunFailed:
+	case RunFailed:
 		sum.Status = StatusFailed
 	default:
 		sum.Status = StatusCancelled
 	}
-	sum.Error = "the run had already ended in Core (status " + run.Status + "); nothing was driven"
-	if msgs, err := e.core.ListMessages(ctx, req.ThreadID, 20); err == nil {
-		for _, m := range msgs {
-			if m.Role == "assistant" {
-				sum.Content = m.Content
-				break
-			}
-		}
+	sum.Error = "the run had already ended in Core (status " + run.UpstreamStatus + "); nothing was driven"
+	if text, err := e.up.LastAnswer(ctx, req); err == nil {
+		sum.Content = text
 	}
 	return nil
 }
@@ -171,9 +166,9 @@ func (e *Executor) finished(ctx context.Context, req Request, run core.Run, sum 
 func (e *Executor) completed(ctx context.Context, runID string, sum *Summary) error {
 	var status string
 	for range 5 {
-		run, err := e.core.GetRun(ctx, runID)
+		run, err := e.up.Run(ctx, runID)
 		if err == nil {
-			if status = run.Status; status == core.RunCompleted {
+			if status = run.UpstreamStatus; run.Status == RunCompleted {
 				sum.Status = StatusCompleted
 				return nil
 			}
@@ -190,20 +185,20 @@ func (e *Executor) completed(ctx context.Context, runID string, sum *Summary) er
 // runCancelled reports why no further turn may be requested: the caller's
 // context ended, or Core says the run is cancelled or expired. fresh, when
 // set, is a read of the run made just now, which spares another.
-func (e *Executor) runCancelled(ctx context.Context, runID string, fresh *core.Run) error {
+func (e *Executor) runCancelled(ctx context.Context, runID string, fresh *Run) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	run := fresh
 	if run == nil {
-		r, err := e.core.GetRun(ctx, runID)
+		r, err := e.up.Run(ctx, runID)
 		if err != nil {
 			return nil // the stream request that follows reports Core's state
 		}
 		run = &r
 	}
-	if core.RunStopped(run.Status) {
-		return fmt.Errorf("%w (status %s)", ErrRunCancelled, run.Status)
+	if run.Stopped() {
+		return fmt.Errorf("%w (status %s)", ErrRunCancelled, run.UpstreamStatus)
 	}
 	return nil
 }
@@ -226,10 +221,7 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 	var tr turnResult
 	tctx, cancelTurn := context.WithCancelCause(ctx)
 	defer cancelTurn(nil)
-	stream, err := e.core.Stream(tctx, core.CompletionRequest{
-		Model: req.Model, APIKey: req.APIKey, ThreadID: req.ThreadID, MessageID: req.MessageID,
-		RunID: req.RunID, AssistantID: req.AssistantID, MetaData: req.MetaData,
-	})
+	stream, err := e.up.Turn(tctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
 			tr.cancel = context.Cause(ctx)
@@ -258,44 +250,44 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 // error chunk if one came, and why a manifest could not be answered, if
 // one could not. A stream that drops with no call to finish is recorded
 // in tr.
-func (e *Executor) readTurn(ctx, tctx context.Context, stream *core.Stream, br *batchRun, tr *turnResult) (content, upstreamErr string, lost error) {
+func (e *Executor) readTurn(ctx, tctx context.Context, stream Turn, br *batchRun, tr *turnResult) (content, upstreamErr string, lost error) {
 	n, emit, log := br.n, br.emit, br.log
 	var text strings.Builder
 	var endErr error
-	for c, err := range stream.Chunks() {
-		var fe *core.FrameError
+	for ev, err := range stream.Events() {
+		var lc *LostCallError
 		switch {
 		case err == nil:
-		case errors.As(err, &fe) && fe.Manifest:
-			log.Error("tool_call_manifest without its IDs: the call cannot be answered", "err", err)
+		case errors.As(err, &lc):
+			log.Error("a tool call without its IDs: it cannot be answered", "err", err)
 			emit(Event{Type: EventError, Turn: n, Text: err.Error()})
 			if lost == nil {
 				lost = fmt.Errorf("%w: %w", ErrLostManifest, err)
 			}
 			continue
-		case errors.Is(err, core.ErrFrame):
+		case errors.Is(err, ErrBadFrame):
 			// One bad frame never abandons the rest of the stream.
 			log.Warn("undecodable frame skipped", "err", err)
 			emit(Event{Type: EventError, Turn: n, Text: err.Error()})
 			continue
 		default:
-			endErr = err // the stream ended without [DONE]; nothing follows
+			endErr = err // the stream ended without its clean end; nothing follows
 			continue
 		}
-		switch c.Kind {
-		case core.KindManifest:
-			br.add(ctx, c.Manifest)
-		case core.KindContent:
-			text.WriteString(c.Text)
-			emit(Event{Type: EventContent, Turn: n, Text: c.Text, Raw: c.Raw})
-		case core.KindReasoning:
-			emit(Event{Type: EventReasoning, Turn: n, Text: c.Text, Raw: c.Raw})
-		case core.KindError:
-			log.Warn("error chunk from Core", "text", c.Text)
-			upstreamErr = c.Text
-			emit(Event{Type: EventError, Turn: n, Text: c.Text, Raw: c.Raw})
+		switch ev.Kind {
+		case TurnToolCall:
+			br.add(ctx, ev.Call)
+		case TurnText:
+			text.WriteString(ev.Text)
+			emit(Event{Type: EventContent, Turn: n, Text: ev.Text, Raw: ev.Raw})
+		case TurnReasoning:
+			emit(Event{Type: EventReasoning, Turn: n, Text: ev.Text, Raw: ev.Raw})
+		case TurnError:
+			log.Warn("error chunk from Core", "text", ev.Text)
+			upstreamErr = ev.Text
+			emit(Event{Type: EventError, Turn: n, Text: ev.Text, Raw: ev.Raw})
 		default:
-			emit(Event{Type: EventChunk, Turn: n, Raw: c.Raw})
+			emit(Event{Type: EventChunk, Turn: n, Raw: ev.Raw})
 		}
 	}
 	if endErr != nil && tctx.Err() == nil {

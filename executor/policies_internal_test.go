@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -29,7 +28,7 @@ func policyExecutor(cfg config.Executor) *Executor {
 // policyCall is call i of a batch, to tool def.
 func policyCall(e *Executor, br *batchRun, i int, def *registry.Tool) *call {
 	id := string(rune('a' + i))
-	m := &core.Manifest{RunID: "run_1", ActionID: "act_" + id, ToolCallID: "call_" + id, Tool: def.Name, Args: json.RawMessage(`{"q": "x"}`)}
+	m := &ToolCall{RunID: "run_1", ActionID: "act_" + id, ToolCallID: "call_" + id, Tool: def.Name, Args: json.RawMessage(`{"q": "x"}`)}
 	return &call{e: e, b: br, m: m, def: def, ran: make(chan struct{})}
 }
 

@@ -24,7 +24,6 @@ import (
 	"golang.org/x/text/message"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -195,11 +194,12 @@ func (r *Registry) Tools() []*Tool {
 	return out
 }
 
-// FunctionTools renders the tools as Core's assistant tools array.
-func (r *Registry) FunctionTools() []core.FunctionTool {
-	out := make([]core.FunctionTool, 0, len(r.names))
+// FunctionTools renders the tools as a tools array (Core's assistant's,
+// and OpenAI's).
+func (r *Registry) FunctionTools() []tool.FunctionTool {
+	out := make([]tool.FunctionTool, 0, len(r.names))
 	for _, t := range r.Tools() {
-		out = append(out, core.FunctionTool{Type: "function", Function: core.Function{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
+		out = append(out, tool.FunctionTool{Type: "function", Function: tool.Function{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
 	}
 	return out
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // OpenAPI is the API's description (OpenAPI 3.1), served at
@@ -47,7 +48,7 @@ type Driver interface {
 // Tools lists the tools in force, in Core's assistant tools shape, and
 // which of them have a live worker.
 type Tools interface {
-	FunctionTools() []core.FunctionTool
+	FunctionTools() []tool.FunctionTool
 	Live(ctx context.Context) (map[string]bool, error)
 }
 

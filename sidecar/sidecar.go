@@ -30,6 +30,7 @@ import (
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/version"
@@ -37,6 +38,7 @@ import (
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/server"
+	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
 )
 
@@ -419,7 +421,7 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	if s.ledger != nil {
 		opts = append(opts, executor.WithMemo(ledgerMemo{s.ledger, s.log.With("component", "dedupe")}), executor.WithResultStore(s.ledger))
 	}
-	s.exec = executor.New(s.cfg.Executor, cc, s.live, s.client, opts...)
+	s.exec = executor.New(s.cfg.Executor, coreup.New(cc), s.live, s.client, opts...)
 	return nil
 }
 
@@ -719,6 +721,6 @@ type tools struct {
 	client *bridge.Client
 }
 
-func (t tools) FunctionTools() []core.FunctionTool { return t.live.Load().FunctionTools() }
+func (t tools) FunctionTools() []tool.FunctionTool { return t.live.Load().FunctionTools() }
 
 func (t tools) Live(ctx context.Context) (map[string]bool, error) { return t.client.Live(ctx, 0) }

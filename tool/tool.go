@@ -185,3 +185,18 @@ func OutcomeOf(data []byte, err error) Outcome {
 	}
 	return Outcome{Sent: true, Data: data}
 }
+
+// FunctionTool is one entry of a tools array, as Project David Core's
+// assistants and OpenAI's Chat Completions both take it:
+// {"type": "function", "function": {name, description, parameters}}.
+type FunctionTool struct {
+	Type     string   `json:"type"`
+	Function Function `json:"function"`
+}
+
+// Function is the function part of a [FunctionTool].
+type Function struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}

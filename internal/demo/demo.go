@@ -26,6 +26,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/sidecar"
@@ -204,12 +205,12 @@ func startWorkers(s *sidecar.Sidecar, password string) (stop func(), err error) 
 
 // setUp creates what an application creates before it drives a run: an
 // assistant with the tools, a thread, the user's message and the run.
-func setUp(ctx context.Context, coreURL string, tools []core.FunctionTool) (executor.Request, error) {
+func setUp(ctx context.Context, coreURL string, tools []tool.FunctionTool) (executor.Request, error) {
 	cc, err := core.New(core.Config{URL: coreURL, APIKey: apiKey})
 	if err != nil {
 		return executor.Request{}, err
 	}
-	asst, err := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "travel", Model: "vllm/demo", Tools: tools})
+	asst, err := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "travel", Model: "vllm/demo", Tools: coreup.Tools(tools)})
 	if err != nil {
 		return executor.Request{}, err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/poll"
 	"github.com/projectdavid/toolsidecar/internal/syncbuf"
@@ -287,9 +288,9 @@ func (e *Env) NewRun() Run {
 
 // SetUpRun creates, through c, an assistant with tools, a thread, a user
 // message and a run, as an application does before it drives the run.
-func SetUpRun(t testing.TB, c *core.Client, tools []core.FunctionTool) Run {
+func SetUpRun(t testing.TB, c *core.Client, tools []tool.FunctionTool) Run {
 	t.Helper()
-	r, err := coresim.SetUpRun(context.Background(), c, tools)
+	r, err := coresim.SetUpRun(context.Background(), c, coreup.Tools(tools))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,163 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"iter"
+)
+
+// Upstream is the side of the loop where the model is, in the executor's
+// own terms: runs, turns streamed as events, and the records of each call
+// (started, its output, its final status). Package coreup adapts Project
+// David Core to it; another upstream (an OpenAI-compatible server) is
+// another adapter. Each method waits for its answer.
+type Upstream interface {
+	// Run reads a run, with the caller's identity when ctx carries one
+	// (AsCaller): a run the caller may not read is an error.
+	Run(ctx context.Context, runID string) (Run, error)
+	// RecentRuns reads the newest runs of ctx's caller, at most limit,
+	// newest first: one read that tells the cancel watch about many runs.
+	// An upstream without such a listing returns ErrNoListing.
+	RecentRuns(ctx context.Context, limit int) ([]Run, error)
+	// Turn asks the model for the run's next turn.
+	Turn(ctx context.Context, req Request) (Turn, error)
+	// MarkStarted records that a call was sent to its tool (Core: the
+	// Action to processing).
+	MarkStarted(ctx context.Context, c *ToolCall) error
+	// RecordOutput records a call's output, exactly once whatever fails:
+	// a write whose effect is uncertain is read back before it is tried
+	// again. It retries until ctx ends, then wraps ErrSubmitBudget.
+	RecordOutput(ctx context.Context, req Request, c *ToolCall, content string) error
+	// Finalise records a call's final status (CallCompleted, CallFailed
+	// or CallCancelled) with a summary of its result, retrying as
+	// RecordOutput does.
+	Finalise(ctx context.Context, c *ToolCall, status string, result map[string]any) error
+	// OpenCalls lists the run's calls that have no final status, in the
+	// order the model made them, saying which were started and which have
+	// their output recorded already.
+	OpenCalls(ctx context.Context, req Request) ([]OpenCall, error)
+	// LastAnswer is the final text of a run that has ended, if any.
+	LastAnswer(ctx context.Context, req Request) (string, error)
+	// AsCaller makes every request under ctx carry the caller's
+	// credential instead of the sidecar's own; Caller names the caller
+	// under ctx (a secret: group by it, never log it), "" for none.
+	AsCaller(ctx context.Context, credential string) context.Context
+	Caller(ctx context.Context) string
+}
+
+// Errors an Upstream reports.
+var (
+	// ErrSubmitBudget: a record's retries ran out of time; the record may
+	// be tried again later (the outcome is kept for the next drive).
+	ErrSubmitBudget = errors.New("executor: submit budget spent")
+	// ErrNoListing: the upstream has no listing of recent runs.
+	ErrNoListing = errors.New("executor: the upstream lists no runs")
+	// ErrBadFrame: one event of a turn's stream could not be read; the
+	// stream goes on.
+	ErrBadFrame = errors.New("executor: an event of the turn could not be read")
+)
+
+// LostCallError is a tool call of a turn whose identifiers could not be
+// read: it cannot be answered, and the run fails quoting it.
+type LostCallError struct{ Err error }
+
+func (e *LostCallError) Error() string { return e.Err.Error() }
+func (e *LostCallError) Unwrap() error { return e.Err }
+
+// Run is a run as the upstream reports it.
+type Run struct {
+	ID string
+	// Status is RunActive, RunStopping, RunCompleted, RunFailed or
+	// RunCancelled; UpstreamStatus is the upstream's own word for it.
+	Status, UpstreamStatus string
+	ThreadID               string
+	AssistantID            string
+	// NeverStarted: no turn of the run ever began, so it has no call to
+	// finish.
+	NeverStarted bool
+}
+
+// Run statuses.
+const (
+	RunActive = "active"
+	// RunStopping: being cancelled; no further turn may be asked for.
+	RunStopping  = "stopping"
+	RunCompleted = "completed"
+	RunFailed    = "failed"
+	// RunCancelled: cancelled or expired.
+	RunCancelled = "cancelled"
+)
+
+// Ended reports a run in a final status.
+func (r Run) Ended() bool {
+	return r.Status == RunCompleted || r.Status == RunFailed || r.Status == RunCancelled
+}
+
+// Stopped reports a run cancelled, being cancelled or expired.
+func (r Run) Stopped() bool { return r.Status == RunStopping || r.Status == RunCancelled }
+
+// Turn is one turn's stream of events. Events yields each event as it
+// comes; an error wrapping ErrBadFrame or a *LostCallError is yielded and
+// the stream goes on; any other error ends it before its clean end (the
+// stream dropped). Close releases it.
+type Turn interface {
+	Events() iter.Seq2[TurnEvent, error]
+	Close()
+}
+
+// TurnEventKind says what a turn's event carries.
+type TurnEventKind int
+
+// The kinds of a turn's events.
+const (
+	TurnText      TurnEventKind = iota + 1 // text the model says
+	TurnReasoning                          // the model's reasoning
+	TurnToolCall                           // a tool call, complete
+	TurnError                              // an error the upstream reports in the stream
+	TurnOther                              // anything else, passed on as it came
+)
+
+// TurnEvent is one event of a turn. Raw is the event as the upstream sent
+// it, for an application that follows the stream in the upstream's own
+// framing.
+type TurnEvent struct {
+	Kind TurnEventKind
+	Text string
+	Raw  []byte
+	Call *ToolCall // with TurnToolCall
+}
+
+// ToolCall is one call of a turn, as the upstream made it.
+type ToolCall struct {
+	RunID string
+	// ActionID is the upstream's record of the call (Core's Action): the
+	// idempotency key, and the name of the call for cancellation.
+	ActionID   string
+	ToolCallID string
+	Tool       string
+	Args       json.RawMessage
+	// Raw is the call as the worker receives it (the worker protocol's
+	// request body).
+	Raw []byte
+	// Problem says why the call could not be read whole, if it could not:
+	// it gets an invalid_args outcome.
+	Problem string
+}
+
+// OpenCall is a call of a run without a final status.
+type OpenCall struct {
+	Call *ToolCall
+	// Started: it was marked started, so it may have run.
+	Started bool
+	// Recorded: its output is recorded already; only its final status is
+	// missing.
+	Recorded bool
+}
+
+// Final statuses of a call.
+const (
+	CallCompleted = "completed"
+	CallFailed    = "failed"
+	CallCancelled = "cancelled"
+)
