@@ -141,9 +141,11 @@ type Client struct {
 	otherHC  *http.Client // requests on others' behalf: see Transport
 	observe  Observer
 	gap      func(time.Duration)
-	// inFlight counts the short calls sent and not yet answered; beyond
-	// cfg.MaxConns, they wait for a connection.
-	inFlight atomic.Int64
+	// slots admits at most cfg.MaxConns short calls at once; the others
+	// wait in once, where a write that is no longer needed can still be
+	// withdrawn (WithWithdraw). queued counts them.
+	slots  chan struct{}
+	queued atomic.Int64
 	// dialed counts the connections opened, for short calls and streams.
 	dialed, streamsDialed atomic.Int64
 }
@@ -181,7 +183,8 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		basic = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))}
 		u.User = nil
 	}
-	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {}}
+	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
+		slots: make(chan struct{}, cfg.MaxConns)}
 	// Short calls share at most MaxConns connections; completions streams,
 	// each holding one for a whole turn, and requests on others' behalf
 	// have transports of their own, so that neither waits behind the other.
@@ -517,14 +520,25 @@ func (r *retryPolicy) again(err error) bool {
 }
 
 func (c *Client) once(ctx context.Context, method, path, endpoint string, body []byte, out any) error {
+	withdraw, _ := ctx.Value(withdrawKey{}).(<-chan struct{})
+	c.queued.Add(1)
+	select {
+	case c.slots <- struct{}{}:
+		c.queued.Add(-1)
+	case <-withdraw:
+		c.queued.Add(-1)
+		return fmt.Errorf("core: %s %s: %w", method, path, ErrWithdrawn)
+	case <-ctx.Done():
+		c.queued.Add(-1)
+		return fmt.Errorf("core: %s %s: not sent: %w", method, path, context.Cause(ctx))
+	}
+	defer func() { <-c.slots }()
 	req, err := c.newRequest(ctx, method, path, body)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	c.inFlight.Add(1)
 	resp, err := send(c.hc, req)
-	c.inFlight.Add(-1)
 	if err != nil {
 		c.observe(endpoint, 0, time.Since(start))
 		return fmt.Errorf("core: %s %s: %w", method, req.URL.Path, err)
@@ -605,6 +619,23 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 		req.Header["X-Api-Key"] = []string{key}
 	}
 	return req, nil
+}
+
+// ErrWithdrawn: a write withdrawn (WithWithdraw) while it waited for a
+// connection; it was never sent.
+var ErrWithdrawn = errors.New("withdrawn before it was sent")
+
+// withdrawKey is the context key of a write's withdrawal.
+type withdrawKey struct{}
+
+// WithWithdraw lets the writes under ctx be withdrawn while they wait for
+// one of the client's connections: once withdraw is closed, a write not
+// yet sent fails with ErrWithdrawn and is never sent; one already sent
+// goes on to its answer. It is for a write that a later event makes
+// needless (a processing mark, once the call's tool has answered), when
+// Core is too far behind to take it in time.
+func WithWithdraw(ctx context.Context, withdraw <-chan struct{}) context.Context {
+	return context.WithValue(ctx, withdrawKey{}, withdraw)
 }
 
 // jsonType is the value of the Content-Type and Accept headers.

@@ -24,8 +24,8 @@ func WithMetrics(reg prometheus.Registerer) Option {
 		gap := f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "stream_idle_gap_seconds",
 			Help: "Silence between two frames of a completions stream.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 12)})
 		f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "requests_queued",
-			Help: "Short requests to Core beyond core.max_connections in flight, which wait for a connection: above zero for long, Core (or the way to it) is the bottleneck."},
-			func() float64 { return float64(max(0, c.inFlight.Load()-int64(c.cfg.MaxConns))) })
+			Help: "Short requests to Core waiting for one of the client's core.max_connections: above zero for long, Core (or the way to it) is the bottleneck."},
+			func() float64 { return float64(c.queued.Load()) })
 		for use, n := range map[string]*atomic.Int64{"calls": &c.dialed, "streams": &c.streamsDialed} {
 			f.NewCounterFunc(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "connections_opened_total",
 				Help:        "Connections the sidecar opened to Core: for its short calls, or for completions streams and requests on others' behalf (proxy, probe); not counted with WithHTTPClient.",

@@ -167,6 +167,12 @@ func (c *Client) persist(ctx context.Context, endpoint string, landed func(conte
 		if err == nil {
 			return nil
 		}
+		if errors.Is(err, ErrWithdrawn) {
+			return err // never sent: nothing to retry
+		}
+		// Once an attempt has left, the write is no longer withdrawn: its
+		// effect may be in Core already.
+		ctx = context.WithValue(ctx, withdrawKey{}, (<-chan struct{})(nil))
 		err = withEarlier(err, lastErr)
 		lastErr = err
 		if ctx.Err() != nil {

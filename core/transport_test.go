@@ -3,6 +3,7 @@ package core
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -404,3 +405,61 @@ func TestCoreRestarted(t *testing.T) {
 
 // countConns makes an unstarted srv count the connections it accepts.
 func countConns(srv *httptest.Server) *atomic.Int32 { return &logConns(srv).opened }
+
+// TestWithdrawnWhileQueued: with the client's only connection held by a
+// request that Core holds, a write under WithWithdraw waits; withdrawn, it
+// returns ErrWithdrawn at once and Core never receives it. A write
+// withdrawn after it has left goes on to its answer.
+func TestWithdrawnWhileQueued(t *testing.T) {
+	heldIn, putIn := make(chan struct{}), make(chan struct{}, 1)
+	releaseGet, releasePut := make(chan struct{}), make(chan struct{})
+	var puts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet:
+			close(heldIn)
+			<-releaseGet
+		case http.MethodPut:
+			puts.Add(1)
+			putIn <- struct{}{}
+			<-releasePut
+		}
+		runCore(w, r)
+	}))
+	defer srv.Close()
+	c, _ := New(Config{URL: srv.URL, MaxConns: 1})
+	ctx := context.Background()
+	got := make(chan error, 1)
+	go func() { _, err := c.GetRun(ctx, "run_1"); got <- err }()
+	<-heldIn
+	withdraw := make(chan struct{})
+	wrote := make(chan error, 1)
+	go func() {
+		wrote <- c.WriteAction(WithWithdraw(ctx, withdraw), "act_1", ActionUpdate{Status: ActionProcessing})
+	}()
+	for c.queued.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	close(withdraw)
+	if err := <-wrote; !errors.Is(err, ErrWithdrawn) {
+		t.Fatalf("a write withdrawn while queued: %v, want ErrWithdrawn", err)
+	}
+	close(releaseGet)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if n := puts.Load(); n != 0 {
+		t.Fatalf("Core received %d withdrawn writes", n)
+	}
+
+	withdraw = make(chan struct{})
+	go func() {
+		wrote <- c.WriteAction(WithWithdraw(ctx, withdraw), "act_1", ActionUpdate{Status: ActionProcessing})
+	}()
+	<-putIn
+	close(withdraw) // too late: it has left
+	close(releasePut)
+	if err := <-wrote; err != nil || puts.Load() != 1 {
+		t.Fatalf("a write withdrawn after it left: %v after %d PUTs, want its answer", err, puts.Load())
+	}
+}

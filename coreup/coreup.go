@@ -133,9 +133,17 @@ func callOf(m *core.Manifest) *executor.ToolCall {
 	return &executor.ToolCall{RunID: m.RunID, ActionID: m.ActionID, ToolCallID: m.ToolCallID, Tool: m.Tool, Args: m.Args, Raw: m.Raw, Problem: m.Problem}
 }
 
-// MarkStarted sets the call's Action processing.
-func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall) error {
-	return budget(u.c.WriteAction(ctx, c.ActionID, core.ActionUpdate{Status: core.ActionProcessing}))
+// MarkStarted sets the call's Action processing, unless it is withdrawn
+// while it waits for a connection to Core.
+func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, withdraw <-chan struct{}) error {
+	if withdraw != nil {
+		ctx = core.WithWithdraw(ctx, withdraw)
+	}
+	err := u.c.WriteAction(ctx, c.ActionID, core.ActionUpdate{Status: core.ActionProcessing})
+	if errors.Is(err, core.ErrWithdrawn) {
+		return fmt.Errorf("%w: %w", executor.ErrWithdrawn, err)
+	}
+	return budget(err)
 }
 
 // RecordOutput posts the call's tool message, exactly once.

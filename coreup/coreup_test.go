@@ -49,7 +49,7 @@ func TestOpenCallsInCallOrder(t *testing.T) {
 	}
 	// Calls a and c were started (c's output recorded); b and d were not.
 	for _, i := range []int{0, 2} {
-		if err := u.MarkStarted(ctx, calls[i]); err != nil {
+		if err := u.MarkStarted(ctx, calls[i], nil); err != nil {
 			t.Fatal(err)
 		}
 	}

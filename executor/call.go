@@ -39,12 +39,16 @@ type call struct {
 	kept     *outcome // the outcome a previous drive kept when Core did not take it
 	recorded bool     // its output is in Core already: only its Action is finalised
 
-	place   *batch.Place
-	o       *outcome
-	ran     chan struct{} // closed once o is known: the next call of its lane may start
-	marked  chan error    // the processing mark's answer, when one was sent
-	markOne sync.Once
-	err     error // why the outcome did not reach Core, if it did not
+	place  *batch.Place
+	o      *outcome
+	ran    chan struct{} // closed once o is known: the next call of its lane may start
+	marked chan error    // the processing mark's answer, when one was sent
+	// markDone withdraws the processing mark if it still waits to leave
+	// once the tool has answered: Core, so far behind, would hear that the
+	// call started after it had ended; pending to final is allowed.
+	markDone chan struct{}
+	markOne  sync.Once
+	err      error // why the outcome did not reach Core, if it did not
 
 	traceparent string // the worker's trace context
 }
@@ -148,7 +152,12 @@ func (c *call) dispatch(ctx context.Context, _ *call, o *outcome) tool.Outcome {
 		return tool.Outcome{Err: unsafeNotMarked(c.m)}
 	}
 	// 4. Attempts, until success, a final error or the retry budget.
-	return c.attempts(ctx, o)
+	reply := c.attempts(ctx, o)
+	c.markOne.Do(func() {}) // no mark starts after the attempts
+	if c.markDone != nil {
+		close(c.markDone)
+	}
+	return reply
 }
 
 // attempts sends the call until a reply settles it: a timeout, no
@@ -186,8 +195,8 @@ func (c *call) markOnSend(ctx context.Context) func() {
 	}
 	return func() {
 		c.markOne.Do(func() {
-			c.marked = make(chan error, 1)
-			go func() { c.marked <- c.e.mark(ctx, c.m) }()
+			c.marked, c.markDone = make(chan error, 1), make(chan struct{})
+			go func() { c.marked <- c.e.mark(ctx, c.m, c.markDone) }()
 		})
 	}
 }
@@ -202,7 +211,7 @@ func (c *call) awaitMark() {
 	if marked == nil {
 		return
 	}
-	if err := <-marked; err != nil {
+	if err := <-marked; err != nil && !errors.Is(err, ErrWithdrawn) {
 		callLog(c.b.log, c.m).Warn("marking action processing failed", "err", err)
 	}
 }
@@ -261,10 +270,10 @@ func (c *call) keepAfter(what string, err error) error {
 // answer is awaited before the output, within the submit budget, even
 // when the run is cancelled meanwhile, so that Core never applies the
 // mark after a later write of the call.
-func (e *Executor) mark(ctx context.Context, m *ToolCall) error {
+func (e *Executor) mark(ctx context.Context, m *ToolCall, withdraw <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 	defer cancel()
-	return e.up.MarkStarted(ctx, m)
+	return e.up.MarkStarted(ctx, m, withdraw)
 }
 
 // intendTimeout bounds the ledger write before an unsafe call is marked
@@ -288,7 +297,7 @@ func (e *Executor) markProcessing(ctx context.Context, m *ToolCall, log *slog.Lo
 		}
 		icancel()
 	}
-	if err := e.up.MarkStarted(pctx, m); err != nil {
+	if err := e.up.MarkStarted(pctx, m, nil); err != nil {
 		callLog(log, m).Error("marking an unsafe call processing failed: not running it", "err", err)
 		return false
 	}

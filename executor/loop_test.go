@@ -330,6 +330,61 @@ func TestOutputWaitsForProcessingMark(t *testing.T) {
 	}
 }
 
+// TestProcessingMarkWithdrawn: when Core is so far behind that a call ends
+// while its processing write still waits in the Core client's queue, the
+// write is withdrawn: Core goes from pending to the final status, one write
+// fewer. A write Core already has is waited for, as before. One connection
+// to Core is held by the first mark to arrive; the other call's mark
+// queues behind it while that call ends.
+func TestProcessingMarkWithdrawn(t *testing.T) {
+	release, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	var heldAction atomic.Value // the Action whose mark Core holds
+	handler := func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		<-held
+		if c.ActionID == heldAction.Load() {
+			<-release
+		}
+		return []byte(`"done"`), nil
+	}
+	h := newHarnessWith(t, twoTurns(calls("a", "b")...), testenv.Options{Config: func(c *config.Config) { c.Core.MaxConnections = 1 }},
+		spec{config.Tool{Name: "a"}, handler}, spec{config.Tool{Name: "b"}, handler})
+	h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
+		reqs := h.sim.Requests()
+		heldAction.Store(strings.TrimPrefix(reqs[len(reqs)-1].Path, "/v1/actions/"))
+		close(held)
+		<-release
+	}})
+	done := make(chan error, 1)
+	go func() { _, err := h.drive(context.Background()); done <- err }()
+	poll.Until(t, "the call whose mark is queued to end", func() bool {
+		n, _ := promtest.Sum(t, h.env.Sidecar.Metrics(), "toolsidecar_calls_total")
+		return n == 1
+	})
+	free()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	acts := h.assertWholeBatches(2)
+	marks := map[string]int{}
+	for _, r := range h.sim.Requests() {
+		if r.Method == "PUT" && strings.HasPrefix(r.Path, "/v1/actions/") && strings.Contains(string(r.Body), `"processing"`) {
+			marks[strings.TrimPrefix(r.Path, "/v1/actions/")]++
+		}
+	}
+	for _, a := range acts {
+		want := 0
+		if a.ID == heldAction.Load() {
+			want = 1
+		}
+		if marks[a.ID] != want || a.Status != core.ActionCompleted {
+			t.Errorf("%s (%s): %d processing writes, status %s; want %d, completed", a.ID, a.ToolName, marks[a.ID], a.Status, want)
+		}
+	}
+}
+
 // TestHedgeAtPercentileLearnsFromReplies: a tool that hedges at a
 // percentile learns its latencies from the replies of its earlier calls,
 // which come through the bridge's callback. After a batch of 20 quick

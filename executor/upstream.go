@@ -23,8 +23,11 @@ type Upstream interface {
 	// Turn asks the model for the run's next turn.
 	Turn(ctx context.Context, req Request) (Turn, error)
 	// MarkStarted records that a call was sent to its tool (Core: the
-	// Action to processing).
-	MarkStarted(ctx context.Context, c *ToolCall) error
+	// Action to processing). withdraw, when closed while the record still
+	// waits to leave for the upstream (which is far behind), takes it
+	// back: it is never sent, and MarkStarted returns an error wrapping
+	// ErrWithdrawn. nil: the record is never withdrawn.
+	MarkStarted(ctx context.Context, c *ToolCall, withdraw <-chan struct{}) error
 	// RecordOutput records a call's output, exactly once whatever fails:
 	// a write whose effect is uncertain is read back before it is tried
 	// again. It retries until ctx ends, then wraps ErrSubmitBudget.
@@ -53,6 +56,8 @@ var (
 	ErrSubmitBudget = errors.New("executor: submit budget spent")
 	// ErrNoListing: the upstream has no listing of recent runs.
 	ErrNoListing = errors.New("executor: the upstream lists no runs")
+	// ErrWithdrawn: a record withdrawn before it was sent.
+	ErrWithdrawn = errors.New("executor: withdrawn before it was sent")
 	// ErrBadFrame: one event of a turn's stream could not be read; the
 	// stream goes on.
 	ErrBadFrame = errors.New("executor: an event of the turn could not be read")
