@@ -234,7 +234,7 @@ func (c *Client) route(m *nats.Msg) {
 
 // Dispatch sends one attempt and waits for its outcome, the timeout, or
 // ctx. On timeout or cancellation the worker is told on the cancel subject.
-// The failure of a call is a value in Reply.Err, never an error return.
+// The failure of a call is a value in the Outcome's Err, never an error return.
 func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	ch := make(chan tool.Outcome, 1)
 	if out, sent := c.send(ctx, req, func(o tool.Outcome) { ch <- o }, true); !sent {

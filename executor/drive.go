@@ -195,13 +195,12 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	// its own identity, or nothing is dispatched (nor joined) for it.
 	run, err := e.up.Run(ctx, req.RunID)
 	if err != nil {
-		sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: "reading the run: " + err.Error()}
+		sum := e.notBegun(ctx, req, "reading the run: "+err.Error())
 		sink(Event{Type: EventDone, Summary: &sum})
 		return sum, fmt.Errorf("executor: reading run %s: %w", req.RunID, err)
 	}
 	if (run.ThreadID != "" && run.ThreadID != req.ThreadID) || (run.AssistantID != "" && run.AssistantID != req.AssistantID) {
-		sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{},
-			Error: fmt.Sprintf("the run belongs to thread %s and assistant %s, not to those of the request", run.ThreadID, run.AssistantID)}
+		sum := e.notBegun(ctx, req, fmt.Sprintf("the run belongs to thread %s and assistant %s, not to those of the request", run.ThreadID, run.AssistantID))
 		sink(Event{Type: EventDone, Summary: &sum})
 		return sum, fmt.Errorf("%w: %s", ErrConflict, sum.Error)
 	}

@@ -167,9 +167,20 @@ func (e *Executor) runLeased(d *drive, req Request, run Run, lease Lease) (Summa
 
 // failedBeforeStart ends a drive that could not begin.
 func (e *Executor) failedBeforeStart(d *drive, req Request, msg string, err error) *leadEnd {
-	sum := Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: msg}
+	sum := e.notBegun(d.ctx, req, msg)
 	d.emit(Event{Type: EventDone, Summary: &sum})
 	return &leadEnd{sum, fmt.Errorf("executor: run %s: %w", req.RunID, err)}
+}
+
+// notBegun is the summary of a drive that failed before its loop began
+// (the run could not be read, it belongs to another thread, its lease
+// could not be taken). It is logged at WARN with its cause and counted
+// as a failed run of no turn, like any failed drive.
+func (e *Executor) notBegun(ctx context.Context, req Request, msg string) Summary {
+	e.log.WarnContext(ctx, "drive failed before it began", "run_id", req.RunID, "err", msg)
+	e.obs.RunStarted()
+	e.obs.RunDone(StatusFailed, 0)
+	return Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: msg}
 }
 
 // summaryErr is the error Drive returns with a summary relayed from

@@ -28,7 +28,11 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	if budgeted(e.cfg.RunBudget, e.tools.Load()) {
 		sum.Budget = req.budget.report()
 	}
-	log.InfoContext(ctx, "drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
+	level := slog.LevelInfo
+	if sum.Status == StatusFailed {
+		level = slog.LevelWarn // a failed drive is never only in the metrics
+	}
+	log.Log(ctx, level, "drive ended", "status", sum.Status, "turns", sum.Turns, "calls", len(sum.Calls), "err", sum.Error)
 	span.SetAttributes(attribute.String("toolsidecar.status", sum.Status), attribute.Int("toolsidecar.turns", sum.Turns),
 		attribute.Int("toolsidecar.calls", len(sum.Calls)))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -411,6 +412,47 @@ func TestHedgeAtPercentileLearnsFromReplies(t *testing.T) {
 	h.assertWholeBatches(21)
 	if c := sum.Calls[20]; !c.OK || !c.Hedged || c.Attempts != 2 {
 		t.Errorf("the stalled call %+v: want ok, hedged, 2 attempts", c)
+	}
+}
+
+// TestFailedDriveLeavesATrace: a drive that fails, before its loop began
+// (Core refuses to read the run) or in a turn (Core answers the
+// completions request 500), logs one WARN record with the run id and the
+// cause, and counts a failed run.
+func TestFailedDriveLeavesATrace(t *testing.T) {
+	var logs syncbuf.Buffer
+	h := newHarnessWith(t, twoTurns(calls(`echo`)...),
+		testenv.Options{Sidecar: []sidecar.Option{sidecar.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil)))}},
+		spec{config.Tool{Name: "echo"}, echo})
+	h.sim.AddFault(coresim.Fault{Method: "GET", Path: "/v1/runs/" + h.req.RunID, Status: http.StatusServiceUnavailable, Times: 100})
+	if sum, err := h.drive(context.Background()); err == nil || sum.Status != executor.StatusFailed {
+		t.Fatalf("Core refusing the run: %+v %v, want failed", sum, err)
+	}
+	h.sim.ClearFaults()
+	h.sim.AddFault(coresim.Fault{Method: "POST", Path: "/v1/completions", Status: http.StatusInternalServerError, Times: 100})
+	if sum, err := h.drive(context.Background()); err == nil || sum.Status != executor.StatusFailed {
+		t.Fatalf("Core failing the turn: %+v %v, want failed", sum, err)
+	}
+	var warned []string
+	for line := range strings.Lines(logs.String()) {
+		var r struct {
+			Level, Msg, RunID, Err string
+		}
+		_ = json.Unmarshal([]byte(line), &struct {
+			Level *string `json:"level"`
+			Msg   *string `json:"msg"`
+			RunID *string `json:"run_id"`
+			Err   *string `json:"err"`
+		}{&r.Level, &r.Msg, &r.RunID, &r.Err})
+		if r.Level == "WARN" && r.RunID == h.req.RunID && (strings.Contains(r.Err, "503") || strings.Contains(r.Err, "500")) {
+			warned = append(warned, r.Msg)
+		}
+	}
+	if len(warned) != 2 {
+		t.Errorf("WARN records with the run id and Core's status: %q, want one per failed drive", warned)
+	}
+	if n := promtest.Value(t, h.env.Sidecar.Metrics(), "toolsidecar_runs_total", "status=failed"); n != 2 {
+		t.Errorf("toolsidecar_runs_total{status=failed} = %v, want 2", n)
 	}
 }
 
