@@ -6,8 +6,11 @@ import (
 	"crypto/sha256"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"sync"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
@@ -29,6 +32,8 @@ type Reloader struct {
 	total     *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 	lastTime  prometheus.Gauge
+	watching  chan struct{} // closed once Run watches the directory (tests wait for it)
+	watched   sync.Once
 }
 
 // NewReloader watches path for live. Metrics go on reg.
@@ -38,7 +43,7 @@ func NewReloader(path string, overrides []string, running config.Config, live *L
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reloader{path: path, overrides: overrides, running: running, live: live, log: log}
+	r := &Reloader{path: path, overrides: overrides, running: running, live: live, log: log, watching: make(chan struct{})}
 	r.total, r.lastOK, r.lastTime = reloadMetrics(reg)
 	if data, err := os.ReadFile(path); err == nil {
 		r.sum = sha256.Sum256(data)
@@ -92,11 +97,35 @@ func (r *Reloader) Reload() error {
 	return err
 }
 
-// Run reloads whenever the file's content changes (checked every
-// interval), and on every value received from trigger (SIGHUP), until ctx
-// ends. A new content is loaded once it is the same on two checks in a
-// row, so that a file caught half-written (empty, say) is not put in force.
+// settleDelay is how long a change of the file must hold before it is
+// read, and then read again: a file caught half-written (empty, say) is
+// not put in force, and a change is in force within about three times it.
+const settleDelay = 100 * time.Millisecond
+
+// Run reloads whenever the file's content changes, and on every value
+// received from trigger (SIGHUP), until ctx ends. The file's directory is
+// watched (fsnotify): a rename over the file, as editors write it, and
+// the swap of a symlinked directory, as Kubernetes updates a mounted
+// ConfigMap, are both events there. A change is read once events have
+// been quiet for settleDelay and loaded once the content is the same on
+// two reads in a row. The file is also checked every interval, for a
+// file system that sends no events.
 func (r *Reloader) Run(ctx context.Context, interval time.Duration, trigger <-chan struct{}) {
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if w, err := fsnotify.NewWatcher(); err != nil {
+		r.log.Warn("the configuration file is not watched; it is checked every interval", "interval", interval, "err", err)
+	} else {
+		defer w.Close()
+		if err := w.Add(filepath.Dir(r.path)); err != nil {
+			r.log.Warn("the configuration file's directory is not watched; it is checked every interval", "interval", interval, "err", err)
+		}
+		events, errs = w.Events, w.Errors
+	}
+	r.watched.Do(func() { close(r.watching) })
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	defer settle.Stop()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -105,20 +134,36 @@ func (r *Reloader) Run(ctx context.Context, interval time.Duration, trigger <-ch
 			return
 		case <-trigger:
 			_ = r.Reload()
+		case <-events:
+			settle.Reset(settleDelay)
+		case err := <-errs:
+			r.log.Warn("watching the configuration file", "err", err)
+		case <-settle.C:
+			if r.check() {
+				settle.Reset(settleDelay) // read it again to see that it holds
+			}
 		case <-t.C:
-			data, err := os.ReadFile(r.path)
-			if err != nil {
-				continue
-			}
-			sum := sha256.Sum256(data)
-			switch {
-			case bytes.Equal(sum[:], r.sum[:]):
-			case bytes.Equal(sum[:], r.seen[:]):
-				r.sum = sum
-				_ = r.Reload()
-			default:
-				r.seen = sum
-			}
+			r.check()
 		}
 	}
+}
+
+// check reads the file and loads a new content once it is the same on two
+// checks in a row. It reports a new content seen for the first time.
+func (r *Reloader) check() (pending bool) {
+	data, err := os.ReadFile(r.path)
+	if err != nil {
+		return false
+	}
+	sum := sha256.Sum256(data)
+	switch {
+	case bytes.Equal(sum[:], r.sum[:]):
+	case bytes.Equal(sum[:], r.seen[:]):
+		r.sum = sum
+		_ = r.Reload()
+	default:
+		r.seen = sum
+		return true
+	}
+	return false
 }

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -69,5 +70,75 @@ func TestReloader(t *testing.T) {
 	}
 	if ts := testutil.ToFloat64(r.lastTime); time.Since(time.Unix(int64(ts), 0)) > time.Minute {
 		t.Errorf("last reload timestamp %v", ts)
+	}
+}
+
+// TestReloaderWatchesTheDirectory: with the periodic check an hour away,
+// only the directory's events can put a change in force: a file renamed
+// over the configuration, as editors write it, and a Kubernetes ConfigMap
+// update, which swaps the ..data symlink of the mounted directory while
+// config.yaml stays a symlink into it.
+func TestReloaderWatchesTheDirectory(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, dir string) (path string, update func(content string))
+	}{
+		{"rename over the file", func(t *testing.T, dir string) (string, func(string)) {
+			path := filepath.Join(dir, "config.yaml")
+			update := func(s string) {
+				tmp := path + ".tmp"
+				if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(tmp, path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return path, update
+		}},
+		{"ConfigMap symlink swap", func(t *testing.T, dir string) (string, func(string)) {
+			n := 0
+			update := func(s string) {
+				n++
+				version := filepath.Join(dir, fmt.Sprintf("..2026_12_04_%d", n))
+				if err := os.Mkdir(version, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(version, "config.yaml"), []byte(s), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				tmp := filepath.Join(dir, "..data_tmp")
+				if err := os.Symlink(filepath.Base(version), tmp); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			path := filepath.Join(dir, "config.yaml")
+			if err := os.Symlink(filepath.Join("..data", "config.yaml"), path); err != nil {
+				t.Fatal(err)
+			}
+			return path, update
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, update := tc.setup(t, t.TempDir())
+			update("tools:\n  - name: a\n")
+			cfg, err := config.Load(path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg, _ := New(cfg.Tools, cfg.NATS.SubjectPrefix)
+			live := NewLive(reg)
+			r := NewReloader(path, nil, cfg, live, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			wg.Go(func() { r.Run(ctx, time.Hour, nil) })
+			defer func() { cancel(); wg.Wait() }()
+			<-r.watching
+			update("tools:\n  - name: a\n  - name: b\n")
+			poll.Until(t, "the new tool, from the directory's events", func() bool { return len(live.Load().Names()) == 2 })
+		})
 	}
 }
