@@ -151,6 +151,10 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	}
 	s.stopTracing = func(context.Context) error { return nil }
 	otel.SetTextMapPropagator(propagator) // the server reads callers' traceparent through it
+	// The SDK's own errors (an export that failed) go to the structured
+	// log, not to stderr as plain lines among the JSON records.
+	tlog := s.log.With("component", "telemetry")
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { tlog.Warn("telemetry error", "err", err) }))
 	if s.tp = o.tp; s.tp == nil {
 		if s.tp, s.stopTracing, err = tracerProvider(s.cfg.Tracing); err != nil {
 			return nil, err

@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/config"
@@ -391,5 +393,30 @@ func TestReadinessWithoutCore(t *testing.T) {
 		if resp.StatusCode != want || (check && !strings.Contains(string(b), "core unreachable")) {
 			t.Errorf("readiness_check %v: /readyz %d %s, want %d", check, resp.StatusCode, b, want)
 		}
+	}
+}
+
+// TestTelemetryErrorsLogged: an error of the OpenTelemetry SDK (an export
+// that failed) is a structured record of the sidecar's log, not a plain
+// line on stderr among the JSON records.
+func TestTelemetryErrorsLogged(t *testing.T) {
+	var logs testenv.LogBuffer
+	testenv.Start(t, oneCall("echo"), testenv.Options{Sidecar: []sidecar.Option{sidecar.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil)))}},
+		testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	otel.Handle(errors.New("traces export: connection refused"))
+	var rec struct{ Level, Msg, Component, Err string }
+	for line := range strings.Lines(logs.String()) {
+		var r struct {
+			Level     string `json:"level"`
+			Msg       string `json:"msg"`
+			Component string `json:"component"`
+			Err       string `json:"err"`
+		}
+		if json.Unmarshal([]byte(line), &r) == nil && r.Component == "telemetry" {
+			rec = struct{ Level, Msg, Component, Err string }(r)
+		}
+	}
+	if rec.Level != "WARN" || !strings.Contains(rec.Err, "connection refused") {
+		t.Errorf("telemetry record %+v, want a WARN record with the SDK's error", rec)
 	}
 }

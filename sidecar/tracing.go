@@ -2,12 +2,14 @@ package sidecar
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -35,15 +37,7 @@ func tracerProvider(cfg config.Tracing) (trace.TracerProvider, func(context.Cont
 	if cfg.OTLPEndpoint == "" && !fromEnv {
 		return noop.NewTracerProvider(), func(context.Context) error { return nil }, nil
 	}
-	var opts []otlptracehttp.Option
-	if cfg.OTLPEndpoint != "" { // the file's endpoint wins over the environment's
-		opts = append(opts, otlptracehttp.WithEndpoint(cfg.OTLPEndpoint))
-		if cfg.Insecure {
-			opts = append(opts, otlptracehttp.WithInsecure())
-		}
-	}
-	// New does not connect: the exporter dials when it first sends.
-	exp, err := otlptracehttp.New(context.Background(), opts...)
+	exp, err := exporter(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -59,6 +53,39 @@ func tracerProvider(cfg config.Tracing) (trace.TracerProvider, func(context.Cont
 	}
 	tp := sdktrace.NewTracerProvider(popts...)
 	return tp, tp.Shutdown, nil
+}
+
+// exporter is the OTLP span exporter of the protocol the environment asks
+// for (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL):
+// grpc, or http/protobuf, the specification's default. Any other protocol
+// (http/json, which Go's SDK does not speak) is refused at start-up, not
+// ignored. New does not connect: the exporter dials when it first sends.
+func exporter(cfg config.Tracing) (sdktrace.SpanExporter, error) {
+	protocol := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if protocol == "" {
+		protocol = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	switch protocol {
+	case "", "http/protobuf":
+		var opts []otlptracehttp.Option
+		if cfg.OTLPEndpoint != "" { // the file's endpoint wins over the environment's
+			opts = append(opts, otlptracehttp.WithEndpoint(cfg.OTLPEndpoint))
+			if cfg.Insecure {
+				opts = append(opts, otlptracehttp.WithInsecure())
+			}
+		}
+		return otlptracehttp.New(context.Background(), opts...)
+	case "grpc":
+		var opts []otlptracegrpc.Option
+		if cfg.OTLPEndpoint != "" {
+			opts = append(opts, otlptracegrpc.WithEndpoint(cfg.OTLPEndpoint))
+			if cfg.Insecure {
+				opts = append(opts, otlptracegrpc.WithInsecure())
+			}
+		}
+		return otlptracegrpc.New(context.Background(), opts...)
+	}
+	return nil, fmt.Errorf("tracing: OTLP protocol %q is not supported: use grpc or http/protobuf", protocol)
 }
 
 // coreTransport makes the requests to Core carry the drive's trace
