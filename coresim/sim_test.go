@@ -30,7 +30,14 @@ type fixture struct {
 
 func setup(t *testing.T, sc Scenario) *fixture {
 	t.Helper()
-	sim, srv := NewServer(Config{APIKey: "k", Scenario: sc})
+	return setupWith(t, Config{Scenario: sc})
+}
+
+// setupWith is setup with a configuration of the simulator's own.
+func setupWith(t *testing.T, cfg Config) *fixture {
+	t.Helper()
+	cfg.APIKey = "k"
+	sim, srv := NewServer(cfg)
 	t.Cleanup(srv.Close)
 	c, err := core.New(core.Config{URL: srv.URL, APIKey: "k"})
 	if err != nil {
