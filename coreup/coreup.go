@@ -31,9 +31,18 @@ func New(c *core.Client) *Upstream { return &Upstream{c: c} }
 func (u *Upstream) Run(ctx context.Context, runID string) (executor.Run, error) {
 	r, err := u.c.GetRun(ctx, runID)
 	if err != nil {
-		return executor.Run{}, err
+		return executor.Run{}, refused(err)
 	}
 	return runOf(r), nil
+}
+
+// refused gives a non-2xx answer of Core its status in the executor's
+// terms, keeping Core's error in the chain.
+func refused(err error) error {
+	if code := core.StatusCode(err); code != 0 {
+		return &executor.UpstreamError{Status: code, Err: err}
+	}
+	return err
 }
 
 // runOf is Core's run in the executor's terms.
@@ -80,7 +89,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 		RunID: req.RunID, AssistantID: req.AssistantID, MetaData: req.MetaData,
 	})
 	if err != nil {
-		return nil, err
+		return nil, refused(err)
 	}
 	return turn{s}, nil
 }

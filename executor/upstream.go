@@ -63,6 +63,26 @@ var (
 	ErrBadFrame = errors.New("executor: an event of the turn could not be read")
 )
 
+// UpstreamError is the upstream's refusal of a request, with its HTTP
+// status: the drive API answers 401, 403 and 404 as the upstream did.
+type UpstreamError struct {
+	Status int
+	Err    error
+}
+
+func (e *UpstreamError) Error() string { return e.Err.Error() }
+func (e *UpstreamError) Unwrap() error { return e.Err }
+
+// UpstreamStatus is the HTTP status of the upstream's refusal under err,
+// or 0.
+func UpstreamStatus(err error) int {
+	var ue *UpstreamError
+	if errors.As(err, &ue) {
+		return ue.Status
+	}
+	return 0
+}
+
 // LostCallError is a tool call of a turn whose identifiers could not be
 // read: it cannot be answered, and the run fails quoting it.
 type LostCallError struct{ Err error }

@@ -29,7 +29,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -378,7 +377,7 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 // 500 for the sidecar's own bug guard; 502 for a run that failed upstream
 // (Core or the model).
 func driveStatus(err error) int {
-	switch code := core.StatusCode(err); {
+	switch code := executor.UpstreamStatus(err); {
 	case err == nil:
 		return http.StatusOK
 	case code == http.StatusUnauthorized, code == http.StatusForbidden, code == http.StatusNotFound:
