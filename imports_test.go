@@ -26,7 +26,7 @@ var rules = []struct {
 	{"batch", []string{module + "/"}, "batch joins functions and knows no project package"},
 	{"core", []string{module + "/"}, "the Core client knows no loop"},
 	{"worker", []string{"github.com/nats-io/nats-server/", "github.com/prometheus/client_golang/"}, "a Go worker stays small"},
-	{"cmd/toolsidecar", []string{"net/http/httptest"}, "the production binary links no test server"},
+	{"cmd/toolsidecar", []string{"net/http/httptest", module + "/internal/testkit/"}, "the production binary links no test server and no test helper"},
 }
 
 func TestImportRules(t *testing.T) {

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/bridge"
-	"github.com/projectdavid/toolsidecar/internal/natstest"
-	"github.com/projectdavid/toolsidecar/internal/poll"
-	"github.com/projectdavid/toolsidecar/internal/workerproc"
+	"github.com/projectdavid/toolsidecar/internal/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
+	"github.com/projectdavid/toolsidecar/internal/testkit/workerproc"
 	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"

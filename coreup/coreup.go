@@ -85,7 +85,7 @@ func (u *Upstream) RecentRuns(ctx context.Context, limit int) ([]executor.Run, e
 // Turn opens the run's next completions stream.
 func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Turn, error) {
 	s, err := u.c.Stream(ctx, core.CompletionRequest{
-		Model: req.Model, APIKey: req.APIKey, ThreadID: req.ThreadID, MessageID: req.MessageID,
+		Model: req.Model, APIKey: req.ProviderKey, ThreadID: req.ThreadID, MessageID: req.MessageID,
 		RunID: req.RunID, AssistantID: req.AssistantID, MetaData: req.MetaData,
 	})
 	if err != nil {

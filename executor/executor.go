@@ -153,10 +153,10 @@ type Executor struct {
 	watch   *watcher    // cancellation of runs whose batches are in flight
 }
 
-// Stop makes every drive end after its current batch is joined and
-// submitted, with status "interrupted": the first step of a graceful
-// shutdown.
-func (e *Executor) Stop() { e.stopping.Store(true) }
+// Drain makes every drive end after its current batch is joined and
+// submitted, with status "interrupted", and asks for no further turn: the
+// first step of a graceful shutdown. It stops nothing in flight.
+func (e *Executor) Drain() { e.stopping.Store(true) }
 
 // New builds an executor that drives the runs of up. nats serves the
 // "nats" route. No I/O.
@@ -217,8 +217,9 @@ type Request struct {
 	Model       string         `json:"model"`
 	MaxTurns    int            `json:"max_turns,omitempty"`
 	MetaData    map[string]any `json:"meta_data,omitempty"`
-	// APIKey is the LLM provider key Core forwards; not the Core key.
-	APIKey *string `json:"api_key,omitempty"`
+	// ProviderKey is the LLM provider's key, which Core forwards to the
+	// model (the drive body's api_key); not the Core key, nor CallerKey.
+	ProviderKey *string `json:"api_key,omitempty"`
 	// Traceparent is the caller's W3C trace context, forwarded to workers.
 	Traceparent string `json:"-"`
 	// CallerKey is the caller's Core API key: every Core request of the

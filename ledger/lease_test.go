@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/projectdavid/toolsidecar/internal/poll"
-	"github.com/projectdavid/toolsidecar/internal/promtest"
+	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
+	"github.com/projectdavid/toolsidecar/internal/testkit/promtest"
 	"github.com/projectdavid/toolsidecar/ledger"
 )
 

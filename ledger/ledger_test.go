@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/embedded"
-	"github.com/projectdavid/toolsidecar/internal/poll"
+	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
 	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"

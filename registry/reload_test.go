@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/internal/poll"
-	"github.com/projectdavid/toolsidecar/internal/syncbuf"
+	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
+	"github.com/projectdavid/toolsidecar/internal/testkit/syncbuf"
 )
 
 func TestReloader(t *testing.T) {

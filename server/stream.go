@@ -130,7 +130,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	c := body.CompletionRequest
 	req := executor.Request{RunID: c.RunID, ThreadID: c.ThreadID, AssistantID: c.AssistantID, MessageID: c.MessageID,
-		Model: c.Model, MetaData: c.MetaData, APIKey: c.APIKey, Traceparent: r.Header.Get("traceparent"),
+		Model: c.Model, MetaData: c.MetaData, ProviderKey: c.APIKey, Traceparent: r.Header.Get("traceparent"),
 		CallerKey: r.Header.Get("X-API-Key")}
 
 	f := &coreFramer{w: w}

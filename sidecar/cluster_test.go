@@ -11,10 +11,10 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/internal/natstest"
-	"github.com/projectdavid/toolsidecar/internal/poll"
-	"github.com/projectdavid/toolsidecar/internal/testenv"
-	"github.com/projectdavid/toolsidecar/internal/workerproc"
+	"github.com/projectdavid/toolsidecar/internal/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
+	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/internal/testkit/workerproc"
 	"github.com/projectdavid/toolsidecar/sidecar"
 )
 

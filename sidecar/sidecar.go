@@ -576,7 +576,7 @@ func (s *Sidecar) Shutdown(ctx context.Context) error {
 }
 
 func (s *Sidecar) shutdown(ctx context.Context) error {
-	s.exec.Stop()
+	s.exec.Drain()
 	if err := s.hs.Shutdown(ctx); err != nil {
 		s.log.Warn("shutdown deadline: cancelling the drives still running", "err", err)
 		s.cancelBase(ErrShutdownTimeout)
