@@ -87,3 +87,10 @@ func TestRunStatuses(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyRejectsBadURL: proxy mode needs Core's URL.
+func TestProxyRejectsBadURL(t *testing.T) {
+	if _, err := NewProxy(ProxyConfig{CoreURL: "::bad"}); err == nil {
+		t.Error("a bad Core URL was accepted")
+	}
+}

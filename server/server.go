@@ -15,9 +15,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
-	"net/http/httputil"
 	"net/http/pprof"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -51,13 +49,21 @@ type Tools interface {
 	Live(ctx context.Context) (map[string]bool, error)
 }
 
+// Route is one route of an upstream's own API.
+type Route struct {
+	Pattern string // as http.ServeMux takes it
+	Handler http.Handler
+	// Drive: the route drives a run, and counts against MaxDrives (429
+	// beyond); others are not bounded (a proxied read, say).
+	Drive bool
+}
+
 // Config configures the server.
 type Config struct {
-	// CoreURL is where proxied requests go; empty disables proxy mode.
-	CoreURL string
-	// CoreTransport carries proxied requests (Core's TLS, say).
-	// default: http.DefaultTransport
-	CoreTransport http.RoundTripper
+	// Routes are served beside the drive API, behind the same token and
+	// body bound: an upstream's own API answered by the sidecar (Core's,
+	// in proxy mode: package coreup).
+	Routes []Route
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every route but /healthz and /readyz.
 	Token string
@@ -74,10 +80,6 @@ type Config struct {
 	// SSEKeepalive is how often a quiet SSE drive sends a comment.
 	// default: 15s
 	SSEKeepalive time.Duration
-	// RunCancelled, in proxy mode, is told of each run that Core
-	// cancelled at a request through the proxy, so that its calls stop at
-	// once rather than at the next poll of Core.
-	RunCancelled func(runID string)
 	// Pprof serves Go's profiles under /debug/pprof/ on the ops handler.
 	Pprof bool
 	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
@@ -92,7 +94,6 @@ type Server struct {
 	tools Tools
 	log   *slog.Logger
 	mux   *http.ServeMux
-	proxy *httputil.ReverseProxy
 	// active counts requests being served, so shutdown can wait for drives
 	// that outlive http.Server.Shutdown's deadline.
 	active sync.WaitGroup
@@ -125,32 +126,12 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.CoreURL != "" {
-		u, err := url.Parse(cfg.CoreURL)
-		if err != nil || u.Host == "" {
-			return nil, fmt.Errorf("server: core url %q: %v", cfg.CoreURL, err)
+	for _, rt := range cfg.Routes {
+		h := s.unbounded(rt.Handler.ServeHTTP)
+		if rt.Drive {
+			h = s.limited(rt.Handler.ServeHTTP)
 		}
-		s.proxy = &httputil.ReverseProxy{
-			Rewrite: func(r *httputil.ProxyRequest) {
-				r.SetURL(u)
-				r.Out.Host = u.Host
-				r.Out.Header.Del("Authorization") // the sidecar's token is not Core's
-			},
-			Transport:     cfg.CoreTransport,
-			FlushInterval: -1, // stream bodies as they come
-			ModifyResponse: func(resp *http.Response) error {
-				if id, ok := cancelledRun(resp); ok && s.cfg.RunCancelled != nil {
-					s.cfg.RunCancelled(id)
-				}
-				return nil
-			},
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				s.log.Warn("proxy to Core failed", "path", r.URL.Path, "err", err)
-				writeError(w, http.StatusBadGateway, "Core unreachable: "+err.Error())
-			},
-		}
-		s.mux.HandleFunc("POST /v1/completions", s.limited(s.completions))
-		s.mux.Handle("/v1/", s.unbounded(s.proxy.ServeHTTP))
+		s.mux.Handle(rt.Pattern, h)
 	}
 	s.mux.HandleFunc("POST /v1/runs/{run_id}/drive", s.limited(s.drive))
 	s.mux.HandleFunc("GET /v1/tools", s.listTools)
@@ -189,21 +170,6 @@ func probes(mux *http.ServeMux, ready http.HandlerFunc, g prometheus.Gatherer) {
 	mux.HandleFunc("GET /healthz", health)
 	mux.HandleFunc("GET /readyz", ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-}
-
-// cancelledRun reports the run that a successful POST
-// /v1/runs/{id}/cancel through the proxy cancelled.
-func cancelledRun(resp *http.Response) (string, bool) {
-	r := resp.Request
-	if r == nil || r.Method != http.MethodPost || resp.StatusCode/100 != 2 {
-		return "", false
-	}
-	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/runs/")
-	if !ok {
-		return "", false
-	}
-	id, ok := strings.CutSuffix(rest, "/cancel")
-	return id, ok && id != "" && !strings.Contains(id, "/")
 }
 
 // health answers liveness: the process serves.
@@ -424,9 +390,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
-}
-
-func readBody(r *http.Request) ([]byte, error) {
-	defer r.Body.Close()
-	return io.ReadAll(r.Body)
 }

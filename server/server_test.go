@@ -496,7 +496,7 @@ func TestAuthLimitsAndTools(t *testing.T) {
 	}
 }
 
-func TestReadinessAndBadConfig(t *testing.T) {
+func TestReadiness(t *testing.T) {
 	down := errors.New("NATS not connected")
 	srv, err := server.New(server.Config{Ready: func(context.Context) error { return down }}, nil, nil)
 	if err != nil {
@@ -506,9 +506,6 @@ func TestReadinessAndBadConfig(t *testing.T) {
 	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "NATS not connected") {
 		t.Errorf("readyz %d %s", rec.Code, rec.Body)
-	}
-	if _, err := server.New(server.Config{CoreURL: "::bad"}, nil, nil); err == nil {
-		t.Error("bad core url accepted")
 	}
 }
 

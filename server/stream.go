@@ -1,18 +1,13 @@
 package server
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"time"
 
 	sse "github.com/tmaxmax/go-sse"
 
-	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
 )
 
@@ -102,92 +97,3 @@ func keepalive(interval time.Duration, sent <-chan struct{}, stop <-chan struct{
 		}
 	}
 }
-
-// completions answers Core's POST /v1/completions in proxy mode. The loop
-// drives the run; the client receives Core's own frames ("data: <chunk>"),
-// without the manifests the sidecar handled, and one [DONE] after the last
-// turn. A buffered request (stream: false) goes to Core unchanged.
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		core.CompletionRequest
-		Stream  *bool  `json:"stream"`
-		Content string `json:"content,omitempty"`
-	}
-	raw, err := readBody(r)
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, err.Error())
-		return
-	}
-	if err := json.Unmarshal(raw, &body); err != nil {
-		writeError(w, http.StatusUnprocessableEntity, "invalid body: "+err.Error())
-		return
-	}
-	if body.Stream != nil && !*body.Stream {
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		r.ContentLength = int64(len(raw))
-		s.proxy.ServeHTTP(w, r)
-		return
-	}
-	c := body.CompletionRequest
-	req := executor.Request{RunID: c.RunID, ThreadID: c.ThreadID, AssistantID: c.AssistantID, MessageID: c.MessageID,
-		Model: c.Model, MetaData: c.MetaData, ProviderKey: c.APIKey, Traceparent: r.Header.Get("traceparent"),
-		CallerKey: r.Header.Get("X-API-Key")}
-
-	f := &coreFramer{w: w}
-	sum, derr := s.drv.Drive(r.Context(), req, func(e executor.Event) {
-		switch e.Type {
-		case executor.EventContent, executor.EventReasoning, executor.EventChunk, executor.EventError:
-			if len(e.Raw) > 0 {
-				f.frame(e.Raw)
-			}
-		}
-	})
-	if derr != nil {
-		var he *core.HTTPError
-		if !f.started && errors.As(derr, &he) {
-			// Nothing streamed yet: answer as Core answered.
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(he.Status)
-			fmt.Fprint(w, he.Body)
-			return
-		}
-	}
-	if sum.Status != executor.StatusCompleted {
-		// The run did not reach an answer (failed, cancelled, turn limit,
-		// shutdown): say so in Core's router-error shape, which the SDK
-		// reads, rather than end as if the answer were complete.
-		msg, _ := json.Marshal(map[string]string{"type": "error", "run_id": c.RunID,
-			"message": "toolsidecar: run " + sum.Status + ": " + sum.Error})
-		f.frame(msg)
-	}
-	f.done()
-}
-
-// coreFramer writes frames exactly as Core does.
-type coreFramer struct {
-	w       http.ResponseWriter
-	started bool
-}
-
-func (f *coreFramer) start() {
-	if f.started {
-		return
-	}
-	f.started = true
-	h := f.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	h.Set("X-Accel-Buffering", "no")
-	f.w.WriteHeader(http.StatusOK)
-}
-
-func (f *coreFramer) frame(data []byte) {
-	f.start()
-	fmt.Fprintf(f.w, "data: %s\n\n", data)
-	if fl, ok := f.w.(http.Flusher); ok {
-		fl.Flush()
-	}
-}
-
-func (f *coreFramer) done() { f.frame([]byte("[DONE]")) }

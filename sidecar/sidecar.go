@@ -441,9 +441,14 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	}
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), ReadyInfo: s.readyInfo,
-		RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Pprof: s.cfg.Server.Pprof}
+		Pprof: s.cfg.Server.Pprof}
 	if s.cfg.Server.Proxy {
-		scfg.CoreURL, scfg.CoreTransport = s.cfg.Core.URL, coreRT
+		p, err := coreup.NewProxy(coreup.ProxyConfig{CoreURL: s.cfg.Core.URL, Transport: coreRT, Drive: s.exec.Drive,
+			RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Logger: s.log.With("component", "server")})
+		if err != nil {
+			return err
+		}
+		scfg.Routes = []server.Route{{Pattern: "POST /v1/completions", Handler: p.Completions, Drive: true}, {Pattern: "/v1/", Handler: p.Forward}}
 	}
 	srv, err := server.New(scfg, s.exec, tools{live: s.live, client: s.client})
 	if err != nil {
