@@ -95,26 +95,6 @@ func BenchmarkDispatchSidecarSide(b *testing.B) {
 	sequential(b, c, r)
 }
 
-// BenchmarkSendSidecarSide is BenchmarkDispatchSidecarSide through Send,
-// the executor's path: a context that can be cancelled, as a turn's is,
-// and the outcome handed to a callback.
-func BenchmarkSendSidecarSide(b *testing.B) {
-	c, r := workerProcess(b)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	got := make(chan tool.Outcome, 1)
-	done := func(o tool.Outcome) { got <- o }
-	b.ResetTimer()
-	for range b.N {
-		if o, sent := c.Send(ctx, r, done); !sent {
-			b.Fatal(o.Err)
-		}
-		if o := <-got; o.Err != nil {
-			b.Fatal(o.Err)
-		}
-	}
-}
-
 // workerProcess starts a server and an echo worker in a process of its
 // own, and returns a client and a request that the worker answers.
 func workerProcess(b *testing.B) (*bridge.Client, tool.Request) {

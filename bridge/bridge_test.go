@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -331,9 +330,9 @@ func TestReplyDuringSlowOnSent(t *testing.T) {
 	}
 }
 
-// TestSendHoldsNoGoroutine: calls sent with Send wait for their workers
-// without a goroutine, and each gets its own outcome exactly once.
-func TestSendHoldsNoGoroutine(t *testing.T) {
+// TestConcurrentCallsEachGetTheirOutcome: 50 calls wait for their workers
+// at once, and each gets its own outcome, exactly once.
+func TestConcurrentCallsEachGetTheirOutcome(t *testing.T) {
 	side, work := natstest.Connect(t)
 	release := make(chan struct{})
 	var once sync.Once
@@ -353,21 +352,14 @@ func TestSendHoldsNoGoroutine(t *testing.T) {
 	for i := range n {
 		r := natstest.Request("hold", 10*time.Second)
 		r.ActionID, r.Body = fmt.Sprint("act_", i), fmt.Appendf(nil, `{"tool_call_id":"c%d","action_id":"act_%d","tool":"hold","args":{"i":%d}}`, i, i, i)
-		wg.Add(1)
-		if out, sent := c.Send(context.Background(), r, func(o tool.Outcome) {
+		wg.Go(func() {
+			o := c.Dispatch(context.Background(), r)
 			mu.Lock()
 			got[i] = append(got[i], string(o.Data)+errText(o))
 			mu.Unlock()
-			wg.Done()
-		}); !sent {
-			t.Fatalf("call %d not sent: %+v", i, out)
-		}
+		})
 	}
 	poll.Until(t, "every call to reach its worker", func() bool { return arrived.Load() == n })
-	buf := make([]byte, 1<<20)
-	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "bridge.(*Client)") {
-		t.Errorf("a goroutine waits in the client:\n%s", st)
-	}
 	free()
 	wg.Wait()
 	for i := range n {
@@ -396,26 +388,20 @@ func TestLateCallbacksIgnored(t *testing.T) {
 	c := open(t, side)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := make(chan tool.Outcome, 2)
-	if o, sent := c.Send(ctx, natstest.Request("slow", 5*time.Second), func(o tool.Outcome) { out <- o }); !sent {
-		t.Fatalf("not sent: %+v", o)
-	}
+	out := make(chan tool.Outcome, 1)
+	go func() { out <- c.Dispatch(ctx, natstest.Request("slow", 5*time.Second)) }()
+	poll.Until(t, "the call to wait for its worker", func() bool { return c.Waiting() == 1 })
 	if n := c.FireStale(); n != 1 {
 		t.Fatalf("%d calls waiting, want 1", n)
 	}
 	if o := <-out; o.Err != nil || string(o.Data) != "slow" {
 		t.Fatalf("outcome %+v, want the worker's reply", o)
 	}
-	select {
-	case o := <-out:
-		t.Fatalf("a second outcome: %+v", o)
-	case <-time.After(100 * time.Millisecond):
-	}
 }
 
-// TestCloseEndsWaitingSends: Close ends every call waiting for its worker,
+// TestCloseEndsWaitingCalls: Close ends every call waiting for its worker,
 // once, with a crash outcome that names it.
-func TestCloseEndsWaitingSends(t *testing.T) {
+func TestCloseEndsWaitingCalls(t *testing.T) {
 	side, work := natstest.Connect(t)
 	release := make(chan struct{})
 	defer close(release)
@@ -427,21 +413,15 @@ func TestCloseEndsWaitingSends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make(chan tool.Outcome, 4)
+	out := make(chan tool.Outcome, 2)
 	for range 2 {
-		if o, sent := c.Send(context.Background(), natstest.Request("hold", 10*time.Second), func(o tool.Outcome) { out <- o }); !sent {
-			t.Fatalf("not sent: %+v", o)
-		}
+		go func() { out <- c.Dispatch(context.Background(), natstest.Request("hold", 10*time.Second)) }()
 	}
+	poll.Until(t, "both calls to wait for their worker", func() bool { return c.Waiting() == 2 })
 	c.Close()
 	for range 2 {
 		if o := <-out; o.Err == nil || o.Err.Type != tool.WorkerCrash || !strings.Contains(o.Err.Message, "closed") {
 			t.Errorf("outcome after Close: %+v", o)
 		}
-	}
-	select {
-	case o := <-out:
-		t.Fatalf("a third outcome: %+v", o)
-	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -65,7 +65,6 @@ type waiter struct {
 	ctx      context.Context
 	stopCtx  func() bool // unregisters the context's callback
 	done     func(tool.Outcome)
-	inline   bool // done never blocks: route may call it on its own goroutine
 	sent     time.Time
 	due      time.Time // when the timer is due: a late expire of a reused waiter sees it ahead
 	armed    bool      // OnSent has returned: the wait has begun
@@ -141,7 +140,7 @@ func (c *Client) Close() error {
 			continue
 		}
 		done, out := c.settleLocked(w, nil, stopClosed)
-		go done(out)
+		done(out) // done never blocks
 	}
 	c.resyncs.Wait()
 	return c.sub.Unsubscribe()
@@ -222,13 +221,8 @@ func (c *Client) route(m *nats.Msg) {
 		}
 		c.mu.Unlock()
 	default:
-		inline := w.inline
 		done, out := c.settleLocked(w, m, stopReplied)
-		if inline {
-			done(out)
-		} else {
-			go done(out)
-		}
+		done(out)
 	}
 }
 
@@ -236,24 +230,20 @@ func (c *Client) route(m *nats.Msg) {
 // ctx. On timeout or cancellation the worker is told on the cancel subject.
 // The failure of a call is a value in the Outcome's Err, never an error return.
 func (c *Client) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
+	// The outcome is handed over on a buffered channel, so that the
+	// client's reply handler, timer or Close never blocks on the caller.
 	ch := make(chan tool.Outcome, 1)
-	if out, sent := c.send(ctx, req, func(o tool.Outcome) { ch <- o }, true); !sent {
+	if out, sent := c.send(ctx, req, func(o tool.Outcome) { ch <- o }); !sent {
 		return out
 	}
 	return <-ch
 }
 
-// Send sends one attempt and returns once it has left and req.OnSent has
-// returned; no goroutine waits for the reply. done receives the outcome
-// exactly once, as Dispatch would return it, on a goroutine where it may
-// block, possibly before Send returns. When the attempt cannot be sent,
-// Send returns its outcome and false, and done is never called.
-func (c *Client) Send(ctx context.Context, req tool.Request, done func(tool.Outcome)) (tool.Outcome, bool) {
-	return c.send(ctx, req, done, false)
-}
-
-// send is Send; inline says that done never blocks.
-func (c *Client) send(ctx context.Context, req tool.Request, done func(tool.Outcome), inline bool) (tool.Outcome, bool) {
+// send sends one attempt and returns once it has left and req.OnSent has
+// returned. done receives the outcome exactly once and must not block.
+// When the attempt cannot be sent, send returns its outcome and false, and
+// done is never called.
+func (c *Client) send(ctx context.Context, req tool.Request, done func(tool.Outcome)) (tool.Outcome, bool) {
 	if err := ctx.Err(); err != nil {
 		return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before dispatch: %v", context.Cause(ctx))}, false
 	}
@@ -267,7 +257,7 @@ func (c *Client) send(ctx context.Context, req tool.Request, done func(tool.Outc
 		c.waiters.Put(w)
 		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", ErrClosed)}, false
 	}
-	w.token, w.req, w.ctx, w.done, w.inline, w.sent = strs.token, req, ctx, done, inline, sent
+	w.token, w.req, w.ctx, w.done, w.sent = strs.token, req, ctx, done, sent
 	w.settled, w.armed, w.final, w.progress = false, false, nil, 0
 	c.pending[strs.token] = w
 	subject := c.subject(req.Tool)

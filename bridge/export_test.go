@@ -20,3 +20,17 @@ func (c *Client) FireStale() int {
 	}
 	return len(ws)
 }
+
+// Waiting counts the calls that wait for their workers (sent, OnSent
+// returned, no outcome yet).
+func (c *Client) Waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, w := range c.pending {
+		if w.armed && !w.settled {
+			n++
+		}
+	}
+	return n
+}
