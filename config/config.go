@@ -92,8 +92,12 @@ type Core struct {
 	// APIKeyFile holds the X-API-Key. Optional: TOOLSIDECAR_CORE_API_KEY
 	// is read when it is empty.
 	APIKeyFile string `koanf:"api_key_file"`
-	// Timeout bounds each non-streaming call from when it is sent, not
-	// its wait for a connection. default: 30s
+	// Timeout bounds each non-streaming call, its retries and its wait
+	// for a connection included. The writes that make a call's outcome
+	// count (its processing mark, tool output and final status) wait for
+	// Core's answer up to executor.submit_budget instead: one given up on
+	// could still be applied by Core after the call's next write.
+	// default: 30s
 	Timeout time.Duration `koanf:"timeout"`
 	// StreamIdleTimeout bounds the silence between frames. default: 280s
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
