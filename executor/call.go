@@ -132,14 +132,14 @@ func (c *call) outcome(ctx context.Context) (o *outcome) {
 	// call that failed its check is answered there, in its lane's order.
 	// 3–4. The innermost step, dispatch, marks the call processing and
 	// sends it until the worker's final reply.
-	reply := c.e.policies(c.dispatch)(ctx, c, o)
+	reply := c.e.dispatch(ctx, c, o)
 	c.e.settle(o, reply)
 	return o
 }
 
 // dispatch is steps 3 and 4: with a slot of the batch, mark the Action
 // processing and send attempts under the tool's retry policy.
-func (c *call) dispatch(ctx context.Context, _ *call, o *outcome) tool.Outcome {
+func (c *call) dispatch(ctx context.Context, o *outcome) tool.Outcome {
 	release, err := c.place.Slot(ctx)
 	if err != nil {
 		return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled before it was sent: %v", err)}
@@ -205,13 +205,11 @@ func (c *call) markOnSend(ctx context.Context) func() {
 // A failed mark is logged and the call goes on: the mark is Core's
 // notice that the call started, and the outcome is what counts.
 func (c *call) awaitMark() {
-	var marked chan error
 	c.markOne.Do(func() {}) // no mark starts after this
-	marked = c.marked
-	if marked == nil {
+	if c.marked == nil {
 		return
 	}
-	if err := <-marked; err != nil && !errors.Is(err, ErrWithdrawn) {
+	if err := <-c.marked; err != nil && !errors.Is(err, ErrWithdrawn) {
 		callLog(c.b.log, c.m).Warn("marking action processing failed", "err", err)
 	}
 }

@@ -151,6 +151,9 @@ type Executor struct {
 	hedge   *hedger     // when to send a straggler again
 	results ResultStore // claim-checked results
 	watch   *watcher    // cancellation of runs whose batches are in flight
+	// dispatch is a call's steps 2 to 4: the policies around its mark and
+	// its attempts, composed once (policies.go).
+	dispatch dispatchFunc
 }
 
 // Drain makes every drive end after its current batch is joined and
@@ -201,6 +204,7 @@ func New(cfg config.Executor, up Upstream, tools Tools, nats Dispatcher, opts ..
 	for _, o := range opts {
 		o(e)
 	}
+	e.dispatch = e.policies(func(ctx context.Context, c *call, o *outcome) tool.Outcome { return c.dispatch(ctx, o) })
 	return e
 }
 

@@ -283,38 +283,57 @@ func TestCallRunsWhileCoreHearsItStarted(t *testing.T) {
 	}
 }
 
+// heldMark is Core holding the first processing mark that reaches it,
+// until release (which the test's cleanup also calls).
+type heldMark struct {
+	action  atomic.Value  // the Action whose mark Core holds
+	arrived chan struct{} // closed when that mark reaches Core
+	free    chan struct{}
+	once    sync.Once
+}
+
+func newHeldMark(t *testing.T) *heldMark {
+	hm := &heldMark{arrived: make(chan struct{}), free: make(chan struct{})}
+	hm.action.Store("")
+	t.Cleanup(hm.release)
+	return hm
+}
+
+func (hm *heldMark) release() { hm.once.Do(func() { close(hm.free) }) }
+
+// arm makes h's Core hold the first PUT of an Action.
+func (hm *heldMark) arm(h *harness) {
+	h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
+		reqs := h.sim.Requests()
+		hm.action.Store(strings.TrimPrefix(reqs[len(reqs)-1].Path, "/v1/actions/"))
+		close(hm.arrived)
+		<-hm.free
+	}})
+}
+
 // TestOutputWaitsForProcessingMark: Core is slow to answer one call's
 // processing mark while its tool answers at once. The call's output is
 // posted only after Core has answered the mark, so Core never sees the
 // call start after its output (the simulator records that as a
 // violation), and the final status is the Action's last write.
 func TestOutputWaitsForProcessingMark(t *testing.T) {
-	release, held := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	defer free()
-	var heldAction atomic.Value // the Action whose mark Core holds
+	hm := newHeldMark(t)
 	h := newHarness(t, twoTurns(calls("a", "b")...), config.Executor{},
 		spec{config.Tool{Name: "a"}, echo}, spec{config.Tool{Name: "b"}, echo})
-	h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
-		reqs := h.sim.Requests()
-		heldAction.Store(strings.TrimPrefix(reqs[len(reqs)-1].Path, "/v1/actions/"))
-		close(held)
-		<-release
-	}})
+	hm.arm(h)
 	done := make(chan error, 1)
 	go func() { _, err := h.drive(context.Background()); done <- err }()
-	<-held
+	<-hm.arrived
 	poll.Until(t, "both calls to have their outcome", func() bool {
 		n, _ := promtest.Sum(t, h.env.Sidecar.Metrics(), "toolsidecar_calls_total")
 		return n == 2
 	})
-	free()
+	hm.release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	h.assertWholeBatches(2) // no processing_after_output violation
-	a := heldAction.Load().(string)
+	a := hm.action.Load().(string)
 	var writes []string
 	for _, r := range h.sim.Requests() {
 		switch {
@@ -338,33 +357,24 @@ func TestOutputWaitsForProcessingMark(t *testing.T) {
 // to Core is held by the first mark to arrive; the other call's mark
 // queues behind it while that call ends.
 func TestProcessingMarkWithdrawn(t *testing.T) {
-	release, held := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	defer free()
-	var heldAction atomic.Value // the Action whose mark Core holds
+	hm := newHeldMark(t)
 	handler := func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		<-held
-		if c.ActionID == heldAction.Load() {
-			<-release
+		<-hm.arrived
+		if c.ActionID == hm.action.Load() {
+			<-hm.free
 		}
 		return []byte(`"done"`), nil
 	}
 	h := newHarnessWith(t, twoTurns(calls("a", "b")...), testenv.Options{Config: func(c *config.Config) { c.Core.MaxConnections = 1 }},
 		spec{config.Tool{Name: "a"}, handler}, spec{config.Tool{Name: "b"}, handler})
-	h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hit: func() {
-		reqs := h.sim.Requests()
-		heldAction.Store(strings.TrimPrefix(reqs[len(reqs)-1].Path, "/v1/actions/"))
-		close(held)
-		<-release
-	}})
+	hm.arm(h)
 	done := make(chan error, 1)
 	go func() { _, err := h.drive(context.Background()); done <- err }()
 	poll.Until(t, "the call whose mark is queued to end", func() bool {
 		n, _ := promtest.Sum(t, h.env.Sidecar.Metrics(), "toolsidecar_calls_total")
 		return n == 1
 	})
-	free()
+	hm.release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +387,7 @@ func TestProcessingMarkWithdrawn(t *testing.T) {
 	}
 	for _, a := range acts {
 		want := 0
-		if a.ID == heldAction.Load() {
+		if a.ID == hm.action.Load() {
 			want = 1
 		}
 		if marks[a.ID] != want || a.Status != core.ActionCompleted {
@@ -436,14 +446,12 @@ func TestFailedDriveLeavesATrace(t *testing.T) {
 	var warned []string
 	for line := range strings.Lines(logs.String()) {
 		var r struct {
-			Level, Msg, RunID, Err string
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+			RunID string `json:"run_id"`
+			Err   string `json:"err"`
 		}
-		_ = json.Unmarshal([]byte(line), &struct {
-			Level *string `json:"level"`
-			Msg   *string `json:"msg"`
-			RunID *string `json:"run_id"`
-			Err   *string `json:"err"`
-		}{&r.Level, &r.Msg, &r.RunID, &r.Err})
+		_ = json.Unmarshal([]byte(line), &r)
 		if r.Level == "WARN" && r.RunID == h.req.RunID && (strings.Contains(r.Err, "503") || strings.Contains(r.Err, "500")) {
 			warned = append(warned, r.Msg)
 		}

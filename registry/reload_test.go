@@ -23,15 +23,7 @@ func TestReloader(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "config.yaml")
 	// Writes are atomic (a rename), as editors and Kubernetes make them.
-	write := func(s string) {
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(s string) { renameOver(t, path, s) }
 	write("tools:\n  - name: a\n")
 	cfg, _ := config.Load(path, nil)
 	reg, _ := New(cfg.Tools, cfg.NATS.SubjectPrefix)
@@ -85,16 +77,7 @@ func TestReloaderWatchesTheDirectory(t *testing.T) {
 	}{
 		{"rename over the file", func(t *testing.T, dir string) (string, func(string)) {
 			path := filepath.Join(dir, "config.yaml")
-			update := func(s string) {
-				tmp := path + ".tmp"
-				if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.Rename(tmp, path); err != nil {
-					t.Fatal(err)
-				}
-			}
-			return path, update
+			return path, func(s string) { renameOver(t, path, s) }
 		}},
 		{"ConfigMap symlink swap", func(t *testing.T, dir string) (string, func(string)) {
 			n := 0
@@ -140,5 +123,18 @@ func TestReloaderWatchesTheDirectory(t *testing.T) {
 			update("tools:\n  - name: a\n  - name: b\n")
 			poll.Until(t, "the new tool, from the directory's events", func() bool { return len(live.Load().Names()) == 2 })
 		})
+	}
+}
+
+// renameOver writes content to path atomically: a new file renamed over
+// it, as editors write a file.
+func renameOver(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }

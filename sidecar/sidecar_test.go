@@ -404,16 +404,16 @@ func TestTelemetryErrorsLogged(t *testing.T) {
 	testenv.Start(t, oneCall("echo"), testenv.Options{Sidecar: []sidecar.Option{sidecar.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil)))}},
 		testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
 	otel.Handle(errors.New("traces export: connection refused"))
-	var rec struct{ Level, Msg, Component, Err string }
+	type record struct {
+		Level     string `json:"level"`
+		Component string `json:"component"`
+		Err       string `json:"err"`
+	}
+	var rec record
 	for line := range strings.Lines(logs.String()) {
-		var r struct {
-			Level     string `json:"level"`
-			Msg       string `json:"msg"`
-			Component string `json:"component"`
-			Err       string `json:"err"`
-		}
+		var r record
 		if json.Unmarshal([]byte(line), &r) == nil && r.Component == "telemetry" {
-			rec = struct{ Level, Msg, Component, Err string }(r)
+			rec = r
 		}
 	}
 	if rec.Level != "WARN" || !strings.Contains(rec.Err, "connection refused") {
