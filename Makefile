@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test test-go test-node test-python node-build vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
+.PHONY: all build demo test test-go test-node test-python node-build openai-node vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
 	chart-lint chart-test static-build image bench soak loadgen loadgen-check
 
 all: build
@@ -16,7 +16,7 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet staticcheck loadgen-check static-build node-build test-python test-node chart-test test-go
+test: fmt-check vet staticcheck loadgen-check static-build node-build openai-node test-python test-node chart-test test-go
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -28,6 +28,13 @@ node-build: plugins/node/node_modules/.package-lock.json
 
 plugins/node/node_modules/.package-lock.json: plugins/node/package-lock.json plugins/node/package.json
 	cd plugins/node && npm ci --no-audit --no-fund
+
+## openai-node: install the official openai Node client, locked, which
+## openaiup's tests run as an application of /v1/chat/completions.
+openai-node: openaiup/testdata/node/node_modules/.package-lock.json
+
+openaiup/testdata/node/node_modules/.package-lock.json: openaiup/testdata/node/package-lock.json openaiup/testdata/node/package.json
+	cd openaiup/testdata/node && npm ci --no-audit --no-fund
 
 ## test-node: the Node worker's tests against a real NATS server.
 test-node: node-build

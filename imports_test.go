@@ -20,6 +20,8 @@ var rules = []struct {
 	{"executor", []string{"github.com/nats-io/"}, "the loop speaks tool.Request and tool.Outcome, not NATS"},
 	{"executor", []string{module + "/core/"}, "the loop speaks its Upstream port; Core is one adapter of it (coreup)"},
 	{"registry", []string{module + "/core/"}, "tool definitions know no upstream"},
+	{"openaiup", []string{module + "/core/", module + "/coreup/"}, "the OpenAI-compatible upstream is an adapter of the executor's port, beside Core's"},
+	{"openaisim", []string{module + "/"}, "the simulator shares no code with the adapter it checks"},
 	{"server", []string{module + "/core/"}, "the HTTP API is the sidecar's; Core's own API (proxy mode) is coreup's"},
 	{"plugins", []string{"github.com/nats-io/"}, "in-process routes need no bus"},
 	{"registry", []string{"github.com/nats-io/"}, "tool definitions know no transport"},

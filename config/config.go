@@ -44,6 +44,7 @@ type Config struct {
 	// name): its replies and ledger entries carry it. default: the hostname
 	InstanceID string     `koanf:"instance_id"`
 	Durability Durability `koanf:"durability"`
+	Upstream   Upstream   `koanf:"upstream"`
 	Core       Core       `koanf:"core"`
 	NATS       NATS       `koanf:"nats"`
 	Server     Server     `koanf:"server"`
@@ -68,6 +69,37 @@ type Durability struct {
 	// cluster must use one value. default: 10s
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
 }
+
+// Upstream says where the model is.
+type Upstream struct {
+	// Kind is core (Project David Core, configured under core) or openai
+	// (an OpenAI-compatible Chat Completions server: OpenAI, vLLM, Ollama,
+	// llama.cpp, LiteLLM), which applications reach at the sidecar's POST
+	// /v1/chat/completions. default: core
+	Kind string `koanf:"kind"`
+	// URL of the OpenAI-compatible API with its version, for kind openai
+	// (https://api.openai.com/v1, http://127.0.0.1:11434/v1).
+	URL string `koanf:"url"`
+	// APIKeyFile holds the key sent upstream as a bearer token, for kind
+	// openai. Optional: TOOLSIDECAR_UPSTREAM_API_KEY is read when it is
+	// empty. Without server.auth_token_file, a caller's own bearer key is
+	// sent instead.
+	APIKeyFile string `koanf:"api_key_file"`
+	// RetryBudget bounds the retries of one turn's request (429 after its
+	// Retry-After, 5xx, a failed connection, a stream cut before its
+	// finish chunk). default: 30s
+	RetryBudget time.Duration `koanf:"retry_budget"`
+}
+
+// Upstream kinds.
+const (
+	UpstreamCore   = "core"
+	UpstreamOpenAI = "openai"
+)
+
+// UpstreamAPIKeyEnv holds the upstream's key when no
+// upstream.api_key_file is set.
+const UpstreamAPIKeyEnv = EnvPrefix + "UPSTREAM_API_KEY"
 
 // Tracing configures OpenTelemetry tracing, off unless an endpoint is set.
 type Tracing struct {
@@ -435,6 +467,7 @@ type Tool struct {
 func Default() Config {
 	return Config{
 		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second},
+		Upstream:   Upstream{Kind: UpstreamCore, RetryBudget: 30 * time.Second},
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second,
 			MaxConnections: 64, IdleTimeout: 4 * time.Second},
 		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
@@ -677,9 +710,9 @@ func toolKeys() []string {
 }
 
 // otherEnv are the TOOLSIDECAR_ variables that are not configuration keys:
-// the Core key, the log flags' defaults, and the subject prefix that the
-// example workers read.
-var otherEnv = []string{APIKeyEnv, "TOOLSIDECAR_LOG_LEVEL", "TOOLSIDECAR_LOG_FORMAT", "TOOLSIDECAR_PREFIX"}
+// the Core and upstream keys, the log flags' defaults, and the subject
+// prefix that the example workers read.
+var otherEnv = []string{APIKeyEnv, UpstreamAPIKeyEnv, "TOOLSIDECAR_LOG_LEVEL", "TOOLSIDECAR_LOG_FORMAT", "TOOLSIDECAR_PREFIX"}
 
 // didYouMean suggests the closest of names to s, when one is close.
 func didYouMean(s string, names []string) string {
@@ -735,6 +768,15 @@ func (c Config) Validate() error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
+	switch c.Upstream.Kind {
+	case UpstreamCore:
+	case UpstreamOpenAI:
+		if u, err := url.Parse(c.Upstream.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("upstream.url", "must be the http(s) URL of the API with its version (https://api.openai.com/v1), got %q", RedactURL(c.Upstream.URL))
+		}
+	default:
+		bad("upstream.kind", "must be core or openai, got %q", c.Upstream.Kind)
+	}
 	if u, err := url.Parse(c.Core.URL); c.Core.URL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad("core.url", "must be an http(s) URL, got %q", RedactURL(c.Core.URL))
 	}
@@ -756,7 +798,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for key, d := range map[string]time.Duration{
-		"core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout, "core.idle_timeout": c.Core.IdleTimeout,
+		"upstream.retry_budget": c.Upstream.RetryBudget, "core.timeout": c.Core.Timeout, "core.stream_idle_timeout": c.Core.StreamIdleTimeout, "core.idle_timeout": c.Core.IdleTimeout,
 		"server.shutdown_timeout": c.Server.ShutdownTimeout, "executor.cancel_poll": c.Executor.CancelPoll,
 		"executor.submit_budget": c.Executor.SubmitBudget, "server.sse_keepalive": c.Server.SSEKeepalive,
 		"nats.connect_retry": c.NATS.ConnectRetry,
@@ -968,6 +1010,15 @@ func (c Config) APIKey() (string, error) {
 		return ReadSecret("core.api_key_file", c.Core.APIKeyFile)
 	}
 	return os.Getenv(APIKeyEnv), nil
+}
+
+// UpstreamAPIKey returns the OpenAI-compatible upstream's key: from
+// upstream.api_key_file, else from TOOLSIDECAR_UPSTREAM_API_KEY, else "".
+func (c Config) UpstreamAPIKey() (string, error) {
+	if c.Upstream.APIKeyFile != "" {
+		return ReadSecret("upstream.api_key_file", c.Upstream.APIKeyFile)
+	}
+	return os.Getenv(UpstreamAPIKeyEnv), nil
 }
 
 // RedactURL hides the userinfo of every URL in a comma-separated list, for

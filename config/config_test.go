@@ -135,6 +135,29 @@ func TestAPIKey(t *testing.T) {
 	}
 }
 
+// The OpenAI-compatible upstream's key comes from its file, else from
+// TOOLSIDECAR_UPSTREAM_API_KEY, which is no configuration key.
+func TestUpstreamAPIKey(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(p, []byte("sk-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := Default()
+	c.Upstream.APIKeyFile = p
+	if k, err := c.UpstreamAPIKey(); err != nil || k != "sk-file" {
+		t.Fatalf("key %q %v", k, err)
+	}
+	t.Setenv(UpstreamAPIKeyEnv, "sk-env")
+	c.Upstream.APIKeyFile = ""
+	if k, _ := c.UpstreamAPIKey(); k != "sk-env" {
+		t.Fatalf("env key %q", k)
+	}
+	cfg, err := load(nil, "", []string{UpstreamAPIKeyEnv + "=x"}, nil)
+	if err != nil || cfg.Upstream.APIKeyFile != "" {
+		t.Fatalf("%+v %v", cfg.Upstream, err)
+	}
+}
+
 func TestParseEmbedded(t *testing.T) {
 	data, _ := os.ReadFile("../config.yaml")
 	cfg, err := Parse(data)
@@ -161,6 +184,9 @@ func TestBoundsAndUnits(t *testing.T) {
 		"executor: {submit_budget: 0s}\n":            "executor.submit_budget: must be positive",
 		"tools: [{name: a, max_duration: -1s}]\n":    "tools[0].max_duration: must not be negative",
 		"core: {url: notaurl}\n":                     "core.url: must be an http(s) URL",
+		"upstream: {kind: anthropic}\n":              "upstream.kind: must be core or openai",
+		"upstream: {kind: openai}\n":                 "upstream.url: must be the http(s) URL",
+		"upstream: {retry_budget: 0s}\n":             "upstream.retry_budget: must be positive",
 		"nats: {token_file: /t, creds_file: /c}\n":   "set one of creds_file",
 		"nats: {user: u}\n":                          "user and password_file go together",
 		"nats: {embedded: {workers: [{name: w}]}}\n": "set exactly one of password_file and nkey",

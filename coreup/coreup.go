@@ -27,6 +27,9 @@ var _ executor.Upstream = (*Upstream)(nil)
 // New adapts c.
 func New(c *core.Client) *Upstream { return &Upstream{c: c} }
 
+// Kind is "core".
+func (u *Upstream) Kind() string { return "core" }
+
 // Run reads a run (GET /v1/runs/{id}).
 func (u *Upstream) Run(ctx context.Context, runID string) (executor.Run, error) {
 	r, err := u.c.GetRun(ctx, runID)

@@ -221,7 +221,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 		e.obs.DriveAttached()
 		sub.deliver(sink, ctx.Done())
 		if ctx.Err() != nil { // this caller left before the end
-			return Summary{RunID: req.RunID, Status: StatusCancelled, Calls: []CallResult{}, Error: "caller left: " + context.Cause(ctx).Error()}, nil
+			return Summary{RunID: req.RunID, Upstream: e.up.Kind(), Status: StatusCancelled, Calls: []CallResult{}, Error: "caller left: " + context.Cause(ctx).Error()}, nil
 		}
 		<-d.done
 		return d.sum, d.err

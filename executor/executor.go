@@ -265,12 +265,15 @@ type CallResult struct {
 
 // Summary is the result of a drive.
 type Summary struct {
-	RunID   string       `json:"run_id"`
-	Status  string       `json:"status"`
-	Turns   int          `json:"turns"`
-	Content string       `json:"content"`
-	Calls   []CallResult `json:"calls"`
-	Error   string       `json:"error,omitempty"`
+	RunID string `json:"run_id"`
+	// Upstream is the kind of upstream the run was driven on: core or
+	// openai.
+	Upstream string       `json:"upstream"`
+	Status   string       `json:"status"`
+	Turns    int          `json:"turns"`
+	Content  string       `json:"content"`
+	Calls    []CallResult `json:"calls"`
+	Error    string       `json:"error,omitempty"`
 	// Budget is the drive's spending against its budgets, when any is set.
 	Budget *BudgetReport `json:"budget,omitempty"`
 }

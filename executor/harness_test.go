@@ -19,7 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.MaybeServeCore() // a benchmark's Core in a process of its own
+	testenv.MaybeServe() // a benchmark's Core in a process of its own
 	goleak.VerifyTestMain(m)
 }
 

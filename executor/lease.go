@@ -123,7 +123,7 @@ func (e *Executor) takeLease(d *drive, req Request) (Lease, Run, *leadEnd) {
 			d.emit(Event{Type: EventDone, Turn: final.Turns, Summary: final})
 			return nil, Run{}, &leadEnd{*final, summaryErr(*final)}
 		case err != nil:
-			sum := Summary{RunID: req.RunID, Status: StatusCancelled, Calls: []CallResult{}, Error: context.Cause(d.ctx).Error()}
+			sum := Summary{RunID: req.RunID, Upstream: e.up.Kind(), Status: StatusCancelled, Calls: []CallResult{}, Error: context.Cause(d.ctx).Error()}
 			d.emit(Event{Type: EventDone, Summary: &sum})
 			return nil, Run{}, &leadEnd{sum, nil}
 		}
@@ -180,7 +180,7 @@ func (e *Executor) notBegun(ctx context.Context, req Request, msg string) Summar
 	e.log.WarnContext(ctx, "drive failed before it began", "run_id", req.RunID, "err", msg)
 	e.obs.RunStarted()
 	e.obs.RunDone(StatusFailed, 0)
-	return Summary{RunID: req.RunID, Status: StatusFailed, Calls: []CallResult{}, Error: msg}
+	return Summary{RunID: req.RunID, Upstream: e.up.Kind(), Status: StatusFailed, Calls: []CallResult{}, Error: msg}
 }
 
 // summaryErr is the error Drive returns with a summary relayed from

@@ -21,7 +21,7 @@ import (
 func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Summary, error) {
 	span := trace.SpanFromContext(ctx)
 	log := e.log.With("run_id", req.RunID)
-	sum := Summary{RunID: req.RunID, Calls: []CallResult{}}
+	sum := Summary{RunID: req.RunID, Upstream: e.up.Kind(), Calls: []CallResult{}}
 	e.obs.RunStarted()
 	req.budget = newBudget(e.cfg.RunBudget)
 	err := e.loop(ctx, req, run, emit, log, &sum)

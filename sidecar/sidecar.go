@@ -35,6 +35,7 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/ledger"
+	"github.com/projectdavid/toolsidecar/openaiup"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/server"
@@ -98,6 +99,7 @@ type Sidecar struct {
 	live        *registry.Live
 	reloader    *registry.Reloader // nil without WithReload
 	exec        *executor.Executor
+	openai      *openaiup.Upstream // nil unless upstream.kind is openai
 	srv         *server.Server
 	hs          *http.Server
 	ln          net.Listener
@@ -425,8 +427,33 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	if s.ledger != nil {
 		opts = append(opts, executor.WithMemo(ledgerMemo{s.ledger, s.log.With("component", "dedupe")}), executor.WithResultStore(s.ledger))
 	}
-	s.exec = executor.New(s.cfg.Executor, coreup.New(cc), s.live, s.client, opts...)
+	up, err := s.upstream(cc)
+	if err != nil {
+		return err
+	}
+	s.exec = executor.New(s.cfg.Executor, up, s.live, s.client, opts...)
 	return nil
+}
+
+// upstream is the side where the model is: Core, or an OpenAI-compatible
+// server that the sidecar's POST /v1/chat/completions drives.
+func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
+	if s.cfg.Upstream.Kind != config.UpstreamOpenAI {
+		return coreup.New(cc), nil
+	}
+	key, err := s.cfg.UpstreamAPIKey()
+	if err != nil {
+		return nil, err
+	}
+	// Turns carry the drive's traceparent, as Core's requests do.
+	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
+	s.openai, err = openaiup.New(openaiup.Config{URL: s.cfg.Upstream.URL, APIKey: key, Client: client,
+		RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log,
+		Unsafe: func(name string) bool {
+			t, ok := s.live.Load().Lookup(name)
+			return ok && t.SideEffects == config.Unsafe
+		}})
+	return s.openai, err
 }
 
 // buildServer builds the API; coreRT reaches Core for the proxy and the
@@ -442,7 +469,13 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), ReadyInfo: s.readyInfo,
 		Pprof: s.cfg.Server.Pprof}
-	if s.cfg.Server.Proxy {
+	switch {
+	case s.openai != nil:
+		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive,
+			Tools:                func() []tool.FunctionTool { return s.live.Load().FunctionTools() },
+			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
+		scfg.Routes = []server.Route{{Pattern: "POST /v1/chat/completions", Handler: ep, Drive: true}}
+	case s.cfg.Server.Proxy:
 		p, err := coreup.NewProxy(coreup.ProxyConfig{CoreURL: s.cfg.Core.URL, Transport: coreRT, Drive: s.exec.Drive,
 			RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Logger: s.log.With("component", "server")})
 		if err != nil {
@@ -680,6 +713,10 @@ func (s *Sidecar) registerInfo() {
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "build_info",
 		Help: "Always 1; the labels say which build runs."}, []string{"version", "revision", "goversion"})
 	info.WithLabelValues(v.Version, v.Revision, v.GoVersion).Set(1)
+	upstream := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "upstream_info",
+		Help: "Always 1; kind says which upstream the runs are driven on (core, openai)."}, []string{"kind"})
+	upstream.WithLabelValues(s.cfg.Upstream.Kind).Set(1)
+	s.metrics.MustRegister(upstream)
 	s.metrics.MustRegister(info, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "nats_connected",
 		Help: "1 while the sidecar's NATS connection is up, else 0."}, func() float64 {
 		if s.nc.IsConnected() {

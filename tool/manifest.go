@@ -151,3 +151,19 @@ func skipValue(data []byte, i int) int {
 		return i
 	}
 }
+
+// EncodeManifest is the request body a worker receives for a call: the
+// worker protocol's manifest, as Core frames a tool_call_manifest. Core's
+// own manifests reach workers as Core sent them; other upstreams make
+// theirs with it.
+func EncodeManifest(runID, actionID, toolCallID, name string, args json.RawMessage) []byte {
+	b, _ := json.Marshal(struct {
+		Type       string          `json:"type"`
+		RunID      string          `json:"run_id"`
+		ActionID   string          `json:"action_id"`
+		ToolCallID string          `json:"tool_call_id"`
+		Tool       string          `json:"tool"`
+		Args       json.RawMessage `json:"args"`
+	}{"tool_call_manifest", runID, actionID, toolCallID, name, args})
+	return b
+}

@@ -105,3 +105,12 @@ func BenchmarkParseCall(b *testing.B) {
 		}
 	}
 }
+
+// A manifest made by EncodeManifest reads back whole, as a worker reads it.
+func TestEncodeManifest(t *testing.T) {
+	body := EncodeManifest("run_1", "act_1", "call_1", "echo", json.RawMessage(`{"x":"é"}`))
+	c, err := ParseCall("echo", body)
+	if err != nil || c.RunID != "run_1" || c.ActionID != "act_1" || c.ToolCallID != "call_1" || string(c.Args) != `{"x":"é"}` {
+		t.Fatalf("ParseCall(%s) = %+v, %v", body, c, err)
+	}
+}

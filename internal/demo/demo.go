@@ -2,7 +2,10 @@
 // NATS server, the Core simulator, Go demo workers, and one scripted run
 // whose first turn is a parallel batch with an invalid-arguments call, an
 // unknown tool, a failing tool and a slow tool that sends progress. It
-// prints a transcript with per-call and per-batch timings.
+// prints a transcript with per-call and per-batch timings. A second part
+// runs the same batch through an OpenAI-compatible upstream (the
+// simulator of package openaisim), for an application that speaks Chat
+// Completions.
 package demo
 
 import (
@@ -112,7 +115,7 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 	if err != nil {
 		return nil, err
 	}
-	s, err := startSidecar(srv.URL, filepath.Join(dir, "worker-password"))
+	s, err := startSidecar(srv.URL, filepath.Join(dir, "worker-password"), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +149,7 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 	case len(v) > 0:
 		return s.Metrics(), ErrContract
 	}
-	return s.Metrics(), nil
+	return s.Metrics(), runOpenAI(ctx, out, filepath.Join(dir, "worker-password"), password)
 }
 
 const apiKey = "demo-key"
@@ -167,8 +170,9 @@ func workerPassword(dir string) (string, error) {
 
 // startSidecar assembles the sidecar from the shipped config.yaml, on the
 // embedded NATS server with authentication on (the demo workers are a
-// configured user), with every listener on a free loopback port.
-func startSidecar(coreURL, passwordFile string) (*sidecar.Sidecar, error) {
+// configured user), with every listener on a free loopback port; edit,
+// when set, changes the configuration last.
+func startSidecar(coreURL, passwordFile string, edit func(*config.Config)) (*sidecar.Sidecar, error) {
 	cfg, err := config.Parse(toolsidecar.ExampleConfig)
 	if err != nil {
 		return nil, err
@@ -183,6 +187,9 @@ func startSidecar(coreURL, passwordFile string) (*sidecar.Sidecar, error) {
 		if cfg.Tools[i].Name == "search_hotels" {
 			cfg.Tools[i].Timeout = time.Second
 		}
+	}
+	if edit != nil {
+		edit(&cfg)
 	}
 	return sidecar.New(cfg, sidecar.WithAPIKey(apiKey))
 }

@@ -30,6 +30,9 @@ func TestDemo(t *testing.T) {
 		"contract log: 0 violations",
 		`"hotels": ["The Plaza", "Pod 51"]`,
 		"completed after 2 turns",
+		"part 2: the same tools behind an OpenAI-compatible upstream",
+		"finish_reason [stop], [DONE] 1 time(s)",
+		"upstream contract log: 0 violations",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("transcript lacks %q:\n%s", want, s)

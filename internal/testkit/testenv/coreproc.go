@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -15,80 +16,117 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/openaisim"
 )
 
-// envCoreProcess carries a simulator's configuration to the process that
-// serves it.
-const envCoreProcess = "TSC_TEST_CORESIM"
+// The environment variables that carry a simulator's configuration to the
+// process that serves it.
+const (
+	envCoreProcess   = "TSC_TEST_CORESIM"
+	envOpenAIProcess = "TSC_TEST_OPENAISIM"
+)
 
-// MaybeServeCore serves the simulator and exits when this process was
-// started by [CoreProcess]; call it first in TestMain.
-func MaybeServeCore() {
-	spec := os.Getenv(envCoreProcess)
-	if spec == "" {
+// MaybeServe serves a simulator and exits when this process was started
+// by [CoreProcess] or [OpenAIProcess]; call it first in TestMain.
+func MaybeServe() {
+	var url string
+	var stop func()
+	switch spec := os.Getenv(envCoreProcess); {
+	case spec != "":
+		var cfg coresim.Config
+		exitOn(json.Unmarshal([]byte(spec), &cfg))
+		_, srv := coresim.NewServer(cfg)
+		url, stop = srv.URL, srv.Close
+	case os.Getenv(envOpenAIProcess) != "":
+		var cfg openaisim.Config
+		exitOn(json.Unmarshal([]byte(os.Getenv(envOpenAIProcess)), &cfg))
+		srv := httptest.NewServer(openaisim.New(cfg))
+		url, stop = srv.URL, srv.Close
+	default:
 		return
 	}
-	var cfg coresim.Config
-	if err := json.Unmarshal([]byte(spec), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "coresim process:", err)
+	fmt.Println(url)
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes it
+	stop()
+	os.Exit(0)
+}
+
+func exitOn(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "simulator process:", err)
 		os.Exit(2)
 	}
-	_, srv := coresim.NewServer(cfg)
-	fmt.Println(srv.URL)
-	_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes it
-	srv.Close()
-	os.Exit(0)
+}
+
+// serveApart starts the test binary again with env set to spec; its
+// TestMain calls [MaybeServe], which prints the simulator's URL and serves
+// until stop closes its stdin.
+func serveApart(t testing.TB, env string, spec any) (url string, stop func()) {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"="+string(data))
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the simulator's process did not start: %v", err)
+	}
+	return strings.TrimSpace(line), func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	}
+}
+
+// violationsAt reads a simulator's contract log over HTTP.
+func violationsAt[V any](t testing.TB, url string) []V {
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, url+"/_sim/violations", nil)
+	req.Header.Set("X-API-Key", APIKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("reading the simulator's contract log: %v", err)
+	}
+	defer resp.Body.Close()
+	var v []V
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatalf("reading the simulator's contract log: %v", err)
+	}
+	return v
 }
 
 // CoreProcess serves a simulator of cfg (APIKey is set to [APIKey]) in a
 // process of its own, the test binary started again, whose TestMain calls
-// [MaybeServeCore] first: the sidecar then meets Core over a real
-// loopback connection to another process, as in production. serve is an
+// [MaybeServe] first: the sidecar then meets Core over a real loopback
+// connection to another process, as in production. serve is an
 // [Options.ServeCore] (the in-process simulator it is given is not used);
 // violations reads the process's contract log.
 func CoreProcess(t testing.TB, cfg coresim.Config) (serve func(*coresim.Sim) (string, *core.Client, func()), violations func() []coresim.Violation) {
 	cfg.APIKey = APIKey
 	var url string
 	serve = func(*coresim.Sim) (string, *core.Client, func()) {
-		spec, err := json.Marshal(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envCoreProcess+"="+string(spec))
-		cmd.Stderr = os.Stderr
-		stdin, _ := cmd.StdinPipe()
-		stdout, _ := cmd.StdoutPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if err != nil {
-			t.Fatalf("the simulator's process did not start: %v", err)
-		}
-		url = strings.TrimSpace(line)
+		var stop func()
+		url, stop = serveApart(t, envCoreProcess, cfg)
 		app, err := core.New(core.Config{URL: url, APIKey: APIKey, Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return url, app, func() {
-			stdin.Close()
-			_ = cmd.Wait()
-		}
+		return url, app, stop
 	}
-	violations = func() []coresim.Violation {
-		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, url+"/_sim/violations", nil)
-		req.Header.Set("X-API-Key", APIKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("reading the simulator's contract log: %v", err)
-		}
-		defer resp.Body.Close()
-		var v []coresim.Violation
-		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-			t.Fatalf("reading the simulator's contract log: %v", err)
-		}
-		return v
-	}
-	return serve, violations
+	return serve, func() []coresim.Violation { return violationsAt[coresim.Violation](t, url) }
+}
+
+// OpenAIProcess serves an OpenAI-compatible simulator of cfg (its scripted
+// model: cfg.Model is not carried) in a process of its own, as
+// [CoreProcess] does Core's, until the test ends. It returns the API's
+// base URL (with /v1) and what reads the contract log.
+func OpenAIProcess(t testing.TB, cfg openaisim.Config) (baseURL string, violations func() []openaisim.Violation) {
+	url, stop := serveApart(t, envOpenAIProcess, cfg)
+	t.Cleanup(stop)
+	return url + "/v1", func() []openaisim.Violation { return violationsAt[openaisim.Violation](t, url) }
 }

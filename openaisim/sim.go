@@ -1,0 +1,377 @@
+// Package openaisim is an OpenAI-compatible Chat Completions server for
+// tests and the demo: a scripted model that streams tool calls the way
+// OpenAI, vLLM, Ollama, llama.cpp and LiteLLM each do
+// (../shared/reference/openai-upstream.md §1.4), faults on demand, and a
+// contract log that checks every request as the API would (every call
+// answered once, roles in order, the conversation replayed unchanged).
+//
+// It shares no code with the sidecar's adapter (package openaiup), so
+// that each checks the other.
+package openaisim
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Profile is the way a server streams tool calls.
+type Profile string
+
+// The profiles.
+const (
+	// OpenAI: the first delta of a call has id, type, name and empty
+	// arguments; the arguments follow in fragments, one call after the
+	// other.
+	OpenAI Profile = "openai"
+	// VLLM: as OpenAI, but the first delta has no arguments key.
+	VLLM Profile = "vllm"
+	// Ollama: every call whole, in one chunk, each at index 0.
+	Ollama Profile = "ollama"
+	// LlamaCpp: the calls' fragments interleave.
+	LlamaCpp Profile = "llamacpp"
+	// LiteLLM: the call's id on every fragment, each call again whole in a
+	// summary chunk after its fragments, and a new chunk id every chunk.
+	LiteLLM Profile = "litellm"
+)
+
+// Profiles lists them all.
+var Profiles = []Profile{OpenAI, VLLM, Ollama, LlamaCpp, LiteLLM}
+
+// Config configures the simulator.
+type Config struct {
+	Profile Profile // default: OpenAI
+	// NoIDs: calls carry no id.
+	NoIDs bool
+	// NegativeIndex: a turn's only call has index -1.
+	NegativeIndex bool
+	// Delay is the wait before each chunk.
+	Delay time.Duration
+	// Model plays the model. default: Scripted
+	Model func(Request) Reply `json:"-"`
+}
+
+// Request is a chat completion request, as the model sees it.
+type Request struct {
+	Model    string            `json:"model"`
+	Messages []json.RawMessage `json:"messages"`
+	Tools    []struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	} `json:"tools"`
+	Stream        bool `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// Reply is what the model says: text, and calls.
+type Reply struct {
+	Content string
+	Calls   []Call
+}
+
+// Call is a tool call the model makes. Args is sent as written (it need
+// not be JSON).
+type Call struct {
+	Name, Args string
+}
+
+// Fault is what the next request gets instead of its answer.
+type Fault struct {
+	// Status, when set, is answered with Body (an API error by default)
+	// and RetryAfter.
+	Status     int
+	RetryAfter string
+	Body       string
+	// CutAfter, when set, cuts the connection after that many chunks.
+	CutAfter int
+}
+
+// Violation is a request the API would have refused, or a conversation
+// that did not replay what the model said.
+type Violation struct {
+	Code   string `json:"code"`
+	Detail string `json:"detail"`
+}
+
+// Sim is the simulator; it is an http.Handler.
+type Sim struct {
+	cfg Config
+	mux *http.ServeMux
+
+	mu         sync.Mutex
+	faults     []Fault
+	said       map[string]said // by the hash of the conversation it answered
+	violations []Violation
+	requests   int
+	auth       []string
+	seq        int
+	finished   []time.Time
+}
+
+// said is an assistant message the model produced.
+type said struct {
+	content string
+	calls   []sentCall
+}
+
+type sentCall struct{ id, name, args string }
+
+// New builds a simulator.
+func New(cfg Config) *Sim {
+	if cfg.Profile == "" {
+		cfg.Profile = OpenAI
+	}
+	if cfg.Model == nil {
+		cfg.Model = Scripted
+	}
+	s := &Sim{cfg: cfg, mux: http.NewServeMux(), said: map[string]said{}}
+	s.mux.HandleFunc("POST /v1/chat/completions", s.completions)
+	s.mux.HandleFunc("GET /_sim/violations", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.Violations())
+	})
+	return s
+}
+
+func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Inject queues faults, one per request to come.
+func (s *Sim) Inject(f ...Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, f...)
+}
+
+// Violations returns the contract log.
+func (s *Sim) Violations() []Violation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Violation(nil), s.violations...)
+}
+
+// Requests counts the chat completion requests received.
+func (s *Sim) Requests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+// Finished lists when each answered turn's finish chunk was written, in
+// order.
+func (s *Sim) Finished() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.finished...)
+}
+
+// Authorizations lists the Authorization headers received, in order.
+func (s *Sim) Authorizations() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.auth...)
+}
+
+func (s *Sim) violate(code, format string, args ...any) string {
+	v := Violation{Code: code, Detail: fmt.Sprintf(format, args...)}
+	s.mu.Lock()
+	s.violations = append(s.violations, v)
+	s.mu.Unlock()
+	return v.Detail
+}
+
+// message is what the checks read of a message.
+type message struct {
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	ToolCallID string          `json:"tool_call_id"`
+	ToolCalls  []toolCall      `json:"tool_calls"`
+}
+
+// toolCall is a whole call, as an assistant message carries it.
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+func (m message) text() string {
+	var s string
+	if json.Unmarshal(m.Content, &s) == nil {
+		return s
+	}
+	return ""
+}
+
+// conversationKey identifies a conversation, whatever its JSON spacing
+// and key order.
+func conversationKey(msgs []json.RawMessage) string {
+	h := sha256.New()
+	for _, raw := range msgs {
+		var v any
+		if json.Unmarshal(raw, &v) != nil {
+			h.Write(raw)
+			continue
+		}
+		canon, _ := json.Marshal(v) // maps marshal with sorted keys
+		h.Write(canon)
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// check applies the API's checks and the replay check to a request's
+// messages. It returns the first refusal, which the API answers 400.
+func (s *Sim) check(msgs []json.RawMessage) string {
+	var refusal string
+	refuse := func(code, format string, args ...any) {
+		d := s.violate(code, format, args...)
+		if refusal == "" {
+			refusal = d
+		}
+	}
+	parsed := make([]message, len(msgs))
+	for i, raw := range msgs {
+		if err := json.Unmarshal(raw, &parsed[i]); err != nil {
+			refuse("bad_message", "messages[%d]: %v", i, err)
+			return refusal
+		}
+	}
+	for i := 0; i < len(parsed); i++ {
+		m := parsed[i]
+		switch m.Role {
+		case "system", "developer", "user":
+		case "tool":
+			refuse("orphan_tool_message", "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'. (messages[%d])", i)
+		case "assistant":
+			s.checkReplay(msgs[:i], m, refuse)
+			if len(m.ToolCalls) == 0 {
+				continue
+			}
+			answered := map[string]int{}
+			j := i + 1
+			for ; j < len(parsed) && parsed[j].Role == "tool"; j++ {
+				answered[parsed[j].ToolCallID]++
+			}
+			var missing []string
+			for _, c := range m.ToolCalls {
+				switch answered[c.ID] {
+				case 0:
+					missing = append(missing, c.ID)
+				case 1:
+				default:
+					refuse("duplicate_tool_result", "Invalid parameter: Duplicate value for 'tool_call_id' of '%s'", c.ID)
+				}
+				delete(answered, c.ID)
+			}
+			if len(missing) > 0 {
+				refuse("missing_tool_result", "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: %s", strings.Join(missing, ", "))
+			}
+			for id := range answered {
+				refuse("orphan_tool_message", "Invalid parameter: 'tool_call_id' of '%s' not found in 'tool_calls' of previous message.", id)
+			}
+			i = j - 1
+		default:
+			refuse("bad_role", "messages[%d]: unknown role %q", i, m.Role)
+		}
+	}
+	return refusal
+}
+
+// checkReplay compares an assistant message with what the model said
+// after the same conversation, if it said it here.
+func (s *Sim) checkReplay(before []json.RawMessage, m message, refuse func(code, format string, args ...any)) {
+	s.mu.Lock()
+	want, ok := s.said[conversationKey(before)]
+	s.mu.Unlock()
+	if !ok {
+		if len(m.ToolCalls) > 0 {
+			refuse("unknown_turn", "an assistant message with tool calls that the model never made after this conversation (%d calls, first %s)", len(m.ToolCalls), m.ToolCalls[0].Function.Name)
+		}
+		return
+	}
+	if m.text() != want.content {
+		refuse("replay_changed", "the assistant's text was %q, replayed as %q", want.content, m.text())
+	}
+	if len(m.ToolCalls) != len(want.calls) {
+		refuse("replay_changed", "the model made %d calls, replayed with %d", len(want.calls), len(m.ToolCalls))
+		return
+	}
+	for k, c := range m.ToolCalls {
+		w := want.calls[k]
+		if (w.id != "" && c.ID != w.id) || c.ID == "" || c.Type != "function" || c.Function.Name != w.name || c.Function.Arguments != w.args {
+			refuse("replay_changed", "call %d was %s %s(%s), replayed as %s %s %s(%s)", k, w.id, w.name, w.args, c.ID, c.Type, c.Function.Name, c.Function.Arguments)
+		}
+	}
+}
+
+// Scripted is the default model. A user message that is a JSON object
+// {"rounds": [[{"name": ..., "arguments": {...}}, ...], ...], "answer":
+// "..."} makes one turn of calls per round; after the last round it
+// answers with the text "answer" and then "results: " and the tool
+// messages of the last round, joined by " | ". Any other user message
+// gets "echo: " and its text.
+func Scripted(req Request) Reply {
+	var msgs []message
+	for _, raw := range req.Messages {
+		var m message
+		_ = json.Unmarshal(raw, &m)
+		msgs = append(msgs, m)
+	}
+	last := -1
+	for i, m := range msgs {
+		if m.Role == "user" {
+			last = i
+		}
+	}
+	if last < 0 {
+		return Reply{Content: "no user message"}
+	}
+	var script struct {
+		Rounds [][]struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+			Raw       *string         `json:"raw_arguments"`
+		} `json:"rounds"`
+		Answer string `json:"answer"`
+	}
+	if json.Unmarshal([]byte(msgs[last].text()), &script) != nil || len(script.Rounds) == 0 {
+		return Reply{Content: "echo: " + msgs[last].text()}
+	}
+	round := 0
+	var results []string
+	for _, m := range msgs[last+1:] {
+		switch m.Role {
+		case "assistant":
+			round++
+			results = results[:0]
+		case "tool":
+			results = append(results, m.text())
+		}
+	}
+	if round < len(script.Rounds) {
+		var r Reply
+		for _, c := range script.Rounds[round] {
+			args := string(c.Arguments)
+			if c.Raw != nil {
+				args = *c.Raw
+			}
+			if args == "" {
+				args = "{}"
+			}
+			r.Calls = append(r.Calls, Call{Name: c.Name, Args: args})
+		}
+		return r
+	}
+	return Reply{Content: script.Answer + "results: " + strings.Join(results, " | ")}
+}

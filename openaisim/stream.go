@@ -1,0 +1,226 @@
+package openaisim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
+	var req Request
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		apiError(w, http.StatusBadRequest, "could not parse the JSON body of your request: "+err.Error())
+		return
+	}
+	s.mu.Lock()
+	s.requests++
+	s.auth = append(s.auth, r.Header.Get("Authorization"))
+	var f *Fault
+	if len(s.faults) > 0 {
+		f = &s.faults[0]
+		s.faults = s.faults[1:]
+	}
+	s.seq++
+	seq := s.seq
+	s.mu.Unlock()
+	if f != nil && f.Status != 0 {
+		if f.RetryAfter != "" {
+			w.Header().Set("Retry-After", f.RetryAfter)
+		}
+		if f.Body != "" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(f.Status)
+			_, _ = w.Write([]byte(f.Body))
+			return
+		}
+		apiError(w, f.Status, http.StatusText(f.Status))
+		return
+	}
+	if refusal := s.check(req.Messages); refusal != "" {
+		apiError(w, http.StatusBadRequest, refusal)
+		return
+	}
+	if !req.Stream {
+		apiError(w, http.StatusBadRequest, "the simulator answers streams only")
+		return
+	}
+	if req.StreamOptions != nil && !req.StreamOptions.IncludeUsage {
+		s.violate("usage_not_asked", "stream_options without include_usage")
+	}
+	reply := s.cfg.Model(req)
+	calls := make([]sentCall, len(reply.Calls))
+	for i, c := range reply.Calls {
+		calls[i] = sentCall{name: c.Name, args: c.Args}
+		if !s.cfg.NoIDs {
+			calls[i].id = fmt.Sprintf("call_%d_%d", seq, i)
+		}
+	}
+	s.mu.Lock()
+	s.said[conversationKey(req.Messages)] = said{content: reply.Content, calls: calls}
+	s.mu.Unlock()
+
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	st := &streamer{w: w, id: fmt.Sprintf("chatcmpl-sim%d", seq), model: req.Model, delay: s.cfg.Delay, perChunkID: s.cfg.Profile == LiteLLM}
+	if f != nil && f.CutAfter > 0 {
+		st.cutAfter = f.CutAfter
+	}
+	st.send(map[string]any{"role": "assistant", "content": ""}, nil)
+	for _, piece := range pieces(reply.Content, 8) {
+		st.send(map[string]any{"content": piece}, nil)
+	}
+	s.streamCalls(st, calls)
+	finish := "stop"
+	if len(calls) > 0 {
+		finish = "tool_calls"
+	}
+	st.send(map[string]any{}, &finish)
+	s.mu.Lock()
+	s.finished = append(s.finished, time.Now())
+	s.mu.Unlock()
+	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+		prompt := int64(10 * len(req.Messages))
+		completion := int64(len(reply.Content)/4 + 5*len(calls) + 1)
+		st.write(map[string]any{"id": st.chunkID(), "object": "chat.completion.chunk", "created": 1700000000, "model": req.Model,
+			"choices": []any{}, "usage": map[string]int64{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
+	}
+	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
+	st.flush()
+}
+
+// streamCalls streams the turn's calls as the profile's server does.
+func (s *Sim) streamCalls(st *streamer, calls []sentCall) {
+	index := func(i int) int {
+		if s.cfg.NegativeIndex && len(calls) == 1 {
+			return -1
+		}
+		return i
+	}
+	head := func(i int, c sentCall, withArgs bool) map[string]any {
+		fn := map[string]any{"name": c.name}
+		if withArgs {
+			fn["arguments"] = ""
+		}
+		d := map[string]any{"index": index(i), "type": "function", "function": fn}
+		if c.id != "" {
+			d["id"] = c.id
+		}
+		return d
+	}
+	frag := func(i int, c sentCall, piece string) map[string]any {
+		d := map[string]any{"index": index(i), "function": map[string]any{"arguments": piece}}
+		if s.cfg.Profile == LiteLLM && c.id != "" {
+			d["id"], d["type"] = c.id, "function"
+		}
+		return d
+	}
+	whole := func(i int, c sentCall) map[string]any {
+		d := head(i, c, false)
+		d["function"] = map[string]any{"name": c.name, "arguments": c.args}
+		return d
+	}
+	calls1 := func(d map[string]any) { st.send(map[string]any{"tool_calls": []any{d}}, nil) }
+	switch s.cfg.Profile {
+	case Ollama:
+		all := make([]any, len(calls))
+		for i, c := range calls {
+			d := whole(i, c)
+			d["index"] = 0
+			all[i] = d
+		}
+		if len(all) > 0 {
+			st.send(map[string]any{"tool_calls": all}, nil)
+		}
+	case LlamaCpp:
+		frags := make([][]string, len(calls))
+		for i, c := range calls {
+			calls1(head(i, c, true))
+			frags[i] = pieces(c.args, 5)
+		}
+		for k := 0; ; k++ {
+			sent := false
+			for i, c := range calls {
+				if k < len(frags[i]) {
+					calls1(frag(i, c, frags[i][k]))
+					sent = true
+				}
+			}
+			if !sent {
+				break
+			}
+		}
+	default: // OpenAI, VLLM, LiteLLM: one call after the other
+		for i, c := range calls {
+			calls1(head(i, c, s.cfg.Profile != VLLM))
+			for _, p := range pieces(c.args, 7) {
+				calls1(frag(i, c, p))
+			}
+			if s.cfg.Profile == LiteLLM {
+				calls1(whole(i, c)) // its summary chunk
+			}
+		}
+	}
+}
+
+// streamer writes one response's chunks.
+type streamer struct {
+	w          http.ResponseWriter
+	id, model  string
+	delay      time.Duration
+	perChunkID bool
+	n          int
+	cutAfter   int
+}
+
+func (st *streamer) chunkID() string {
+	if st.perChunkID {
+		return st.id + "-" + strconv.Itoa(st.n)
+	}
+	return st.id
+}
+
+func (st *streamer) send(delta map[string]any, finish *string) {
+	st.write(map[string]any{"id": st.chunkID(), "object": "chat.completion.chunk", "created": 1700000000, "model": st.model,
+		"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": nil}}, "usage": nil})
+}
+
+func (st *streamer) write(v any) {
+	if st.cutAfter > 0 && st.n >= st.cutAfter {
+		panic(http.ErrAbortHandler) // the connection is cut: no finish chunk, no [DONE]
+	}
+	if st.delay > 0 {
+		time.Sleep(st.delay)
+	}
+	st.n++
+	data, _ := json.Marshal(v)
+	_, _ = fmt.Fprintf(st.w, "data: %s\n\n", data)
+	st.flush()
+}
+
+func (st *streamer) flush() { _ = http.NewResponseController(st.w).Flush() }
+
+// pieces cuts s into pieces of n bytes at most, never inside a UTF-8
+// sequence.
+func pieces(s string, n int) []string {
+	var out []string
+	for len(s) > 0 {
+		k := min(n, len(s))
+		for k < len(s) && k > 0 && s[k]&0xC0 == 0x80 {
+			k--
+		}
+		if k == 0 {
+			k = len(s)
+		}
+		out = append(out, s[:k])
+		s = s[k:]
+	}
+	return out
+}
+
+func apiError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": nil}})
+}

@@ -1,0 +1,230 @@
+package openaiup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// Drive drives one run; *executor.Executor's Drive is one.
+type Drive func(ctx context.Context, req executor.Request, sink executor.Sink) (executor.Summary, error)
+
+// EndpointConfig configures the application-facing endpoint.
+type EndpointConfig struct {
+	Upstream *Upstream
+	Drive    Drive
+	// Tools are the registry's tools in force: each request's tools get
+	// them added.
+	Tools func() []tool.FunctionTool
+	// ForwardAuthorization sends the caller's own bearer key upstream.
+	// Only when the sidecar has no API token: otherwise that header is
+	// the sidecar's token, which never leaves it.
+	ForwardAuthorization bool
+	// KeepAlive is how often a quiet stream gets an SSE comment while its
+	// tools run. default: 15s
+	KeepAlive time.Duration
+	// ParkedTTL is how long the sidecar's outcomes of a turn that also
+	// called the application's tools are kept for its next request.
+	// default: 1h
+	ParkedTTL time.Duration
+	Logger    *slog.Logger
+}
+
+// Endpoint serves POST /v1/chat/completions: the application's request is
+// a run, whose tool calls the sidecar answers turn after turn, and whose
+// answer is the model's last word, streamed or whole.
+type Endpoint struct {
+	cfg    EndpointConfig
+	log    *slog.Logger
+	parked *parking
+}
+
+// NewEndpoint builds the endpoint. No I/O.
+func NewEndpoint(cfg EndpointConfig) *Endpoint {
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = 15 * time.Second
+	}
+	if cfg.ParkedTTL <= 0 {
+		cfg.ParkedTTL = time.Hour
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Endpoint{cfg: cfg, log: log.With("component", "openai"), parked: newParking(cfg.ParkedTTL)}
+}
+
+// request is what the endpoint reads of the application's request; the
+// rest is passed upstream as it came.
+type request struct {
+	body     map[string]json.RawMessage
+	messages []json.RawMessage
+	stream   bool
+	usage    bool // stream_options.include_usage
+	model    string
+	appTools map[string]bool
+}
+
+// badRequest is a request the API would refuse: a 400 in its shape.
+type badRequest struct{ msg, param string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+func (ep *Endpoint) read(r *http.Request) (*request, error) {
+	var body map[string]json.RawMessage
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		return nil, &badRequest{"the request body is not a JSON object: " + err.Error(), ""}
+	}
+	req := &request{body: body, appTools: map[string]bool{}}
+	if err := json.Unmarshal(body["messages"], &req.messages); err != nil || len(req.messages) == 0 {
+		return nil, &badRequest{"messages must be a non-empty array", "messages"}
+	}
+	_ = json.Unmarshal(body["model"], &req.model)
+	if raw, ok := body["n"]; ok {
+		var n int
+		if json.Unmarshal(raw, &n) != nil || n > 1 {
+			return nil, &badRequest{"n > 1 is not supported: each choice would need its own tool calls", "n"}
+		}
+	}
+	if raw, ok := body["stream"]; ok {
+		_ = json.Unmarshal(raw, &req.stream)
+	}
+	if raw, ok := body["stream_options"]; ok && string(raw) != "null" {
+		if !req.stream {
+			return nil, &badRequest{"The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"}
+		}
+		var so struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		_ = json.Unmarshal(raw, &so)
+		req.usage = so.IncludeUsage
+	}
+	var tools []json.RawMessage
+	if raw, ok := body["tools"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &tools); err != nil {
+			return nil, &badRequest{"tools must be an array", "tools"}
+		}
+	}
+	own := map[string]bool{}
+	for _, t := range ep.cfg.Tools() {
+		own[t.Function.Name] = true
+	}
+	for i, raw := range tools {
+		var t tool.FunctionTool
+		if err := json.Unmarshal(raw, &t); err != nil || t.Function.Name == "" {
+			return nil, &badRequest{fmt.Sprintf("tools[%d] is not a function tool", i), fmt.Sprintf("tools[%d]", i)}
+		}
+		if own[t.Function.Name] {
+			return nil, &badRequest{fmt.Sprintf("tools[%d]: %q is a tool of the sidecar; rename the application's tool", i, t.Function.Name), fmt.Sprintf("tools[%d].function.name", i)}
+		}
+		req.appTools[t.Function.Name] = true
+	}
+	for _, t := range ep.cfg.Tools() {
+		raw, _ := json.Marshal(t)
+		tools = append(tools, raw)
+	}
+	if len(tools) > 0 {
+		body["tools"], _ = json.Marshal(tools)
+	}
+	delete(body, "messages")
+	delete(body, "stream")
+	delete(body, "stream_options")
+	return req, nil
+}
+
+func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	req, err := ep.read(r)
+	if err != nil {
+		var br *badRequest
+		errors.As(err, &br)
+		writeAPIError(w, http.StatusBadRequest, br.msg, "invalid_request_error", br.param)
+		return
+	}
+	messages := ep.parked.restore(req.messages)
+	id := "chatcmpl-" + randomToken(24)
+	ep.cfg.Upstream.Begin(id, req.body, messages, req.appTools)
+	dreq := executor.Request{RunID: id, Model: req.model, Traceparent: r.Header.Get("traceparent")}
+	if key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && ep.cfg.ForwardAuthorization {
+		dreq.CallerKey = key
+	}
+	out := &answer{w: w, r: r, id: id, model: req.model, created: time.Now().Unix(), usage: req.usage}
+	w.Header().Set("X-Toolsidecar-Run-Id", id)
+	var sum executor.Summary
+	if req.stream {
+		sum, err = ep.stream(r.Context(), dreq, out)
+	} else {
+		sum, err = ep.cfg.Drive(r.Context(), dreq, nil)
+	}
+	res, _ := ep.cfg.Upstream.End(id)
+	if len(res.AppCalls) > 0 {
+		ep.parked.park(res)
+	}
+	if r.Context().Err() != nil {
+		return // the application went away: its calls were cancelled
+	}
+	if res.Model != "" {
+		out.model = res.Model
+	}
+	if sum.Status != executor.StatusCompleted && len(res.AppCalls) == 0 {
+		ep.log.Warn("chat completion failed", "run_id", id, "status", sum.Status, "err", sum.Error)
+		out.fail(sum, err)
+		return
+	}
+	if req.stream {
+		out.finish(res, sum)
+		return
+	}
+	out.whole(res, sum)
+}
+
+// stream drives the run with its events written to the application as
+// they come, and SSE comments while it is quiet.
+func (ep *Endpoint) stream(ctx context.Context, dreq executor.Request, out *answer) (executor.Summary, error) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(ep.cfg.KeepAlive)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				out.keepAlive()
+			}
+		}
+	})
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	return ep.cfg.Drive(ctx, dreq, func(e executor.Event) {
+		switch e.Type {
+		case executor.EventContent:
+			out.content(e.Text)
+		case executor.EventToolCall:
+			out.begin() // the upstream took the turn: the answer is a stream from here
+		}
+	})
+}
+
+// writeAPIError writes an error in the API's shape.
+func writeAPIError(w http.ResponseWriter, status int, msg, typ, param string) {
+	var e apiError
+	e.Error.Message, e.Error.Type = msg, typ
+	if param != "" {
+		e.Error.Param = &param
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(e)
+}

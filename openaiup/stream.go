@@ -1,0 +1,368 @@
+package openaiup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+	"strings"
+	"time"
+
+	sse "github.com/tmaxmax/go-sse"
+
+	"github.com/projectdavid/toolsidecar/executor"
+)
+
+// maxCuts bounds how often a turn's stream may be cut and asked for again.
+const maxCuts = 3
+
+var (
+	// ErrCut: a stream ended before its finish chunk. Only its calls whose
+	// arguments were whole (and whose tools are not unsafe) were handed
+	// over; the rest may be half-built and never run.
+	ErrCut = errors.New("openaiup: the stream ended before the turn's finish chunk")
+	// ErrIdle: a stream was silent for longer than the idle timeout.
+	ErrIdle = errors.New("openaiup: the stream was idle too long")
+)
+
+// turn is one turn: its stream, asked for again when it is cut before its
+// finish chunk. A call is handed to the executor as soon as its arguments
+// are whole, so that its tool runs while the model still writes the next
+// ones; a call of an unsafe tool waits for the finish chunk, so that an
+// unsafe call of a cut stream never runs. When a cut turn is asked for
+// again, a call it makes again (same tool, same arguments) is the call
+// already handed over, not a second one.
+type turn struct {
+	u     *Upstream
+	r     *run
+	n     int // the turn's number in the run
+	ctx   context.Context
+	body  []byte
+	runID string
+	until time.Time // the end of the retry budget
+
+	stream *attempt
+	sent   []*sentCall // handed to the executor, by every attempt
+}
+
+// sentCall is a call handed to the executor; used: the current attempt
+// made it.
+type sentCall struct {
+	call *executor.ToolCall
+	used bool
+}
+
+// attempt is one response to the turn's request.
+type attempt struct {
+	ctx    context.Context
+	events iter.Seq2[sse.Event, error]
+	cancel context.CancelCauseFunc
+	idle   *time.Timer
+	close  func() error
+}
+
+func (t *turn) connect() error {
+	now := time.Now()
+	if t.until.IsZero() {
+		t.until = now.Add(t.u.cfg.RetryBudget)
+	}
+	ctx, cancel := context.WithCancelCause(t.ctx)
+	resp, err := t.u.post(ctx, t.body, t.until.Sub(now))
+	if err != nil {
+		cancel(err)
+		return err
+	}
+	a := &attempt{ctx: ctx, cancel: cancel, close: resp.Body.Close}
+	a.idle = time.AfterFunc(t.u.cfg.IdleTimeout, func() { cancel(ErrIdle) })
+	a.events = sse.Read(resp.Body, &sse.ReadConfig{MaxEventSize: t.u.cfg.MaxResponseBytes})
+	t.stream = a
+	return nil
+}
+
+// Close releases the stream.
+func (t *turn) Close() {
+	if a := t.stream; a != nil {
+		a.idle.Stop()
+		a.cancel(context.Canceled)
+		_ = a.close()
+	}
+}
+
+// reading is what one attempt has read of the turn.
+type reading struct {
+	text    strings.Builder
+	calls   assembler
+	handed  map[*partial]*executor.ToolCall
+	finish  string
+	usage   Usage
+	model   string
+	created int64
+	failed  string // the upstream's error event
+}
+
+// Events reads the turn: text as it comes, then its calls.
+func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
+	return func(yield func(executor.TurnEvent, error) bool) {
+		var shown string // the text the application has been given
+		for cuts := 0; ; cuts++ {
+			rd, err, more := t.read(yield, &shown)
+			if !more {
+				return
+			}
+			if err == nil {
+				t.end(rd, yield)
+				return
+			}
+			if cuts >= maxCuts || t.ctx.Err() != nil || time.Now().After(t.until) {
+				yield(executor.TurnEvent{}, err)
+				return
+			}
+			t.u.log.Warn("turn cut; asking for it again", "run_id", t.runID, "err", err)
+			t.Close()
+			if cerr := t.connect(); cerr != nil {
+				yield(executor.TurnEvent{}, fmt.Errorf("%w; asking again: %w", err, cerr))
+				return
+			}
+		}
+	}
+}
+
+// read reads one attempt to its end. err is nil when the finish chunk
+// came (or the upstream reported an error in the stream), ErrCut or the
+// read's error when the stream ended before it. more is false when the
+// executor stopped reading.
+func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown *string) (rd *reading, err error, more bool) {
+	rd = &reading{handed: map[*partial]*executor.ToolCall{}}
+	for _, sc := range t.sent {
+		sc.used = false
+	}
+	a := t.stream
+	for ev, rerr := range a.events {
+		if rerr != nil {
+			if cause := context.Cause(a.ctx); cause != nil {
+				rerr = cause
+			}
+			return rd, fmt.Errorf("%w: %w", ErrCut, rerr), true
+		}
+		a.idle.Reset(t.u.cfg.IdleTimeout)
+		data := ev.Data
+		if data == "" {
+			continue
+		}
+		if strings.HasPrefix(data, "[DONE]") {
+			break
+		}
+		var c chunk
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			if !yield(executor.TurnEvent{}, fmt.Errorf("%w: %w", executor.ErrBadFrame, err)) {
+				return rd, nil, false
+			}
+			continue
+		}
+		if len(c.Error) > 0 && string(c.Error) != "null" {
+			rd.failed = errorMessage(c.Error)
+			if !yield(executor.TurnEvent{Kind: executor.TurnError, Text: rd.failed, Raw: []byte(data)}, nil) {
+				return rd, nil, false
+			}
+			return rd, nil, true
+		}
+		if !t.take(rd, &c, []byte(data), shown, yield) {
+			return rd, nil, false
+		}
+	}
+	if rd.finish == "" && rd.failed == "" {
+		return rd, ErrCut, true
+	}
+	return rd, nil, true
+}
+
+// take applies one chunk: its text goes to the executor (the part the
+// application has not been given yet, when the turn was asked for again),
+// its call fragments to the assembler.
+func (t *turn) take(rd *reading, c *chunk, raw []byte, shown *string, yield func(executor.TurnEvent, error) bool) bool {
+	if rd.model == "" {
+		rd.model, rd.created = c.Model, c.Created
+	}
+	if c.Usage != nil {
+		rd.usage = *c.Usage
+	}
+	for _, ch := range c.Choices {
+		if ch.Index != 0 {
+			continue // n is 1: the endpoint refuses more
+		}
+		if s := ch.Delta.ReasoningContent; s != nil && *s != "" {
+			if !yield(executor.TurnEvent{Kind: executor.TurnReasoning, Text: *s, Raw: raw}, nil) {
+				return false
+			}
+		}
+		if s := ch.Delta.Content; s != nil && *s != "" {
+			rd.text.WriteString(*s)
+			if fresh := unshown(rd.text.String(), shown); fresh != "" {
+				if !yield(executor.TurnEvent{Kind: executor.TurnText, Text: fresh, Raw: raw}, nil) {
+					return false
+				}
+			}
+		}
+		rd.calls.add(ch.Delta.ToolCalls)
+		if len(ch.Delta.ToolCalls) > 0 && !t.handReady(rd, yield) {
+			return false
+		}
+		if ch.FinishReason != nil && *ch.FinishReason != "" && rd.finish == "" {
+			rd.finish = *ch.FinishReason // the first wins (two come from some proxies)
+		}
+	}
+	return true
+}
+
+// handReady hands the executor each call whose arguments are whole, unless
+// its tool is unsafe or the application's.
+func (t *turn) handReady(rd *reading, yield func(executor.TurnEvent, error) bool) bool {
+	for _, p := range rd.calls.calls {
+		if rd.handed[p] != nil || !p.ready() || t.r.appTools[p.name] || t.u.unsafe(p.name) {
+			continue
+		}
+		if c, fresh := t.hand(rd, p); fresh && !yield(executor.TurnEvent{Kind: executor.TurnToolCall, Call: c}, nil) {
+			return false
+		}
+	}
+	return true
+}
+
+// hand makes p the executor's call: the call an earlier attempt handed
+// over with the same tool and arguments, or a new one (fresh). The
+// executor's id of the call is unique in the turn; the assistant message
+// keeps the model's.
+func (t *turn) hand(rd *reading, p *partial) (c *executor.ToolCall, fresh bool) {
+	args := p.args.String()
+	for _, sc := range t.sent {
+		if !sc.used && sc.call.Tool == p.name && sameJSON(string(sc.call.Args), args) {
+			sc.used = true
+			rd.handed[p] = sc.call
+			return sc.call, false
+		}
+	}
+	if p.id == "" || len(p.id) > 64 || slices.ContainsFunc(rd.calls.calls, func(o *partial) bool { return o != p && o.id == p.id }) {
+		p.id = newCallID()
+	}
+	a := assemble(p)
+	t.r.mu.Lock()
+	if t.r.pending.handed[a.ID] {
+		a.ID = newCallID() // an attempt that was cut gave this id to another call
+	}
+	t.r.pending.handed[a.ID] = true
+	t.r.mu.Unlock()
+	c = callOf(t.runID, t.n, len(t.sent), a)
+	t.sent = append(t.sent, &sentCall{call: c, used: true})
+	rd.handed[p] = c
+	return c, true
+}
+
+// unshown is the part of text the application has not been given, and
+// records it as given. A turn asked for again after a cut usually says
+// the same words again: they are not given twice.
+func unshown(text string, shown *string) string {
+	if len(text) <= len(*shown) && strings.HasPrefix(*shown, text) {
+		return ""
+	}
+	fresh := text
+	if strings.HasPrefix(text, *shown) {
+		fresh = text[len(*shown):]
+	}
+	*shown = text
+	return fresh
+}
+
+// end records the finished turn in the run, and hands the executor the
+// calls it has not been handed yet, in the order the model made them.
+// Calls of tools the application declared are its own: they are kept for
+// its answer.
+func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
+	calls := rd.calls.done()
+	var fresh []*executor.ToolCall
+	if rd.failed == "" {
+		for i, c := range calls {
+			part := rd.calls.calls[i]
+			if rd.handed[part] != nil || t.r.appTools[c.Name] {
+				continue
+			}
+			if ec, isNew := t.hand(rd, part); isNew {
+				fresh = append(fresh, ec)
+			}
+		}
+	}
+	r := t.r
+	r.mu.Lock()
+	res, p := &r.result, r.pending
+	if res.Model == "" {
+		res.Model, res.Created = rd.model, rd.created
+	}
+	res.Usage.add(&rd.usage)
+	res.Content += rd.text.String()
+	res.FinishReason = rd.finish
+	p.read = true
+	for _, sc := range t.sent {
+		if !sc.used {
+			// An attempt that was cut handed it over, and the last
+			// attempt did not make it: it may have run, but it is no
+			// part of the turn.
+			p.ghosts[sc.call.ToolCallID] = true
+		}
+	}
+	if rd.failed != "" || len(calls) == 0 {
+		// The model answered (or the upstream failed the turn): the run
+		// ends here.
+		r.status = executor.RunCompleted
+		if rd.failed != "" {
+			r.status = executor.RunFailed
+		}
+		r.mu.Unlock()
+		return
+	}
+	p.assistant = message{Role: "assistant"}
+	if text := rd.text.String(); text != "" {
+		p.assistant.Content = &text
+	}
+	for i, c := range calls {
+		var tc toolCall
+		tc.ID, tc.Type, tc.Function.Name, tc.Function.Arguments = c.ID, "function", c.Name, c.Args
+		if r.appTools[c.Name] {
+			p.assistant.ToolCalls = append(p.assistant.ToolCalls, tc)
+			res.AppCalls = append(res.AppCalls, tc)
+			continue
+		}
+		ec := rd.handed[rd.calls.calls[i]]
+		if !sameJSON(string(ec.Args), c.Args) && c.Problem == "" {
+			t.u.log.Warn("a call's arguments grew after it was handed over", "run_id", t.runID, "tool_call_id", ec.ToolCallID)
+		}
+		p.idOf[tc.ID] = ec.ToolCallID
+		p.assistant.ToolCalls = append(p.assistant.ToolCalls, tc)
+		p.calls = append(p.calls, ec)
+	}
+	if len(res.AppCalls) > 0 {
+		res.FinishReason = "tool_calls"
+		if len(p.calls) == 0 {
+			// Only the application's calls: nothing for the executor.
+			r.result.Parked, _ = p.messages(false)
+			r.status = executor.RunCompleted
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range fresh {
+		if !yield(executor.TurnEvent{Kind: executor.TurnToolCall, Call: c}, nil) {
+			return
+		}
+	}
+}
+
+// errorMessage is the message of an error event's "error" value.
+func errorMessage(raw json.RawMessage) string {
+	var e struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(raw, &e) == nil && e.Message != "" {
+		return e.Message
+	}
+	return string(raw)
+}
