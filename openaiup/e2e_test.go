@@ -24,6 +24,8 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/internal/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -577,4 +579,52 @@ func TestPoliciesApply(t *testing.T) {
 		t.Fatalf("echo ran %d times, other %d, %d refused, %d deduped: want 1, 1, 1, 1 (%+v)", runs.Load(), otherRuns.Load(), refused, deduped, ext.Toolsidecar.Calls)
 	}
 	s.assertContract(t)
+}
+
+// In durable mode the outcomes of a turn that also called the
+// application's tool are kept in the ledger: the application's follow-up,
+// taken by another sidecar of the cluster, gets the whole turn back, and
+// the sidecar's tools do not run again.
+func TestParkedTurnInTheLedger(t *testing.T) {
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", AllowAnonymous: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	sim := openaisim.New(openaisim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	// One worker serves both sidecars, from a connection of its own.
+	var runs atomic.Int64
+	echo := echoTool("echo", 0, &runs)
+	natstest.WorkerOn(t, natstest.Dial(t, ns.ClientURL()), testenv.Prefix, map[string]tool.Handler{"echo": echo.Handler})
+	echo.Handler = nil
+	onNS := testenv.Options{NATS: func(n *config.NATS) { n.URL = ns.ClientURL() }}
+	a := startOn(t, sim, srv.URL+"/v1", onNS, echo)
+	b := startOn(t, sim, srv.URL+"/v1", onNS, echo)
+	rounds := [][]map[string]any{{{"name": "echo", "arguments": map[string]any{"i": 0}}, {"name": "lookup", "arguments": map[string]any{"q": "x"}}}}
+	p := params(script(rounds, ""))
+	p.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "lookup"})}
+	first, err := a.client.Chat.Completions.New(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := first.Choices[0].Message
+	if len(msg.ToolCalls) != 1 {
+		t.Fatalf("first answer %+v", first.Choices[0])
+	}
+	p.Messages = append(p.Messages, msg.ToParam(), openai.ToolMessage("looked up", msg.ToolCalls[0].ID))
+	second, err := b.client.Chat.Completions.New(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `results: {"echo": {"i":0}} | looked up`; second.Choices[0].Message.Content != want {
+		t.Fatalf("second answer %q, want %q", second.Choices[0].Message.Content, want)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("echo ran %d times, want once", runs.Load())
+	}
+	if v := sim.Violations(); len(v) > 0 {
+		t.Fatalf("contract violations: %+v", v)
+	}
 }

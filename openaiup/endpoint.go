@@ -36,7 +36,11 @@ type EndpointConfig struct {
 	// called the application's tools are kept for its next request.
 	// default: 1h
 	ParkedTTL time.Duration
-	Logger    *slog.Logger
+	// Memo keeps those outcomes: durable mode's ledger, so that another
+	// sidecar of the cluster, or this one restarted, takes the next
+	// request. default: memory
+	Memo   executor.Memo
+	Logger *slog.Logger
 }
 
 // Endpoint serves POST /v1/chat/completions: the application's request is
@@ -60,7 +64,7 @@ func NewEndpoint(cfg EndpointConfig) *Endpoint {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Endpoint{cfg: cfg, log: log.With("component", "openai"), parked: newParking(cfg.ParkedTTL)}
+	return &Endpoint{cfg: cfg, log: log.With("component", "openai"), parked: newParking(cfg.ParkedTTL, cfg.Memo)}
 }
 
 // request is what the endpoint reads of the application's request; the
@@ -149,7 +153,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusBadRequest, br.msg, "invalid_request_error", br.param)
 		return
 	}
-	messages := ep.parked.restore(req.messages)
+	messages := ep.parked.restore(r.Context(), req.messages)
 	id := "chatcmpl-" + randomToken(24)
 	ep.cfg.Upstream.Begin(id, req.body, messages, req.appTools)
 	dreq := executor.Request{RunID: id, Model: req.model, Traceparent: r.Header.Get("traceparent")}
@@ -166,7 +170,9 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	res, _ := ep.cfg.Upstream.End(id)
 	if len(res.AppCalls) > 0 {
-		ep.parked.park(res)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+		ep.parked.park(ctx, res)
+		cancel()
 	}
 	if r.Context().Err() != nil {
 		return // the application went away: its calls were cancelled

@@ -1,42 +1,54 @@
 package openaiup
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"slices"
 	"sync"
 	"time"
-)
 
-// maxParked bounds the turns kept for the applications' next requests;
-// beyond it the turn kept longest is dropped.
-const maxParked = 10000
+	"github.com/projectdavid/toolsidecar/executor"
+)
 
 // parking keeps the turns that called the application's tools as well as
 // the sidecar's: the application got only its own calls, and its next
 // request carries them with its tool messages. restore puts the turn back
 // as the model made it (every call, and the sidecar's tool messages), so
-// that the model sees its whole turn answered.
+// that the model sees its whole turn answered. The turns are kept in a
+// Memo under each application call's id: durable mode's ledger, which any
+// sidecar of the cluster reads and which outlives a restart, or memory.
 type parking struct {
-	ttl time.Duration
-
-	mu     sync.Mutex
-	byCall map[string]*parkedTurn // by the id of each of the application's calls
+	ttl  time.Duration
+	memo executor.Memo
 }
 
+// parkedTurn is a kept turn.
 type parkedTurn struct {
-	assistant json.RawMessage            // with every call of the turn
-	order     []string                   // the turn's call ids, in order
-	tools     map[string]json.RawMessage // the sidecar's tool messages, by call id
-	until     time.Time
+	Assistant json.RawMessage            `json:"assistant"` // with every call of the turn
+	Order     []string                   `json:"order"`     // the turn's call ids, in order
+	Tools     map[string]json.RawMessage `json:"tools"`     // the sidecar's tool messages, by call id
+	AppCalls  []string                   `json:"app_calls"` // the ids of the application's calls
 }
 
-func newParking(ttl time.Duration) *parking {
-	return &parking{ttl: ttl, byCall: map[string]*parkedTurn{}}
+func newParking(ttl time.Duration, memo executor.Memo) *parking {
+	if memo == nil {
+		memo = &memoryMemo{entries: map[string]executor.MemoEntry{}}
+	}
+	return &parking{ttl: ttl, memo: memo}
+}
+
+// parkKey is where a turn is kept for one of its application calls:
+// hashed, since call ids may hold any character and ledger keys may not.
+func parkKey(callID string) string {
+	h := sha256.Sum256([]byte(callID))
+	return "openai.parked." + hex.EncodeToString(h[:])
 }
 
 // park keeps a run's last turn (Result.Parked) under its application
 // calls' ids.
-func (p *parking) park(res Result) {
+func (p *parking) park(ctx context.Context, res Result) {
 	if len(res.Parked) == 0 {
 		return
 	}
@@ -44,39 +56,26 @@ func (p *parking) park(res Result) {
 	if json.Unmarshal(res.Parked[0], &a) != nil {
 		return
 	}
-	pt := &parkedTurn{assistant: res.Parked[0], tools: map[string]json.RawMessage{}, until: time.Now().Add(p.ttl)}
+	pt := parkedTurn{Assistant: res.Parked[0], Tools: map[string]json.RawMessage{}}
 	for _, c := range a.ToolCalls {
-		pt.order = append(pt.order, c.ID)
+		pt.Order = append(pt.Order, c.ID)
 	}
 	for _, raw := range res.Parked[1:] {
 		var m message
 		if json.Unmarshal(raw, &m) == nil {
-			pt.tools[m.ToolCallID] = raw
+			pt.Tools[m.ToolCallID] = raw
 		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.prune()
 	for _, c := range res.AppCalls {
-		p.byCall[c.ID] = pt
+		pt.AppCalls = append(pt.AppCalls, c.ID)
 	}
-}
-
-// prune drops expired turns, and the oldest beyond maxParked.
-func (p *parking) prune() {
-	now := time.Now()
-	var oldest string
-	for id, pt := range p.byCall {
-		if now.After(pt.until) {
-			delete(p.byCall, id)
-			continue
-		}
-		if oldest == "" || pt.until.Before(p.byCall[oldest].until) {
-			oldest = id
-		}
+	data, err := json.Marshal(pt)
+	if err != nil {
+		return
 	}
-	if len(p.byCall) >= maxParked && oldest != "" {
-		delete(p.byCall, oldest)
+	until := time.Now().Add(p.ttl)
+	for _, id := range pt.AppCalls {
+		p.memo.Remember(ctx, parkKey(id), executor.MemoEntry{ToolCallID: id, Content: string(data), Expires: until})
 	}
 }
 
@@ -84,18 +83,18 @@ func (p *parking) prune() {
 // assistant message whose calls are the application's part of a parked
 // turn becomes the whole turn, and its tool messages are joined by the
 // sidecar's, in the turn's call order.
-func (p *parking) restore(msgs []json.RawMessage) []json.RawMessage {
+func (p *parking) restore(ctx context.Context, msgs []json.RawMessage) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(msgs))
 	for i := 0; i < len(msgs); i++ {
 		var m message
 		_ = json.Unmarshal(msgs[i], &m)
-		pt := p.find(m)
+		pt := p.find(ctx, m)
 		if pt == nil {
 			out = append(out, msgs[i])
 			continue
 		}
 		answers := map[string]json.RawMessage{}
-		for id, raw := range pt.tools {
+		for id, raw := range pt.Tools {
 			answers[id] = raw
 		}
 		var extra []json.RawMessage // tool messages of no call of the turn: the API judges them
@@ -105,14 +104,14 @@ func (p *parking) restore(msgs []json.RawMessage) []json.RawMessage {
 				break
 			}
 			i++
-			if _, known := answers[t.ToolCallID]; known || !slices.Contains(pt.order, t.ToolCallID) {
+			if _, known := answers[t.ToolCallID]; known || !slices.Contains(pt.Order, t.ToolCallID) {
 				extra = append(extra, msgs[i])
 				continue
 			}
 			answers[t.ToolCallID] = msgs[i]
 		}
-		out = append(out, pt.assistant)
-		for _, id := range pt.order {
+		out = append(out, pt.Assistant)
+		for _, id := range pt.Order {
 			if raw, ok := answers[id]; ok {
 				out = append(out, raw)
 			}
@@ -122,22 +121,59 @@ func (p *parking) restore(msgs []json.RawMessage) []json.RawMessage {
 	return out
 }
 
-// find is the parked turn of an assistant message whose calls are all
+// find is the parked turn of an assistant message whose calls are exactly
 // the application's part of that turn.
-func (p *parking) find(m message) *parkedTurn {
+func (p *parking) find(ctx context.Context, m message) *parkedTurn {
 	if m.Role != "assistant" || len(m.ToolCalls) == 0 {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pt := p.byCall[m.ToolCalls[0].ID]
-	if pt == nil || time.Now().After(pt.until) {
+	e, ok := p.memo.Recall(ctx, parkKey(m.ToolCalls[0].ID))
+	if !ok || time.Now().After(e.Expires) {
+		return nil
+	}
+	var pt parkedTurn
+	if json.Unmarshal([]byte(e.Content), &pt) != nil || len(pt.AppCalls) != len(m.ToolCalls) {
 		return nil
 	}
 	for _, c := range m.ToolCalls {
-		if p.byCall[c.ID] != pt {
+		if !slices.Contains(pt.AppCalls, c.ID) {
 			return nil
 		}
 	}
-	return pt
+	return &pt
+}
+
+// maxParked bounds the turns kept in memory; beyond it the entry that
+// expires first is dropped.
+const maxParked = 10000
+
+// memoryMemo is the Memo of a sidecar without durable mode.
+type memoryMemo struct {
+	mu      sync.Mutex
+	entries map[string]executor.MemoEntry
+}
+
+func (m *memoryMemo) Recall(_ context.Context, key string) (executor.MemoEntry, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[key]
+	return e, ok
+}
+
+func (m *memoryMemo) Remember(_ context.Context, key string, e executor.MemoEntry) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	var first string
+	for k, x := range m.entries {
+		if now.After(x.Expires) {
+			delete(m.entries, k)
+		} else if first == "" || x.Expires.Before(m.entries[first].Expires) {
+			first = k
+		}
+	}
+	if len(m.entries) >= maxParked && first != "" {
+		delete(m.entries, first)
+	}
+	m.entries[key] = e
 }

@@ -471,7 +471,11 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		Pprof: s.cfg.Server.Pprof}
 	switch {
 	case s.openai != nil:
-		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive,
+		var memo executor.Memo // memory, unless durable
+		if s.ledger != nil {
+			memo = ledgerMemo{s.ledger, s.log.With("component", "openai")}
+		}
+		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo,
 			Tools:                func() []tool.FunctionTool { return s.live.Load().FunctionTools() },
 			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
 		scfg.Routes = []server.Route{{Pattern: "POST /v1/chat/completions", Handler: ep, Drive: true}}
@@ -663,7 +667,9 @@ func (s *Sidecar) readyInfo() map[string]any {
 	return map[string]any{"durable": false, "durable_off": s.durableOff}
 }
 
-// ledgerMemo is the durable ledger as the executor's dedupe memo.
+// ledgerMemo is the durable ledger as a Memo: the executor's dedupe
+// results, and the OpenAI endpoint's kept turns (the logger's component
+// says whose).
 type ledgerMemo struct {
 	l   *ledger.Ledger
 	log *slog.Logger
@@ -673,7 +679,7 @@ func (m ledgerMemo) Recall(ctx context.Context, key string) (executor.MemoEntry,
 	var e executor.MemoEntry
 	b, ok, err := m.l.Recall(ctx, key)
 	if err != nil {
-		m.log.Warn("dedupe lookup failed; the call runs", "err", err)
+		m.log.Warn("ledger lookup failed; taken as a miss", "err", err)
 	}
 	if !ok || json.Unmarshal(b, &e) != nil {
 		return e, false
@@ -684,7 +690,7 @@ func (m ledgerMemo) Recall(ctx context.Context, key string) (executor.MemoEntry,
 func (m ledgerMemo) Remember(ctx context.Context, key string, e executor.MemoEntry) {
 	b, _ := json.Marshal(e)
 	if err := m.l.Remember(ctx, key, b); err != nil {
-		m.log.Warn("dedupe: result not remembered", "err", err)
+		m.log.Warn("ledger: entry not stored", "err", err)
 	}
 }
 
