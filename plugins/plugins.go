@@ -47,9 +47,21 @@ func (l *Local) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 	// Nothing runs beside the hook in process: the tool's time starts
 	// after it.
 	req.Sent()
-	// In process there is no progress channel: the timeout is the bound.
-	call.Deadline = time.Now().Add(min(req.TimeoutOrDefault(), req.MaxDurationOrDefault()))
-	cctx, cancel := context.WithDeadline(ctx, call.Deadline)
-	defer cancel()
+	// The timeout bounds the call; a handler that hears progress from its
+	// tool (an MCP server's notifications) restarts it, as a NATS
+	// worker's progress does, never past max_duration.
+	timeout, hard := req.TimeoutOrDefault(), req.MaxDurationOrDefault()
+	started := time.Now()
+	call.Deadline = started.Add(timeout)
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	limit := time.AfterFunc(timeout, func() { cancel(context.DeadlineExceeded) })
+	defer limit.Stop()
+	call.SetProgress(func() error {
+		if left := hard - time.Since(started); left > 0 {
+			limit.Reset(min(timeout, left))
+		}
+		return nil
+	})
 	return tool.OutcomeOf(tool.Invoke(cctx, def.Handler, call, l.log))
 }

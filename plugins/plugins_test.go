@@ -28,7 +28,10 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	serveMCPIfAsked() // a test's MCP server, started as this binary again
+	goleak.VerifyTestMain(m)
+}
 
 const manifest = `{"type": "tool_call_manifest", "run_id": "run_1", "action_id": "act_1", "tool_call_id": "call_1", "tool": "t", "args": {"departure": "LAX", "arrival": "JFK"}}`
 
@@ -231,6 +234,9 @@ func TestSettingsChecks(t *testing.T) {
 		{config.Tool{Name: "a", Route: "exec", Settings: map[string]any{"exec": map[string]any{"command": []any{"x"}, "cwd": "/"}}}, `tools[0].exec: json: unknown field "cwd"`},
 		{config.Tool{Name: "a", Route: "http", Settings: map[string]any{"http": map[string]any{"url": "ftp://x"}}}, `tools[0].http.url: "ftp://x" is not an http(s) URL`},
 		{config.Tool{Name: "a", Route: "http", Settings: map[string]any{"http": map[string]any{"url": "http://x", "header": map[string]any{}}}}, `unknown field "header"`},
+		{config.Tool{Name: "a", Route: "mcp"}, "set command (a stdio server) or url"},
+		{config.Tool{Name: "a", Route: "mcp", Settings: map[string]any{"mcp": map[string]any{"command": []any{"x"}, "url": "http://x"}}}, "not both"},
+		{config.Tool{Name: "a", Route: "mcp", Settings: map[string]any{"mcp": map[string]any{"url": "unix:///x"}}}, `mcp.url: "unix:///x" is not an http(s) URL`},
 	}
 	for _, tc := range cases {
 		if _, err := registry.New([]config.Tool{tc.tool}, "p"); !errors.Is(err, registry.ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {

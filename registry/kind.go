@@ -2,10 +2,13 @@ package registry
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -88,4 +91,53 @@ func DecodeSettings(key string, settings map[string]any, v any) error {
 		return fmt.Errorf("%s: %w", key, err)
 	}
 	return nil
+}
+
+// Importer reads the tools that one configured entry stands for from
+// where they live (an MCP server's tools/list): the entry's route kind
+// registers it. It returns each tool's configuration, with the entry's
+// route and settings for the call. Unlike building a handler it does I/O,
+// bounded by ctx.
+type Importer func(ctx context.Context, entry config.Tool, settings map[string]any) ([]config.Tool, error)
+
+var importers = map[string]Importer{}
+
+// RegisterImporter lets a route kind expand an entry into the tools it
+// imports, when the entry's settings say "import: true". It panics on a
+// duplicate or nil importer.
+func RegisterImporter(kind string, im Importer) {
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	if _, dup := importers[kind]; dup || im == nil {
+		panic(fmt.Sprintf("registry: importer of %q registered twice or nil", kind))
+	}
+	importers[kind] = im
+}
+
+// importTimeout bounds the reading of one entry's tools.
+const importTimeout = 30 * time.Second
+
+// expand replaces each entry that imports its tools by those tools.
+func expand(tools []config.Tool) ([]config.Tool, error) {
+	var out []config.Tool
+	var errs []error
+	for i, tc := range tools {
+		settings, _ := tc.Settings[tc.Route].(map[string]any)
+		kindsMu.RLock()
+		im, ok := importers[tc.Route]
+		kindsMu.RUnlock()
+		if imp, _ := settings["import"].(bool); !ok || !imp {
+			out = append(out, tc)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), importTimeout)
+		got, err := im(ctx, tc, settings)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: tools[%d].%s: importing the tools: %w", ErrInvalidTool, i, tc.Route, err))
+			continue
+		}
+		out = append(out, got...)
+	}
+	return out, errors.Join(errs...)
 }

@@ -69,8 +69,14 @@ type Registry struct {
 }
 
 // New compiles the tools of a configuration. Subjects are
-// <subjectPrefix>.<name>. Errors name the offending key.
+// <subjectPrefix>.<name>. Errors name the offending key. An entry that
+// imports its tools (an MCP server with import: true) is replaced by them
+// first: that reads them from the server.
 func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
+	tools, err := expand(tools)
+	if err != nil {
+		return nil, err
+	}
 	r := &Registry{tools: make(map[string]*Tool, len(tools))}
 	var errs []error
 	for i, tc := range tools {

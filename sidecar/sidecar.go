@@ -630,6 +630,7 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	}
 	s.stopRun()
 	s.wg.Wait()
+	plugins.StopMCP() // the drives have ended: no call uses a session
 	if s.leases != nil {
 		s.leases.Close() // the drives have ended and released theirs
 	}

@@ -78,6 +78,7 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	<-ctx.Done()
 	log.Info("worker stopping: finishing calls in flight")
 	err = w.Stop(context.Background())
+	plugins.StopMCP()
 	stopOps()
 	if err != nil {
 		return err

@@ -315,6 +315,7 @@ func serveWorkers(cfg config.Config, log *slog.Logger) error {
 // printRegistry compiles the tools and prints them: check as a table, tools
 // as Core's assistant tools array.
 func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) int {
+	defer plugins.StopMCP() // the MCP servers an import started
 	reg, err := registry.New(cfg.RegisteredTools(), cfg.NATS.SubjectPrefix)
 	if err != nil {
 		fmt.Fprintf(stderr, "toolsidecar: %v\n", err)

@@ -1,0 +1,399 @@
+package plugins
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/internal/version"
+	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// MCPSettings configure route mcp: each call is a tools/call to a Model
+// Context Protocol server, a command spoken to over stdio or a streamable
+// HTTP endpoint, through the official Go SDK. Tools that name the same
+// server share one session with it.
+type MCPSettings struct {
+	// Command starts a stdio server (argv, no shell). One of Command and
+	// URL is required.
+	Command []string `json:"command"`
+	// Env is the command's environment beyond PATH; put no secret here.
+	Env map[string]string `json:"env"`
+	// URL is a streamable HTTP server's endpoint.
+	URL string `json:"url"`
+	// HeadersFromFiles sends each header with the content of its file
+	// (Authorization: a file holding "Bearer …"), read when the session
+	// starts.
+	HeadersFromFiles map[string]string `json:"headers_from_files"`
+	// Tool is the tool's name on the server. default: the tool's own name
+	Tool string `json:"tool"`
+	// MaxResultBytes bounds a result. default: 1 MiB
+	MaxResultBytes int `json:"max_result_bytes"`
+	// Import reads the server's tools from tools/list into the registry,
+	// each named Prefix + its name, with its description and input
+	// schema; the entry's other keys (timeout, retries, side_effects, …)
+	// apply to each. Without side_effects on the entry, a tool's class
+	// comes from its annotations: readOnlyHint is read_only,
+	// idempotentHint idempotent, anything else (no annotations included)
+	// unsafe. The entry's own name only labels the server.
+	Import bool   `json:"import"`
+	Prefix string `json:"prefix"`
+}
+
+func init() {
+	registry.RegisterKind("mcp", newMCP)
+	registry.RegisterImporter("mcp", importMCP)
+}
+
+// importMCP lists the server's tools, as configurations of route mcp.
+func importMCP(ctx context.Context, entry config.Tool, settings map[string]any) ([]config.Tool, error) {
+	s, err := mcpSettings(settings)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := mcpServers.get(s).sessionFor(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("MCP server %s: %w", mcpServers.get(s).describe(), err)
+	}
+	var out []config.Tool
+	for t, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			return nil, fmt.Errorf("tools/list: %w", err)
+		}
+		tc := entry
+		tc.Name, tc.Description = s.Prefix+t.Name, t.Description
+		if !toolName.MatchString(tc.Name) {
+			return nil, fmt.Errorf("the server's tool %q would be named %q, which is not a valid tool name (^[A-Za-z0-9_-]{1,64}$)", t.Name, tc.Name)
+		}
+		tc.Parameters = nil
+		if b, err := json.Marshal(t.InputSchema); err == nil && t.InputSchema != nil {
+			_ = json.Unmarshal(b, &tc.Parameters)
+		}
+		if entry.SideEffects == "" {
+			tc.SideEffects = sideEffectsOf(t.Annotations)
+		}
+		own := map[string]any{}
+		for k, v := range settings {
+			if k != "import" && k != "prefix" {
+				own[k] = v
+			}
+		}
+		own["tool"] = t.Name
+		tc.Settings = map[string]any{"mcp": own}
+		out = append(out, tc)
+	}
+	return out, nil
+}
+
+// sideEffectsOf is a tool's class from its MCP annotations; a tool
+// without them is unsafe, as the specification's defaults say
+// (readOnlyHint and idempotentHint false).
+func sideEffectsOf(a *mcp.ToolAnnotations) string {
+	switch {
+	case a == nil:
+		return config.Unsafe
+	case a.ReadOnlyHint:
+		return config.ReadOnly
+	case a.IdempotentHint:
+		return config.Idempotent
+	}
+	return config.Unsafe
+}
+
+// toolName is what a tool may be called: the function names that Core and
+// the OpenAI API take.
+var toolName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+func mcpSettings(settings map[string]any) (MCPSettings, error) {
+	var s MCPSettings
+	if err := registry.DecodeSettings("mcp", settings, &s); err != nil {
+		return s, err
+	}
+	switch {
+	case len(s.Command) == 0 && s.URL == "":
+		return s, errors.New("mcp: set command (a stdio server) or url (a streamable HTTP server)")
+	case len(s.Command) > 0 && s.URL != "":
+		return s, errors.New("mcp: set one of command and url, not both")
+	case s.URL != "":
+		if u, err := url.Parse(s.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return s, fmt.Errorf("mcp.url: %q is not an http(s) URL", s.URL)
+		}
+	}
+	if s.MaxResultBytes <= 0 {
+		s.MaxResultBytes = 1 << 20
+	}
+	return s, nil
+}
+
+func newMCP(def *registry.Tool, settings map[string]any) (tool.Handler, error) {
+	s, err := mcpSettings(settings)
+	if err != nil {
+		return nil, err
+	}
+	if s.Import {
+		return nil, errors.New("mcp.import: the server's tools could not be imported")
+	}
+	name := s.Tool
+	if name == "" {
+		name = def.Name
+	}
+	return func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		return mcpServers.get(s).call(ctx, name, c, s.MaxResultBytes)
+	}, nil
+}
+
+// mcpServers are the sessions of the process with its MCP servers, one per
+// server (its command and environment, or its URL and headers). A session
+// starts at its first call; StopMCP ends them all.
+var mcpServers = &mcpPool{byKey: map[string]*mcpServer{}}
+
+type mcpPool struct {
+	mu    sync.Mutex
+	byKey map[string]*mcpServer
+	wg    sync.WaitGroup // the watchers of the sessions
+}
+
+// StopMCP closes every MCP session of the process (a stdio server's
+// process exits) and waits for their watchers. The sidecar and `toolsidecar
+// worker` call it at shutdown; a later call starts a session again.
+func StopMCP() {
+	mcpServers.mu.Lock()
+	servers := mcpServers.byKey
+	mcpServers.byKey = map[string]*mcpServer{}
+	mcpServers.mu.Unlock()
+	for _, srv := range servers {
+		srv.close()
+	}
+	mcpServers.wg.Wait()
+}
+
+func (p *mcpPool) get(s MCPSettings) *mcpServer {
+	key, _ := json.Marshal([]any{s.Command, s.Env, s.URL, s.HeadersFromFiles})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	srv, ok := p.byKey[string(key)]
+	if !ok {
+		srv = &mcpServer{pool: p, s: s}
+		p.byKey[string(key)] = srv
+	}
+	return srv
+}
+
+// Restarts of a server whose session ended wait this long, doubled after
+// each session that ended within mcpStable of its start.
+const (
+	mcpFirstBackoff = 100 * time.Millisecond
+	mcpMaxBackoff   = 30 * time.Second
+	mcpStable       = 10 * time.Second
+)
+
+// mcpServer is one MCP server and the session with it, started again
+// (after a backoff) when it ends.
+type mcpServer struct {
+	pool *mcpPool
+	s    MCPSettings
+
+	mu       sync.Mutex
+	session  *mcp.ClientSession
+	ended    chan struct{} // closed when session ended
+	started  time.Time
+	backoff  time.Duration
+	retryAt  time.Time
+	closed   bool
+	progress sync.Map // progress token → the call's Progress
+}
+
+// sessionFor returns the live session, starting one if there is none and
+// the server's backoff has passed.
+func (m *mcpServer) sessionFor(ctx context.Context) (*mcp.ClientSession, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.session != nil {
+		select {
+		case <-m.ended:
+			m.session = nil
+		default:
+			return m.session, nil
+		}
+	}
+	if m.closed {
+		return nil, errors.New("the sidecar is shutting down")
+	}
+	if wait := time.Until(m.retryAt); wait > 0 {
+		return nil, fmt.Errorf("the server is restarted in %v (its session ended)", wait.Round(time.Millisecond))
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "toolsidecar", Version: version.Get().Version}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			if f, ok := m.progress.Load(fmt.Sprint(req.Params.ProgressToken)); ok {
+				_ = f.(func() error)()
+			}
+		},
+	})
+	t, err := m.transport()
+	if err != nil {
+		return nil, err
+	}
+	// The session outlives this call: it starts on a context of its own.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	cs, err := client.Connect(cctx, t, nil)
+	if err != nil {
+		m.fail()
+		return nil, fmt.Errorf("starting the session: %w", err)
+	}
+	m.session, m.ended, m.started = cs, make(chan struct{}), time.Now()
+	ended := m.ended
+	m.pool.wg.Go(func() {
+		_ = cs.Wait()
+		m.mu.Lock()
+		if time.Since(m.started) < mcpStable {
+			m.fail() // a server that keeps dying is started again ever more slowly
+		} else {
+			m.backoff = 0
+		}
+		m.mu.Unlock()
+		close(ended)
+	})
+	return cs, nil
+}
+
+// fail pushes the next start back by the backoff, doubled. m.mu is held.
+func (m *mcpServer) fail() {
+	m.backoff = min(max(2*m.backoff, mcpFirstBackoff), mcpMaxBackoff)
+	m.retryAt = time.Now().Add(m.backoff)
+}
+
+func (m *mcpServer) transport() (mcp.Transport, error) {
+	if len(m.s.Command) > 0 {
+		cmd := exec.Command(m.s.Command[0], m.s.Command[1:]...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		for k, v := range m.s.Env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		cmd.Stderr = os.Stderr // the server's own log, beside the sidecar's
+		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}, nil
+	}
+	headers := http.Header{}
+	for h, file := range m.s.HeadersFromFiles {
+		v, err := config.ReadSecret("mcp.headers_from_files."+h, file)
+		if err != nil {
+			return nil, err
+		}
+		headers.Set(h, v)
+	}
+	// Progress comes on each call's own response stream: no standing
+	// stream is held open for messages outside a call.
+	return &mcp.StreamableClientTransport{Endpoint: m.s.URL, HTTPClient: &http.Client{Transport: headerTransport{headers}},
+		DisableStandaloneSSE: true}, nil
+}
+
+// headerTransport adds the configured headers to every request.
+type headerTransport struct{ h http.Header }
+
+func (t headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	for k, v := range t.h {
+		r.Header[k] = v
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (m *mcpServer) close() {
+	m.mu.Lock()
+	m.closed = true
+	cs := m.session
+	m.mu.Unlock()
+	if cs != nil {
+		_ = cs.Close()
+	}
+}
+
+// call runs one tools/call. Its progress notifications restart the call's
+// timeout; its cancellation is sent to the server (the SDK's
+// notifications/cancelled). A result with isError is a tool_error; an
+// empty one, or the session ending during the call, a worker_crash.
+func (m *mcpServer) call(ctx context.Context, name string, c *tool.Call, maxBytes int) ([]byte, error) {
+	cs, err := m.sessionFor(ctx)
+	if err != nil {
+		return nil, tool.NewError(tool.WorkerCrash, "MCP server %s: %v", m.describe(), err)
+	}
+	token := c.ActionID + "#" + fmt.Sprint(c.Attempt) + "#" + fmt.Sprint(time.Now().UnixNano())
+	m.progress.Store(token, c.Progress)
+	defer m.progress.Delete(token)
+	params := &mcp.CallToolParams{Name: name, Arguments: json.RawMessage(c.Args)}
+	params.SetProgressToken(token)
+	res, err := cs.CallTool(ctx, params)
+	var refusal *jsonrpc.Error
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, err // tool.Invoke says timeout or cancelled
+	case errors.As(err, &refusal) && refusal.Code != codeClientClosing && refusal.Code != codeServerClosing:
+		return nil, tool.NewError(tool.ToolFailed, "MCP server %s refused tools/call %q: %v", m.describe(), name, err)
+	case err != nil:
+		return nil, tool.NewError(tool.WorkerCrash, "MCP server %s: the session ended during the call: %v", m.describe(), err)
+	}
+	out, empty := mcpResult(res)
+	switch {
+	case res.IsError:
+		return nil, tool.NewError(tool.ToolFailed, "%s", out)
+	case empty:
+		return nil, tool.NewError(tool.WorkerCrash, "MCP server %s answered tools/call %q with an empty result", m.describe(), name)
+	case len(out) > maxBytes:
+		return nil, tool.NewError(tool.ToolFailed, "result of %d bytes exceeds mcp.max_result_bytes (%d)", len(out), maxBytes)
+	}
+	return []byte(out), nil
+}
+
+// The JSON-RPC codes of a connection shutting down (the SDK's
+// ErrClientClosing and ErrServerClosing): the session ended, the server
+// refused nothing.
+const (
+	codeClientClosing = -32003
+	codeServerClosing = -32004
+)
+
+func (m *mcpServer) describe() string {
+	if len(m.s.Command) > 0 {
+		return fmt.Sprintf("%q", m.s.Command[0])
+	}
+	return m.s.URL
+}
+
+// mcpResult is a result as the model reads it: the structured content as
+// JSON when there is some, else the text of the content blocks (any other
+// block as its JSON), one per line. empty: nothing at all.
+func mcpResult(res *mcp.CallToolResult) (string, bool) {
+	if res.StructuredContent != nil {
+		b, err := json.Marshal(res.StructuredContent)
+		if err == nil && !bytes.Equal(b, []byte("null")) {
+			return string(b), false
+		}
+	}
+	var parts []string
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, t.Text)
+			continue
+		}
+		b, _ := json.Marshal(c)
+		parts = append(parts, string(b))
+	}
+	parts = slices.DeleteFunc(parts, func(p string) bool { return p == "" })
+	return strings.Join(parts, "\n"), len(parts) == 0
+}
