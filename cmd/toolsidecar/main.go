@@ -28,7 +28,10 @@ import (
 	"github.com/projectdavid/toolsidecar/sidecar"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	demo.MaybeServeMCP() // `toolsidecar demo` starts its MCP server as this binary again
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 // setFlags collects repeated --set key=value overrides.
 type setFlags []string

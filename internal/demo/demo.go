@@ -50,6 +50,7 @@ func Scenario() coresim.Scenario {
 				{Tool: "search_hotels", ArgsJSON: `{"city": "New York", "nights": 3}`},
 				{Tool: "get_flight_times", ArgsJSON: `{"departure": "LAX"}`},
 				{Tool: "get_weather", ArgsJSON: `{"city": "New York"}`},
+				{Tool: "convert_currency", ArgsJSON: `{"amount": 420, "from": "USD", "to": "EUR"}`},
 			},
 		},
 		{Content: "Here is what I found:\n{{results}}"},
@@ -188,6 +189,13 @@ func startSidecar(coreURL, passwordFile string, edit func(*config.Config)) (*sid
 			cfg.Tools[i].Timeout = time.Second
 		}
 	}
+	// convert_currency lives in an MCP server: this binary again, over
+	// stdio, its tools imported from tools/list.
+	fx, err := mcpTools()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Tools = append(cfg.Tools, fx)
 	if edit != nil {
 		edit(&cfg)
 	}

@@ -11,7 +11,10 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	MaybeServeMCP() // the demo's MCP server: this test binary again
+	goleak.VerifyTestMain(m)
+}
 
 // TestDemo runs the whole demo in process and checks the transcript says
 // what the README promises.
@@ -26,7 +29,8 @@ func TestDemo(t *testing.T) {
 		"invalid_args: invalid arguments for tool \"get_flight_times\":",
 		"not_found: unknown tool \"get_weather\"",
 		"tool_error: no seats left on UA 512",
-		"batch of turn 1: 6 calls (3 ok, 3 error outcomes), all submitted in call order",
+		"batch of turn 1: 7 calls (4 ok, 3 error outcomes), all submitted in call order",
+		`{"amount": 386.40, "currency": "EUR"}`,
 		"contract log: 0 violations",
 		`"hotels": ["The Plaza", "Pod 51"]`,
 		"completed after 2 turns",
