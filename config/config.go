@@ -247,6 +247,11 @@ type Server struct {
 	SSEKeepalive time.Duration `koanf:"sse_keepalive"`
 	// Proxy answers Core's own API on /v1/... default: true
 	Proxy bool `koanf:"proxy"`
+	// MCP serves the registered tools as an MCP server (streamable HTTP,
+	// stateless) on /mcp, behind the API token. Its calls run through the
+	// same dispatch and policies as a model's, and have no Core Action.
+	// default: false
+	MCP bool `koanf:"mcp"`
 	// AuthTokenFile holds a bearer token required on every route but
 	// health. Optional.
 	AuthTokenFile string `koanf:"auth_token_file"`

@@ -38,6 +38,7 @@ type outcome struct {
 type batchRun struct {
 	e        *Executor
 	ctx      context.Context // the turn's: the calls run under it
+	rec      recorder        // where the calls' records go: the upstream
 	req      Request
 	n        int
 	emit     Sink
@@ -52,7 +53,7 @@ type batchRun struct {
 }
 
 func (e *Executor) newBatch(tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
-	return &batchRun{e: e, ctx: tctx, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), b: batch.New(e.cfg.MaxParallel),
+	return &batchRun{e: e, ctx: tctx, rec: e.up, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), b: batch.New(e.cfg.MaxParallel),
 		seen: map[string]bool{}, lanes: map[string]*lane{}}
 }
 

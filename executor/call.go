@@ -148,7 +148,7 @@ func (c *call) dispatch(ctx context.Context, o *outcome) tool.Outcome {
 	// 3. An unsafe tool is sent only once Core knows it started, so that a
 	// reconciliation never runs it twice. Any other tool is marked as its
 	// first attempt leaves, and its output waits for that mark's answer.
-	if c.def.SideEffects == config.Unsafe && !c.e.markProcessing(ctx, c.m, c.b.log) {
+	if c.def.SideEffects == config.Unsafe && !c.e.markProcessing(ctx, c.b.rec, c.m, c.b.log) {
 		return tool.Outcome{Err: unsafeNotMarked(c.m)}
 	}
 	// 4. Attempts, until success, a final error or the retry budget.
@@ -196,7 +196,7 @@ func (c *call) markOnSend(ctx context.Context) func() {
 	return func() {
 		c.markOne.Do(func() {
 			c.marked, c.markDone = make(chan error, 1), make(chan struct{})
-			go func() { c.marked <- c.e.mark(ctx, c.m, c.markDone) }()
+			go func() { c.marked <- c.e.mark(ctx, c.b.rec, c.m, c.markDone) }()
 		})
 	}
 }
@@ -232,7 +232,7 @@ func (c *call) record(ctx context.Context) error {
 	if o.recorded {
 		return nil
 	}
-	if err := c.e.up.RecordOutput(ctx, c.b.req, c.m, o.content); err != nil {
+	if err := c.b.rec.RecordOutput(ctx, c.b.req, c.m, o.content); err != nil {
 		return c.keepAfter("tool output not recorded", err)
 	}
 	o.recorded = true
@@ -246,7 +246,7 @@ func (c *call) finalise(ctx context.Context) error {
 	if !o.res.OK {
 		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error
 	}
-	if err := c.e.up.Finalise(ctx, c.m, o.status, result); err != nil {
+	if err := c.b.rec.Finalise(ctx, c.m, o.status, result); err != nil {
 		return c.keepAfter("action not finalised", err)
 	}
 	o.res.Submitted = true
@@ -268,10 +268,10 @@ func (c *call) keepAfter(what string, err error) error {
 // answer is awaited before the output, within the submit budget, even
 // when the run is cancelled meanwhile, so that Core never applies the
 // mark after a later write of the call.
-func (e *Executor) mark(ctx context.Context, m *ToolCall, withdraw <-chan struct{}) error {
+func (e *Executor) mark(ctx context.Context, rec recorder, m *ToolCall, withdraw <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 	defer cancel()
-	return e.up.MarkStarted(ctx, m, withdraw)
+	return rec.MarkStarted(ctx, m, withdraw)
 }
 
 // intendTimeout bounds the ledger write before an unsafe call is marked
@@ -281,7 +281,7 @@ const intendTimeout = 2 * time.Second
 // markProcessing sets the Action of an unsafe call processing before it
 // is sent: the write must land (within the submit budget), or the call
 // does not run.
-func (e *Executor) markProcessing(ctx context.Context, m *ToolCall, log *slog.Logger) bool {
+func (e *Executor) markProcessing(ctx context.Context, rec recorder, m *ToolCall, log *slog.Logger) bool {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 	defer cancel()
 	if e.recoverer != nil {
@@ -295,7 +295,7 @@ func (e *Executor) markProcessing(ctx context.Context, m *ToolCall, log *slog.Lo
 		}
 		icancel()
 	}
-	if err := e.up.MarkStarted(pctx, m, nil); err != nil {
+	if err := rec.MarkStarted(pctx, m, nil); err != nil {
 		callLog(log, m).Error("marking an unsafe call processing failed: not running it", "err", err)
 		return false
 	}

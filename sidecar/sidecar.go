@@ -35,6 +35,7 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/ledger"
+	"github.com/projectdavid/toolsidecar/mcpserve"
 	"github.com/projectdavid/toolsidecar/openaiup"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
@@ -486,6 +487,9 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			return err
 		}
 		scfg.Routes = []server.Route{{Pattern: "POST /v1/completions", Handler: p.Completions, Drive: true}, {Pattern: "/v1/", Handler: p.Forward}}
+	}
+	if s.cfg.Server.MCP {
+		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "/mcp", Handler: mcpserve.New(s.live, s.exec.Call)})
 	}
 	srv, err := server.New(scfg, s.exec, tools{live: s.live, client: s.client})
 	if err != nil {

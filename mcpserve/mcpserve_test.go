@@ -1,0 +1,115 @@
+package mcpserve_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.uber.org/goleak"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// bearer adds the sidecar's API token to every request.
+type bearer struct {
+	token string
+	rt    http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.rt.RoundTrip(r)
+}
+
+// connect opens an MCP session of the official Go SDK's client with the
+// sidecar's /mcp.
+func connect(t *testing.T, url, token string) (*mcp.ClientSession, error) {
+	t.Helper()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1"}, nil)
+	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp",
+		HTTPClient: &http.Client{Transport: bearer{token, tr}}, DisableStandaloneSSE: true}, nil)
+	if err == nil {
+		t.Cleanup(func() { _ = cs.Close() })
+	}
+	return cs, err
+}
+
+// The registry served over MCP: an MCP client lists the tools with their
+// class as annotations, and its calls run through the sidecar's dispatch
+// to real workers, policies and metrics included.
+func TestRegistryServedOverMCP(t *testing.T) {
+	failing := func(context.Context, *tool.Call) ([]byte, error) {
+		return nil, tool.NewError(tool.ToolFailed, "no seats left")
+	}
+	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{Token: "tok", Server: func(s *config.Server) { s.MCP = true }},
+		testenv.Tool{Config: config.Tool{Name: "echo", Description: "echoes", SideEffects: config.ReadOnly,
+			Parameters: map[string]any{"type": "object", "required": []any{"x"}}}, Handler: testenv.Echo},
+		testenv.Tool{Config: config.Tool{Name: "book", SideEffects: config.Unsafe, MaxCallsPerRun: 1, Timeout: time.Second}, Handler: failing})
+	testenv.WaitLive(t, env.URL, "echo", "book")
+	if _, err := connect(t, env.URL, "wrong"); err == nil {
+		t.Fatal("an MCP client without the API token was let in")
+	}
+	cs, err := connect(t, env.URL, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes := map[string]bool{}
+	for _, tl := range list.Tools {
+		classes[tl.Name] = tl.Annotations != nil && tl.Annotations.ReadOnlyHint
+	}
+	if len(list.Tools) != 2 || !classes["echo"] || classes["book"] {
+		t.Fatalf("tools/list: %+v", list.Tools)
+	}
+	call := func(name, args string) *mcp.CallToolResult {
+		t.Helper()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: json.RawMessage(args)})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return res
+	}
+	text := func(r *mcp.CallToolResult) string { return r.Content[0].(*mcp.TextContent).Text }
+	if r := call("echo", `{"x": 1}`); r.IsError || text(r) != `{"echo": {"x":1}}` {
+		t.Errorf("echo: %+v %q", r, text(r))
+	}
+	if r := call("echo", `{}`); !r.IsError || !strings.Contains(text(r), `"error_type":"invalid_args"`) {
+		t.Errorf("arguments against the schema: %q", text(r))
+	}
+	if r := call("book", `{}`); !r.IsError || !strings.Contains(text(r), "no seats left") {
+		t.Errorf("a failing tool: %q", text(r))
+	}
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ghost", Arguments: json.RawMessage(`{}`)}); err == nil {
+		t.Error("a call of an unknown tool was not refused")
+	}
+	req, _ := http.NewRequest(http.MethodGet, env.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), `toolsidecar_calls_total{outcome="ok",tool="echo"} 1`) {
+			err = errors.New("toolsidecar_calls_total does not count the MCP client's echo")
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
