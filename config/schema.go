@@ -23,14 +23,29 @@ var enums = map[string][]string{
 // output, checked by a test (go test ./config -run Schema -update
 // rewrites it).
 func JSONSchema() map[string]any {
-	s := schemaOf(reflect.TypeFor[Config](), "")
+	s := schemaOf(reflect.TypeFor[Config](), "", reflect.ValueOf(Default()))
 	s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
 	s["$id"] = "https://github.com/projectdavid/toolsidecar/config.schema.json"
 	s["title"] = "toolsidecar configuration (config.yaml)"
 	return s
 }
 
-func schemaOf(t reflect.Type, name string) map[string]any {
+// schemaOf is the schema of a value of type t under key name, with the
+// field documentation (descriptions.go) and def's values as defaults.
+func schemaOf(t reflect.Type, name string, def reflect.Value) map[string]any {
+	s := typeSchema(t, name, def)
+	if def.IsValid() && t.Kind() != reflect.Struct && t.Kind() != reflect.Slice && t.Kind() != reflect.Map &&
+		(!def.IsZero() || t.Kind() == reflect.Bool) {
+		if d, ok := def.Interface().(time.Duration); ok {
+			s["default"] = d.String()
+		} else {
+			s["default"] = def.Interface()
+		}
+	}
+	return s
+}
+
+func typeSchema(t reflect.Type, name string, def reflect.Value) map[string]any {
 	if t == reflect.TypeFor[time.Duration]() {
 		return map[string]any{"type": "string", "pattern": durationPattern}
 	}
@@ -46,12 +61,20 @@ func schemaOf(t reflect.Type, name string) map[string]any {
 				// A tool's route settings: a mapping under the route's name.
 				extra = map[string]any{"type": "object"}
 			case key != "" && key != "-":
-				props[key] = schemaOf(t.Field(i).Type, key)
+				var fd reflect.Value
+				if def.IsValid() {
+					fd = def.Field(i)
+				}
+				p := schemaOf(t.Field(i).Type, key, fd)
+				if d := descriptions[t.Name()+"."+t.Field(i).Name]; d != "" {
+					p["description"] = d
+				}
+				props[key] = p
 			}
 		}
 		return map[string]any{"type": "object", "properties": props, "additionalProperties": extra}
 	case reflect.Slice:
-		return map[string]any{"type": "array", "items": schemaOf(t.Elem(), "")}
+		return map[string]any{"type": "array", "items": schemaOf(t.Elem(), "", reflect.Value{})}
 	case reflect.Map:
 		return map[string]any{"type": "object"}
 	case reflect.Bool:

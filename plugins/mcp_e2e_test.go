@@ -3,6 +3,8 @@ package plugins_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,6 +43,15 @@ func TestMCPToolsEndToEnd(t *testing.T) {
 		{Tool: "srv_echo", ArgsJSON: `{"departure": "LAX"}`}, {Tool: "srv_fail", ArgsJSON: `{}`},
 		{Tool: "srv_slow", ArgsJSON: `{}`}, {Tool: "srv_echo", ArgsJSON: `{"departure": "SFO"}`}}}, {Content: "{{results}}"}}}
 	env := testenv.Start(t, sc, testenv.Options{Config: func(c *config.Config) { c.Tools = cfg.Tools }})
+	resp, err := http.Get(env.URL + "/v1/tools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(listed), `"name":"srv_echo"`) || !strings.Contains(string(listed), "the test server's slow") {
+		t.Fatalf("GET /v1/tools does not list the imported tools: %s", listed)
+	}
 	run := env.NewRun()
 	sum, err := env.Sidecar.Drive(context.Background(), testenv.Request(run), nil)
 	if err != nil || sum.Status != executor.StatusCompleted {

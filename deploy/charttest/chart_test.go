@@ -716,3 +716,28 @@ func TestExtras(t *testing.T) {
 	}
 	configOf(t, o, "rel-tools-config")
 }
+
+// TestNativeNeedsKubernetes129: on a cluster before 1.29 the default
+// native sidecar is refused, saying what to set; classic renders.
+func TestNativeNeedsKubernetes129(t *testing.T) {
+	renderOn := func(version string, set ...string) (string, error) {
+		depOnce.Do(func() { helm(t, "dependency", "update", appChart, "--skip-refresh") })
+		args := templateArgs(appChart, "", set)
+		for i, a := range args {
+			if a == "--kube-version" {
+				args[i+1] = version
+			}
+		}
+		out, err := exec.Command(helmPath(), args...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := renderOn("1.28.0"); err == nil || !strings.Contains(out, "sidecar.mode native needs Kubernetes 1.29+") {
+		t.Errorf("native on 1.28 rendered (err %v):\n%.300s", err, out)
+	}
+	if out, err := renderOn("1.28.0", "toolsidecar.sidecar.mode=classic"); err != nil {
+		t.Errorf("classic on 1.28: %v\n%.300s", err, out)
+	}
+	if out, err := renderOn("1.29.0"); err != nil {
+		t.Errorf("native on 1.29: %v\n%.300s", err, out)
+	}
+}

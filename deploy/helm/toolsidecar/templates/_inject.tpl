@@ -25,6 +25,9 @@ Point the SDK at http://127.0.0.1:<sidecar.port>.
 {{/* The sidecar as a native sidecar (sidecar.mode native), or nothing. */}}
 {{- define "toolsidecar.initContainers" -}}
 {{- if eq .Values.sidecar.mode "native" -}}
+{{- if semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version -}}
+{{- fail (printf "toolsidecar: sidecar.mode native needs Kubernetes 1.29+ (this cluster: %s); set sidecar.mode: classic" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
 {{ include "toolsidecar.sidecarContainer" . }}
   # A native sidecar (Kubernetes 1.29+): started and ready before the
   # application's containers, stopped after them.
