@@ -12,7 +12,7 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// The smallest route kind, as the README's "Writing tools" shows it: in a
+// The smallest route kind, as docs/tools.md shows it: in a
 // file of its own under plugins/, it registers itself in init and builds a
 // handler from its settings. Nothing else is touched: config checks, the
 // registry, the executor's routes and `toolsidecar worker` all find it.

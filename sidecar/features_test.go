@@ -24,7 +24,7 @@ import (
 	"github.com/projectdavid/toolsidecar/worker"
 )
 
-// The features no other tool executor offers (README, "Writing tools"),
+// The features no other tool executor offers (docs/tools.md),
 // each driven through coresim and real workers and asserted on the wire.
 
 // batchOf is a scenario of one batch of calls, then a final answer.

@@ -76,7 +76,7 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nFlags:\n  -h, --help  show this help\n  --version   print the version\n\n"+
-		"Run \"toolsidecar help COMMAND\" for a command's flags. See the README for the configuration.\n")
+		"Run \"toolsidecar help COMMAND\" for a command's flags. See docs/configuration.md for the configuration.\n")
 }
 
 // invocation is a parsed command line.
