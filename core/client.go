@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/projectdavid/toolsidecar/internal/clock"
 	"golang.org/x/net/http/httpproxy"
 )
 
@@ -463,7 +464,7 @@ func (c *Client) call(ctx context.Context, method, path, endpoint string, in, ou
 			return err
 		}
 		earlier = err
-		if sleep(ctx, r.b.NextBackOff()) != nil {
+		if clock.Sleep(ctx, r.b.NextBackOff()) != nil {
 			return withEarlier(fmt.Errorf("core: %s %s: not sent again: %w", method, path, context.Cause(ctx)), earlier)
 		}
 	}
@@ -677,7 +678,7 @@ func (c *Client) httpError(req *http.Request, resp *http.Response) *HTTPError {
 	excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, errorExcerpt))
 	resp.Body.Close()
 	return &HTTPError{Method: req.Method, Path: req.URL.Path, Status: resp.StatusCode, Body: strings.TrimSpace(string(excerpt)),
-		RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+		RetryAfter: clock.RetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 }
 
 // retryable decides whether a failed call may be sent again. A request that

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/projectdavid/toolsidecar/internal/clock"
 )
 
 // The writes that make a call's outcome count (its tool message and its
@@ -156,7 +157,7 @@ func (c *Client) persist(ctx context.Context, endpoint string, landed func(conte
 				return nil
 			}
 			if err != nil {
-				if sleep(ctx, b.NextBackOff()) != nil {
+				if clock.Sleep(ctx, b.NextBackOff()) != nil {
 					return fmt.Errorf("%w: %s after %d attempts: %w (then checking whether it landed: %v)", ErrBudget, endpoint, writes, lastErr, err)
 				}
 				continue
@@ -183,7 +184,7 @@ func (c *Client) persist(ctx context.Context, endpoint string, landed func(conte
 			return err
 		}
 		uncertain = uncertain || maybeLanded
-		if sleep(ctx, max(b.NextBackOff(), retryAfter(err))) != nil {
+		if clock.Sleep(ctx, max(b.NextBackOff(), retryAfter(err))) != nil {
 			return fmt.Errorf("%w: %s after %d attempts: %w", ErrBudget, endpoint, writes, err)
 		}
 	}
@@ -213,32 +214,4 @@ func retryAfter(err error) time.Duration {
 		return he.RetryAfter
 	}
 	return 0
-}
-
-// parseRetryAfter reads a Retry-After header: seconds or an HTTP date;
-// bounded to a minute so that a wild value cannot stall a batch.
-func parseRetryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	var d time.Duration
-	if secs, err := strconv.Atoi(v); err == nil {
-		d = time.Duration(secs) * time.Second
-	} else if t, err := http.ParseTime(v); err == nil {
-		d = t.Sub(now)
-	}
-	return max(0, min(d, time.Minute))
-}
-
-// sleep waits for d, or until ctx ends, which it reports as ctx's error.
-// (internal/clock has the same wait; core imports no project package.)
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"encoding/json"
 	"time"
+
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Action statuses accepted by PUT /v1/actions/{id} (ActionStatus).
@@ -187,18 +189,12 @@ type RunCreate struct {
 	MetaData     map[string]any `json:"meta_data"`
 }
 
-// FunctionTool is one entry of an assistant's tools array.
-type FunctionTool struct {
-	Type     string   `json:"type"`
-	Function Function `json:"function"`
-}
+// FunctionTool is one entry of an assistant's tools array: the shape Core
+// and the OpenAI API share, which the registry's tools take.
+type FunctionTool = tool.FunctionTool
 
 // Function is the function part of a [FunctionTool].
-type Function struct {
-	Name        string          `json:"name"`
-	Description string          `json:"description,omitempty"`
-	Parameters  json.RawMessage `json:"parameters,omitempty"`
-}
+type Function = tool.Function
 
 // AssistantCreate is the body of POST /v1/assistants.
 type AssistantCreate struct {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Upstream is Core as the executor's upstream.
@@ -257,12 +256,3 @@ func (u *Upstream) AsCaller(ctx context.Context, key string) context.Context {
 
 // Caller is the caller's key under ctx, or "".
 func (u *Upstream) Caller(ctx context.Context) string { return core.CallerOf(ctx) }
-
-// Tools is a tools array as Core's assistant takes it.
-func Tools(ts []tool.FunctionTool) []core.FunctionTool {
-	out := make([]core.FunctionTool, len(ts))
-	for i, t := range ts {
-		out[i] = core.FunctionTool{Type: t.Type, Function: core.Function(t.Function)}
-	}
-	return out
-}

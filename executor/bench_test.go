@@ -14,7 +14,6 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
-	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -211,7 +210,7 @@ func BenchmarkCancelPolling(b *testing.B) {
 			for range b.N {
 				reqs := make([]executor.Request, n)
 				for i := range reqs {
-					r, err := coresim.SetUpRun(caller(i), h.core, coreup.Tools(h.env.Registry.FunctionTools()))
+					r, err := coresim.SetUpRun(caller(i), h.core, h.env.Registry.FunctionTools())
 					if err != nil {
 						b.Fatal(err)
 					}

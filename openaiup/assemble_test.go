@@ -115,3 +115,25 @@ func TestReady(t *testing.T) {
 		}
 	}
 }
+
+// A turn asked for again after a cut gives the application only what it
+// has not been given; once the text goes another way, all of it.
+func TestUnshown(t *testing.T) {
+	shown := "Hello wor"
+	var rd reading
+	var got []string
+	for _, piece := range []string{"Hel", "lo w", "orld", "!"} {
+		got = append(got, rd.unshown(piece, shown))
+	}
+	if strings.Join(got, "|") != "||ld|!" {
+		t.Errorf("same words again: %q", got)
+	}
+	var other reading
+	got = nil
+	for _, piece := range []string{"Hel", "p me", "!"} {
+		got = append(got, other.unshown(piece, shown))
+	}
+	if strings.Join(got, "|") != "|p me|!" {
+		t.Errorf("another way: %q", got)
+	}
+}

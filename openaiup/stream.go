@@ -92,22 +92,23 @@ func (t *turn) Close() {
 
 // reading is what one attempt has read of the turn.
 type reading struct {
-	text    strings.Builder
-	calls   assembler
-	handed  map[*partial]*executor.ToolCall
-	finish  string
-	usage   Usage
-	model   string
-	created int64
-	failed  string // the upstream's error event
+	text     strings.Builder
+	diverged bool // the text went another way than the cut attempts' did
+	calls    assembler
+	handed   map[*partial]*executor.ToolCall
+	finish   string
+	usage    Usage
+	model    string
+	created  int64
+	failed   string // the upstream's error event
 }
 
 // Events reads the turn: text as it comes, then its calls.
 func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 	return func(yield func(executor.TurnEvent, error) bool) {
-		var shown string // the text the application has been given
+		var shown string // the text that attempts cut short gave the application
 		for cuts := 0; ; cuts++ {
-			rd, err, more := t.read(yield, &shown)
+			rd, err, more := t.read(yield, shown)
 			if !more {
 				return
 			}
@@ -118,6 +119,9 @@ func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 			if cuts >= maxCuts || t.ctx.Err() != nil || time.Now().After(t.until) {
 				yield(executor.TurnEvent{}, err)
 				return
+			}
+			if rd.text.Len() > len(shown) {
+				shown = rd.text.String()
 			}
 			t.u.log.Warn("turn cut; asking for it again", "run_id", t.runID, "err", err)
 			t.Close()
@@ -133,7 +137,7 @@ func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 // came (or the upstream reported an error in the stream), ErrCut or the
 // read's error when the stream ended before it. more is false when the
 // executor stopped reading.
-func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown *string) (rd *reading, err error, more bool) {
+func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (rd *reading, err error, more bool) {
 	rd = &reading{handed: map[*partial]*executor.ToolCall{}}
 	for _, sc := range t.sent {
 		sc.used = false
@@ -181,7 +185,7 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown *string) (
 // take applies one chunk: its text goes to the executor (the part the
 // application has not been given yet, when the turn was asked for again),
 // its call fragments to the assembler.
-func (t *turn) take(rd *reading, c *chunk, raw []byte, shown *string, yield func(executor.TurnEvent, error) bool) bool {
+func (t *turn) take(rd *reading, c *chunk, raw []byte, shown string, yield func(executor.TurnEvent, error) bool) bool {
 	if rd.model == "" {
 		rd.model, rd.created = c.Model, c.Created
 	}
@@ -198,8 +202,7 @@ func (t *turn) take(rd *reading, c *chunk, raw []byte, shown *string, yield func
 			}
 		}
 		if s := ch.Delta.Content; s != nil && *s != "" {
-			rd.text.WriteString(*s)
-			if fresh := unshown(rd.text.String(), shown); fresh != "" {
+			if fresh := rd.unshown(*s, shown); fresh != "" {
 				if !yield(executor.TurnEvent{Kind: executor.TurnText, Text: fresh, Raw: raw}, nil) {
 					return false
 				}
@@ -259,19 +262,24 @@ func (t *turn) hand(rd *reading, p *partial) (c *executor.ToolCall, fresh bool) 
 	return c, true
 }
 
-// unshown is the part of text the application has not been given, and
-// records it as given. A turn asked for again after a cut usually says
-// the same words again: they are not given twice.
-func unshown(text string, shown *string) string {
-	if len(text) <= len(*shown) && strings.HasPrefix(*shown, text) {
-		return ""
+// unshown adds piece to the attempt's text and returns the part of it
+// the application has not been given: a turn asked for again after a cut
+// usually says the same words again, and shown (what the cut attempts
+// gave) is not given twice. Past shown, or once the text has gone another
+// way, every piece is new. Each piece is compared once, with its own span
+// of shown only.
+func (rd *reading) unshown(piece, shown string) string {
+	start := rd.text.Len()
+	rd.text.WriteString(piece)
+	if rd.diverged || start >= len(shown) {
+		return piece
 	}
-	fresh := text
-	if strings.HasPrefix(text, *shown) {
-		fresh = text[len(*shown):]
+	same := min(len(piece), len(shown)-start)
+	if piece[:same] != shown[start:start+same] {
+		rd.diverged = true
+		return piece
 	}
-	*shown = text
-	return fresh
+	return piece[same:]
 }
 
 // end records the finished turn in the run, and hands the executor the

@@ -9,8 +9,8 @@ import (
 	"io"
 	"iter"
 	"log/slog"
+	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +18,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -418,8 +419,8 @@ func (u *Upstream) post(ctx context.Context, body []byte, budget time.Duration) 
 		switch {
 		case resp.StatusCode == http.StatusTooManyRequests:
 			u.log.Warn("turn request throttled; retrying", "status", resp.StatusCode, "retry_after", resp.Header.Get("Retry-After"))
-			if s := retryAfter(resp.Header.Get("Retry-After")); s > 0 {
-				return nil, errors.Join(rerr, backoff.RetryAfter(s))
+			if d := clock.RetryAfter(resp.Header.Get("Retry-After"), time.Now()); d > 0 {
+				return nil, errors.Join(rerr, backoff.RetryAfter(int(math.Ceil(d.Seconds()))))
 			}
 			return nil, rerr
 		case resp.StatusCode >= 500:
@@ -453,20 +454,4 @@ type RefusedError struct {
 
 func (e *RefusedError) Error() string {
 	return fmt.Sprintf("openaiup: the upstream answered %d: %s", e.Status, e.Message)
-}
-
-// retryAfter reads a Retry-After header: whole seconds, or an HTTP date.
-func retryAfter(h string) int {
-	if h == "" {
-		return 0
-	}
-	if s, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && s >= 0 {
-		return s
-	}
-	if t, err := http.ParseTime(h); err == nil {
-		if d := time.Until(t); d > 0 {
-			return int(d/time.Second) + 1
-		}
-	}
-	return 0
 }

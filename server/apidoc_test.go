@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -24,9 +25,9 @@ func apiDoc(doc map[string]any) string {
 	fmt.Fprintf(&b, "# HTTP API\n\nGenerated from `server/openapi.json` (served at `GET /openapi.json`) by `go test ./server -run APIDocUpToDate -update`; a test fails when it is out of date, and another drives the real server through every route and checks its answers against that description. %v\n", info["description"])
 	b.WriteString("\nThe OpenAI-compatible `POST /v1/chat/completions` (with `upstream.kind: openai`) answers as the OpenAI API does, and `/mcp` (with `server.mcp: true`) speaks the Model Context Protocol: see [applications.md](applications.md) and [tools.md](tools.md).\n")
 	paths := doc["paths"].(map[string]any)
-	for _, path := range slices.Sorted(keys(paths)) {
+	for _, path := range slices.Sorted(maps.Keys(paths)) {
 		ops := paths[path].(map[string]any)
-		for _, method := range slices.Sorted(keys(ops)) {
+		for _, method := range slices.Sorted(maps.Keys(ops)) {
 			op, ok := ops[method].(map[string]any)
 			if !ok {
 				continue
@@ -51,7 +52,7 @@ func apiDoc(doc map[string]any) string {
 			}
 			if resps, ok := op["responses"].(map[string]any); ok {
 				b.WriteString("\n| status | meaning | body |\n|---|---|---|\n")
-				for _, code := range slices.Sorted(keys(resps)) {
+				for _, code := range slices.Sorted(maps.Keys(resps)) {
 					r := resps[code].(map[string]any)
 					if ref, ok := r["$ref"].(string); ok { // a shared answer
 						r = doc["components"].(map[string]any)["responses"].(map[string]any)[ref[strings.LastIndex(ref, "/")+1:]].(map[string]any)
@@ -63,7 +64,7 @@ func apiDoc(doc map[string]any) string {
 	}
 	b.WriteString("\n## Schemas\n")
 	schemas := doc["components"].(map[string]any)["schemas"].(map[string]any)
-	for _, name := range slices.Sorted(keys(schemas)) {
+	for _, name := range slices.Sorted(maps.Keys(schemas)) {
 		s := schemas[name].(map[string]any)
 		fmt.Fprintf(&b, "\n### %s\n\n", name)
 		if d, ok := s["description"].(string); ok {
@@ -81,22 +82,12 @@ func apiDoc(doc map[string]any) string {
 			}
 		}
 		b.WriteString("| field | type | required | description |\n|---|---|---|---|\n")
-		for _, f := range slices.Sorted(keys(props)) {
+		for _, f := range slices.Sorted(maps.Keys(props)) {
 			p := props[f].(map[string]any)
 			fmt.Fprintf(&b, "| `%s` | %s | %v | %s |\n", f, typeOf(p), required[f], cell(p["description"]))
 		}
 	}
 	return b.String()
-}
-
-func keys(m map[string]any) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func cell(v any) string {
@@ -111,7 +102,7 @@ func contentOf(m map[string]any) string {
 		return ""
 	}
 	var parts []string
-	for _, mt := range slices.Sorted(keys(content)) {
+	for _, mt := range slices.Sorted(maps.Keys(content)) {
 		c, _ := content[mt].(map[string]any)
 		s, _ := c["schema"].(map[string]any)
 		parts = append(parts, fmt.Sprintf("`%s` %s", mt, typeOf(s)))

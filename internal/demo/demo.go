@@ -29,7 +29,6 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
-	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/sidecar"
@@ -225,7 +224,7 @@ func setUp(ctx context.Context, coreURL string, tools []tool.FunctionTool) (exec
 	if err != nil {
 		return executor.Request{}, err
 	}
-	asst, err := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "travel", Model: "vllm/demo", Tools: coreup.Tools(tools)})
+	asst, err := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "travel", Model: "vllm/demo", Tools: tools})
 	if err != nil {
 		return executor.Request{}, err
 	}

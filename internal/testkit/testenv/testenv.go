@@ -27,7 +27,6 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
-	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
 	"github.com/projectdavid/toolsidecar/internal/testkit/syncbuf"
@@ -290,7 +289,7 @@ func (e *Env) NewRun() Run {
 // message and a run, as an application does before it drives the run.
 func SetUpRun(t testing.TB, c *core.Client, tools []tool.FunctionTool) Run {
 	t.Helper()
-	r, err := coresim.SetUpRun(context.Background(), c, coreup.Tools(tools))
+	r, err := coresim.SetUpRun(context.Background(), c, tools)
 	if err != nil {
 		t.Fatal(err)
 	}
