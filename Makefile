@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test test-go test-node test-python node-build openai-node vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
+.PHONY: all build demo test test-go browser test-node test-python node-build openai-node vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
 	chart-lint chart-test static-build image bench soak loadgen loadgen-check
 
 all: build
@@ -16,10 +16,20 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet staticcheck loadgen-check static-build node-build openai-node test-python test-node chart-test test-go
+test: fmt-check vet staticcheck loadgen-check static-build node-build openai-node test-python test-node chart-test browser test-go
 
+## test-go: the Go tests, the live view's browser test included (it fails
+## instead of skipping when Chromium is missing).
 test-go:
-	$(GO) test -race -count=1 $(PKGS)
+	TSC_TEST_REQUIRE_BROWSER=1 $(GO) test -race -count=1 $(PKGS)
+
+## browser: Debian's Chromium, for the live view's browser test, installed
+## with apt-get when missing (as root, or through sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 ## node-build: install the Node worker's locked dependencies and compile it
 ## (the Go end-to-end test runs its example worker).

@@ -252,6 +252,13 @@ type Server struct {
 	// same dispatch and policies as a model's, and have no Core Action.
 	// default: false
 	MCP bool `koanf:"mcp"`
+	// UI serves the live view of runs, batches and approvals on /ui. The
+	// page carries no data; what it shows comes from /ui/events and
+	// /v1/approvals, behind the API token. default: true
+	UI bool `koanf:"ui"`
+	// UIHistory is how many finished runs the live view keeps.
+	// default: 200
+	UIHistory int `koanf:"ui_history"`
 	// AuthTokenFile holds a bearer token required on every route but
 	// health. Optional.
 	AuthTokenFile string `koanf:"auth_token_file"`
@@ -404,6 +411,23 @@ func (c Config) RegisteredTools() []Tool {
 // DedupeRun answers a repeated call of a run from its earlier result.
 const DedupeRun = "run"
 
+// Approval settings of a tool.
+const (
+	// ApprovalRequired: a call of the tool waits for a person's decision
+	// (POST /v1/approvals/{action_id}) before it is dispatched.
+	ApprovalRequired = "required"
+	// OnTimeoutDeny: an approval not decided in time is a denial.
+	OnTimeoutDeny = "deny"
+)
+
+// DefaultApprovalTimeout is how long a call waits for its approval when
+// the tool does not say.
+const DefaultApprovalTimeout = 10 * time.Minute
+
+// MaxApprovalTimeout is the longest a call may wait for its approval: the
+// durable ledger keeps approvals a little longer.
+const MaxApprovalTimeout = 24 * time.Hour
+
 // MaxDedupeTTL is the longest a result may answer repeats: the durable
 // ledger's retention.
 const MaxDedupeTTL = 24 * time.Hour
@@ -461,6 +485,18 @@ type Tool struct {
 	// or a percentile of the tool's own recent latencies ("p95").
 	// default: "" (no hedging)
 	HedgeAfter string `koanf:"hedge_after"`
+	// Approval: "required" holds each call of the tool until a person
+	// approves or denies it (GET /v1/approvals, POST
+	// /v1/approvals/{action_id}, or the live view), while the other calls
+	// of its batch run; a denial is the call's error outcome (denied).
+	// default: "" (none)
+	Approval string `koanf:"approval"`
+	// ApprovalTimeout is how long a call waits for its approval.
+	// default: 10m when approval is required
+	ApprovalTimeout time.Duration `koanf:"approval_timeout"`
+	// OnTimeout is what an approval that timed out means: deny (the only
+	// choice: a call nobody approved does not run). default: deny
+	OnTimeout string `koanf:"on_timeout"`
 	// Settings holds every other key of the tool: the settings of its route
 	// kind, under the kind's name (exec: {...}). Any other key is an error
 	// here; the registry hands the settings to the kind, which decodes and
@@ -476,7 +512,7 @@ func Default() Config {
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second,
 			MaxConnections: 64, IdleTimeout: 4 * time.Second},
 		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
-		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, ShutdownTimeout: 30 * time.Second,
+		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, UI: true, UIHistory: 200, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, MaxStreams: 250, SSEKeepalive: 15 * time.Second},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
@@ -504,6 +540,12 @@ func (t *Tool) applyDefaults() {
 	}
 	if t.Dedupe != "" && t.DedupeTTL == 0 {
 		t.DedupeTTL = 10 * time.Minute
+	}
+	if t.Approval != "" && t.ApprovalTimeout == 0 {
+		t.ApprovalTimeout = DefaultApprovalTimeout
+	}
+	if t.Approval != "" && t.OnTimeout == "" {
+		t.OnTimeout = OnTimeoutDeny
 	}
 }
 
@@ -822,6 +864,7 @@ func (c Config) Validate() error {
 		"server.read_header_timeout": int64(c.Server.ReadHeaderTimeout), "server.read_timeout": int64(c.Server.ReadTimeout),
 		"server.idle_timeout": int64(c.Server.IdleTimeout), "server.max_header_bytes": int64(c.Server.MaxHeaderBytes),
 		"server.max_connections": int64(c.Server.MaxConnections), "server.max_drives": int64(c.Server.MaxDrives), "server.max_streams": int64(c.Server.MaxStreams),
+		"server.ui_history":     int64(c.Server.UIHistory),
 		"core.max_connections":  int64(c.Core.MaxConnections),
 		"server.max_body_bytes": c.Server.MaxBodyBytes, "executor.max_args_bytes": int64(c.Executor.MaxArgsBytes),
 		"executor.max_result_bytes": int64(c.Executor.MaxResultBytes), "executor.max_error_bytes": int64(c.Executor.MaxErrorBytes),
@@ -927,6 +970,15 @@ func (c Config) Validate() error {
 			} else if t.SideEffects != ReadOnly {
 				bad(key+".hedge_after", "only a read_only tool may be sent twice at once (side_effects is %s)", t.SideEffects)
 			}
+		}
+		if t.Approval != "" && t.Approval != ApprovalRequired {
+			bad(key+".approval", "must be required or empty, got %q", t.Approval)
+		}
+		if t.ApprovalTimeout < 0 || t.ApprovalTimeout > MaxApprovalTimeout {
+			bad(key+".approval_timeout", "must be between 0 and %s", MaxApprovalTimeout)
+		}
+		if t.OnTimeout != "" && t.OnTimeout != OnTimeoutDeny {
+			bad(key+".on_timeout", "must be deny (a call nobody approved does not run), got %q", t.OnTimeout)
 		}
 		if t.Lane != "" && !toolName.MatchString(t.Lane) {
 			bad(key+".lane", "%q must be 1-64 letters, digits, _ or -", t.Lane)

@@ -19,11 +19,14 @@ func TestShippedConfig(t *testing.T) {
 	if cfg.Core != def.Core || !reflect.DeepEqual(cfg.Executor, def.Executor) || cfg.Server != def.Server || cfg.Tracing != def.Tracing {
 		t.Errorf("config.yaml claims to show the defaults but differs:\n%+v\n%+v", cfg, def)
 	}
-	if len(cfg.Tools) != 3 || cfg.Tools[0].Name != "get_flight_times" || cfg.Tools[0].Retries != 2 || cfg.Tools[0].SideEffects != ReadOnly {
+	if len(cfg.Tools) != 4 || cfg.Tools[0].Name != "get_flight_times" || cfg.Tools[0].Retries != 2 || cfg.Tools[0].SideEffects != ReadOnly {
 		t.Errorf("tools %+v", cfg.Tools)
 	}
 	if cfg.Tools[1].Route != "nats" || cfg.Tools[1].Timeout != 10*time.Second {
 		t.Errorf("defaults not applied to book_flight: %+v", cfg.Tools[1])
+	}
+	if h := cfg.Tools[2]; h.Name != "hold_room" || h.Approval != ApprovalRequired || h.ApprovalTimeout != DefaultApprovalTimeout || h.OnTimeout != OnTimeoutDeny {
+		t.Errorf("hold_room's approval: %+v", h)
 	}
 }
 
@@ -161,7 +164,7 @@ func TestUpstreamAPIKey(t *testing.T) {
 func TestParseEmbedded(t *testing.T) {
 	data, _ := os.ReadFile("../config.yaml")
 	cfg, err := Parse(data)
-	if err != nil || len(cfg.Tools) != 3 {
+	if err != nil || len(cfg.Tools) != 4 {
 		t.Fatalf("%+v %v", cfg.Tools, err)
 	}
 	if _, err := Parse([]byte("nats: {urll: x}")); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "urll") {

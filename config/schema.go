@@ -15,6 +15,8 @@ var enums = map[string][]string{
 	"side_effects": {ReadOnly, Idempotent, Unsafe},
 	"missing_tool": {MissingToolError, MissingToolFailRun},
 	"kind":         {UpstreamCore, UpstreamOpenAI},
+	"approval":     {ApprovalRequired},
+	"on_timeout":   {OnTimeoutDeny},
 }
 
 // JSONSchema describes config.yaml (JSON Schema 2020-12) for editors. It

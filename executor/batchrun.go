@@ -89,18 +89,22 @@ func (br *batchRun) start(c *call) {
 		// the order they were made in is not known here.
 		br.lane(c.def.Config.Lane).join(c)
 	}
-	laneName := ""
-	if c.ln != nil {
-		laneName = c.ln.name
-	}
-	m := c.m
-	br.emit(Event{Type: EventToolCall, Turn: br.n, Call: &CallResult{Turn: br.n, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool, Lane: laneName}})
+	br.emit(Event{Type: EventToolCall, Turn: br.n, Call: c.ref()})
 	br.calls = append(br.calls, c)
 	br.b.Go(func(p *batch.Place) error {
 		c.place = p
 		c.run(br.ctx)
 		return nil
 	})
+}
+
+// ref names the call in the events that come before its outcome.
+func (c *call) ref() *CallResult {
+	laneName := ""
+	if c.ln != nil {
+		laneName = c.ln.name
+	}
+	return &CallResult{Turn: c.b.n, ToolCallID: c.m.ToolCallID, ActionID: c.m.ActionID, Tool: c.m.Tool, Lane: laneName}
 }
 
 // wait joins the batch while the watcher asks Core whether the run was

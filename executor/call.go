@@ -59,10 +59,10 @@ type call struct {
 func (c *call) run(ctx context.Context) {
 	// 1–4: check the call, apply the policies, mark processing and
 	// dispatch; the outcome, success or error, is known after this.
+	start := time.Now()
 	if c.kept != nil || c.recorded {
 		c.o = c.outcome(ctx) // settled by an earlier drive: nothing runs
 	} else {
-		start := time.Now()
 		var span trace.Span
 		ctx, span, c.traceparent = c.e.startCall(ctx, c.b, c.m)
 		c.e.obs.CallsInFlight(1)
@@ -71,6 +71,7 @@ func (c *call) run(ctx context.Context) {
 		c.e.obs.CallsInFlight(-1)
 		span.End()
 	}
+	c.o.res.Timeline.Started, c.o.res.Timeline.Replied = start, c.o.done
 	close(c.ran)
 
 	// 5. Record the output: once Core has answered the processing mark,
@@ -81,6 +82,7 @@ func (c *call) run(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.e.cfg.SubmitBudget)
 	defer cancel()
 	c.place.InOrder(func() { c.err = c.record(ctx) })
+	c.o.res.Timeline.Recorded = time.Now()
 
 	// 6. Finalise the Action: its status is the call's last write. It may
 	// overlap the next calls' outputs; the application hears the results
@@ -88,6 +90,7 @@ func (c *call) run(ctx context.Context) {
 	if c.err == nil {
 		c.err = c.finalise(ctx)
 	}
+	c.o.res.Timeline.Finalised = time.Now()
 	c.place.ThenInOrder(func() {
 		if c.err == nil {
 			res := c.o.res

@@ -3,6 +3,8 @@ package executor
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/projectdavid/toolsidecar/approval"
 )
 
 // EventType names an event of a drive.
@@ -17,8 +19,12 @@ const (
 	EventToolCall   EventType = "tool_call"   // a call was dispatched
 	EventProgress   EventType = "progress"    // a worker reported a call alive
 	EventToolResult EventType = "tool_result" // a call's outcome was submitted
-	EventError      EventType = "error"       // an upstream error chunk or a bad frame
-	EventDone       EventType = "done"        // the drive ended; Summary is set
+	// EventApprovalRequired: a call waits for a person's decision
+	// (Approval is set); EventApprovalDecided: it has one.
+	EventApprovalRequired EventType = "approval_required"
+	EventApprovalDecided  EventType = "approval_decided"
+	EventError            EventType = "error" // an upstream error chunk or a bad frame
+	EventDone             EventType = "done"  // the drive ended; Summary is set
 )
 
 // Event is one thing that happened during a drive.
@@ -28,9 +34,11 @@ type Event struct {
 	Text string    `json:"text,omitempty"`
 	// Raw is the upstream chunk as Core sent it, for content, reasoning,
 	// chunk and error events that came from the stream.
-	Raw     json.RawMessage `json:"-"`
-	Call    *CallResult     `json:"call,omitempty"`
-	Summary *Summary        `json:"summary,omitempty"`
+	Raw  json.RawMessage `json:"-"`
+	Call *CallResult     `json:"call,omitempty"`
+	// Approval is the call's approval, for the approval events.
+	Approval *approval.Entry `json:"approval,omitempty"`
+	Summary  *Summary        `json:"summary,omitempty"`
 }
 
 // Sink receives events. Each caller's sink is called from that caller's
@@ -64,6 +72,11 @@ type Observer interface {
 	// Hedged: a straggling attempt was sent again; won says the copy
 	// answered first.
 	Hedged(tool string, won bool)
+	// ApprovalWaiting changes by delta the calls that wait for approval.
+	ApprovalWaiting(delta int)
+	// ApprovalDecided: an approval ended (approved, denied, timed_out),
+	// waited after it was requested.
+	ApprovalDecided(outcome string, waited time.Duration)
 }
 
 type nopObserver struct{}
@@ -79,3 +92,5 @@ func (nopObserver) CallRecovered()                         {}
 func (nopObserver) BudgetExceeded(string)                  {}
 func (nopObserver) CallDeduped(string)                     {}
 func (nopObserver) Hedged(string, bool)                    {}
+func (nopObserver) ApprovalWaiting(int)                    {}
+func (nopObserver) ApprovalDecided(string, time.Duration)  {}

@@ -16,10 +16,12 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -90,6 +92,15 @@ const (
 // Option configures an [Executor].
 type Option func(*Executor)
 
+// WithApprovals keeps approvals in s (the durable ledger's); default: a
+// store in memory.
+func WithApprovals(s approval.Store) Option { return func(e *Executor) { e.approvals = s } }
+
+// WithTap hands every event of every drive, with its run, to tap (the live
+// view), as the drive emits it. tap is called from many goroutines and
+// must not block.
+func WithTap(tap func(runID string, ev Event)) Option { return func(e *Executor) { e.tap = tap } }
+
 // WithLogger sets the logger; default: discard.
 func WithLogger(l *slog.Logger) Option {
 	return func(e *Executor) {
@@ -151,6 +162,10 @@ type Executor struct {
 	hedge   *hedger     // when to send a straggler again
 	results ResultStore // claim-checked results
 	watch   *watcher    // cancellation of runs whose batches are in flight
+	// approvals holds the calls that wait for a person (approval.go).
+	approvals approval.Store
+	// tap hears every event of every drive (the live view).
+	tap func(runID string, ev Event)
 	// dispatch is a call's steps 2 to 4: the policies around its mark and
 	// its attempts, composed once (policies.go).
 	dispatch dispatchFunc
@@ -198,7 +213,8 @@ func New(cfg config.Executor, up Upstream, tools Tools, nats Dispatcher, opts ..
 	e := &Executor{cfg: cfg, up: up, tools: tools, routes: map[string]Dispatcher{"nats": nats},
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""),
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
-		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)}}
+		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)},
+		approvals: approval.NewMemory()}
 	e.routes[registry.Builtin] = builtin{e}
 	e.watch = &watcher{up: up, interval: cfg.CancelPoll, rps: cfg.CancelPollRPS, runs: map[string]*watch{}}
 	for _, o := range opts {
@@ -261,6 +277,20 @@ type CallResult struct {
 	// DedupedFrom is the tool_call_id of the earlier call of the run whose
 	// result answered this one (dedupe: run); it was not dispatched.
 	DedupedFrom string `json:"deduped_from,omitempty"`
+	// Approval is how the call's approval ended, for a tool that needs
+	// one: the verdict, who decided and why.
+	Approval *ApprovalResult `json:"approval,omitempty"`
+	// Timeline is when the call's steps happened (the live view draws it).
+	Timeline Timeline `json:"-"`
+}
+
+// Timeline is when a call's steps happened; a zero time is a step that
+// did not happen.
+type Timeline struct {
+	Started   time.Time // checked and on its way to policies and worker
+	Replied   time.Time // the outcome known
+	Recorded  time.Time // the tool output recorded upstream
+	Finalised time.Time // the Action's final status written
 }
 
 // Summary is the result of a drive.

@@ -5,27 +5,32 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/projectdavid/toolsidecar/approval"
 )
 
 // Metrics is the Prometheus [Observer] of the loop. Labels are bounded:
 // tool names come from the registry (an unregistered name counts as
 // "_unknown") and outcomes from the error taxonomy.
 type Metrics struct {
-	calls       *prometheus.CounterVec
-	callSeconds *prometheus.HistogramVec
-	batchSize   prometheus.Histogram
-	joinWait    prometheus.Histogram
-	turns       prometheus.Histogram
-	runs        *prometheus.CounterVec
-	runsFlight  prometheus.Gauge
-	callsFlight prometheus.Gauge
-	attached    prometheus.Counter
-	guard       prometheus.Counter
-	recovered   prometheus.Counter
-	budget      *prometheus.CounterVec
-	deduped     *prometheus.CounterVec
-	hedges      *prometheus.CounterVec
-	known       func(tool string) bool
+	calls        *prometheus.CounterVec
+	callSeconds  *prometheus.HistogramVec
+	batchSize    prometheus.Histogram
+	joinWait     prometheus.Histogram
+	turns        prometheus.Histogram
+	runs         *prometheus.CounterVec
+	runsFlight   prometheus.Gauge
+	callsFlight  prometheus.Gauge
+	attached     prometheus.Counter
+	guard        prometheus.Counter
+	recovered    prometheus.Counter
+	budget       *prometheus.CounterVec
+	deduped      *prometheus.CounterVec
+	hedges       *prometheus.CounterVec
+	approvals    prometheus.Gauge
+	decisions    *prometheus.CounterVec
+	approvalWait prometheus.Histogram
+	known        func(tool string) bool
 }
 
 // latencyBuckets are the call-latency buckets: round values from 5 ms to
@@ -51,6 +56,9 @@ func NewMetrics(reg prometheus.Registerer, known func(tool string) bool, tools [
 	}
 	for _, b := range Budgets {
 		m.budget.WithLabelValues(b)
+	}
+	for _, o := range []string{approval.Approved, approval.Denied, approval.TimedOut, approval.Withdrawn} {
+		m.decisions.WithLabelValues(o)
 	}
 	return m
 }
@@ -96,8 +104,23 @@ func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets
 		hedges: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "hedges_total",
 			Help: "Straggling attempts sent a second time (hedge_after), by tool and by which copy answered first (hedge or primary)."},
 			[]string{"tool", "winner"}),
+		approvals: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "approvals_pending",
+			Help: "Calls of this sidecar that wait for a person's approval."}),
+		decisions: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "approval_decisions_total",
+			Help: "Approvals ended, by outcome (approved, denied, timed_out, withdrawn)."}, []string{"outcome"}),
+		approvalWait: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "approval_wait_seconds",
+			Help: "Time from an approval's request to its decision.", Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 86400}}),
 		known: known,
 	}
+}
+
+// ApprovalWaiting implements [Observer].
+func (m *Metrics) ApprovalWaiting(delta int) { m.approvals.Add(float64(delta)) }
+
+// ApprovalDecided implements [Observer].
+func (m *Metrics) ApprovalDecided(outcome string, waited time.Duration) {
+	m.decisions.WithLabelValues(outcome).Inc()
+	m.approvalWait.Observe(waited.Seconds())
 }
 
 // Hedged implements [Observer].

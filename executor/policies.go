@@ -21,6 +21,8 @@ type policy func(next dispatchFunc) dispatchFunc
 //   - lane (lane.go): wait for the previous call of the call's ordered
 //     lane; skip the call when its lane skips the rest after a failure;
 //   - checked: a call that failed its check is answered with that failure;
+//   - approved (approval.go): a call of a tool with approval: required
+//     waits for a person's decision; a denial is its outcome;
 //   - dedupe (dedupe.go): answer from an earlier identical call of the run;
 //   - budget (budget.go): count the call's time and result against the
 //     run's budget (admission was decided as the manifest arrived);
@@ -29,7 +31,7 @@ type policy func(next dispatchFunc) dispatchFunc
 //
 // Hedging is a policy of one attempt, not of the call (hedge.go).
 func (e *Executor) policies(dispatch dispatchFunc) dispatchFunc {
-	chain := []policy{e.inLane, checked, e.dedupe, e.spendBudget, e.claimChecked}
+	chain := []policy{e.inLane, checked, e.approved, e.dedupe, e.spendBudget, e.claimChecked}
 	d := dispatch
 	for i := len(chain) - 1; i >= 0; i-- {
 		d = chain[i](d)

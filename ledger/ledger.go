@@ -48,6 +48,9 @@ type Ledger struct {
 	memo    jetstream.KeyValue
 	results jetstream.ObjectStore
 	replies jetstream.Stream
+	// approvals holds the calls waiting for a person, by Action ID
+	// (approvals.go).
+	approvals jetstream.KeyValue
 }
 
 // Entry is what the ledger knows of one call.
@@ -98,7 +101,12 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: result store: %w", err)
 	}
-	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st}, nil
+	approvals, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + "_APPROVALS", TTL: Retention,
+		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar approvals, pending and decided, by Action ID"})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: approval bucket: %w", err)
+	}
+	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st, approvals: approvals}, nil
 }
 
 // PutResult stores a result by claim-check; it expires with the ledger.

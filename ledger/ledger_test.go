@@ -3,13 +3,16 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
+	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/internal/testkit/approvaltest"
 	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
 	"github.com/projectdavid/toolsidecar/ledger"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -156,5 +159,57 @@ func TestRememberRecall(t *testing.T) {
 	}
 	if err := a.Remember(ctx, "big", make([]byte, nc.MaxPayload()+1)); err == nil {
 		t.Errorf("a result over the max payload of %d bytes was accepted", nc.MaxPayload())
+	}
+}
+
+// TestApprovals: the JetStream approval store keeps the rules every store
+// shares (internal/testkit/approvaltest), on a real server.
+func TestApprovals(t *testing.T) {
+	approvaltest.Run(t, func(t *testing.T) approval.Store {
+		l, _ := open(t)
+		return l.Approvals()
+	})
+}
+
+// TestApprovalDecidedOnAnotherSidecar: an approval opened by one sidecar is
+// listed and decided by another on the same JetStream, and the first one's
+// Await returns that verdict.
+func TestApprovalDecidedOnAnotherSidecar(t *testing.T) {
+	ctx := context.Background()
+	conn := server(t)
+	a, err := ledger.Open(ctx, conn(), ledger.Config{Prefix: "t", Instance: "pod-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ledger.Open(ctx, conn(), ledger.Config{Prefix: "t", Instance: "pod-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if _, err := a.Approvals().Open(ctx, approval.Request{ActionID: "act_1", Tool: "pay", RequestedAt: now, Deadline: now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan approval.Verdict, 1)
+	actx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		v, _ := a.Approvals().Await(actx, "act_1")
+		got <- v
+	})
+	pending, err := b.Approvals().Pending(ctx)
+	if err != nil || len(pending) != 1 || pending[0].ActionID != "act_1" {
+		t.Fatalf("pod-2 lists %+v %v, want act_1", pending, err)
+	}
+	if _, err := b.Approvals().Decide(ctx, "act_1", approval.Verdict{Outcome: approval.Approved, Approver: "ana"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case v := <-got:
+		if v.Outcome != approval.Approved || v.Approver != "ana" {
+			t.Errorf("pod-1 heard %+v", v)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("pod-1 never heard pod-2's decision")
 	}
 }

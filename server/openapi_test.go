@@ -10,12 +10,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	sse "github.com/tmaxmax/go-sse"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/server"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -131,6 +133,21 @@ func (s *apiSpec) check(t *testing.T, method, path string, resp *http.Response) 
 	}
 }
 
+// do sends a JSON request to the sidecar, with header's name-value pairs.
+func (sc *sidecar) do(t *testing.T, ctx context.Context, method, url, body string, header ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, method, sc.url+url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 // TestOpenAPIConformance exercises every route and the drive's statuses,
 // and checks each real answer against server/openapi.json.
 func TestOpenAPIConformance(t *testing.T) {
@@ -143,16 +160,7 @@ func TestOpenAPIConformance(t *testing.T) {
 	}
 	sc := newSidecar(t, threeCalls(), "", testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: progress}, standardTools()[1])
 	do := func(method, url, body string, header ...string) *http.Response {
-		req, _ := http.NewRequest(method, sc.url+url, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
+		return sc.do(t, context.Background(), method, url, body, header...)
 	}
 	const drive = "/v1/runs/{run_id}/drive"
 	r := sc.env.NewRun()
@@ -187,6 +195,53 @@ func TestOpenAPIConformance(t *testing.T) {
 		}
 		spec.check(t, "GET", p, resp)
 	}
+	if t.Failed() {
+		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
+	}
+}
+
+// TestOpenAPIApprovals checks the approval routes, a drive whose stream
+// announces an approval, and the live view's page and stream against
+// server/openapi.json.
+func TestOpenAPIApprovals(t *testing.T) {
+	spec := loadSpec(t)
+	sc := newSidecar(t, coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "pay", ArgsJSON: `{"amount": 3}`}, {Tool: "pay", ArgsJSON: `{"amount": 4}`}}},
+		{Content: "{{results}}"}}}, "", testenv.Tool{Config: config.Tool{Name: "pay", Approval: config.ApprovalRequired}, Handler: testenv.Echo})
+	do := func(ctx context.Context, method, url, body string, header ...string) *http.Response {
+		return sc.do(t, ctx, method, url, body, header...)
+	}
+	ctx := context.Background()
+	r := sc.env.NewRun()
+	driven := make(chan *http.Response, 1)
+	go func() {
+		driven <- do(ctx, "POST", "/v1/runs/"+r.RunID+"/drive", sc.driveBody(r), "Accept", "text/event-stream")
+	}()
+	var list struct {
+		Approvals []struct {
+			ActionID string `json:"action_id"`
+		}
+	}
+	poll.Until(t, "two pending approvals", func() bool {
+		resp := do(ctx, "GET", "/v1/approvals", "")
+		defer resp.Body.Close()
+		_ = json.NewDecoder(resp.Body).Decode(&list)
+		return len(list.Approvals) == 2
+	})
+	spec.check(t, "GET", "/v1/approvals", do(ctx, "GET", "/v1/approvals", ""))
+	// The live view's stream, read for a moment.
+	sctx, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer stop()
+	spec.check(t, "GET", "/ui/events", do(sctx, "GET", "/ui/events", ""))
+	spec.check(t, "GET", "/ui", do(ctx, "GET", "/ui", ""))
+	const decide = "/v1/approvals/{action_id}"
+	first, second := "/v1/approvals/"+list.Approvals[0].ActionID, "/v1/approvals/"+list.Approvals[1].ActionID
+	spec.check(t, "POST", decide, do(ctx, "POST", first, `{"decision": "perhaps"}`))                                          // 400
+	spec.check(t, "POST", decide, do(ctx, "POST", "/v1/approvals/act_none", `{"decision": "approve"}`))                       // 404
+	spec.check(t, "POST", decide, do(ctx, "POST", first, `{"decision": "approve", "approver": "ana"}`))                       // 200
+	spec.check(t, "POST", decide, do(ctx, "POST", first, `{"decision": "deny"}`))                                             // 409
+	spec.check(t, "POST", decide, do(ctx, "POST", second, `{"decision": "deny", "reason": "`+strings.Repeat("r", 5000)+`"}`)) // 413
+	spec.check(t, "POST", decide, do(ctx, "POST", second, `{"decision": "deny", "reason": "no"}`))                            // 200
+	spec.check(t, "POST", "/v1/runs/{run_id}/drive", <-driven)
 	if t.Failed() {
 		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
 	}

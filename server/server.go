@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -82,6 +83,14 @@ type Config struct {
 	SSEKeepalive time.Duration
 	// Pprof serves Go's profiles under /debug/pprof/ on the ops handler.
 	Pprof bool
+	// Approvals, when set, serves GET /v1/approvals and POST
+	// /v1/approvals/{action_id}.
+	Approvals approval.Store
+	// Pages are served without the token: pages that carry no data of
+	// their own (the live view's HTML, script and style), which a browser
+	// loads before it has a token to send. Their data routes are in
+	// Routes, behind the token.
+	Pages []Route
 	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
@@ -99,6 +108,7 @@ type Server struct {
 	active sync.WaitGroup
 	drives chan struct{} // a slot per drive in progress
 	ops    *http.ServeMux
+	pages  *http.ServeMux // Config.Pages: served without the token
 }
 
 // Wait blocks until no request is being served.
@@ -122,7 +132,14 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 		cfg.Ready = func(context.Context) error { return nil }
 	}
 	s := &Server{cfg: cfg, drv: drv, tools: tools, log: cfg.Logger, mux: http.NewServeMux(), ops: http.NewServeMux(),
-		drives: make(chan struct{}, cfg.MaxDrives)}
+		drives: make(chan struct{}, cfg.MaxDrives), pages: http.NewServeMux()}
+	for _, p := range cfg.Pages {
+		s.pages.Handle(p.Pattern, p.Handler)
+	}
+	if cfg.Approvals != nil {
+		s.mux.HandleFunc("GET /v1/approvals", s.listApprovals)
+		s.mux.HandleFunc("POST /v1/approvals/{action_id}", s.decide)
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -231,6 +248,10 @@ func (s *Server) unbounded(h http.HandlerFunc) http.HandlerFunc {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.active.Add(1)
 	defer s.active.Done()
+	if _, pattern := s.pages.Handler(r); pattern != "" {
+		s.pages.ServeHTTP(w, r)
+		return
+	}
 	if s.cfg.Token != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {

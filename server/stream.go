@@ -8,11 +8,13 @@ import (
 
 	sse "github.com/tmaxmax/go-sse"
 
+	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/executor"
 )
 
 // driveSSE streams the drive's events with go-sse: event types turn,
-// content, reasoning, tool_call, progress, tool_result, error and done,
+// content, reasoning, tool_call, progress, approval_required,
+// approval_decided, tool_result, error and done,
 // each with a JSON payload, and a comment every SSEKeepalive while nothing
 // else is sent.
 func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.Request) {
@@ -61,6 +63,13 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 			send(string(e.Type), callRef{Turn: e.Turn, ToolCallID: e.Call.ToolCallID, ActionID: e.Call.ActionID, Tool: e.Call.Tool, Lane: e.Call.Lane})
 		case executor.EventToolResult:
 			send(string(e.Type), e.Call)
+		case executor.EventApprovalRequired, executor.EventApprovalDecided:
+			// The approval (action_id, tool, arguments, deadline, and
+			// the verdict once there is one), with its turn.
+			send(string(e.Type), struct {
+				Turn int `json:"turn"`
+				*approval.Entry
+			}{e.Turn, e.Approval})
 		case executor.EventTurn:
 			send("turn", map[string]int{"turn": e.Turn})
 		case executor.EventDone:

@@ -50,8 +50,8 @@ func TestCoreDropsKeptConnections(t *testing.T) {
 					}
 				},
 			},
-				testenv.Tool{Config: config.Tool{Name: "look", SideEffects: config.ReadOnly}, Handler: delayed(tc.toolDelay, testenv.Echo)},
-				testenv.Tool{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe}, Handler: delayed(tc.toolDelay, countingEcho(&mu, unsafeRuns))})
+				testenv.Tool{Config: config.Tool{Name: "look", SideEffects: config.ReadOnly}, Handler: testenv.Delayed(tc.toolDelay, testenv.Echo)},
+				testenv.Tool{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe}, Handler: testenv.Delayed(tc.toolDelay, countingEcho(&mu, unsafeRuns))})
 			rs := make([]testenv.Run, runs)
 			sums := make([]executor.Summary, runs)
 			var wg sync.WaitGroup
@@ -92,18 +92,6 @@ func countingEcho(mu *sync.Mutex, runs map[string]int) handler {
 
 // handler is a Go worker's tool handler.
 type handler = func(context.Context, *tool.Call) ([]byte, error)
-
-// delayed is h after d, the time the tool takes.
-func delayed(d time.Duration, h handler) handler {
-	return func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		select {
-		case <-time.After(d):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		return h(ctx, c)
-	}
-}
 
 // connKey is the context key of a request's connection.
 type connKey struct{}

@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
 
+	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
@@ -35,6 +36,7 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/version"
 	"github.com/projectdavid/toolsidecar/ledger"
+	"github.com/projectdavid/toolsidecar/live"
 	"github.com/projectdavid/toolsidecar/mcpserve"
 	"github.com/projectdavid/toolsidecar/openaiup"
 	"github.com/projectdavid/toolsidecar/plugins"
@@ -101,6 +103,8 @@ type Sidecar struct {
 	reloader    *registry.Reloader // nil without WithReload
 	exec        *executor.Executor
 	openai      *openaiup.Upstream // nil unless upstream.kind is openai
+	approvals   approval.Store     // the ledger's when durable
+	board       *live.Board        // nil with server.ui false
 	srv         *server.Server
 	hs          *http.Server
 	ln          net.Listener
@@ -425,8 +429,15 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	if s.leases != nil {
 		opts = append(opts, executor.WithLeases(runLeases{s.leases}))
 	}
+	s.approvals = approval.NewMemory()
 	if s.ledger != nil {
 		opts = append(opts, executor.WithMemo(ledgerMemo{s.ledger, s.log.With("component", "dedupe")}), executor.WithResultStore(s.ledger))
+		s.approvals = s.ledger.Approvals()
+	}
+	opts = append(opts, executor.WithApprovals(s.approvals))
+	if s.cfg.Server.UI {
+		s.board = live.NewBoard(s.cfg.Server.UIHistory)
+		opts = append(opts, executor.WithTap(s.board.Observe))
 	}
 	up, err := s.upstream(cc)
 	if err != nil {
@@ -469,7 +480,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	}
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), ReadyInfo: s.readyInfo,
-		Pprof: s.cfg.Server.Pprof}
+		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
 	case s.openai != nil:
 		var memo executor.Memo // memory, unless durable
@@ -487,6 +498,14 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			return err
 		}
 		scfg.Routes = []server.Route{{Pattern: "POST /v1/completions", Handler: p.Completions, Drive: true}, {Pattern: "/v1/", Handler: p.Forward}}
+	}
+	if s.board != nil {
+		pages := live.Pages()
+		for _, p := range []string{"GET /ui", "GET /ui/{$}", "GET /ui/app.js", "GET /ui/style.css"} {
+			scfg.Pages = append(scfg.Pages, server.Route{Pattern: p, Handler: pages})
+		}
+		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "GET /ui/events", Handler: live.Events(live.Config{Board: s.board,
+			Approvals: s.approvals, Keepalive: s.cfg.Server.SSEKeepalive, Logger: s.log.With("component", "ui")})})
 	}
 	if s.cfg.Server.MCP {
 		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "/mcp", Handler: mcpserve.New(s.live, s.exec.Call)})

@@ -28,6 +28,10 @@ const (
 	// BudgetExceeded is produced by the sidecar: a call past one of the
 	// run's or the tool's budgets, not dispatched.
 	BudgetExceeded ErrorType = "budget_exceeded"
+	// Denied is produced by the sidecar: a call of a tool that needs a
+	// person's approval was denied, or its approval timed out; it was not
+	// dispatched.
+	Denied ErrorType = "denied"
 )
 
 // ErrNeverSent: a durable transport knows that no attempt of the call
@@ -39,7 +43,7 @@ var ErrNeverSent = errors.New("the call was never sent to a worker")
 var codes = map[ErrorType]int{
 	InvalidArgs: 400, NotFound: 404, Timeout: 504, WorkerCrash: 500,
 	RateLimited: 429, Cancelled: 499, ToolFailed: 422, Interrupted: 409,
-	Skipped: 424, BudgetExceeded: 402,
+	Skipped: 424, BudgetExceeded: 402, Denied: 403,
 }
 
 // Known reports whether t is one of the taxonomy's types.

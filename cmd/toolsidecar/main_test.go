@@ -44,7 +44,7 @@ func TestCheckAndTools(t *testing.T) {
 	if code := run([]string{"check", "--config", "../../config.yaml"}, &out, &errOut); code != 0 {
 		t.Fatalf("check exit %d: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "get_flight_times  nats") || !strings.Contains(out.String(), "configuration valid: 3 tools") {
+	if !strings.Contains(out.String(), "get_flight_times  nats") || !strings.Contains(out.String(), "configuration valid: 4 tools") {
 		t.Errorf("check output:\n%s", out.String())
 	}
 	out.Reset()
@@ -52,7 +52,7 @@ func TestCheckAndTools(t *testing.T) {
 		t.Fatalf("tools exit %d", code)
 	}
 	var tools []core.FunctionTool
-	if err := json.Unmarshal(out.Bytes(), &tools); err != nil || len(tools) != 3 || tools[0].Type != "function" || tools[2].Function.Name != "search_hotels" {
+	if err := json.Unmarshal(out.Bytes(), &tools); err != nil || len(tools) != 4 || tools[0].Type != "function" || tools[3].Function.Name != "search_hotels" {
 		t.Fatalf("tools output %s: %v", out.String(), err)
 	}
 	dir := t.TempDir()

@@ -1,7 +1,8 @@
 // Package demo runs toolsidecar end to end on one machine: the embedded
 // NATS server, the Core simulator, Go demo workers, and one scripted run
 // whose first turn is a parallel batch with an invalid-arguments call, an
-// unknown tool, a failing tool and a slow tool that sends progress. It
+// unknown tool, a failing tool, a slow tool that sends progress and a call
+// that waits for a person's approval (the demo approves it). It
 // prints a transcript with per-call and per-batch timings. A second part
 // runs the same batch through an OpenAI-compatible upstream (the
 // simulator of package openaisim), for an application that speaks Chat
@@ -50,6 +51,7 @@ func Scenario() coresim.Scenario {
 				{Tool: "get_flight_times", ArgsJSON: `{"departure": "LAX"}`},
 				{Tool: "get_weather", ArgsJSON: `{"city": "New York"}`},
 				{Tool: "convert_currency", ArgsJSON: `{"amount": 420, "from": "USD", "to": "EUR"}`},
+				{Tool: "hold_room", ArgsJSON: `{"hotel": "The Plaza", "nights": 3, "deposit_usd": 150}`},
 			},
 		},
 		{Content: "Here is what I found:\n{{results}}"},
@@ -58,8 +60,12 @@ func Scenario() coresim.Scenario {
 
 // Workers registers the demo tools on w: get_flight_times with a realistic
 // delay, book_flight that always fails, search_hotels that is slower than
-// its timeout but stays alive by sending progress.
+// its timeout but stays alive by sending progress, and hold_room, which a
+// person approves first.
 func Workers(w *worker.Worker) {
+	w.Handle("hold_room", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		return []byte(`{"held": "The Plaza", "nights": 3, "deposit_usd": 150, "confirmation": "PLZ-7731"}`), nil
+	})
 	w.Handle("get_flight_times", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
 			return nil, err
@@ -120,6 +126,8 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 		return nil, err
 	}
 	defer s.Shutdown(context.Background())
+	// The demo's operator approves hold_room over the HTTP API.
+	defer serve(ctx, s)()
 	stopWorkers, err := startWorkers(s, password)
 	if err != nil {
 		return nil, err
@@ -134,7 +142,9 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 	fmt.Fprintf(out, "run %s\n\n", req.RunID)
 
 	t := &transcript{out: out, t0: time.Now(), first: map[int]time.Time{}, last: map[int]time.Time{}}
+	stopApprover := approve(ctx, "http://"+s.Addr(), t.say)
 	sum, derr := s.Drive(ctx, req, t.event)
+	stopApprover()
 	t.summary(sum)
 	v := sim.Violations()
 	fmt.Fprintf(out, "contract log: %d violations\n", len(v))
@@ -201,6 +211,18 @@ func startSidecar(coreURL, passwordFile string, edit func(*config.Config)) (*sid
 	return sidecar.New(cfg, sidecar.WithAPIKey(apiKey))
 }
 
+// serve runs the sidecar's HTTP API until stop is called; stop waits for
+// its shutdown.
+func serve(ctx context.Context, s *sidecar.Sidecar) (stop func()) {
+	runCtx, cancel := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(runCtx) }()
+	return func() {
+		cancel()
+		<-ran
+	}
+}
+
 // startWorkers serves the demo tools from their own NATS connection, as a
 // worker process would.
 func startWorkers(s *sidecar.Sidecar, password string) (stop func(), err error) {
@@ -254,6 +276,13 @@ type transcript struct {
 
 func (t *transcript) at() string { return fmt.Sprintf("[%7s]", ms(time.Since(t.t0))) }
 
+// say prints a line of the transcript.
+func (t *transcript) say(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(t.out, "%s   %s\n", t.at(), line)
+}
+
 func (t *transcript) event(e executor.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -271,6 +300,8 @@ func (t *transcript) event(e executor.Event) {
 			t.first[e.Turn] = time.Now()
 		}
 		fmt.Fprintf(t.out, "%s   → %-17s %s dispatched\n", t.at(), e.Call.Tool, e.Call.ToolCallID)
+	case executor.EventApprovalRequired:
+		fmt.Fprintf(t.out, "%s   ? %-17s %s waits for approval: %s\n", t.at(), e.Call.Tool, e.Call.ToolCallID, e.Approval.Arguments)
 	case executor.EventToolResult:
 		t.last[e.Turn] = time.Now()
 		c := e.Call

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
@@ -70,13 +71,7 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 		return err
 	}
 	// The application reaches this sidecar over HTTP: its API is served.
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-ran
-	}()
+	defer serve(ctx, s)()
 	stopWorkers, err := startWorkers(s, password)
 	if err != nil {
 		return err
@@ -110,6 +105,20 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 		lastText    time.Time
 	)
 	at := func() string { return fmt.Sprintf("[%7s]", ms(time.Since(t0))) }
+	// The operator approving hold_room writes beside the stream's reader.
+	var mu sync.Mutex
+	printf := func(format string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(out, format, a...)
+	}
+	stopApprover := approve(ctx, "http://"+s.Addr(), func(line string) {
+		printf("\n%s %s", at(), line)
+		mu.Lock()
+		lastText = time.Time{} // the content goes on on a line of its own
+		mu.Unlock()
+	})
+	defer stopApprover()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
@@ -146,11 +155,14 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 			if text := ch.Delta.Content; text != "" {
 				// Deltas that follow each other closely go on one line:
 				// a pause (the tools running) starts another.
-				if time.Since(lastText) > 200*time.Millisecond {
-					fmt.Fprintf(out, "\n%s content: ", at())
-				}
+				mu.Lock()
+				newLine := time.Since(lastText) > 200*time.Millisecond
 				lastText = time.Now()
-				fmt.Fprint(out, strings.ReplaceAll(text, "\n", "\n                    "))
+				mu.Unlock()
+				if newLine {
+					printf("\n%s content: ", at())
+				}
+				printf("%s", strings.ReplaceAll(text, "\n", "\n                    "))
 			}
 			if ch.FinishReason != nil {
 				finish = append(finish, *ch.FinishReason)
@@ -163,6 +175,7 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 			calls = c.Toolsidecar.Calls
 		}
 	}
+	stopApprover()
 	if err := sc.Err(); err != nil {
 		return err
 	}

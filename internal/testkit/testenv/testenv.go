@@ -405,3 +405,16 @@ func Hang(ctx context.Context, c *tool.Call) ([]byte, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
+
+// Delayed is h after d, the time the tool takes (or until the call is
+// cancelled).
+func Delayed(d time.Duration, h tool.Handler) tool.Handler {
+	return func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return h(ctx, c)
+	}
+}

@@ -1,0 +1,157 @@
+package live_test
+
+import (
+	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+var update = flag.Bool("update", false, "rewrite the README's pictures of the live view (docs/img) from the browser test")
+
+// screenshot saves the page as a PNG: into docs/img with -update (the
+// README shows them), into the test's folder otherwise.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if *update {
+		dir = "../docs/img"
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// browser finds Chromium. Where it is missing the test is skipped, saying
+// so, unless TSC_TEST_REQUIRE_BROWSER is set (make test sets it, after
+// installing Chromium).
+func browser(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("TSC_TEST_REQUIRE_BROWSER") != "" {
+		t.Fatal("no Chromium found, and TSC_TEST_REQUIRE_BROWSER is set (make browser installs it)")
+	}
+	t.Skip("no Chromium found: the browser test needs it (make browser installs Debian's chromium)")
+	return ""
+}
+
+// TestLiveViewInABrowser drives a batch of a gated call, an ungated one
+// and a failing one, and opens the live view in headless Chromium with
+// the API token: the page lists the pending approval with its arguments;
+// a click on Approve releases the call; the run completes, Core has one
+// output per call with every Action finalised, and the page's timeline
+// shows every call with its outcome.
+func TestLiveViewInABrowser(t *testing.T) {
+	chrome := browser(t)
+	const token = "ui-token-55c0"
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Content: "Let me check.", Calls: []coresim.Call{
+			{Tool: "transfer_funds", ArgsJSON: `{"from": "ops", "to": "acme-supplies", "amount_eur": 1250}`},
+			{Tool: "lookup_invoice", ArgsJSON: `{"invoice": "INV-2041"}`},
+			{Tool: "lookup_invoice", ArgsJSON: `{"invoice": "INV-2042"}`},
+			{Tool: "notify_slack", ArgsJSON: `{"channel": "#finance"}`}}},
+		{Content: "Done: {{results}}"}}}
+	env := testenv.Start(t, sc, testenv.Options{Token: token},
+		testenv.Tool{Config: config.Tool{Name: "transfer_funds", SideEffects: config.Unsafe, Approval: config.ApprovalRequired},
+			Handler: testenv.Delayed(150*time.Millisecond, testenv.Echo)},
+		testenv.Tool{Config: config.Tool{Name: "lookup_invoice"}, Handler: testenv.Delayed(80*time.Millisecond, testenv.Echo)},
+		testenv.Tool{Config: config.Tool{Name: "notify_slack"}, Handler: testenv.Delayed(40*time.Millisecond, func(context.Context, *tool.Call) ([]byte, error) {
+			return nil, tool.NewError(tool.ToolFailed, "slack webhook answered 503")
+		})})
+	r := env.NewRun()
+	done := make(chan executor.Summary, 1)
+	go func() {
+		_, s := testenv.Drive(t, env.URL, r, map[string]string{"Authorization": "Bearer " + token})
+		done <- s
+	}()
+
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1280, 900))...)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(env.URL+"/ui#token="+token)); err != nil {
+		t.Fatal(err)
+	}
+	step, stepCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer stepCancel()
+	args, err := chromedp.Run(step, chromedp.Text(chromedp.CSS(".approval pre")))
+	if err != nil {
+		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer dcancel()
+		body, _ := chromedp.Run(dctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`))
+		t.Fatalf("no approval card: %v\n%s", err, body)
+	}
+	if want := `"amount_eur": 1250`; !strings.Contains(args, want) {
+		t.Errorf("the approval card shows %q, want the arguments with %s", args, want)
+	}
+	if err := chromedp.Do(step,
+		chromedp.SendKeys(chromedp.CSS("#approver"), "ana"),
+		chromedp.SendKeys(chromedp.CSS(".approval input"), "invoice checked"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, step, "live-view-approval.png")
+	if err := chromedp.Do(step,
+		chromedp.Click(chromedp.CSS(".approval button.approve")),
+		chromedp.WaitVisible(chromedp.CSS(`#runs tr[data-run-id="`+r.RunID+`"] .status.completed`)),
+	); err != nil {
+		t.Fatalf("approving in the page: %v", err)
+	}
+	var sum executor.Summary
+	select {
+	case sum = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the drive did not end after the click")
+	}
+	if sum.Status != executor.StatusCompleted || sum.Calls[0].Approval == nil || sum.Calls[0].Approval.Approver != "ana" ||
+		sum.Calls[0].Approval.Reason != "invoice checked" || !sum.Calls[0].OK {
+		t.Fatalf("summary %+v", sum)
+	}
+	env.AssertWholeBatches(r, 4)
+
+	// The timeline of turn 1: one row per call, in call order, each with
+	// its outcome and a bar from dispatch to reply.
+	type row struct {
+		Action, Outcome, Marks string
+		Bars                   int
+	}
+	rows, err := chromedp.Run(step, chromedp.Evaluate[[]row](`[...document.querySelectorAll('.turn[data-turn="1"] .row.call')].map(e => ({
+		Action: e.dataset.actionId, Outcome: e.dataset.outcome, Marks: e.querySelector('.marks').textContent,
+		Bars: e.querySelectorAll('.seg.run').length}))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome := []string{"ok", "ok", "ok", "tool_error"}
+	if len(rows) != len(sum.Calls) {
+		t.Fatalf("the timeline shows %d calls, want %d: %+v", len(rows), len(sum.Calls), rows)
+	}
+	for i, c := range sum.Calls {
+		if rows[i].Action != c.ActionID || rows[i].Outcome != wantOutcome[i] || rows[i].Bars != 1 {
+			t.Errorf("timeline row %d %+v, want action %s with outcome %s and one bar", i, rows[i], c.ActionID, wantOutcome[i])
+		}
+	}
+	if !strings.Contains(rows[0].Marks, "approved by ana") {
+		t.Errorf("the gated call's marks %q, want approved by ana", rows[0].Marks)
+	}
+	screenshot(t, step, "live-view.png")
+}
