@@ -50,7 +50,8 @@ func (e *Executor) awaitApproval(ctx context.Context, c *call) (*ApprovalResult,
 	ent, err := e.approvals.Open(ctx, approval.Request{ActionID: c.m.ActionID, RunID: c.m.RunID, ToolCallID: c.m.ToolCallID,
 		Tool: c.m.Tool, Arguments: approval.Arguments(c.m.Args), RequestedAt: now, Deadline: now.Add(approvalTimeout(c))})
 	if err != nil {
-		return nil, tool.NewError(tool.WorkerCrash, "the call's approval could not be recorded: %v", err)
+		// Not run without a recorded approval.
+		return nil, tool.NewError(tool.Denied, "not run: the call's approval could not be recorded: %v", err)
 	}
 	log := callLog(c.b.log, c.m)
 	v := ent.Verdict
@@ -63,8 +64,8 @@ func (e *Executor) awaitApproval(ctx context.Context, c *call) (*ApprovalResult,
 		if err != nil {
 			return nil, tool.NewError(tool.Cancelled, "call cancelled while it waited for approval: %v", err)
 		}
-		e.obs.ApprovalDecided(v.Outcome, v.DecidedAt.Sub(ent.RequestedAt))
 	}
+	e.obs.ApprovalDecided(v.Outcome, v.DecidedAt.Sub(ent.RequestedAt))
 	res := &ApprovalResult{Verdict: *v, WaitedMS: max(0, v.DecidedAt.Sub(ent.RequestedAt).Milliseconds())}
 	log.Info("call's approval decided", "outcome", v.Outcome, "approver", v.Approver, "authenticated_as", v.AuthenticatedAs,
 		"reason", v.Reason, "waited_ms", res.WaitedMS)
@@ -122,8 +123,11 @@ func approvalTimeout(c *call) time.Duration {
 // denial is the error outcome the model reads for a call that was not
 // approved.
 func denial(v approval.Verdict, timeout time.Duration) *tool.Error {
-	if v.Outcome == approval.TimedOut {
+	switch v.Outcome {
+	case approval.TimedOut:
 		return tool.NewError(tool.Denied, "not run: nobody approved the call within %s", timeout)
+	case approval.Withdrawn: // an earlier drive of the run was cancelled while the call waited
+		return tool.NewError(tool.Cancelled, "not run: its approval was withdrawn when an earlier drive of the run was cancelled; call the tool again to ask anew")
 	}
 	msg := "not run: a person denied the call"
 	if v.Reason != "" {

@@ -113,6 +113,10 @@ func cut(s string) string {
 // Observe is the executor's tap (executor.WithTap): it folds one event of
 // a run into the board.
 func (b *Board) Observe(runID string, ev executor.Event) {
+	switch ev.Type {
+	case executor.EventContent, executor.EventReasoning, executor.EventChunk, executor.EventError, executor.EventProgress:
+		return // text, raw chunks and progress: the view does not show them, and they are most events
+	}
 	now := time.Now().UnixMilli()
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -165,8 +169,6 @@ func (b *Board) Observe(runID string, ev executor.Event) {
 			delete(b.runs, b.finished[0])
 			b.finished = b.finished[1:]
 		}
-	default:
-		return // text and raw chunks: the view does not show them
 	}
 	for w := range b.watchers {
 		w.runs[runID] = true

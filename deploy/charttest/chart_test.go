@@ -245,12 +245,14 @@ func TestDefaultInstall(t *testing.T) {
 	}
 	cfg := configOf(t, o, "rel-toolsidecar-config")
 	hasAll(t, "config.yaml", cfg, `listen: "127.0.0.1:8080"`, `ops_listen: "0.0.0.0:9090"`, "readiness_check: false",
-		`url: ""`, "name: get_flight_times", "max_parallel: 16", "max_drives: 512", "max_connections: 64", "http2_cleartext: false")
+		`url: ""`, "name: get_flight_times", "max_parallel: 16", "max_drives: 512", "max_connections: 64", "http2_cleartext: false", "ui: true")
 	if strings.Contains(cfg, "api_key_file") {
 		t.Error("no Secret configured, yet an api_key_file is set")
 	}
 	h2c := configOf(t, decode(t, render(t, "", "sidecar.http2Cleartext=true")), "rel-toolsidecar-config")
 	hasAll(t, "config.yaml with sidecar.http2Cleartext", h2c, "http2_cleartext: true")
+	noUI := configOf(t, decode(t, render(t, "", "sidecar.ui=false")), "rel-toolsidecar-config")
+	hasAll(t, "config.yaml with sidecar.ui=false", noUI, "ui: false")
 }
 
 // TestExampleAppNative: the example application chart gets the sidecar as a
@@ -613,7 +615,7 @@ func TestWorkerChecksumFollowsNATS(t *testing.T) {
 func TestSchemaRejects(t *testing.T) {
 	for _, set := range []string{"executor.missingTool=ignore", "sidecar.port=0", "sidecar.opsPort=70000", "sidecar.mode=sideways",
 		"tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x", "workers.hpa.targetAverageValue=lots", "core.maxConnections=0",
-		"core.tls.caKey=", "core.tls.other=x", "sidecar.maxDrives=0", "sidecar.http2Cleartext=sometimes"} {
+		"core.tls.caKey=", "core.tls.other=x", "sidecar.maxDrives=0", "sidecar.http2Cleartext=sometimes", "sidecar.ui=maybe"} {
 		renderFails(t, set)
 	}
 	if out := renderFails(t, "workers.enabled=true"); !strings.Contains(out, "workers.enabled needs nats.url") {

@@ -108,6 +108,7 @@ server:
   shutdown_timeout: {{ .Values.sidecar.shutdownTimeout }}
   max_drives: {{ .Values.sidecar.maxDrives }}
   http2_cleartext: {{ .Values.sidecar.http2Cleartext }}
+  ui: {{ .Values.sidecar.ui }}
 executor:
   max_turns: {{ .Values.executor.maxTurns }}
   max_parallel: {{ .Values.executor.maxParallel }}
