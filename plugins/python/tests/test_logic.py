@@ -3,8 +3,10 @@
 They run everywhere (no nats-py needed): FakeConn has the part of nats-py's
 connection interface the library uses (subscribe with queue and coroutine
 callback, publish with reply and headers, flush, msg.respond), and delivers
-messages as nats-py does, each callback as a task. test_worker.py runs the
-same library against a real server where nats-py exists.
+messages as nats-py does, each callback as a task; fake_add_service has the
+part of nats.micro's the library uses (add_service, add_endpoint, a request's
+respond and respond_error, stop). test_worker.py runs the same library on
+nats-py's own nats.micro against a real server, where nats-py exists.
 """
 import asyncio
 import json
@@ -84,6 +86,42 @@ class FakeConn:
 
 
 
+class FakeRequest:
+    """nats.micro's Request: the message, and replies to its reply subject."""
+
+    def __init__(self, msg):
+        self._msg = msg
+        self.subject, self.data, self.headers = msg.subject, msg.data, msg.headers
+
+    async def respond(self, data=b"", headers=None):
+        if not self._msg.reply:
+            raise ValueError("no reply subject set")
+        await self._msg._conn.publish(self._msg.reply, data, headers=headers)
+
+    async def respond_error(self, code, description, data=b"", headers=None):
+        headers = dict(headers or {})
+        headers.update({"Nats-Service-Error": description, "Nats-Service-Error-Code": code})
+        await self.respond(data, headers=headers)
+
+
+class FakeService:
+    def __init__(self, nc, config):
+        self.nc, self.config, self.subs = nc, config, []
+
+    async def add_endpoint(self, name, subject, handler, queue_group=None):
+        async def cb(msg):
+            await handler(FakeRequest(msg))
+        self.subs.append(await self.nc.subscribe(subject, queue=queue_group or self.config["queue_group"], cb=cb))
+
+    async def stop(self):
+        for sub in self.subs:
+            await sub.unsubscribe()
+
+
+async def fake_add_service(nc, **config):
+    return FakeService(nc, config)
+
+
 class LogicTest(unittest.IsolatedAsyncioTestCase):
     async def asyncSetUp(self):
         self.nc = FakeConn()
@@ -112,7 +150,8 @@ class LogicTest(unittest.IsolatedAsyncioTestCase):
             return "done"
 
         self.worker = await serve(self.nc, {"sync_tool": sync_tool, "sync_fails": sync_fails, "fails_at_once": fails_at_once,
-                                            "typed": typed, "hang": hang, "slow": slow}, prefix=PREFIX)
+                                            "typed": typed, "hang": hang, "slow": slow}, prefix=PREFIX,
+                                  add_service=fake_add_service)
 
     async def asyncTearDown(self):
         await self.worker.stop()
@@ -146,6 +185,12 @@ class LogicTest(unittest.IsolatedAsyncioTestCase):
         self.assertGreater(self.deadlines[1], self.deadlines[0])
         progress = [h for _, _, h in self.nc.published if h and h.get("Tool-Progress") == "1"]
         self.assertEqual(len(progress), 1)
+
+    async def test_one_endpoint_per_tool_in_queue_group_toolsidecar(self):
+        subjects = sorted(s.subject for s in self.nc.subs if not s.subject.startswith("_INBOX"))
+        self.assertEqual(subjects, [f"{PREFIX}.cancel.*"] + sorted(f"{PREFIX}.{t}" for t in
+                         ["sync_tool", "sync_fails", "fails_at_once", "typed", "hang", "slow"]))
+        self.assertEqual(self.worker._service.config["queue_group"], "toolsidecar")
 
 
 if __name__ == "__main__":

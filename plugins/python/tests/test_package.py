@@ -34,7 +34,7 @@ class PackageTest(unittest.TestCase):
             self.assertIn(want, files)
         self.assertFalse([f for f in files if f.startswith(("tests/", "examples/"))], files)
         self.assertIn("Name: toolsidecar-worker", pkg_info)
-        self.assertEqual(requires.split(), ["nats-py>=2.6"])
+        self.assertEqual(requires.split(), ["nats-py>=2.15"])
         self.assertIn("License: Apache-2.0", pkg_info)
         with open(os.path.join(ROOT, "..", "..", "LICENSE")) as f:
             self.assertIn("Apache License", f.read())

@@ -59,8 +59,22 @@ class WorkerTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_info(self):
         r = await self.side.request("$SRV.INFO", b"", timeout=2)
-        subjects = sorted(e["subject"] for e in json.loads(r.data)["endpoints"])
+        info = json.loads(r.data)
+        subjects = sorted(e["subject"] for e in info["endpoints"])
         self.assertEqual(subjects, [f"{PREFIX}.echo", f"{PREFIX}.hang", f"{PREFIX}.typed"])
+        self.assertEqual({e["queue_group"] for e in info["endpoints"]}, {"toolsidecar"})
+        r = await self.side.request("$SRV.PING", b"", timeout=2)
+        self.assertEqual(json.loads(r.data)["name"], "toolsidecar-python-worker")
+
+    async def test_stats(self):
+        """nats.micro answers $SRV.STATS: the calls each tool took."""
+        for i in range(2):
+            await self.side.request(f"{PREFIX}.echo", manifest("echo", f"act_s{i}", {}), timeout=2)
+        await self.side.request(f"{PREFIX}.typed", manifest("typed", "act_s2", {}), timeout=2)
+        r = await self.side.request("$SRV.STATS", b"", timeout=2)
+        stats = {e["name"]: e for e in json.loads(r.data)["endpoints"]}
+        self.assertEqual(stats["echo"]["num_requests"], 2)
+        self.assertEqual(stats["typed"]["num_requests"], 1)
 
 
 if __name__ == "__main__":

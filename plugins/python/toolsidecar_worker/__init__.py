@@ -6,8 +6,10 @@ group ``toolsidecar``; the request body is the manifest exactly as Core sent
 it; a success reply is the result bytes; an error reply carries the headers
 ``Nats-Service-Error``, ``Nats-Service-Error-Code`` and ``Tool-Error-Type``.
 ``call.progress()`` keeps a long call alive; ``<prefix>.cancel.<action_id>``
-cancels the handler's task. The worker also answers NATS micro's
-``$SRV.PING`` and ``$SRV.INFO`` so the sidecar can see it is alive.
+cancels the handler's task. The tools are the endpoints of a NATS micro
+service (nats-py's ``nats.micro``, nats-py 2.15 or later), which answers
+``$SRV.PING``, ``$SRV.INFO`` and ``$SRV.STATS``: the sidecar sees the worker
+alive, and an operator sees its calls and errors per tool.
 
     import asyncio, nats
     from toolsidecar_worker import serve, ToolError
@@ -30,11 +32,13 @@ import inspect
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, Optional, Union
 
-__all__ = ["Call", "ToolError", "Worker", "serve", "ERROR_CODES"]
+__all__ = ["Call", "ToolError", "Worker", "serve", "ERROR_CODES", "VERSION"]
+
+#: The version the micro service announces.
+VERSION = "0.2.0"
 
 log = logging.getLogger("toolsidecar_worker")
 
@@ -122,34 +126,28 @@ class Worker:
         self._prefix = prefix
         self._tools = tools
         self._sem = asyncio.Semaphore(concurrency)
-        self._subs = []
+        self._service = None
+        self._cancel_sub = None
         self._tasks: Dict[str, asyncio.Task] = {}
         self._running: set = set()
         self._cancelled: set = set()
-        self._id = uuid.uuid4().hex
 
-    async def _start(self) -> None:
+    async def _start(self, add_service) -> None:
+        # One micro endpoint per tool, in queue group toolsidecar. nats-py
+        # runs a subscription's handler to its end before the next
+        # message, so the handler only starts the call's task: calls run
+        # at once, up to the concurrency. The endpoint's stats therefore
+        # count requests, and errors are this worker's replies.
+        self._service = await add_service(self._nc, name="toolsidecar-python-worker", version=VERSION,
+                                          description="toolsidecar tools served from Python", queue_group="toolsidecar")
         for tool, handler in self._tools.items():
-            async def cb(msg, tool=tool, handler=handler):
-                task = asyncio.ensure_future(self._handle(tool, handler, msg))
+            async def start_call(req, tool=tool, handler=handler):
+                task = asyncio.ensure_future(self._handle(tool, handler, req))
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
 
-            self._subs.append(await self._nc.subscribe(f"{self._prefix}.{tool}", queue="toolsidecar", cb=cb))
-        self._subs.append(await self._nc.subscribe(f"{self._prefix}.cancel.*", cb=self._on_cancel))
-        info = {
-            "type": "io.nats.micro.v1.info_response", "name": "toolsidecar-python-worker", "id": self._id,
-            "version": "0.1.0", "metadata": {},
-            "endpoints": [{"name": t, "subject": f"{self._prefix}.{t}", "queue_group": "toolsidecar"} for t in self._tools],
-        }
-        ping = {"type": "io.nats.micro.v1.ping_response", "name": info["name"], "id": self._id, "version": "0.1.0", "metadata": {}}
-        for subject, reply in (("$SRV.INFO", info), ("$SRV.PING", ping)):
-            payload = json.dumps(reply).encode()
-
-            async def answer(msg, payload=payload):
-                await msg.respond(payload)
-
-            self._subs.append(await self._nc.subscribe(subject, cb=answer))
+            await self._service.add_endpoint(name=tool, subject=f"{self._prefix}.{tool}", handler=start_call)
+        self._cancel_sub = await self._nc.subscribe(f"{self._prefix}.cancel.*", cb=self._on_cancel)
         await self._nc.flush()
 
     async def _on_cancel(self, msg) -> None:
@@ -159,19 +157,28 @@ class Worker:
             self._cancelled.add(action_id)
             task.cancel()
 
-    async def _reply_error(self, msg, type: str, message: str) -> None:
-        if msg.reply:
-            headers = {"Nats-Service-Error": message, "Nats-Service-Error-Code": str(ERROR_CODES[type]), "Tool-Error-Type": type}
-            await self._nc.publish(msg.reply, b"", headers=headers)
+    @staticmethod
+    async def _reply(req, data: bytes = b"", headers: Optional[Dict[str, str]] = None) -> None:
+        try:
+            await req.respond(data, headers=headers)
+        except ValueError:  # no reply subject: nobody waits for an answer
+            pass
 
-    async def _handle(self, tool: str, handler: Handler, msg) -> None:
+    @staticmethod
+    async def _reply_error(req, type: str, message: str) -> None:
+        try:
+            await req.respond_error(str(ERROR_CODES[type]), message, headers={"Tool-Error-Type": type})
+        except ValueError:
+            pass
+
+    async def _handle(self, tool: str, handler: Handler, req) -> None:
         async with self._sem:
             try:
-                m = json.loads(msg.data)
+                m = json.loads(req.data)
             except ValueError as e:
-                await self._reply_error(msg, "invalid_args", f"request body is not a manifest: {e}")
+                await self._reply_error(req, "invalid_args", f"request body is not a manifest: {e}")
                 return
-            h = msg.headers or {}
+            h = req.headers or {}
             deadline_ms = h.get("Tool-Deadline")
             deadline = int(deadline_ms) / 1000 if deadline_ms else None
             budget = deadline - time.time() if deadline else None
@@ -179,14 +186,13 @@ class Worker:
             state = {"deadline": deadline}
 
             async def progress():
-                if msg.reply:
-                    await self._nc.publish(msg.reply, b"", headers={"Tool-Progress": "1"})
+                await self._reply(req, headers={"Tool-Progress": "1"})
                 if budget:
                     state["deadline"] = call.deadline = time.time() + budget
 
             loop = asyncio.get_running_loop()
             call = Call(tool=tool, run_id=m.get("run_id", ""), action_id=action_id, tool_call_id=m.get("tool_call_id", ""),
-                        args=m.get("args"), manifest=msg.data, attempt=int(h.get("Tool-Attempt", "1") or 1),
+                        args=m.get("args"), manifest=req.data, attempt=int(h.get("Tool-Attempt", "1") or 1),
                         deadline=deadline, idempotency_key=h.get("Tool-Idempotency-Key", ""),
                         traceparent=h.get("traceparent", ""), _progress=progress, _loop=loop)
             task = asyncio.ensure_future(_invoke(handler, call, loop))
@@ -200,34 +206,41 @@ class Worker:
                         break
                     if state["deadline"] is not None and time.time() >= state["deadline"]:
                         task.cancel()
-                        await self._reply_error(msg, "timeout", "deadline passed")
+                        await self._reply_error(req, "timeout", "deadline passed")
                         return
-                result = task.result()
-                if msg.reply:
-                    await self._nc.publish(msg.reply, _encode(result))
+                await self._reply(req, _encode(task.result()))
             except asyncio.CancelledError:
                 if action_id in self._cancelled:
                     return  # the sidecar stopped waiting; nobody reads a reply
-                await self._reply_error(msg, "cancelled", "worker stopping")
+                await self._reply_error(req, "cancelled", "worker stopping")
             except ToolError as e:
-                await self._reply_error(msg, e.type, e.message)
+                await self._reply_error(req, e.type, e.message)
             except Exception as e:  # a failed tool is an outcome, not a crash
                 log.exception("tool %s failed (action %s)", tool, action_id)
-                await self._reply_error(msg, "tool_error", str(e) or type(e).__name__)
+                await self._reply_error(req, "tool_error", str(e) or type(e).__name__)
             finally:
                 self._tasks.pop(action_id, None)
                 self._cancelled.discard(action_id)
 
     async def stop(self) -> None:
         """Stop taking calls and wait for those in flight."""
-        for sub in self._subs:
-            await sub.unsubscribe()
+        if self._service is not None:
+            await self._service.stop()
+        if self._cancel_sub is not None:
+            await self._cancel_sub.unsubscribe()
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 
-async def serve(nc, tools: Dict[str, Handler], prefix: str = "toolsidecar.tools", concurrency: int = 64) -> Worker:
-    """Serve the tools on an open nats-py connection until stop()."""
+async def serve(nc, tools: Dict[str, Handler], prefix: str = "toolsidecar.tools", concurrency: int = 64,
+                add_service=None) -> Worker:
+    """Serve the tools on an open nats-py connection until stop().
+
+    add_service makes the NATS micro service; it defaults to nats-py's
+    ``nats.micro.add_service`` (a test may pass another with its interface).
+    """
+    if add_service is None:
+        from nats.micro import add_service  # nats-py 2.15 or later
     w = Worker(nc, prefix, tools, concurrency)
-    await w._start()
+    await w._start(add_service)
     return w
