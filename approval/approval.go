@@ -88,6 +88,15 @@ type Store interface {
 	Pending(ctx context.Context) ([]Entry, error)
 }
 
+// Outlives reports whether s keeps its approvals beyond the process (it
+// has a method Durable that says so): a call that waits on such a store
+// may be left for the next drive when the sidecar stops, rather than
+// withdrawn.
+func Outlives(s Store) bool {
+	d, ok := s.(interface{ Durable() bool })
+	return ok && d.Durable()
+}
+
 // Arguments returns args as an approval shows them: the JSON itself, or
 // a JSON string of its first MaxArgumentsBytes bytes when it is longer.
 func Arguments(args []byte) json.RawMessage {

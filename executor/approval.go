@@ -3,6 +3,8 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/approval"
@@ -31,7 +33,11 @@ func (e *Executor) approved(next dispatchFunc) dispatchFunc {
 		if c.def.Config.Approval != config.ApprovalRequired {
 			return next(ctx, c, o)
 		}
-		v, err := e.awaitApproval(ctx, c)
+		v, left, err := e.awaitApproval(ctx, c)
+		if left {
+			o.deferred = true
+			return tool.Outcome{Err: tool.NewError(tool.Interrupted, "left for the next drive: the sidecar stopped while the call waited for approval")}
+		}
 		if err != nil {
 			return tool.Outcome{Err: err}
 		}
@@ -44,14 +50,15 @@ func (e *Executor) approved(next dispatchFunc) dispatchFunc {
 }
 
 // awaitApproval opens the call's approval (or finds the one a previous
-// drive opened), says so on the drive's stream, and waits for its verdict.
-func (e *Executor) awaitApproval(ctx context.Context, c *call) (*ApprovalResult, *tool.Error) {
+// drive opened), says so on the drive's stream, and waits for its verdict;
+// left says the sidecar stops and the approval is kept for the next drive.
+func (e *Executor) awaitApproval(ctx context.Context, c *call) (res *ApprovalResult, left bool, _ *tool.Error) {
 	now := time.Now().UTC()
 	ent, err := e.approvals.Open(ctx, approval.Request{ActionID: c.m.ActionID, RunID: c.m.RunID, ToolCallID: c.m.ToolCallID,
 		Tool: c.m.Tool, Arguments: approval.Arguments(c.m.Args), RequestedAt: now, Deadline: now.Add(approvalTimeout(c))})
 	if err != nil {
 		// Not run without a recorded approval.
-		return nil, tool.NewError(tool.Denied, "not run: the call's approval could not be recorded: %v", err)
+		return nil, false, tool.NewError(tool.Denied, "not run: the call's approval could not be recorded: %v", err)
 	}
 	log := callLog(c.b.log, c.m)
 	v := ent.Verdict
@@ -61,26 +68,49 @@ func (e *Executor) awaitApproval(ctx context.Context, c *call) (*ApprovalResult,
 		e.obs.ApprovalWaiting(1)
 		v, err = e.waitVerdict(ctx, ent)
 		e.obs.ApprovalWaiting(-1)
+		if errors.Is(err, errLeftForNextDrive) {
+			log.Info("the sidecar stops: the call is left, waiting for approval, for the next drive of the run")
+			return nil, true, nil
+		}
 		if err != nil {
-			return nil, tool.NewError(tool.Cancelled, "call cancelled while it waited for approval: %v", err)
+			return nil, false, tool.NewError(tool.Cancelled, "call cancelled while it waited for approval: %v", err)
 		}
 	}
 	e.obs.ApprovalDecided(v.Outcome, v.DecidedAt.Sub(ent.RequestedAt))
-	res := &ApprovalResult{Verdict: *v, WaitedMS: max(0, v.DecidedAt.Sub(ent.RequestedAt).Milliseconds())}
+	res = &ApprovalResult{Verdict: *v, WaitedMS: max(0, v.DecidedAt.Sub(ent.RequestedAt).Milliseconds())}
 	log.Info("call's approval decided", "outcome", v.Outcome, "approver", v.Approver, "authenticated_as", v.AuthenticatedAs,
 		"reason", v.Reason, "waited_ms", res.WaitedMS)
 	c.b.emit(Event{Type: EventApprovalDecided, Turn: c.b.n, Call: c.ref(), Approval: &approval.Entry{Request: ent.Request, Verdict: v}})
-	return res, nil
+	return res, false, nil
 }
+
+// errLeftForNextDrive: the sidecar stops while the call waits for an
+// approval that a durable store keeps.
+var errLeftForNextDrive = fmt.Errorf("approval kept for the next drive: %w", ErrLeftForNextDrive)
 
 // waitVerdict waits for the approval's verdict until its deadline, then
 // decides it timed out; a person's decision that lands in the same
 // instant wins (Decide refuses the second verdict). A call cancelled
 // while it waits withdraws its approval: its Action ends cancelled, and
-// nobody needs to decide.
+// nobody needs to decide. When the sidecar stops (Drain) and the store
+// outlives it, the wait ends with errLeftForNextDrive and the approval
+// stays pending.
 func (e *Executor) waitVerdict(ctx context.Context, ent approval.Entry) (*approval.Verdict, error) {
 	wctx, cancel := context.WithDeadline(ctx, ent.Deadline)
 	defer cancel()
+	if approval.Outlives(e.approvals) {
+		dctx, dcancel := context.WithCancelCause(wctx)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			select {
+			case <-e.drained:
+				dcancel(errLeftForNextDrive)
+			case <-dctx.Done():
+			}
+		})
+		defer func() { dcancel(nil); wg.Wait() }()
+		wctx = dctx
+	}
 	for {
 		v, err := e.approvals.Await(wctx, ent.ActionID)
 		if err == nil {
@@ -95,6 +125,9 @@ func (e *Executor) waitVerdict(ctx context.Context, ent approval.Entry) (*approv
 		if clock.Sleep(wctx, time.Second) != nil {
 			break
 		}
+	}
+	if errors.Is(context.Cause(wctx), errLeftForNextDrive) && ctx.Err() == nil {
+		return nil, errLeftForNextDrive
 	}
 	outcome := approval.TimedOut
 	if ctx.Err() != nil {

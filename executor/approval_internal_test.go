@@ -15,6 +15,12 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
+// keptStore is a store in memory that says it outlives the process, as
+// the ledger's does.
+type keptStore struct{ *approval.Memory }
+
+func (keptStore) Durable() bool { return true }
+
 // brokenStore is an approval store that cannot record anything.
 type brokenStore struct{ approval.Store }
 
@@ -26,8 +32,10 @@ func (brokenStore) Open(context.Context, approval.Request) (approval.Entry, erro
 // passes straight on; an approved call is dispatched with the verdict in
 // its result; a call cancelled while it waits is not dispatched and
 // withdraws its approval, and a later drive that finds it withdrawn does
-// not run it either; a store that cannot record the approval denies the
-// call rather than run it unapproved.
+// not run it either; when the sidecar stops, a call waiting on a store
+// that outlives it is left for the next drive, its approval pending; a
+// store that cannot record the approval denies the call rather than run
+// it unapproved.
 func TestApprovalPolicy(t *testing.T) {
 	store := approval.NewMemory()
 	e := policyExecutor(config.Executor{SubmitBudget: time.Second})
@@ -71,6 +79,22 @@ func TestApprovalPolicy(t *testing.T) {
 	got := e.approved(ok.next)(context.Background(), w, newOutcome(1, w.m))
 	if got.Err == nil || got.Err.Type != tool.Cancelled || !strings.Contains(got.Err.Message, "withdrawn") || ok.calls != 2 {
 		t.Errorf("a call whose approval was withdrawn, driven again: %+v after %d dispatches", got.Err, ok.calls)
+	}
+
+	// The sidecar stops while a call waits on a store that outlives it:
+	// the call is left for the next drive, its approval still pending.
+	kept := keptStore{approval.NewMemory()}
+	e.approvals, e.drained = kept, make(chan struct{})
+	d := policyCall(e, br, 4, gated)
+	do := newOutcome(1, d.m)
+	go func() { done <- e.approved(ok.next)(context.Background(), d, do) }()
+	poll.Until(t, "the kept approval to be pending", func() bool { p, _ := kept.Pending(context.Background()); return len(p) == 1 })
+	e.Drain()
+	if got := <-done; got.Err == nil || got.Err.Type != tool.Interrupted || !do.deferred || ok.calls != 2 {
+		t.Errorf("a call waiting as the sidecar stops: %+v, deferred %v, after %d dispatches", got.Err, do.deferred, ok.calls)
+	}
+	if p, _ := kept.Pending(context.Background()); len(p) != 1 || p[0].ActionID != d.m.ActionID {
+		t.Errorf("after the stop the store holds %+v pending, want the call's approval", p)
 	}
 
 	e.approvals = brokenStore{}

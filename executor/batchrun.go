@@ -30,26 +30,33 @@ type outcome struct {
 	status   string // the Action's final status
 	done     time.Time
 	recorded bool // the tool message is in Core already
+	// deferred: the call waited for approval as the sidecar stopped; it
+	// records nothing, and its Action stays open for the next drive.
+	deferred bool
 }
 
 // batchRun is one batch being joined: the calls of a turn, or those a
 // reconciliation found open. Its calls are added by one goroutine (the
 // stream's reader), each runs on its own, and wait joins them.
 type batchRun struct {
-	e        *Executor
-	ctx      context.Context // the turn's: the calls run under it
-	rec      recorder        // where the calls' records go: the upstream
-	req      Request
-	n        int
-	emit     Sink
-	log      *slog.Logger
-	reg      *registry.Registry
-	b        *batch.Batch
-	calls    []*call
-	seen     map[string]bool
-	lanes    map[string]*lane
-	failRun  error
-	coreDown atomic.Bool // a submission ran out of budget: keep the rest
+	e       *Executor
+	ctx     context.Context // the turn's: the calls run under it
+	rec     recorder        // where the calls' records go: the upstream
+	req     Request
+	n       int
+	emit    Sink
+	log     *slog.Logger
+	reg     *registry.Registry
+	b       *batch.Batch
+	calls   []*call
+	seen    map[string]bool
+	lanes   map[string]*lane
+	failRun error
+	// keepRest, once set, says why the later calls of the batch are not
+	// tried but kept for the next drive: a submission ran out of budget,
+	// or a call was left for the next drive (its outputs must follow in
+	// call order).
+	keepRest atomic.Pointer[error]
 }
 
 func (e *Executor) newBatch(tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
@@ -133,6 +140,8 @@ func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context
 	}
 	serr := errors.Join(errs...)
 	switch cause := context.Cause(br.ctx); {
+	case serr != nil && errors.Is(serr, ErrLeftForNextDrive):
+		tr.interrupted = fmt.Errorf("the sidecar stopped while a call waited for approval; the approval is kept, and the next drive of the run waits for it again: %w", serr)
 	case serr != nil && errors.Is(serr, ErrSubmitBudget):
 		tr.interrupted = fmt.Errorf("%w; the outcomes are kept and the next drive of the run submits them: %w", ErrSubmit, serr)
 	case serr != nil:

@@ -228,9 +228,14 @@ func (c *call) progress() {
 // for the next drive without being tried.
 func (c *call) record(ctx context.Context) error {
 	o := c.o
-	if c.b.coreDown.Load() {
+	if o.deferred {
+		why := fmt.Errorf("%w: call %s (%s) before it waits for approval", ErrLeftForNextDrive, c.m.ToolCallID, c.m.Tool)
+		c.b.keepRest.CompareAndSwap(nil, &why)
+		return fmt.Errorf("call %s (%s): %w: it waits for approval as the sidecar stops", c.m.ToolCallID, c.m.Tool, ErrLeftForNextDrive)
+	}
+	if why := c.b.keepRest.Load(); why != nil {
 		c.e.keep(o)
-		return fmt.Errorf("call %s (%s): %w: not tried, an earlier submission of the batch ran out of budget", c.m.ToolCallID, c.m.Tool, ErrSubmitBudget)
+		return fmt.Errorf("call %s (%s): not tried: %w", c.m.ToolCallID, c.m.Tool, *why)
 	}
 	if o.recorded {
 		return nil
@@ -262,7 +267,8 @@ func (c *call) keepAfter(what string, err error) error {
 	callLog(c.b.log, c.m).Error(what+"; the outcome is kept for the next drive", "err", err)
 	c.e.keep(c.o)
 	if errors.Is(err, ErrSubmitBudget) {
-		c.b.coreDown.Store(true)
+		why := fmt.Errorf("%w: an earlier submission of the batch ran out of budget", ErrSubmitBudget)
+		c.b.keepRest.CompareAndSwap(nil, &why)
 	}
 	return fmt.Errorf("call %s (%s): %s: %w", c.m.ToolCallID, c.m.Tool, what, err)
 }

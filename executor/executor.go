@@ -150,6 +150,8 @@ type Executor struct {
 	tracer    trace.Tracer
 	tracing   bool // false with OpenTelemetry's no-op tracer, whose spans record nothing
 	stopping  atomic.Bool
+	drained   chan struct{} // closed by Drain
+	drainOnce sync.Once
 
 	drivesMu sync.Mutex
 	drives   map[string]*drive // runs being driven: one driver per run
@@ -173,8 +175,13 @@ type Executor struct {
 
 // Drain makes every drive end after its current batch is joined and
 // submitted, with status "interrupted", and asks for no further turn: the
-// first step of a graceful shutdown. It stops nothing in flight.
-func (e *Executor) Drain() { e.stopping.Store(true) }
+// first step of a graceful shutdown. It stops nothing in flight, except
+// the wait of calls for a person's approval kept in a durable store:
+// those are left, open, for the next drive of their run.
+func (e *Executor) Drain() {
+	e.stopping.Store(true)
+	e.drainOnce.Do(func() { close(e.drained) })
+}
 
 // New builds an executor that drives the runs of up. nats serves the
 // "nats" route. No I/O.
@@ -214,7 +221,7 @@ func New(cfg config.Executor, up Upstream, tools Tools, nats Dispatcher, opts ..
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""),
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
 		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)},
-		approvals: approval.NewMemory()}
+		approvals: approval.NewMemory(), drained: make(chan struct{})}
 	e.routes[registry.Builtin] = builtin{e}
 	e.watch = &watcher{up: up, interval: cfg.CancelPoll, rps: cfg.CancelPollRPS, runs: map[string]*watch{}}
 	for _, o := range opts {

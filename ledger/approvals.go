@@ -22,6 +22,9 @@ func (l *Ledger) Approvals() *Approvals { return &Approvals{kv: l.approvals} }
 
 var _ approval.Store = (*Approvals)(nil)
 
+// Durable reports that the approvals outlive the process (approval.Outlives).
+func (*Approvals) Durable() bool { return true }
+
 // Open implements approval.Store.
 func (a *Approvals) Open(ctx context.Context, r approval.Request) (approval.Entry, error) {
 	data, err := json.Marshal(approval.Entry{Request: r})

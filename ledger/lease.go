@@ -127,8 +127,10 @@ func OpenLeases(ctx context.Context, nc *nats.Conn, cfg LeaseConfig, log *slog.L
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
 	bucket := func(suffix string, ttl, markerTTL time.Duration, desc string) (jetstream.KeyValue, error) {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketName(cfg.Prefix) + suffix, TTL: ttl,
-			LimitMarkerTTL: markerTTL, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc})
+		kv, err := create(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+			return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketName(cfg.Prefix) + suffix, TTL: ttl,
+				LimitMarkerTTL: markerTTL, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc})
+		})
 		if err != nil {
 			return nil, fmt.Errorf("ledger: lease bucket %s: %w", suffix, err)
 		}

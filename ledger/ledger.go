@@ -81,28 +81,35 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
 	}
 	name := bucketName(cfg.Prefix)
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + "_LEDGER", TTL: Retention,
-		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar outcome ledger, by Action ID"})
+	kvBucket := func(suffix, desc string) (jetstream.KeyValue, error) {
+		return create(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+			return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + suffix, TTL: Retention,
+				Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc})
+		})
+	}
+	kv, err := kvBucket("_LEDGER", "toolsidecar outcome ledger, by Action ID")
 	if err != nil {
 		return nil, fmt.Errorf("ledger: bucket: %w", err)
 	}
-	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name + "_REPLIES", Subjects: []string{cfg.Prefix + ".replies.>"},
-		MaxAge: Retention, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar worker replies"})
+	st, err := create(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name + "_REPLIES", Subjects: []string{cfg.Prefix + ".replies.>"},
+			MaxAge: Retention, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar worker replies"})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: reply stream: %w", err)
 	}
-	memo, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + "_DEDUPE", TTL: Retention,
-		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar results that answer repeated calls, by run, tool and arguments"})
+	memo, err := kvBucket("_DEDUPE", "toolsidecar results that answer repeated calls, by run, tool and arguments")
 	if err != nil {
 		return nil, fmt.Errorf("ledger: dedupe bucket: %w", err)
 	}
-	results, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: name + "_RESULTS", TTL: Retention,
-		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar results stored by claim-check, by run and handle"})
+	results, err := create(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: name + "_RESULTS", TTL: Retention,
+			Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar results stored by claim-check, by run and handle"})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: result store: %w", err)
 	}
-	approvals, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + "_APPROVALS", TTL: Retention,
-		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar approvals, pending and decided, by Action ID"})
+	approvals, err := kvBucket("_APPROVALS", "toolsidecar approvals, pending and decided, by Action ID")
 	if err != nil {
 		return nil, fmt.Errorf("ledger: approval bucket: %w", err)
 	}

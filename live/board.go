@@ -76,6 +76,9 @@ type Board struct {
 	runs     map[string]*Run
 	finished []string // oldest first, at most history
 	watchers map[*watcher]struct{}
+
+	closed    chan struct{} // closed by Close: the pages' streams end
+	closeOnce sync.Once
 }
 
 // watcher is one page's queue of changes: the runs changed since it last
@@ -88,8 +91,13 @@ type watcher struct {
 
 // NewBoard returns a board that keeps history finished runs.
 func NewBoard(history int) *Board {
-	return &Board{history: max(1, history), runs: map[string]*Run{}, watchers: map[*watcher]struct{}{}}
+	return &Board{history: max(1, history), runs: map[string]*Run{}, watchers: map[*watcher]struct{}{}, closed: make(chan struct{})}
 }
+
+// Close ends the pages' streams, so that a browser left open on the view
+// does not hold the server's graceful shutdown (register it with
+// http.Server.RegisterOnShutdown). The board still folds events.
+func (b *Board) Close() { b.closeOnce.Do(func() { close(b.closed) }) }
 
 func ms(t time.Time) int64 {
 	if t.IsZero() {

@@ -132,6 +132,8 @@ func (s *stream) run() {
 		select {
 		case <-s.ctx.Done():
 			return
+		case <-s.cfg.Board.closed:
+			return // the server shuts down; the page reconnects to the next one
 		case <-keepalive.C:
 			m := &sse.Message{}
 			m.AppendComment("keepalive")

@@ -3,6 +3,8 @@ package sidecar_test
 import (
 	"bufio"
 	"context"
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/sidecar"
 )
 
 func get(t *testing.T, ctx context.Context, url, token string) *http.Response {
@@ -76,5 +79,31 @@ func TestLiveViewAuth(t *testing.T) {
 		if resp.StatusCode != http.StatusNotFound {
 			t.Errorf("GET %s with server.ui false: %d, want 404", p, resp.StatusCode)
 		}
+	}
+}
+
+// TestLiveViewDoesNotHoldShutdown: a browser left open on the live view
+// does not hold a graceful shutdown: its stream ends as the shutdown
+// begins, and the shutdown finishes without reaching its deadline.
+func TestLiveViewDoesNotHoldShutdown(t *testing.T) {
+	logs := &testenv.LogBuffer{}
+	env := testenv.Start(t, coresim.Scenario{Turns: []coresim.Turn{{Content: "hello"}}}, testenv.Options{
+		Sidecar: []sidecar.Option{sidecar.WithLogger(slog.New(slog.NewJSONHandler(logs, nil)))}})
+	resp := get(t, context.Background(), env.URL+"/ui/events", "")
+	defer resp.Body.Close()
+	first := bufio.NewReader(resp.Body)
+	if line, err := first.ReadString('\n'); err != nil || line != "event: snapshot\n" {
+		t.Fatalf("the stream began %q %v", line, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- env.Sidecar.Shutdown(ctx) }()
+	if _, err := io.Copy(io.Discard, first); err != nil {
+		t.Errorf("the stream ended with %v, want its end", err)
+	}
+	<-shut
+	if strings.Contains(logs.String(), "shutdown deadline") {
+		t.Errorf("the shutdown reached its deadline:\n%s", logs.String())
 	}
 }

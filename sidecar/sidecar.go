@@ -522,6 +522,9 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	if s.cfg.Server.HTTP2Cleartext {
 		serveCleartextHTTP2(s.hs, s.cfg.Server.MaxStreams)
 	}
+	if s.board != nil {
+		s.hs.RegisterOnShutdown(s.board.Close)
+	}
 	if s.cfg.Server.OpsListen != "" {
 		if s.opsLn, s.opsHS, err = s.listen("server.ops_listen", s.cfg.Server.OpsListen, srv.Ops(), base); err != nil {
 			return err

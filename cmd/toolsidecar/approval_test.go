@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,7 +50,16 @@ func (p *daemonProc) decide(t *testing.T, actionID, decision string) int {
 // decision taken on the restarted daemon releases it: the gated tool runs
 // once, no turn was asked before the decision, and Core has one output per
 // call with every Action finalised.
-func TestApprovalSurvivesSIGKILL(t *testing.T) {
+func TestApprovalSurvivesSIGKILL(t *testing.T) { approvalAcrossRestart(t, syscall.SIGKILL) }
+
+// TestApprovalSurvivesSIGTERM: the same with a graceful stop, as a rolling
+// update does. The daemon does not wait for the decision (nor for its
+// shutdown timeout): the first drive ends interrupted, the gated call's
+// Action is still pending and its approval kept, nothing after it in the
+// batch was posted out of order, and the daemon exits 0. Then as above.
+func TestApprovalSurvivesSIGTERM(t *testing.T) { approvalAcrossRestart(t, syscall.SIGTERM) }
+
+func approvalAcrossRestart(t *testing.T, sig syscall.Signal) {
 	sc := coresim.Scenario{Turns: []coresim.Turn{
 		{Calls: []coresim.Call{{Tool: "pay", ArgsJSON: `{"amount": 12}`}, {Tool: "look", ArgsJSON: `{}`}}},
 		{Content: "answer: {{results}}"}}}
@@ -73,12 +83,26 @@ func TestApprovalSurvivesSIGKILL(t *testing.T) {
 		before = p.pendingApprovals(t)
 		return len(before) == 1 && looks.Load() == 1
 	})
-	if err := p.cmd.Process.Kill(); err != nil {
+	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
-	p.cmd.Wait()
-	if res := <-first; res.err == nil {
+	exit := p.cmd.Wait()
+	res := <-first
+	switch {
+	case sig == syscall.SIGKILL && res.err == nil:
 		t.Fatalf("the first drive survived SIGKILL: %+v", res.sum)
+	case sig == syscall.SIGTERM:
+		if exit != nil || res.err != nil || res.sum.Status != executor.StatusInterrupted {
+			t.Fatalf("after SIGTERM the daemon exited with %v and the drive ended %+v %v, want exit 0 and interrupted\n%s", exit, res.sum, res.err, p.stderr.String())
+		}
+		for _, a := range sim.Actions(run.ID) {
+			if a.ToolName == "pay" && a.Status != core.ActionPending {
+				t.Errorf("after SIGTERM the gated call's Action is %s, want pending", a.Status)
+			}
+		}
+		if msgs := sim.ToolMessages(run.ThreadID); len(msgs) != 0 {
+			t.Errorf("%d tool messages posted before the gated call's, want none (call order)", len(msgs))
+		}
 	}
 
 	p.start(t)
@@ -99,7 +123,7 @@ func TestApprovalSurvivesSIGKILL(t *testing.T) {
 	if code := p.decide(t, after[0].ActionID, "approve"); code != http.StatusOK {
 		t.Fatalf("the restarted daemon answered the decision %d\n%s", code, p.stderr.String())
 	}
-	res := <-second
+	res = <-second
 	if res.err != nil || res.sum.Status != executor.StatusCompleted {
 		t.Fatalf("second drive %+v %v\n%s", res.sum, res.err, p.stderr.String())
 	}
