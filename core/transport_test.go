@@ -225,6 +225,7 @@ func TestIdleTimeoutUnderCores(t *testing.T) {
 // answers, or when bytes that answer nothing follow the answer.
 func TestConnectionKeptOrClosed(t *testing.T) {
 	release := make(chan struct{})
+	trailingClosed := make(chan struct{}) // the client closed the connection the stray bytes came on
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/runs/chunked":
@@ -249,6 +250,7 @@ func TestConnectionKeptOrClosed(t *testing.T) {
 			fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%sHTTP/1.1 200 OK\r\n\r\n", len(body), body)
 			bw.Flush()
 			io.Copy(io.Discard, conn) // until the client closes it
+			close(trailingClosed)
 		default:
 			runCore(w, r)
 		}
@@ -294,6 +296,16 @@ func TestConnectionKeptOrClosed(t *testing.T) {
 		}
 		if n := conns.opened.Load(); n != s.conns {
 			t.Fatalf("after step %d (%s) Core accepted %d connections, want %d", i, s.run, n, s.conns)
+		}
+		if s.run == "trailing" {
+			// net/http sees the stray bytes once the connection is idle,
+			// and closes it; a request sent on it before then would read
+			// them as its answer, so wait for the close.
+			select {
+			case <-trailingClosed:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the client kept the connection that stray bytes came on")
+			}
 		}
 	}
 }

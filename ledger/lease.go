@@ -38,8 +38,8 @@ import (
 //
 // Holding leases costs one write per sidecar every TTL/3 and two per drive
 // (take, release), however many runs a sidecar drives. A key per run
-// rewritten every TTL/3 needed 3,000 writes a second at 10,000 runs, and
-// JetStream fell behind (RELIABILITY.md).
+// rewritten every TTL/3 would need 3,000 writes a second at 10,000 runs,
+// more than JetStream keeps up with beside a loaded sidecar.
 //
 // While it drives, the holder publishes the drive's events on
 // <prefix>.runs.<run_id>; a drive request that reaches another sidecar
@@ -176,7 +176,7 @@ func OpenLeases(ctx context.Context, nc *nats.Conn, cfg LeaseConfig, log *slog.L
 // instrument makes the lease metrics. Renewals that take a good part of
 // the TTL, or leases whose holder's key lapsed under their drives, say that
 // JetStream or the link to it is too slow for the TTL: raise
-// durability.lease_ttl (RELIABILITY.md).
+// durability.lease_ttl (RELIABILITY.md, Run leases).
 func (ls *Leases) instrument(reg prometheus.Registerer) {
 	f := promauto.With(reg)
 	f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "leases_held",
