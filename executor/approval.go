@@ -66,7 +66,10 @@ func (e *Executor) awaitApproval(ctx context.Context, c *call) (res *ApprovalRes
 		log.Info("call waits for approval", "deadline", ent.Deadline)
 		c.b.emit(Event{Type: EventApprovalRequired, Turn: c.b.n, Call: c.ref(), Approval: &ent})
 		e.obs.ApprovalWaiting(1)
-		v, err = e.waitVerdict(ctx, ent)
+		// A call that no upstream records (an MCP client's) has no next
+		// drive to be left for.
+		_, unrecordedCall := c.b.rec.(unrecorded)
+		v, err = e.waitVerdict(ctx, ent, approval.Outlives(e.approvals) && !unrecordedCall)
 		e.obs.ApprovalWaiting(-1)
 		if errors.Is(err, errLeftForNextDrive) {
 			log.Info("the sidecar stops: the call is left, waiting for approval, for the next drive of the run")
@@ -92,13 +95,14 @@ var errLeftForNextDrive = fmt.Errorf("approval kept for the next drive: %w", Err
 // decides it timed out; a person's decision that lands in the same
 // instant wins (Decide refuses the second verdict). A call cancelled
 // while it waits withdraws its approval: its Action ends cancelled, and
-// nobody needs to decide. When the sidecar stops (Drain) and the store
-// outlives it, the wait ends with errLeftForNextDrive and the approval
+// nobody needs to decide. When the sidecar stops (Drain) and the call is
+// leavable (its store outlives the process, and a next drive of its run
+// will find it), the wait ends with errLeftForNextDrive and the approval
 // stays pending.
-func (e *Executor) waitVerdict(ctx context.Context, ent approval.Entry) (*approval.Verdict, error) {
+func (e *Executor) waitVerdict(ctx context.Context, ent approval.Entry, leavable bool) (*approval.Verdict, error) {
 	wctx, cancel := context.WithDeadline(ctx, ent.Deadline)
 	defer cancel()
-	if approval.Outlives(e.approvals) {
+	if leavable {
 		dctx, dcancel := context.WithCancelCause(wctx)
 		var wg sync.WaitGroup
 		wg.Go(func() {

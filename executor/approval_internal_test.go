@@ -33,9 +33,10 @@ func (brokenStore) Open(context.Context, approval.Request) (approval.Entry, erro
 // its result; a call cancelled while it waits is not dispatched and
 // withdraws its approval, and a later drive that finds it withdrawn does
 // not run it either; when the sidecar stops, a call waiting on a store
-// that outlives it is left for the next drive, its approval pending; a
-// store that cannot record the approval denies the call rather than run
-// it unapproved.
+// that outlives it is left for the next drive, its approval pending (an
+// MCP client's call, which has no next drive, is not); a store that
+// cannot record the approval denies the call rather than run it
+// unapproved.
 func TestApprovalPolicy(t *testing.T) {
 	store := approval.NewMemory()
 	e := policyExecutor(config.Executor{SubmitBudget: time.Second})
@@ -95,6 +96,18 @@ func TestApprovalPolicy(t *testing.T) {
 	}
 	if p, _ := kept.Pending(context.Background()); len(p) != 1 || p[0].ActionID != d.m.ActionID {
 		t.Errorf("after the stop the store holds %+v pending, want the call's approval", p)
+	}
+
+	// An MCP client's call has no next drive: after the stop it still
+	// waits, and its caller's leaving withdraws it.
+	mbr := &batchRun{e: e, log: br.log, lanes: map[string]*lane{}, n: 1, emit: func(Event) {}, rec: unrecorded{}}
+	m := policyCall(e, mbr, 5, gated)
+	mo := newOutcome(1, m.m)
+	mctx, mcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	got = e.approved(ok.next)(mctx, m, mo)
+	mcancel()
+	if got.Err == nil || got.Err.Type != tool.Cancelled || mo.deferred {
+		t.Errorf("an MCP client's call after the stop: %+v, deferred %v; want it cancelled with its caller", got.Err, mo.deferred)
 	}
 
 	e.approvals = brokenStore{}
