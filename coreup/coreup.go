@@ -16,6 +16,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Upstream is Core as the executor's upstream.
@@ -212,8 +213,8 @@ func (u *Upstream) OpenCalls(ctx context.Context, req executor.Request) ([]execu
 		if len(args) == 0 || string(args) == "null" {
 			args = json.RawMessage("{}")
 		}
-		m := &core.Manifest{Type: string(core.KindManifest), RunID: req.RunID, ActionID: a.ID, ToolCallID: a.ToolCallID, Tool: a.ToolName, Args: args}
-		m.Raw, _ = json.Marshal(m) // the manifest as Core would have framed it
+		m := &core.Manifest{Type: string(core.KindManifest), RunID: req.RunID, ActionID: a.ID, ToolCallID: a.ToolCallID, Tool: a.ToolName, Args: args,
+			Raw: tool.EncodeManifest(req.RunID, a.ID, a.ToolCallID, a.ToolName, args)} // as Core would have framed it
 		out[i] = executor.OpenCall{Call: callOf(m), Started: a.Status == core.ActionProcessing, Recorded: recorded[a.ToolCallID]}
 	}
 	return out, nil

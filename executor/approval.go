@@ -66,10 +66,7 @@ func (e *Executor) awaitApproval(ctx context.Context, c *call) (res *ApprovalRes
 		log.Info("call waits for approval", "deadline", ent.Deadline)
 		c.b.emit(Event{Type: EventApprovalRequired, Turn: c.b.n, Call: c.ref(), Approval: &ent})
 		e.obs.ApprovalWaiting(1)
-		// A call that no upstream records (an MCP client's) has no next
-		// drive to be left for.
-		_, unrecordedCall := c.b.rec.(unrecorded)
-		v, err = e.waitVerdict(ctx, ent, approval.Outlives(e.approvals) && !unrecordedCall)
+		v, err = e.waitVerdict(ctx, ent, approval.Outlives(e.approvals) && !c.b.noNextDrive)
 		e.obs.ApprovalWaiting(-1)
 		if errors.Is(err, errLeftForNextDrive) {
 			log.Info("the sidecar stops: the call is left, waiting for approval, for the next drive of the run")

@@ -100,7 +100,7 @@ func TestApprovalPolicy(t *testing.T) {
 
 	// An MCP client's call has no next drive: after the stop it still
 	// waits, and its caller's leaving withdraws it.
-	mbr := &batchRun{e: e, log: br.log, lanes: map[string]*lane{}, n: 1, emit: func(Event) {}, rec: unrecorded{}}
+	mbr := &batchRun{e: e, log: br.log, lanes: map[string]*lane{}, n: 1, emit: func(Event) {}, rec: unrecorded{}, noNextDrive: true}
 	m := policyCall(e, mbr, 5, gated)
 	mo := newOutcome(1, m.m)
 	mctx, mcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

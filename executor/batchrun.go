@@ -52,6 +52,9 @@ type batchRun struct {
 	seen    map[string]bool
 	lanes   map[string]*lane
 	failRun error
+	// noNextDrive: no later drive will find the batch's calls (an MCP
+	// client's call), so none may be left for one.
+	noNextDrive bool
 	// keepRest, once set, says why the later calls of the batch are not
 	// tried but kept for the next drive: a submission ran out of budget,
 	// or a call was left for the next drive (its outputs must follow in

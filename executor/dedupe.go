@@ -110,6 +110,12 @@ func newMemMemo(maxBytes int) *memMemo {
 	return &memMemo{maxBytes: maxBytes, order: list.New(), items: map[string]*list.Element{}}
 }
 
+// NewMemoryMemo is a Memo in memory holding at most maxBytes of content:
+// the oldest entries, and the expired ones at the front, are dropped
+// first. Recall returns an entry until it is dropped; its reader checks
+// Expires.
+func NewMemoryMemo(maxBytes int) Memo { return newMemMemo(maxBytes) }
+
 func (m *memMemo) Recall(_ context.Context, key string) (MemoEntry, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

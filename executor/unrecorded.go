@@ -50,7 +50,7 @@ func (e *Executor) Call(ctx context.Context, name string, args json.RawMessage) 
 			res = *ev.Call
 		}
 	}, e.log.With("run_id", id))
-	br.rec = unrecorded{}
+	br.rec, br.noNextDrive = unrecorded{}, true
 	br.add(ctx, m)
 	_ = br.b.Wait()
 	return res

@@ -35,7 +35,7 @@ type Config struct {
 // carry no data: the server may serve them without the API token.
 func Pages() http.Handler {
 	sub, _ := fs.Sub(static, "static")
-	files := http.FileServerFS(sub)
+	files := http.StripPrefix("/ui", http.FileServerFS(sub)) // /ui itself is the index
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		// Nothing but the sidecar itself, and never in a frame: the
@@ -45,13 +45,6 @@ func Pages() http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("Cache-Control", "no-cache")
-		if r.URL.Path == "/ui" || r.URL.Path == "/ui/" {
-			r = r.Clone(r.Context())
-			r.URL.Path = "/"
-		} else {
-			r = r.Clone(r.Context())
-			r.URL.Path = r.URL.Path[len("/ui"):]
-		}
 		files.ServeHTTP(w, r)
 	})
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/executor"
@@ -34,7 +33,7 @@ type parkedTurn struct {
 
 func newParking(ttl time.Duration, memo executor.Memo) *parking {
 	if memo == nil {
-		memo = &memoryMemo{entries: map[string]executor.MemoEntry{}}
+		memo = executor.NewMemoryMemo(parkedBytes)
 	}
 	return &parking{ttl: ttl, memo: memo}
 }
@@ -143,37 +142,6 @@ func (p *parking) find(ctx context.Context, m message) *parkedTurn {
 	return &pt
 }
 
-// maxParked bounds the turns kept in memory; beyond it the entry that
-// expires first is dropped.
-const maxParked = 10000
-
-// memoryMemo is the Memo of a sidecar without durable mode.
-type memoryMemo struct {
-	mu      sync.Mutex
-	entries map[string]executor.MemoEntry
-}
-
-func (m *memoryMemo) Recall(_ context.Context, key string) (executor.MemoEntry, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.entries[key]
-	return e, ok
-}
-
-func (m *memoryMemo) Remember(_ context.Context, key string, e executor.MemoEntry) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := time.Now()
-	var first string
-	for k, x := range m.entries {
-		if now.After(x.Expires) {
-			delete(m.entries, k)
-		} else if first == "" || x.Expires.Before(m.entries[first].Expires) {
-			first = k
-		}
-	}
-	if len(m.entries) >= maxParked && first != "" {
-		delete(m.entries, first)
-	}
-	m.entries[key] = e
-}
+// parkedBytes bounds the turns kept in memory (without durable mode);
+// beyond it the oldest are dropped.
+const parkedBytes = 32 << 20

@@ -6,7 +6,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
-	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -40,12 +39,7 @@ func TestNewKindEndToEnd(t *testing.T) {
 	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "motd", ArgsJSON: `{}`}}}, {Content: "{{results}}"}}}
 	env := testenv.New(t, sc, testenv.Tool{Config: cfg.Tools[0]})
 	run := env.NewRun()
-	sum, err := env.Sidecar.Drive(context.Background(), testenv.Request(run), nil)
-	if err != nil || sum.Status != executor.StatusCompleted {
-		t.Fatalf("summary %+v err %v", sum, err)
-	}
-	env.AssertWholeBatches(run, 1)
-	if msgs := env.Sim.ToolMessages(run.ThreadID); msgs[0].Content != "closed on Sundays" {
+	if _, msgs := env.DriveWhole(run, 1); msgs[0].Content != "closed on Sundays" {
 		t.Errorf("tool output %q", msgs[0].Content)
 	}
 	if _, err := config.Parse([]byte("tools:\n  - name: motd\n    route: static\n    static: {txt: x}\n")); err != nil {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
-	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/plugins"
@@ -53,18 +52,8 @@ func TestMCPToolsEndToEnd(t *testing.T) {
 		t.Fatalf("GET /v1/tools does not list the imported tools: %s", listed)
 	}
 	run := env.NewRun()
-	sum, err := env.Sidecar.Drive(context.Background(), testenv.Request(run), nil)
-	if err != nil || sum.Status != executor.StatusCompleted {
-		t.Fatalf("summary %+v err %v", sum, err)
-	}
-	env.AssertWholeBatches(run, 4)
-	msgs := env.Sim.ToolMessages(run.ThreadID)
-	want := []string{`{"echo": {"departure":"LAX"}}`, `"error_type":"tool_error"`, "done", `{"echo": {"departure":"SFO"}}`}
-	for i, w := range want {
-		if !strings.Contains(msgs[i].Content, w) {
-			t.Errorf("tool message %d is %q, want %q", i, msgs[i].Content, w)
-		}
-	}
+	sum, msgs := env.DriveWhole(run, 4)
+	testenv.AssertOutputs(t, msgs, `{"echo": {"departure":"LAX"}}`, `"error_type":"tool_error"`, "done", `{"echo": {"departure":"SFO"}}`)
 	for _, c := range sum.Calls {
 		if c.Tool == "srv_slow" && (c.DurationMS < 1000 || !c.OK) {
 			t.Errorf("srv_slow: %+v: it should run past its 500ms timeout, kept alive by progress", c)

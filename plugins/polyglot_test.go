@@ -16,7 +16,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
-	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -96,16 +95,6 @@ func TestPolyglotBatch(t *testing.T) {
 	)
 	startNodeWorker(t, env.NATSURL, env.WorkerPassword)
 	run := env.NewRun()
-	sum, err := env.Sidecar.Drive(context.Background(), testenv.Request(run), nil)
-	if err != nil || sum.Status != executor.StatusCompleted {
-		t.Fatalf("summary %+v err %v", sum, err)
-	}
-	env.AssertWholeBatches(run, 4)
-	msgs := env.Sim.ToolMessages(run.ThreadID)
-	want := []string{`"served_by": "go"`, `"served_by":"node"`, `"route": "SFO-ORD"`, `"served_by": "http"`}
-	for i, w := range want {
-		if !strings.Contains(msgs[i].Content, w) {
-			t.Errorf("outcome %d = %s, want it to contain %s", i, msgs[i].Content, w)
-		}
-	}
+	_, msgs := env.DriveWhole(run, 4)
+	testenv.AssertOutputs(t, msgs, `"served_by": "go"`, `"served_by":"node"`, `"route": "SFO-ORD"`, `"served_by": "http"`)
 }

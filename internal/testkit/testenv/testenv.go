@@ -331,6 +331,29 @@ func (e *Env) AssertWholeBatches(r Run, wantCalls int) []core.Action {
 	return AssertWholeBatches(e.t, e.Sim, r, wantCalls)
 }
 
+// DriveWhole drives the run in process, asserts that it completed with
+// whole batches of wantCalls calls in all (AssertWholeBatches), and
+// returns its summary and Core's tool messages, in call order.
+func (e *Env) DriveWhole(r Run, wantCalls int) (executor.Summary, []core.Message) {
+	e.t.Helper()
+	sum, err := e.Sidecar.Drive(context.Background(), Request(r), nil)
+	if err != nil || sum.Status != executor.StatusCompleted {
+		e.t.Fatalf("summary %+v err %v", sum, err)
+	}
+	e.AssertWholeBatches(r, wantCalls)
+	return sum, e.Sim.ToolMessages(r.ThreadID)
+}
+
+// AssertOutputs checks that tool message i contains want[i].
+func AssertOutputs(t testing.TB, msgs []core.Message, want ...string) {
+	t.Helper()
+	for i, w := range want {
+		if i >= len(msgs) || !strings.Contains(msgs[i].Content, w) {
+			t.Errorf("tool message %d of %d does not contain %s: %v", i, len(msgs), w, msgs)
+		}
+	}
+}
+
 // AssertWholeBatches is Env.AssertWholeBatches for a simulator of one's own.
 func AssertWholeBatches(t testing.TB, sim *coresim.Sim, r Run, wantCalls int) []core.Action {
 	t.Helper()
