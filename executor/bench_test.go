@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -68,11 +70,17 @@ func BenchmarkBatch(b *testing.B) {
 				reqs[i] = h.setupRun()
 			}
 			took := make([]time.Duration, b.N)
+			// TSC_BENCH_SLOW=220ms prints the timeline of every drive slower
+			// than that, to tell where a slow drive's time went.
+			slow, _ := time.ParseDuration(os.Getenv("TSC_BENCH_SLOW"))
 			b.ResetTimer()
 			for i := range b.N {
-				start := time.Now()
+				start, gcs := time.Now(), gcCycles()
 				sum, err := h.exec.Drive(context.Background(), reqs[i], nil)
 				took[i] = time.Since(start)
+				if slow > 0 && took[i] > slow {
+					printTimeline(fmt.Sprintf("%s drive %d: %v, %d GC cycles", bc.name, i, took[i], gcCycles()-gcs), start, sum)
+				}
 				if err != nil || sum.Status != executor.StatusCompleted || len(sum.Calls) != bc.calls {
 					b.Fatalf("drive: %+v %v", sum, err)
 				}
@@ -250,4 +258,23 @@ func BenchmarkCancelPolling(b *testing.B) {
 			}
 		})
 	}
+}
+
+// printTimeline writes when each call of a drive that began at start was
+// sent, answered, recorded and finalised, in ms from the start.
+func printTimeline(title string, start time.Time, sum executor.Summary) {
+	ms := func(t time.Time) float64 { return float64(t.Sub(start).Microseconds()) / 1000 }
+	fmt.Fprintf(os.Stderr, "slow drive, %s\n", title)
+	for _, c := range sum.Calls {
+		tl := c.Timeline
+		fmt.Fprintf(os.Stderr, "  %s started %6.1f replied %6.1f recorded %6.1f finalised %6.1f\n",
+			c.ToolCallID, ms(tl.Started), ms(tl.Replied), ms(tl.Recorded), ms(tl.Finalised))
+	}
+}
+
+// gcCycles is the number of collections the process has finished.
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }

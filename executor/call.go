@@ -135,7 +135,7 @@ func (c *call) outcome(ctx context.Context) (o *outcome) {
 	// call that failed its check is answered there, in its lane's order.
 	// 3–4. The innermost step, dispatch, marks the call processing and
 	// sends it until the worker's final reply.
-	reply := c.e.dispatch(ctx, c, o)
+	reply := c.e.dispatch.of(c)(ctx, c, o)
 	c.e.settle(o, reply)
 	return o
 }

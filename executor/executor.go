@@ -169,8 +169,8 @@ type Executor struct {
 	// tap hears every event of every drive (the live view).
 	tap func(runID string, ev Event)
 	// dispatch is a call's steps 2 to 4: the policies around its mark and
-	// its attempts, composed once (policies.go).
-	dispatch dispatchFunc
+	// its attempts, composed once for each set of policies (policies.go).
+	dispatch *chains
 }
 
 // Drain makes every drive end after its current batch is joined and

@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 
+	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -30,13 +31,56 @@ type policy func(next dispatchFunc) dispatchFunc
 //     a preview and a handle.
 //
 // Hedging is a policy of one attempt, not of the call (hedge.go).
-func (e *Executor) policies(dispatch dispatchFunc) dispatchFunc {
-	chain := []policy{e.inLane, checked, e.approved, e.dedupe, e.spendBudget, e.claimChecked}
-	d := dispatch
-	for i := len(chain) - 1; i >= 0; i-- {
-		d = chain[i](d)
+//
+// A call goes through the policies that apply to it only: a chain is made
+// for each set of them. Each policy still checks for itself. A call waits
+// for its worker at the bottom of the chain, so the frames of the policies
+// it skips are not on its goroutine's stack while it waits, and the
+// collector, whose goal grows with the stacks in use, lets the heap grow
+// less (BENCHMARKS.md, "Load").
+func (e *Executor) policies(dispatch dispatchFunc) *chains {
+	all := []struct {
+		wrap    policy
+		applies func(c *call) bool
+	}{
+		{e.inLane, func(c *call) bool { return c.ln != nil }},
+		{checked, func(c *call) bool { return c.pre != nil }},
+		{e.approved, func(c *call) bool { return c.def != nil && c.def.Config.Approval == config.ApprovalRequired }},
+		{e.dedupe, func(c *call) bool { return c.def != nil && c.def.Config.Dedupe == config.DedupeRun }},
+		{e.spendBudget, func(c *call) bool { return c.b.req.budget != nil }},
+		{e.claimChecked, func(c *call) bool { return e.cfg.ClaimCheckBytes > 0 }},
 	}
-	return d
+	ch := &chains{by: make([]dispatchFunc, 1<<len(all))}
+	for set := range ch.by {
+		d := dispatch
+		for i := len(all) - 1; i >= 0; i-- {
+			if set&(1<<i) != 0 {
+				d = all[i].wrap(d)
+			}
+		}
+		ch.by[set] = d
+	}
+	for _, p := range all {
+		ch.applies = append(ch.applies, p.applies)
+	}
+	return ch
+}
+
+// chains holds the dispatch through each set of policies.
+type chains struct {
+	applies []func(c *call) bool
+	by      []dispatchFunc // indexed by the set: bit i for policy i
+}
+
+// of is the dispatch through the policies that apply to c.
+func (ch *chains) of(c *call) dispatchFunc {
+	set := 0
+	for i, applies := range ch.applies {
+		if applies(c) {
+			set |= 1 << i
+		}
+	}
+	return ch.by[set]
 }
 
 // checked answers a call that failed its check (an unknown tool, invalid
