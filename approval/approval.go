@@ -84,7 +84,8 @@ type Store interface {
 	// Decide records v as the approval's verdict, once: a second decision
 	// gets ErrDecided and the entry as it stands.
 	Decide(ctx context.Context, actionID string, v Verdict) (Entry, error)
-	// Pending lists the approvals without a verdict, oldest first.
+	// Pending lists the approvals without a verdict, oldest first: an
+	// empty list, never nil, when there are none.
 	Pending(ctx context.Context) ([]Entry, error)
 }
 

@@ -86,7 +86,7 @@ func (m *Memory) Decide(_ context.Context, actionID string, v Verdict) (Entry, e
 func (m *Memory) Pending(context.Context) ([]Entry, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []Entry
+	out := []Entry{}
 	for _, me := range m.entries {
 		if me.e.Verdict == nil {
 			out = append(out, me.e)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/approval"
@@ -101,15 +100,9 @@ func (e *Executor) waitVerdict(ctx context.Context, ent approval.Entry, leavable
 	defer cancel()
 	if leavable {
 		dctx, dcancel := context.WithCancelCause(wctx)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			select {
-			case <-e.drained:
-				dcancel(errLeftForNextDrive)
-			case <-dctx.Done():
-			}
-		})
-		defer func() { dcancel(nil); wg.Wait() }()
+		defer dcancel(nil)
+		stop := context.AfterFunc(e.drained, func() { dcancel(errLeftForNextDrive) })
+		defer stop()
 		wctx = dctx
 	}
 	for {

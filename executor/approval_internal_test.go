@@ -85,7 +85,8 @@ func TestApprovalPolicy(t *testing.T) {
 	// The sidecar stops while a call waits on a store that outlives it:
 	// the call is left for the next drive, its approval still pending.
 	kept := keptStore{approval.NewMemory()}
-	e.approvals, e.drained = kept, make(chan struct{})
+	e.approvals = kept
+	e.drained, e.drain = context.WithCancel(context.Background())
 	d := policyCall(e, br, 4, gated)
 	do := newOutcome(1, d.m)
 	go func() { done <- e.approved(ok.next)(context.Background(), d, do) }()

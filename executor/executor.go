@@ -150,8 +150,8 @@ type Executor struct {
 	tracer    trace.Tracer
 	tracing   bool // false with OpenTelemetry's no-op tracer, whose spans record nothing
 	stopping  atomic.Bool
-	drained   chan struct{} // closed by Drain
-	drainOnce sync.Once
+	drained   context.Context    // done once Drain was called
+	drain     context.CancelFunc // Drain's: ends drained
 
 	drivesMu sync.Mutex
 	drives   map[string]*drive // runs being driven: one driver per run
@@ -180,7 +180,7 @@ type Executor struct {
 // those are left, open, for the next drive of their run.
 func (e *Executor) Drain() {
 	e.stopping.Store(true)
-	e.drainOnce.Do(func() { close(e.drained) })
+	e.drain()
 }
 
 // New builds an executor that drives the runs of up. nats serves the
@@ -221,7 +221,8 @@ func New(cfg config.Executor, up Upstream, tools Tools, nats Dispatcher, opts ..
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""),
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
 		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)},
-		approvals: approval.NewMemory(), drained: make(chan struct{})}
+		approvals: approval.NewMemory()}
+	e.drained, e.drain = context.WithCancel(context.Background())
 	e.routes[registry.Builtin] = builtin{e}
 	e.watch = &watcher{up: up, interval: cfg.CancelPoll, rps: cfg.CancelPollRPS, runs: map[string]*watch{}}
 	for _, o := range opts {

@@ -124,7 +124,7 @@ func (a *Approvals) Pending(ctx context.Context) ([]approval.Entry, error) {
 		return nil, fmt.Errorf("ledger: listing approvals: %w", err)
 	}
 	defer w.Stop()
-	var out []approval.Entry
+	out := []approval.Entry{}
 	for {
 		select {
 		case kve := <-w.Updates():

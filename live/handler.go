@@ -103,9 +103,6 @@ func (s *stream) approvals() ([]approval.Entry, bool) {
 		s.cfg.Logger.Warn("live view: listing approvals failed", "err", err)
 		return nil, false
 	}
-	if es == nil {
-		es = []approval.Entry{}
-	}
 	return es, true
 }
 

@@ -33,9 +33,6 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	if es == nil {
-		es = []approval.Entry{}
-	}
 	writeJSON(w, http.StatusOK, map[string]any{"approvals": es})
 }
 
