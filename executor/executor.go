@@ -97,9 +97,18 @@ type Option func(*Executor)
 func WithApprovals(s approval.Store) Option { return func(e *Executor) { e.approvals = s } }
 
 // WithTap hands every event of every drive, with its run, to tap (the live
-// view), as the drive emits it. tap is called from many goroutines and
-// must not block.
+// view), as the drive emits it; an MCP client's call is a run of its own
+// there. tap is called from many goroutines and must not block.
 func WithTap(tap func(runID string, ev Event)) Option { return func(e *Executor) { e.tap = tap } }
+
+// tapped returns emit with the tap, if any, hearing each event after it.
+func (e *Executor) tapped(runID string, emit Sink) Sink {
+	tap := e.tap
+	if tap == nil {
+		return emit
+	}
+	return func(ev Event) { emit(ev); tap(runID, ev) }
+}
 
 // WithLogger sets the logger; default: discard.
 func WithLogger(l *slog.Logger) Option {
@@ -305,7 +314,7 @@ type Timeline struct {
 type Summary struct {
 	RunID string `json:"run_id"`
 	// Upstream is the kind of upstream the run was driven on: core or
-	// openai.
+	// openai; mcp for an MCP client's call, which has none.
 	Upstream string       `json:"upstream"`
 	Status   string       `json:"status"`
 	Turns    int          `json:"turns"`

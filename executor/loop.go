@@ -22,10 +22,7 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	span := trace.SpanFromContext(ctx)
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Upstream: e.up.Kind(), Calls: []CallResult{}}
-	if tap := e.tap; tap != nil {
-		inner := emit
-		emit = func(ev Event) { inner(ev); tap(req.RunID, ev) }
-	}
+	emit = e.tapped(req.RunID, emit)
 	e.obs.RunStarted()
 	req.budget = newBudget(e.cfg.RunBudget)
 	err := e.loop(ctx, req, run, emit, log, &sum)

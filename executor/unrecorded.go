@@ -45,13 +45,19 @@ func (e *Executor) Call(ctx context.Context, name string, args json.RawMessage) 
 	// The call's tool_result event carries its output, which the call
 	// drops once the event is out.
 	var res CallResult
-	br := e.newBatch(ctx, req, 1, func(ev Event) {
+	emit := e.tapped(id, func(ev Event) {
 		if ev.Type == EventToolResult {
 			res = *ev.Call
 		}
-	}, e.log.With("run_id", id))
+	})
+	br := e.newBatch(ctx, req, 1, emit, e.log.With("run_id", id))
 	br.rec, br.noNextDrive = unrecorded{}, true
 	br.add(ctx, m)
 	_ = br.b.Wait()
+	// Its run ends with it: the live view moves it to the recent runs. As
+	// a drive's, the summary keeps no tool output.
+	kept := res
+	kept.Output = ""
+	emit(Event{Type: EventDone, Turn: 1, Summary: &Summary{RunID: id, Upstream: "mcp", Status: StatusCompleted, Turns: 1, Calls: []CallResult{kept}}})
 	return res
 }

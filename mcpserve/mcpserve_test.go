@@ -1,10 +1,12 @@
 package mcpserve_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/live"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -111,5 +114,46 @@ func TestRegistryServedOverMCP(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	liveViewShows(t, env.URL, "tok", map[string]int{"echo ok": 1, "echo " + string(tool.InvalidArgs): 1, "book " + string(tool.ToolFailed): 1})
+}
+
+// liveViewShows reads the live view's snapshot (GET /ui/events) and
+// checks that the MCP client's calls are there, each a finished run of
+// its own (id mcp_…, status completed, one turn of one call), counted
+// by "tool outcome".
+func liveViewShows(t *testing.T, url, token string, want map[string]int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/ui/events", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var snap struct{ Runs []live.Run }
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			if err := json.Unmarshal([]byte(data), &snap); err != nil {
+				t.Fatalf("the snapshot: %v", err)
+			}
+			break
+		}
+	}
+	got := map[string]int{}
+	for _, r := range snap.Runs {
+		if !strings.HasPrefix(r.ID, "mcp_") || r.Status != "completed" || r.Ended == 0 || len(r.Turns) != 1 || len(r.Turns[0].Calls) != 1 {
+			t.Errorf("run %s: status %q, ended %d, %d turns; want an MCP call's run, finished, of one turn of one call", r.ID, r.Status, r.Ended, len(r.Turns))
+			continue
+		}
+		c := r.Turns[0].Calls[0]
+		got[c.Tool+" "+c.Outcome]++
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("the live view shows the MCP calls %v, want %v", got, want)
 	}
 }
