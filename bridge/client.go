@@ -382,7 +382,11 @@ func (c *Client) settleLocked(w *waiter, m *nats.Msg, why stop) (func(tool.Outco
 	case stopReplied:
 		out = c.outcome(m, &req, progress)
 	case stopTimeout, stopMaxDuration, stopCancelled:
-		c.cancel(req.ActionID, req.Attempt)
+		if why != stopCancelled || !errors.Is(context.Cause(ctx), tool.ErrLeft) {
+			// A call left by a stopping sidecar is not cancelled, as a
+			// crash would not cancel it: its reply is captured.
+			c.cancel(req.ActionID, req.Attempt)
+		}
 		out = gaveUp(ctx, &req, progress, why)
 	default:
 		out = gaveUp(ctx, &req, progress, why)
@@ -430,8 +434,8 @@ func gaveUp(ctx context.Context, req *tool.Request, progress int, why stop) tool
 // travels in the Tool-Attempt header, so that a cancel that arrives late
 // cannot stop the next attempt of the same call.
 func (c *Client) cancel(actionID string, attempt int) {
-	if actionID == "" {
-		return
+	if tool.CheckID("action_id", actionID) != nil {
+		return // never a subject: the executor sends no such call
 	}
 	m := nats.NewMsg(wire.CancelSubject(c.prefix, actionID))
 	m.Header.Set(tool.HeaderAttempt, strconv.Itoa(max(attempt, 1)))

@@ -1,10 +1,12 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -128,4 +130,55 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 		return nil, fmt.Errorf("bridge: connecting to NATS at %s: %w", config.RedactURL(cfg.URL), err)
 	}
 	return nc, nil
+}
+
+// ErrClosedForGood: the NATS connection closed while its owner still
+// served: the server refused the client (an error the client does not
+// recover from), or reconnecting was given up.
+var ErrClosedForGood = errors.New("the NATS connection closed for good")
+
+// Lifeline watches a connection for a close its owner did not ask for,
+// which must never be silent: the owner fails liveness and stops, so that
+// the process exits non-zero and is started again. Pass [Lifeline.Option]
+// to Connect.
+type Lifeline struct {
+	log      *slog.Logger
+	stopping atomic.Bool
+	lost     atomic.Pointer[error]
+	closed   chan struct{}
+}
+
+// NewLifeline makes a Lifeline that logs to log.
+func NewLifeline(log *slog.Logger) *Lifeline {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Lifeline{log: log, closed: make(chan struct{})}
+}
+
+// Option is the connection's ClosedHandler.
+func (l *Lifeline) Option() nats.Option {
+	return nats.ClosedHandler(func(nc *nats.Conn) {
+		if !l.stopping.Load() {
+			err := fmt.Errorf("%w: %v", ErrClosedForGood, cmp.Or(nc.LastError(), errors.New("closed without an error")))
+			l.lost.Store(&err)
+			l.log.Error("the NATS connection closed for good; stopping, so that the process is started again", "err", err)
+		}
+		close(l.closed)
+	})
+}
+
+// Stopping says that the owner is stopping: a close from now on is its own.
+func (l *Lifeline) Stopping() { l.stopping.Store(true) }
+
+// Closed is closed once the connection has closed, for any reason.
+func (l *Lifeline) Closed() <-chan struct{} { return l.closed }
+
+// Err is why the connection closed while its owner served, or nil: the
+// liveness probe's answer.
+func (l *Lifeline) Err() error {
+	if err := l.lost.Load(); err != nil {
+		return *err
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package coresim
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -240,7 +241,7 @@ func (s *Sim) newAction(rn *run, c Call) *action {
 	defer s.mu.Unlock()
 	b := len(rn.batches) - 1
 	a := &action{batch: b, index: len(rn.batches[b])}
-	a.ID = s.newID("act_", 22)
+	a.ID = cmp.Or(c.ActionID, s.newID("act_", 22))
 	a.ToolCallID = c.ID
 	a.RunID, a.ToolName, a.Status = rn.ID, c.Tool, core.ActionPending
 	a.FunctionArgs = dumps(c.argsJSON())

@@ -68,6 +68,9 @@ type Call struct {
 	// malformed manifest whose Action Core still created.
 	RawTool string `yaml:"raw_tool" json:"raw_tool"`
 	RawArgs string `yaml:"raw_args" json:"raw_args"`
+	// ActionID, when set, replaces the Action id Core would mint: a
+	// hostile or broken Core's (too long, or with '.' and '*').
+	ActionID string `yaml:"action_id" json:"action_id"`
 }
 
 func (c Call) argsJSON() json.RawMessage {

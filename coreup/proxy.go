@@ -15,6 +15,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Drive drives one run; *executor.Executor's Drive is one.
@@ -69,7 +70,14 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Warn("proxy to Core failed", "path", r.URL.Path, "err", err)
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				// The caller's body passed the server's bound: its fault,
+				// not Core's.
+				writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", tooLarge.Limit))
+				return
+			}
+			log.Warn("proxy to Core failed", "path", tool.Excerpt(r.URL.Path), "err", err)
 			writeError(w, http.StatusBadGateway, "Core unreachable: "+err.Error())
 		},
 	}
@@ -95,7 +103,7 @@ func cancelledRun(resp *http.Response) (string, bool) {
 func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": tool.Truncate(msg, tool.MaxErrorMessage)})
 }
 
 // completions answers Core's POST /v1/completions. The loop drives the
@@ -114,8 +122,13 @@ func (p completions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Content string `json:"content,omitempty"`
 	}
 	raw, err := io.ReadAll(r.Body)
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, err.Error())
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", tooLarge.Limit))
+		return
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 		return
 	}
 	if err := json.Unmarshal(raw, &body); err != nil {
@@ -133,6 +146,10 @@ func (p completions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Model: c.Model, MetaData: c.MetaData, ProviderKey: c.APIKey, Traceparent: r.Header.Get("traceparent"),
 		CallerKey: r.Header.Get("X-API-Key")}
 
+	if err := req.Check(); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err.Error()) // Core's status for a body it cannot validate
+		return
+	}
 	f := &coreFramer{w: w}
 	sum, derr := p.drive(r.Context(), req, func(e executor.Event) {
 		switch e.Type {

@@ -120,8 +120,8 @@ func (e *Executor) waitVerdict(ctx context.Context, ent approval.Entry, leavable
 			break
 		}
 	}
-	if errors.Is(context.Cause(wctx), errLeftForNextDrive) && ctx.Err() == nil {
-		return nil, errLeftForNextDrive
+	if errors.Is(context.Cause(wctx), errLeftForNextDrive) && ctx.Err() == nil || errors.Is(context.Cause(ctx), tool.ErrLeft) {
+		return nil, errLeftForNextDrive // abandoned: as a crash, nobody decides
 	}
 	outcome := approval.TimedOut
 	if ctx.Err() != nil {

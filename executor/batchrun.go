@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/attribute"
@@ -144,7 +143,7 @@ func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context
 	serr := errors.Join(errs...)
 	switch cause := context.Cause(br.ctx); {
 	case serr != nil && errors.Is(serr, ErrLeftForNextDrive):
-		tr.interrupted = fmt.Errorf("the sidecar stopped while a call waited for approval; the approval is kept, and the next drive of the run waits for it again: %w", serr)
+		tr.interrupted = fmt.Errorf("the sidecar stopped before every call of the batch was submitted; the rest are left, open, for the next drive of the run: %w", serr)
 	case serr != nil && errors.Is(serr, ErrSubmitBudget):
 		tr.interrupted = fmt.Errorf("%w; the outcomes are kept and the next drive of the run submits them: %w", ErrSubmit, serr)
 	case serr != nil:
@@ -164,6 +163,11 @@ func (e *Executor) precheck(reg *registry.Registry, m *ToolCall) (*registry.Tool
 	if m.Problem != "" {
 		return nil, tool.NewError(tool.InvalidArgs, "the tool call could not be read: %s", m.Problem)
 	}
+	// Ids the upstream sent become subjects, keys and paths once the call
+	// is dispatched: a call whose ids are not ids is answered here.
+	if err := checkCallIDs(m); err != nil {
+		return nil, tool.NewError(tool.InvalidArgs, "the tool call could not be run: %v", err)
+	}
 	def, ok := reg.Lookup(m.Tool)
 	if !ok {
 		return nil, tool.NewError(tool.NotFound, "unknown tool %q; the registered tools are: %s", m.Tool, strings.Join(reg.Names(), ", "))
@@ -178,6 +182,17 @@ func (e *Executor) precheck(reg *registry.Registry, m *ToolCall) (*registry.Tool
 		return def, tool.NewError(tool.NotFound, "tool %q has route %q, which this sidecar does not serve", def.Name, def.Route)
 	}
 	return def, nil
+}
+
+// checkCallIDs checks the ids of a call the upstream made.
+func checkCallIDs(m *ToolCall) error {
+	if err := tool.CheckID("action_id", m.ActionID); err != nil {
+		return err
+	}
+	if err := tool.CheckID("run_id", m.RunID); err != nil {
+		return err
+	}
+	return tool.CheckCallID(m.ToolCallID)
 }
 
 // startCall starts the call's span, following OpenTelemetry's GenAI
@@ -253,26 +268,13 @@ func (e *Executor) alreadyRecorded(turn int, m *ToolCall) *outcome {
 }
 
 func (e *Executor) setFailed(o *outcome, err *tool.Error) {
-	o.res.ErrorType, o.res.Error = string(err.Type), truncate(err.Message, e.cfg.MaxErrorBytes)
+	o.res.ErrorType, o.res.Error = string(err.Type), tool.Truncate(err.Message, e.cfg.MaxErrorBytes)
 	err = &tool.Error{Type: err.Type, Code: err.Code, Message: o.res.Error}
 	o.content = errorContent(o.m.Tool, err)
 	o.status = CallFailed
 	if err.Type == tool.Cancelled {
 		o.status = CallCancelled
 	}
-}
-
-// truncate bounds a worker's error text before the model reads it, on a
-// rune boundary, saying how much was cut.
-func truncate(s string, limit int) string {
-	if len(s) <= limit {
-		return s
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + fmt.Sprintf("… (%d more bytes cut)", len(s)-cut)
 }
 
 // traceparentOf is the W3C traceparent of ctx's span, written by

@@ -77,11 +77,16 @@ func (c *call) run(ctx context.Context) {
 	// 5. Record the output: once Core has answered the processing mark,
 	// and after the previous call of the batch has recorded its own (Core
 	// appends tool messages in arrival order). A cancelled run is still
-	// submitted, within the submit budget.
+	// submitted, within the submit budget, which starts when the output
+	// can be submitted: waiting for an earlier call (one that waits for a
+	// person, say) spends none of it.
 	c.awaitMark()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.e.cfg.SubmitBudget)
-	defer cancel()
-	c.place.InOrder(func() { c.err = c.record(ctx) })
+	cancel := context.CancelFunc(func() {})
+	defer func() { cancel() }()
+	c.place.InOrder(func() {
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.e.cfg.SubmitBudget)
+		c.err = c.record(ctx)
+	})
 	c.o.res.Timeline.Recorded = time.Now()
 
 	// 6. Finalise the Action: its status is the call's last write. It may
@@ -239,6 +244,13 @@ func (c *call) record(ctx context.Context) error {
 	}
 	if o.recorded {
 		return nil
+	}
+	if cause := context.Cause(c.b.ctx); errors.Is(cause, tool.ErrLeft) {
+		// Abandoned: no output is written after the sidecar gave up its
+		// drives, this call's or (call order) a later one's.
+		why := fmt.Errorf("call %s (%s): %w", c.m.ToolCallID, c.m.Tool, cause)
+		c.b.keepRest.CompareAndSwap(nil, &why)
+		return why
 	}
 	if err := c.b.rec.RecordOutput(ctx, c.b.req, c.m, o.content); err != nil {
 		return c.keepAfter("tool output not recorded", err)

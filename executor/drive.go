@@ -183,6 +183,14 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	if sink == nil {
 		sink = func(Event) {}
 	}
+	// Every entry point checks the ids before it calls Drive, in its own
+	// error shape; this is the one check that none can skip, before a run
+	// id becomes a lease key, a subject or a path.
+	if err := req.Check(); err != nil {
+		sum := Summary{RunID: "", Upstream: e.up.Kind(), Status: StatusFailed, Calls: []CallResult{}, Error: err.Error()}
+		sink(Event{Type: EventDone, Summary: &sum})
+		return sum, err
+	}
 	if req.CallerKey != "" {
 		ctx = e.up.AsCaller(ctx, req.CallerKey)
 	}

@@ -13,6 +13,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -192,6 +193,28 @@ func (e *Executor) Drain() {
 	e.drain()
 }
 
+// ErrAbandoned is the cause of the drives that Abandon ends.
+var ErrAbandoned = fmt.Errorf("%w: the sidecar stopped past its shutdown timeout: %w", ErrLeftForNextDrive, tool.ErrLeft)
+
+// Abandon ends every drive in progress as a crash would, without a write
+// to the upstream for the calls that have not finished: their Actions stay
+// open (pending, or processing for a call that was sent), their workers
+// are not told to stop, and the next drive of each run finishes them, from
+// the reply the durable ledger captured meanwhile, by running a call that
+// may run again, or with an "interrupted" outcome for an unsafe call whose
+// effect is unknown. Outputs being written as it is called are finished;
+// none is written after. The drives end "interrupted". The step of a
+// graceful shutdown that follows Drain, once its deadline has passed: a
+// graceful stop is never worse than a crash.
+func (e *Executor) Abandon() {
+	e.Drain()
+	e.drivesMu.Lock()
+	defer e.drivesMu.Unlock()
+	for _, d := range e.drives {
+		d.cancel(ErrAbandoned)
+	}
+}
+
 // New builds an executor that drives the runs of up. nats serves the
 // "nats" route. No I/O.
 func New(cfg config.Executor, up Upstream, tools Tools, nats Dispatcher, opts ...Option) *Executor {
@@ -266,6 +289,25 @@ type Request struct {
 
 	leaseLost <-chan struct{} // closed when the run's lease passed to another sidecar
 	budget    *budget         // what the drive has spent; set by run
+}
+
+// ErrInvalidRequest: a drive request whose ids are not ids (tool.CheckID);
+// nothing is driven.
+var ErrInvalidRequest = errors.New("executor: invalid request")
+
+// Check reports whether the request's ids may name a run: each is
+// tool.CheckID's, or empty where the upstream does not need it.
+func (r Request) Check() error {
+	for _, f := range []struct{ name, id string }{{"run_id", r.RunID}, {"thread_id", r.ThreadID},
+		{"assistant_id", r.AssistantID}, {"message_id", r.MessageID}} {
+		if f.id == "" && f.name != "run_id" {
+			continue
+		}
+		if err := tool.CheckID(f.name, f.id); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+	}
+	return nil
 }
 
 // CallResult is the outcome of one call as the application sees it.

@@ -116,6 +116,8 @@ func (e *Executor) loop(ctx context.Context, req Request, run Run, emit Sink, lo
 // ended applies a batch's fatal result to the summary.
 func (e *Executor) ended(tr turnResult, sum *Summary) (bool, error) {
 	switch {
+	case tr.cancel != nil && errors.Is(tr.cancel, ErrLeftForNextDrive):
+		sum.Status, sum.Error = StatusInterrupted, tr.cancel.Error()
 	case tr.cancel != nil:
 		sum.Status, sum.Error = StatusCancelled, tr.cancel.Error()
 	case tr.interrupted != nil:

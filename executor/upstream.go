@@ -57,9 +57,9 @@ var (
 	// be tried again later (the outcome is kept for the next drive).
 	ErrSubmitBudget = errors.New("executor: submit budget spent")
 	// ErrLeftForNextDrive: the sidecar stopped while a call of the batch
-	// waited for a person's approval, which a durable store keeps; that
-	// call and the ones after it are left for the next drive of the run,
-	// in call order.
+	// waited for a person's approval, which a durable store keeps, or
+	// before the call finished (Abandon); that call and the ones after it
+	// are left for the next drive of the run, in call order.
 	ErrLeftForNextDrive = errors.New("executor: left for the next drive")
 	// ErrNoListing: the upstream has no listing of recent runs.
 	ErrNoListing = errors.New("executor: the upstream lists no runs")

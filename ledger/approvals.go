@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/projectdavid/toolsidecar/approval"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Approvals is the ledger's approval store: one KV entry per Action, whose
@@ -27,6 +28,9 @@ func (*Approvals) Durable() bool { return true }
 
 // Open implements approval.Store.
 func (a *Approvals) Open(ctx context.Context, r approval.Request) (approval.Entry, error) {
+	if err := tool.CheckID("action_id", r.ActionID); err != nil {
+		return approval.Entry{}, fmt.Errorf("ledger: %w", err)
+	}
 	data, err := json.Marshal(approval.Entry{Request: r})
 	if err != nil {
 		return approval.Entry{}, err
@@ -44,6 +48,9 @@ func (a *Approvals) Open(ctx context.Context, r approval.Request) (approval.Entr
 
 // get reads an approval and its revision.
 func (a *Approvals) get(ctx context.Context, actionID string) (approval.Entry, uint64, error) {
+	if tool.CheckID("action_id", actionID) != nil {
+		return approval.Entry{}, 0, approval.ErrNotFound // no such key can exist
+	}
 	kve, err := a.kv.Get(ctx, actionID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return approval.Entry{}, 0, approval.ErrNotFound
@@ -66,6 +73,9 @@ func decodeApproval(kve jetstream.KeyValueEntry) (approval.Entry, error) {
 // Await implements approval.Store: it watches the entry until a verdict is
 // written, by this sidecar or another.
 func (a *Approvals) Await(ctx context.Context, actionID string) (approval.Verdict, error) {
+	if err := tool.CheckID("action_id", actionID); err != nil {
+		return approval.Verdict{}, fmt.Errorf("ledger: %w", err)
+	}
 	w, err := a.kv.Watch(ctx, actionID)
 	if err != nil {
 		return approval.Verdict{}, fmt.Errorf("ledger: watching the approval of %s: %w", actionID, err)

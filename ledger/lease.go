@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Run leases keep the rule "one driver per run" across sidecars that share
@@ -217,6 +219,9 @@ var errLapsed = errors.New("ledger: this sidecar's key in NATS was not renewed w
 // (a sidecar that died, or this instance's earlier life) is taken over at
 // once: the caller asks only when it drives no such run itself.
 func (ls *Leases) Acquire(ctx context.Context, runID string) (lease *Lease, holder string, err error) {
+	if err := tool.CheckID("run_id", runID); err != nil {
+		return nil, "", fmt.Errorf("ledger: %w", err)
+	}
 	return ls.acquire(ctx, runID, acquireTries)
 }
 
@@ -362,6 +367,9 @@ func (ls *Leases) free(ctx context.Context, runID string) (bool, error) {
 // fn returns true, the lease is free (released, or its holder is gone), or
 // ctx ends (its error is returned).
 func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte) (stop bool)) error {
+	if err := tool.CheckID("run_id", runID); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
 	sub, err := ls.nc.SubscribeSync(ls.EventSubject(runID))
 	if err != nil {
 		return fmt.Errorf("ledger: following run %s: %w", runID, err)

@@ -172,6 +172,9 @@ func (l *Ledger) Inbox() string { return l.cfg.Prefix + ".replies." + l.cfg.Inst
 // call merely runs again on the next drive, as such tools may. This keeps
 // durable mode's cost per call low (BENCHMARKS.md).
 func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply string) error {
+	if err := tool.CheckID("action_id", req.ActionID); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
 	now := time.Now().UTC()
 	e := Entry{RunID: runID, Tool: req.Tool, Attempt: req.Attempt, Reply: reply, Instance: l.cfg.Instance, Dispatched: now,
 		Deadline: now.Add(req.TimeoutOrDefault())}
@@ -196,6 +199,9 @@ func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply 
 // subject: it may run now) from one whose fate is unknown (no entry: it
 // was marked by a sidecar without a ledger).
 func (l *Ledger) Intend(ctx context.Context, actionID, runID, toolName string) error {
+	if err := tool.CheckID("action_id", actionID); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
 	data, err := json.Marshal(Entry{RunID: runID, Tool: toolName, Instance: l.cfg.Instance})
 	if err != nil {
 		return err
@@ -245,6 +251,9 @@ func (l *Ledger) Recover(ctx context.Context, actionID string, await bool) (out 
 
 // lookup reads the ledger entry and its reply once.
 func (l *Ledger) lookup(ctx context.Context, actionID string) (out tool.Outcome, ok bool, deadline time.Time, err error) {
+	if tool.CheckID("action_id", actionID) != nil {
+		return out, false, time.Time{}, nil // no such key can exist
+	}
 	kve, err := l.kv.Get(ctx, actionID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return out, false, time.Time{}, nil

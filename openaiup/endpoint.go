@@ -1,15 +1,18 @@
 package openaiup
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -78,25 +81,41 @@ type request struct {
 	appTools map[string]bool
 }
 
-// badRequest is a request the API would refuse: a 400 in its shape.
-type badRequest struct{ msg, param string }
+// badRequest is a request the API would refuse: a 400 in its shape (413
+// for a body over the server's bound).
+type badRequest struct {
+	msg, param string
+	status     int // default: 400
+}
 
 func (e *badRequest) Error() string { return e.msg }
 
 func (ep *Endpoint) read(r *http.Request) (*request, error) {
+	raw, err := io.ReadAll(r.Body)
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, &badRequest{msg: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit), status: http.StatusRequestEntityTooLarge}
+	case err != nil:
+		return nil, &badRequest{msg: "reading the request body: " + err.Error()}
+	case !utf8.Valid(raw):
+		// JSON is UTF-8 (RFC 8259): what is not would reach the upstream
+		// as it came, inside the raw members kept for it.
+		return nil, &badRequest{msg: "the request body is not valid UTF-8"}
+	}
 	var body map[string]json.RawMessage
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-		return nil, &badRequest{"the request body is not a JSON object: " + err.Error(), ""}
+	if err := json.Unmarshal(raw, &body); err != nil || body == nil {
+		return nil, &badRequest{msg: "the request body is not a JSON object"}
 	}
 	req := &request{body: body, appTools: map[string]bool{}}
 	if err := json.Unmarshal(body["messages"], &req.messages); err != nil || len(req.messages) == 0 {
-		return nil, &badRequest{"messages must be a non-empty array", "messages"}
+		return nil, &badRequest{msg: "messages must be a non-empty array", param: "messages"}
 	}
 	_ = json.Unmarshal(body["model"], &req.model)
 	if raw, ok := body["n"]; ok {
 		var n int
 		if json.Unmarshal(raw, &n) != nil || n > 1 {
-			return nil, &badRequest{"n > 1 is not supported: each choice would need its own tool calls", "n"}
+			return nil, &badRequest{msg: "n > 1 is not supported: each choice would need its own tool calls", param: "n"}
 		}
 	}
 	if raw, ok := body["stream"]; ok {
@@ -104,7 +123,7 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	}
 	if raw, ok := body["stream_options"]; ok && string(raw) != "null" {
 		if !req.stream {
-			return nil, &badRequest{"The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"}
+			return nil, &badRequest{msg: "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param: "stream_options"}
 		}
 		var so struct {
 			IncludeUsage bool `json:"include_usage"`
@@ -115,7 +134,7 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	var tools []json.RawMessage
 	if raw, ok := body["tools"]; ok && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &tools); err != nil {
-			return nil, &badRequest{"tools must be an array", "tools"}
+			return nil, &badRequest{msg: "tools must be an array", param: "tools"}
 		}
 	}
 	own := map[string]bool{}
@@ -125,10 +144,11 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	for i, raw := range tools {
 		var t tool.FunctionTool
 		if err := json.Unmarshal(raw, &t); err != nil || t.Function.Name == "" {
-			return nil, &badRequest{fmt.Sprintf("tools[%d] is not a function tool", i), fmt.Sprintf("tools[%d]", i)}
+			return nil, &badRequest{msg: fmt.Sprintf("tools[%d] is not a function tool", i), param: fmt.Sprintf("tools[%d]", i)}
 		}
 		if own[t.Function.Name] {
-			return nil, &badRequest{fmt.Sprintf("tools[%d]: %q is a tool of the sidecar; rename the application's tool", i, t.Function.Name), fmt.Sprintf("tools[%d].function.name", i)}
+			return nil, &badRequest{msg: fmt.Sprintf("tools[%d]: %s is a tool of the sidecar; rename the application's tool", i, tool.Excerpt(t.Function.Name)),
+				param: fmt.Sprintf("tools[%d].function.name", i)}
 		}
 		req.appTools[t.Function.Name] = true
 	}
@@ -150,7 +170,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var br *badRequest
 		errors.As(err, &br)
-		writeAPIError(w, http.StatusBadRequest, br.msg, "invalid_request_error", br.param)
+		writeAPIError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
 		return
 	}
 	messages := ep.parked.restore(r.Context(), req.messages)
@@ -226,7 +246,7 @@ func (ep *Endpoint) stream(ctx context.Context, dreq executor.Request, out *answ
 // writeAPIError writes an error in the API's shape.
 func writeAPIError(w http.ResponseWriter, status int, msg, typ, param string) {
 	var e apiError
-	e.Error.Message, e.Error.Type = msg, typ
+	e.Error.Message, e.Error.Type = tool.Truncate(msg, tool.MaxErrorMessage), typ
 	if param != "" {
 		e.Error.Param = &param
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/approval"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // decisionBody is the body of POST /v1/approvals/{action_id}.
@@ -40,6 +41,11 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
 // approval, 404 when there is none, 409 when it was decided already (the
 // body then says how).
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
+	actionID := r.PathValue("action_id")
+	if err := tool.CheckID("action_id", actionID); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	var body decisionBody
 	if !decodeStrict(w, r, &body) {
 		return
@@ -53,7 +59,6 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "reason is bounded to 1 KiB and approver to 128 bytes")
 		return
 	}
-	actionID := r.PathValue("action_id")
 	v := approval.Verdict{Outcome: outcome, Reason: body.Reason, Approver: body.Approver, AuthenticatedAs: s.authenticatedAs(r),
 		DecidedAt: time.Now().UTC()}
 	e, err := s.cfg.Approvals.Decide(r.Context(), actionID, v)

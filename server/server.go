@@ -16,7 +16,6 @@ import (
 	"maps"
 	"net/http"
 	"net/http/pprof"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -76,6 +75,10 @@ type Config struct {
 	// Ready reports whether the sidecar can serve: Core reachable, NATS
 	// connected.
 	Ready func(ctx context.Context) error
+	// Live reports whether the process can still serve at all: an error
+	// fails /healthz with 503, so that the orchestrator restarts it.
+	// default: always live
+	Live func() error
 	// ReadyInfo adds facts to the /readyz answer (durable mode, say).
 	ReadyInfo func() map[string]any
 	// SSEKeepalive is how often a quiet SSE drive sends a comment.
@@ -131,6 +134,9 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	if cfg.Ready == nil {
 		cfg.Ready = func(context.Context) error { return nil }
 	}
+	if cfg.Live == nil {
+		cfg.Live = func() error { return nil }
+	}
 	s := &Server{cfg: cfg, drv: drv, tools: tools, log: cfg.Logger, mux: http.NewServeMux(), ops: http.NewServeMux(),
 		drives: make(chan struct{}, cfg.MaxDrives), pages: http.NewServeMux()}
 	for _, p := range cfg.Pages {
@@ -157,7 +163,7 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 		_, _ = w.Write(OpenAPI)
 	})
 	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
-		probes(mux, s.ready, cfg.Gatherer)
+		probes(mux, cfg.Live, s.ready, cfg.Gatherer)
 	}
 	if cfg.Pprof {
 		s.ops.HandleFunc("GET /debug/pprof/", pprof.Index)
@@ -170,10 +176,11 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 }
 
 // Probes is the ops handler of a process without the API (`toolsidecar
-// worker`): /healthz, /readyz (503 with ready's error) and /metrics from g.
-func Probes(ready func(context.Context) error, g prometheus.Gatherer) http.Handler {
+// worker`): /healthz (503 with live's error), /readyz (503 with ready's
+// error) and /metrics from g.
+func Probes(live func() error, ready func(context.Context) error, g prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
-	probes(mux, func(w http.ResponseWriter, r *http.Request) {
+	probes(mux, live, func(w http.ResponseWriter, r *http.Request) {
 		if err := ready(r.Context()); err != nil {
 			writeError(w, http.StatusServiceUnavailable, err.Error())
 			return
@@ -183,8 +190,14 @@ func Probes(ready func(context.Context) error, g prometheus.Gatherer) http.Handl
 	return mux
 }
 
-func probes(mux *http.ServeMux, ready http.HandlerFunc, g prometheus.Gatherer) {
-	mux.HandleFunc("GET /healthz", health)
+func probes(mux *http.ServeMux, live func() error, ready http.HandlerFunc, g prometheus.Gatherer) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := live(); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		health(w, r)
+	})
 	mux.HandleFunc("GET /readyz", ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 }
@@ -329,10 +342,6 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 	}
 	req.RunID = r.PathValue("run_id")
 	req.CallerKey = r.Header.Get("X-API-Key")
-	if !runID.MatchString(req.RunID) {
-		writeError(w, http.StatusBadRequest, "run_id must be 1-128 letters, digits, _ or -")
-		return
-	}
 	req.Traceparent = r.Header.Get("traceparent")
 	var missing []string
 	for name, v := range map[string]string{"thread_id": req.ThreadID, "assistant_id": req.AssistantID, "message_id": req.MessageID, "model": req.Model} {
@@ -343,6 +352,10 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 	slices.Sort(missing)
 	if len(missing) > 0 {
 		writeError(w, http.StatusBadRequest, "missing fields: "+strings.Join(missing, ", "))
+		return
+	}
+	if err := req.Check(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
@@ -367,6 +380,8 @@ func driveStatus(err error) int {
 	switch code := executor.UpstreamStatus(err); {
 	case err == nil:
 		return http.StatusOK
+	case errors.Is(err, executor.ErrInvalidRequest):
+		return http.StatusBadRequest
 	case code == http.StatusUnauthorized, code == http.StatusForbidden, code == http.StatusNotFound:
 		return code
 	case errors.Is(err, executor.ErrConflict):
@@ -376,9 +391,6 @@ func driveStatus(err error) int {
 	}
 	return http.StatusBadGateway
 }
-
-// runID is the shape of a run id the drive API accepts.
-var runID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 
 // decodeStrict decodes one JSON object: unknown fields and trailing data
 // are errors.
@@ -410,5 +422,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg})
+	writeJSON(w, status, map[string]string{"error": tool.Truncate(msg, tool.MaxErrorMessage)})
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -506,6 +507,46 @@ func TestReadiness(t *testing.T) {
 	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "NATS not connected") {
 		t.Errorf("readyz %d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestLiveness: /healthz answers 503 with Live's error, on the API and the
+// ops listener, and without the API token: a sidecar that can no longer
+// dispatch (its NATS connection closed for good) is restarted.
+func TestLiveness(t *testing.T) {
+	var lost atomic.Pointer[error]
+	srv, err := server.New(server.Config{Token: "secret", Live: func() error {
+		if e := lost.Load(); e != nil {
+			return *e
+		}
+		return nil
+	}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []http.Handler{srv, srv.Ops()} {
+		ts := httptest.NewServer(h)
+		lost.Store(nil)
+		resp, err := http.Get(ts.URL + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("healthz before: %d", resp.StatusCode)
+		}
+		gone := errors.New("the NATS connection closed for good: nats: Authorization Violation")
+		lost.Store(&gone)
+		resp, err = http.Get(ts.URL + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || !strings.Contains(string(b), "closed for good") {
+			t.Errorf("healthz after: %d %s", resp.StatusCode, b)
+		}
+		ts.Close()
 	}
 }
 

@@ -33,10 +33,14 @@ type approvalEnv struct {
 	pays, others atomic.Int32
 }
 
-func newApprovalEnv(t *testing.T, sc coresim.Scenario, timeout time.Duration) *approvalEnv {
+func newApprovalEnv(t *testing.T, sc coresim.Scenario, timeout time.Duration, edit ...func(*config.Config)) *approvalEnv {
 	t.Helper()
 	a := &approvalEnv{}
-	a.Env = testenv.Start(t, sc, testenv.Options{Token: approvalToken},
+	opts := testenv.Options{Token: approvalToken}
+	if len(edit) > 0 {
+		opts.Config = edit[0]
+	}
+	a.Env = testenv.Start(t, sc, opts,
 		testenv.Tool{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe, Approval: config.ApprovalRequired, ApprovalTimeout: timeout},
 			Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) { a.pays.Add(1); return testenv.Echo(ctx, c) }},
 		testenv.Tool{Config: config.Tool{Name: "look"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
@@ -249,6 +253,37 @@ func TestApprovalInAMixedBatch(t *testing.T) {
 	if got := promtest.Value(t, a.Sidecar.Metrics(), "toolsidecar_approvals_pending"); got != 0 {
 		t.Errorf("approvals_pending %v after the decision, want 0", got)
 	}
+}
+
+// TestApprovalOutlastsSubmitBudget: a person who decides after
+// executor.submit_budget costs the gated call's siblings nothing: their
+// outputs, which follow the gated call's in call order, are submitted once
+// it has its own, with the whole budget then. Before, the budget ran from
+// each sibling's reply, so the drive ended interrupted with Core healthy.
+func TestApprovalOutlastsSubmitBudget(t *testing.T) {
+	const budget = 300 * time.Millisecond
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "pay", ArgsJSON: `{"amount": 5}`}, {Tool: "look", ArgsJSON: `{}`}, {Tool: "broken", ArgsJSON: `{}`}}},
+		{Content: "{{results}}"}}}
+	a := newApprovalEnv(t, sc, time.Minute, func(c *config.Config) { c.Executor.SubmitBudget = budget })
+	r := a.NewRun()
+	done := a.driveJSON(t, r)
+	p := a.pending(t, 1)[0]
+	poll.Until(t, "the siblings to run", func() bool { return a.others.Load() == 2 })
+	time.Sleep(3 * budget) // the person decides after the siblings' budget would have run out
+	if code := a.decide(t, p.ActionID, "approve", ""); code != http.StatusOK {
+		t.Fatalf("approve answered %d", code)
+	}
+	sum := <-done
+	if sum.Status != executor.StatusCompleted || sum.Turns != 2 {
+		t.Fatalf("summary %+v", sum)
+	}
+	for _, c := range sum.Calls {
+		if !c.Submitted {
+			t.Errorf("call %s (%s) not submitted", c.ToolCallID, c.Tool)
+		}
+	}
+	a.AssertWholeBatches(r, 3)
 }
 
 // TestApprovalDenied: a denied call is not run; the model reads a denied

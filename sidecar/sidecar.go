@@ -89,15 +89,17 @@ type Sidecar struct {
 	metrics *prometheus.Registry
 	started time.Time
 
-	embedded    *embedded.Server // nil with an external NATS
-	instance    string
-	ledger      *ledger.Ledger // nil unless durable
-	leases      *ledger.Leases // nil unless durable
-	durableOff  string         // why durable mode is off, when it is
-	tempStore   string         // a store folder of this run only, removed at shutdown
-	natsURL     string
-	nc          *nats.Conn
-	natsClosed  chan struct{}
+	embedded   *embedded.Server // nil with an external NATS
+	instance   string
+	ledger     *ledger.Ledger // nil unless durable
+	leases     *ledger.Leases // nil unless durable
+	durableOff string         // why durable mode is off, when it is
+	tempStore  string         // a store folder of this run only, removed at shutdown
+	natsURL    string
+	nc         *nats.Conn
+	// natsLife says when the NATS connection closed, and whether the
+	// sidecar had asked for it: a close it did not ask for stops it.
+	natsLife    *bridge.Lifeline
 	client      *bridge.Client
 	live        *registry.Live
 	reloader    *registry.Reloader // nil without WithReload
@@ -139,7 +141,7 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	s := &Sidecar{cfg: cfg, log: o.log, started: time.Now(), natsClosed: make(chan struct{}), instance: instanceID(cfg)}
+	s := &Sidecar{cfg: cfg, log: o.log, started: time.Now(), instance: instanceID(cfg)}
 	defer func() {
 		if err != nil {
 			s.undo()
@@ -242,7 +244,8 @@ func (s *Sidecar) connectNATS() error {
 			c.Resync()
 		}
 	}
-	nc, err := bridge.Connect(cc, s.metrics, s.log, append(extra, nats.ClosedHandler(func(*nats.Conn) { close(s.natsClosed) }))...)
+	s.natsLife = bridge.NewLifeline(s.log.With("component", "nats"))
+	nc, err := bridge.Connect(cc, s.metrics, s.log, append(extra, s.natsLife.Option())...)
 	if err != nil {
 		return err
 	}
@@ -479,7 +482,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		}
 	}
 	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
-		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), ReadyInfo: s.readyInfo,
+		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), Live: s.natsLife.Err, ReadyInfo: s.readyInfo,
 		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
 	case s.openai != nil:
@@ -621,6 +624,15 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		s.log.Info("shutting down: finishing in-flight batches", "timeout", s.cfg.Server.ShutdownTimeout)
+	case <-s.natsLife.Closed():
+		if err = s.natsLife.Err(); err == nil {
+			return nil // Shutdown was called
+		}
+		err = fmt.Errorf("sidecar: %w", err)
+		// No reply can come: the calls in flight are left at once, as a
+		// crash would leave them, for the next drive of their runs.
+		s.log.Error("shutting down: NATS is gone; the calls in flight are left for the next drive of their runs")
+		s.exec.Abandon()
 	case err = <-serveErr:
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil // Shutdown was called
@@ -634,8 +646,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 // Shutdown stops the sidecar in reverse order of dependence: no new turn
 // and no new request; in-flight batches finish and are submitted until
-// ctx's deadline; then the drives still running are cancelled (their calls
-// finalised as cancelled, which the executor bounds by itself); then the
+// ctx's deadline; then the drives still running are abandoned as a crash
+// would leave them (their unfinished calls stay open, with no write, for
+// the next drive of their runs: executor.Abandon); then the
 // reloader stops, NATS is drained and the embedded server stops; last, the
 // traces still buffered are flushed. It is safe to call more than once.
 func (s *Sidecar) Shutdown(ctx context.Context) error {
@@ -644,9 +657,11 @@ func (s *Sidecar) Shutdown(ctx context.Context) error {
 }
 
 func (s *Sidecar) shutdown(ctx context.Context) error {
+	s.natsLife.Stopping()
 	s.exec.Drain()
 	if err := s.hs.Shutdown(ctx); err != nil {
-		s.log.Warn("shutdown deadline: cancelling the drives still running", "err", err)
+		s.log.Warn("shutdown deadline: the calls still running are left, open, for the next drive of their runs", "err", err)
+		s.exec.Abandon() // before the requests' contexts end, so that their cause is the executor's
 		s.cancelBase(ErrShutdownTimeout)
 		s.srv.Wait()
 	}
@@ -665,7 +680,7 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 		s.log.Warn("draining NATS", "err", err)
 		s.nc.Close()
 	}
-	<-s.natsClosed // Drain closes the connection, at the latest after its timeout
+	<-s.natsLife.Closed() // Drain closes the connection, at the latest after its timeout
 	s.closers = nil
 	if s.embedded != nil {
 		s.embedded.Shutdown()

@@ -101,10 +101,12 @@ func TestNewFailsCleanly(t *testing.T) {
 	}
 }
 
-// TestShutdownDeadlineCancelsDrives: a drive whose call outlives the
-// shutdown deadline is cancelled; its Action is finalised as cancelled,
-// its tool output recorded, and no further turn requested.
-func TestShutdownDeadlineCancelsDrives(t *testing.T) {
+// TestShutdownDeadlineLeavesDrives: a drive whose call outlives the
+// shutdown deadline is left as a crash would leave it: it ends
+// "interrupted", its Action stays processing, no tool output is written
+// for it and no further turn is requested; the next drive of the run
+// finishes the call (TestSIGTERMPastShutdownTimeout).
+func TestShutdownDeadlineLeavesDrives(t *testing.T) {
 	started := make(chan struct{})
 	env := testenv.New(t, oneCall("hang"), testenv.Tool{Config: config.Tool{Name: "hang", Timeout: time.Minute},
 		Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) { close(started); return testenv.Hang(ctx, c) }})
@@ -122,12 +124,15 @@ func TestShutdownDeadlineCancelsDrives(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := <-got
-	if res.sum.Status != executor.StatusCancelled || !strings.Contains(res.sum.Error, sidecar.ErrShutdownTimeout.Error()) {
-		t.Errorf("summary %+v, want cancelled by the shutdown deadline", res.sum)
+	if res.sum.Status != executor.StatusInterrupted || !strings.Contains(res.sum.Error, "left for the next drive") {
+		t.Errorf("summary %+v, want interrupted, the call left for the next drive", res.sum)
 	}
-	acts := env.AssertWholeBatches(r, 1)
-	if acts[0].Status != core.ActionCancelled {
-		t.Errorf("action %s, want cancelled", acts[0].Status)
+	acts := env.Sim.Actions(r.RunID)
+	if len(acts) != 1 || acts[0].Status != core.ActionProcessing {
+		t.Errorf("actions %+v, want one, processing", acts)
+	}
+	if msgs := env.Sim.ToolMessages(r.ThreadID); len(msgs) != 0 {
+		t.Errorf("tool messages %+v, want none", msgs)
 	}
 	if n := env.Sim.CountRequests("POST", "/v1/completions"); n != 1 {
 		t.Errorf("%d completions requests, want 1", n)

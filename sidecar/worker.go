@@ -48,7 +48,8 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	}
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	nc, err := bridge.Connect(cc, metrics, log)
+	life := bridge.NewLifeline(log)
+	nc, err := bridge.Connect(cc, metrics, log, life.Option())
 	if err != nil {
 		return err
 	}
@@ -70,18 +71,24 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	if err := w.Start(); err != nil {
 		return err
 	}
-	stopOps, err := serveOps(cfg.Server, nc, metrics, log)
+	stopOps, err := serveOps(cfg.Server, nc, life.Err, metrics, log)
 	if err != nil {
 		_ = w.Stop(context.Background())
 		return err
 	}
-	<-ctx.Done()
+	var lost error
+	select {
+	case <-ctx.Done():
+	case <-life.Closed():
+		lost = life.Err()
+	}
+	life.Stopping()
 	log.Info("worker stopping: finishing calls in flight")
 	err = w.Stop(context.Background())
 	plugins.StopMCP()
 	stopOps()
-	if err != nil {
-		return err
+	if err != nil || lost != nil {
+		return errors.Join(lost, err)
 	}
 	return nc.Drain()
 }
@@ -89,7 +96,7 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 // serveOps serves /healthz, /readyz (NATS connected) and /metrics on
 // server.ops_listen, when it is set, for a worker's probes and scraping.
 // The returned func stops it.
-func serveOps(c config.Server, nc *nats.Conn, g prometheus.Gatherer, log *slog.Logger) (func(), error) {
+func serveOps(c config.Server, nc *nats.Conn, live func() error, g prometheus.Gatherer, log *slog.Logger) (func(), error) {
 	if c.OpsListen == "" {
 		return func() {}, nil
 	}
@@ -103,7 +110,7 @@ func serveOps(c config.Server, nc *nats.Conn, g prometheus.Gatherer, log *slog.L
 		}
 		return nil
 	}
-	hs := httpServer(c, server.Probes(ready, g), context.Background(), log)
+	hs := httpServer(c, server.Probes(live, ready, g), context.Background(), log)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hs.Serve(netutil.LimitListener(ln, c.MaxConnections)) })
 	log.Info("ops listener", "addr", ln.Addr().String())

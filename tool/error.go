@@ -34,6 +34,13 @@ const (
 	Denied ErrorType = "denied"
 )
 
+// ErrLeft is the cause of a call's context when the sidecar stops before
+// the call has finished: a transport then stops waiting without telling
+// the worker (no cancellation is published), exactly as a crash would
+// leave the call, so that the worker finishes it and a durable sidecar
+// finds its reply on the next drive of the run.
+var ErrLeft = errors.New("the sidecar stopped before the call finished; it is left for the next drive of its run")
+
 // ErrNeverSent: a durable transport knows that no attempt of the call
 // ever left the sidecar (it records each attempt before sending it), so
 // that even an unsafe tool can run it now.

@@ -179,6 +179,7 @@ func TestVersion(t *testing.T) {
 // comes back where workers and clients expect it.
 type daemonProc struct {
 	cfgPath, base, natsURL string
+	env                    []string // more environment: TOOLSIDECAR_ overrides
 	cmd                    *exec.Cmd
 	stderr                 *testenv.LogBuffer
 }
@@ -204,7 +205,7 @@ func newDaemonConfig(t *testing.T, coreURL, tools string, extra ...string) *daem
 func (p *daemonProc) start(t *testing.T) {
 	t.Helper()
 	p.cmd = exec.Command(os.Args[0], "run", "--config", p.cfgPath)
-	p.cmd.Env = append(os.Environ(), "TSC_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k")
+	p.cmd.Env = append(append(os.Environ(), "TSC_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k"), p.env...)
 	p.stderr = &testenv.LogBuffer{}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
@@ -324,6 +325,95 @@ func TestSIGTERMDrainsBatch(t *testing.T) {
 	}
 	if strings.Contains(p.stderr.String(), `"k"`) {
 		t.Error("the API key appears in the log")
+	}
+}
+
+// TestSIGTERMPastShutdownTimeout: a graceful stop is never worse than a
+// crash. The tools of a batch (a read-only call and an unsafe one) outlast
+// server.shutdown_timeout; past it the sidecar writes nothing more for
+// them, tells no worker to stop, and exits 0, the drive answering
+// "interrupted". Their Actions stay open, as a SIGKILL would leave them,
+// the tools finish while the sidecar is away, and the next drive submits
+// their real results: each ran once. Before, both were finalised
+// cancelled at the deadline, and the unsafe call's effect was lost.
+//
+// Without durability the next drive does what it does after a SIGKILL: the
+// read-only call runs again, the unsafe one is not run a second time and
+// gets an "interrupted" outcome.
+func TestSIGTERMPastShutdownTimeout(t *testing.T) {
+	t.Run("durable", func(t *testing.T) { sigtermPastShutdownTimeout(t, "", 1, `"pay done"`) })
+	t.Run("not durable", func(t *testing.T) {
+		sigtermPastShutdownTimeout(t, "durability: {enabled: false}\n", 2, `"error_type":"interrupted"`)
+	})
+}
+
+func sigtermPastShutdownTimeout(t *testing.T, extra string, wantLooks int32, wantPay string) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "look", ArgsJSON: `{}`}, {Tool: "pay", ArgsJSON: `{}`}}},
+		{Content: "answer: {{results}}"},
+	}}
+	sim, srv := coresim.NewServer(coresim.Config{APIKey: "k", Scenario: sc})
+	defer srv.Close()
+	p := newDaemonConfig(t, srv.URL, "  - {name: look, side_effects: read_only, timeout: 30s}\n  - {name: pay, side_effects: unsafe, timeout: 30s}\n", extra)
+	p.env = []string{"TOOLSIDECAR_SERVER_SHUTDOWN_TIMEOUT=500ms"}
+	p.start(t)
+	var looks, pays, cancelled atomic.Int32
+	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	defer release()
+	block := func(n *atomic.Int32) tool.Handler {
+		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			n.Add(1)
+			select {
+			case <-hold:
+			case <-ctx.Done(): // a cancellation published by the sidecar
+				cancelled.Add(1)
+				<-hold
+			}
+			return []byte(`"` + c.Tool + ` done"`), nil
+		}
+	}
+	nc := startWorker(t, p.natsURL, map[string]tool.Handler{"look": block(&looks), "pay": block(&pays)})
+	run, msgID := newRun(t, srv.URL)
+	first := p.drive(run, msgID)
+	poll.Until(t, "both calls to run", func() bool { return looks.Load() == 1 && pays.Load() == 1 })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	res := <-first
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("process exit: %v\n%s", err, p.stderr.String())
+	}
+	if res.err != nil || res.sum.Status != executor.StatusInterrupted {
+		t.Fatalf("the first drive %+v %v, want interrupted", res.sum, res.err)
+	}
+	if n := cancelled.Load(); n != 0 {
+		t.Errorf("%d calls were cancelled in their workers; a crash cancels none", n)
+	}
+	if msgs := sim.ToolMessages(run.ThreadID); len(msgs) != 0 {
+		t.Errorf("outputs written past the deadline: %v", msgs)
+	}
+	for _, a := range sim.Actions(run.ID) {
+		if a.Status != core.ActionProcessing {
+			t.Errorf("Action %s (%s) is %s after the stop, want processing, as a crash leaves it", a.ID, a.ToolName, a.Status)
+		}
+	}
+	release() // the tools finish while the sidecar is away
+	p.start(t)
+	testenv.WaitLive(t, p.base, "look", "pay")
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	again := <-p.drive(run, msgID)
+	if again.err != nil || again.sum.Status != executor.StatusCompleted {
+		t.Fatalf("the second drive %+v %v\n%s", again.sum, again.err, p.stderr.String())
+	}
+	if pays.Load() != 1 || looks.Load() != wantLooks {
+		t.Errorf("pay ran %d times, look %d; want 1 and %d", pays.Load(), looks.Load(), wantLooks)
+	}
+	testenv.AssertWholeBatches(t, sim, testenv.Run{RunID: run.ID, ThreadID: run.ThreadID}, 2)
+	if msgs := sim.ToolMessages(run.ThreadID); !strings.Contains(msgs[1].Content, wantPay) {
+		t.Errorf("the unsafe call's output %s, want it to contain %s", msgs[1].Content, wantPay)
 	}
 }
 

@@ -1,0 +1,120 @@
+package sidecar_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// long is an id far past every bound: as a NATS subject or a KV key it
+// exceeds the server's control line, and the server closes the connection.
+var long = strings.Repeat("a", 5000)
+
+// TestHostileIDsFromCore: Core's manifests carry an action_id of 5,000
+// characters, one with '.' and '*', and a tool_call_id of 5,000. Each of
+// those calls gets its own invalid_args outcome, submitted with its
+// tool_call_id and finalised; its sibling runs; no such id reaches NATS, so
+// the sidecar stays ready and drives the next run. Before, the long id
+// became the ledger's KV subject, the server closed the connection for
+// good and every later drive failed.
+func TestHostileIDsFromCore(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{
+			{Tool: "echo", ArgsJSON: `{"q": 1}`, ActionID: "act_" + long},
+			{Tool: "echo", ArgsJSON: `{"q": 2}`, ActionID: "act.x.*"},
+			{Tool: "echo", ArgsJSON: `{"q": 3}`, ID: "call_" + long},
+			{Tool: "echo", ArgsJSON: `{"q": 4}`},
+		}},
+		{Content: "{{results}}"},
+	}}
+	env := testenv.New(t, sc, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	r := env.NewRun()
+	sum, msgs := env.DriveWhole(r, 4)
+	if sum.Status != executor.StatusCompleted {
+		t.Fatalf("summary %+v", sum)
+	}
+	for i, c := range sum.Calls[:3] {
+		if c.OK || c.ErrorType != string(tool.InvalidArgs) || !c.Submitted {
+			t.Errorf("call %d: %+v, want a submitted invalid_args outcome", i, c)
+		}
+		if len(c.Error) > 512 {
+			t.Errorf("call %d's error quotes %d bytes of the id", i, len(c.Error))
+		}
+	}
+	if c := sum.Calls[3]; !c.OK {
+		t.Errorf("the sibling with sound ids: %+v", c)
+	}
+	if !strings.Contains(msgs[2].Content, "tool_call_id must be 1 to 256 characters") {
+		t.Errorf("the model read %s", msgs[2].Content)
+	}
+	assertReady(t, env.URL)
+	r2 := env.NewRun() // the next run is driven as usual
+	if sum, _ := env.DriveWhole(r2, 4); sum.Status != executor.StatusCompleted || !sum.Calls[3].OK {
+		t.Errorf("the next drive %+v", sum)
+	}
+}
+
+// TestHostileIDsFromCallers: ids in the path and the body of the API are
+// checked before anything is done with them: 400, with an error that
+// quotes a short, escaped prefix of what was sent. The sidecar stays
+// ready. Before, POST /v1/approvals/<5,000 characters> cut the sidecar off
+// from NATS for good, and '.' or '*' answered 503 "nats: invalid key".
+func TestHostileIDsFromCallers(t *testing.T) {
+	env := testenv.New(t, oneCall("echo"), testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	r := env.NewRun()
+	body := func(v any) []byte { b, _ := json.Marshal(v); return b }
+	decision := body(map[string]string{"decision": "approve"})
+	for _, c := range []struct {
+		name, path string
+		body       []byte
+	}{
+		{"long action id", "/v1/approvals/" + long, decision},
+		{"action id with dots", "/v1/approvals/act.a.b", decision},
+		{"action id with a star", "/v1/approvals/act*", decision},
+		{"long run id", "/v1/runs/" + long + "/drive", body(map[string]string{"thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": "m"})},
+		{"long thread id", "/v1/runs/" + r.RunID + "/drive", body(map[string]string{"thread_id": long, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": "m"})},
+		{"control bytes in an id", "/v1/runs/" + r.RunID + "/drive", body(map[string]string{"thread_id": "t\x1b[31m", "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": "m"})},
+		{"long proxied run id", "/v1/completions", body(map[string]any{"run_id": long, "thread_id": r.ThreadID, "assistant_id": r.AssistantID, "message_id": r.MessageID, "model": "m", "stream": true})},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", env.URL+c.path, bytes.NewReader(c.body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out map[string]string
+			_ = json.NewDecoder(resp.Body).Decode(&out)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusUnprocessableEntity {
+				t.Errorf("%d %v, want 400 (422 in Core's shape)", resp.StatusCode, out)
+			}
+			if msg := out["error"]; len(msg) > 512 || strings.Contains(msg, strings.Repeat("a", 100)) || strings.Contains(msg, "\x1b") {
+				t.Errorf("the error echoes what was sent: %q", msg)
+			}
+			assertReady(t, env.URL)
+		})
+	}
+	if code, sum := driveHTTP(t, env, r); code != 200 || sum.Status != executor.StatusCompleted {
+		t.Errorf("a sound drive after them: %d %+v", code, sum)
+	}
+}
+
+// assertReady checks that the sidecar is live and ready: its NATS
+// connection is up.
+func assertReady(t *testing.T, base string) {
+	t.Helper()
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if code, body := probe(t, base+p); code != http.StatusOK {
+			t.Errorf("%s %d %s", p, code, body)
+		}
+	}
+}
