@@ -256,6 +256,11 @@ type Server struct {
 	// page carries no data; what it shows comes from /ui/events and
 	// /v1/approvals, behind the API token. default: true
 	UI bool `koanf:"ui"`
+	// AllowedHosts are the host names, beside localhost and IP addresses,
+	// that requests may name in their Host header: a page that rebinds its
+	// own DNS name to the sidecar's address is refused, token or not.
+	// "*" allows every name. default: [] (loopback names and addresses)
+	AllowedHosts []string `koanf:"allowed_hosts"`
 	// UIHistory is how many finished runs the live view keeps.
 	// default: 200
 	UIHistory int `koanf:"ui_history"`

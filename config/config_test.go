@@ -16,7 +16,7 @@ func TestShippedConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := Default()
-	if cfg.Core != def.Core || !reflect.DeepEqual(cfg.Executor, def.Executor) || cfg.Server != def.Server || cfg.Tracing != def.Tracing {
+	if cfg.Core != def.Core || !reflect.DeepEqual(cfg.Executor, def.Executor) || !reflect.DeepEqual(cfg.Server, def.Server) || cfg.Tracing != def.Tracing {
 		t.Errorf("config.yaml claims to show the defaults but differs:\n%+v\n%+v", cfg, def)
 	}
 	if len(cfg.Tools) != 4 || cfg.Tools[0].Name != "get_flight_times" || cfg.Tools[0].Retries != 2 || cfg.Tools[0].SideEffects != ReadOnly {

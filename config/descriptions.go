@@ -47,6 +47,7 @@ var descriptions = map[string]string{
 	"RunBudget.MaxResultBytes":        "MaxResultBytes bounds the bytes the drive's calls return, summed.",
 	"RunBudget.MaxToolTime":           "MaxToolTime bounds the time the drive's calls take, summed.",
 	"RunBudget.OnBudget":              "OnBudget: continue (the model reads the budget_exceeded outcomes and the run goes on) or stop (once a call was refused, the drive ends after its batch, with status budget_exceeded, instead of asking for another turn). The tools' own budgets obey it too. default: continue",
+	"Server.AllowedHosts":             "AllowedHosts are the host names, beside localhost and IP addresses, that requests may name in their Host header: a page that rebinds its own DNS name to the sidecar's address is refused, token or not. \"*\" allows every name. default: [] (loopback names and addresses)",
 	"Server.AuthTokenFile":            "AuthTokenFile holds a bearer token required on every route but health. Optional.",
 	"Server.HTTP2Cleartext":           "HTTP2Cleartext also serves HTTP/2 without TLS (h2c, prior knowledge) on the API's listener, so that a client can carry many drives on one connection, at most MaxStreams at once. default: false",
 	"Server.Listen":                   "Listen address. default: 127.0.0.1:8080 (loopback)",

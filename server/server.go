@@ -56,6 +56,10 @@ type Route struct {
 	// Drive: the route drives a run, and counts against MaxDrives (429
 	// beyond); others are not bounded (a proxied read, say).
 	Drive bool
+	// AnyBody: the route takes bodies of any type (Core's API passed
+	// through, whose uploads are multipart); the sidecar's own routes take
+	// JSON only.
+	AnyBody bool
 }
 
 // Config configures the server.
@@ -67,6 +71,9 @@ type Config struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every route but /healthz and /readyz.
 	Token string
+	// AllowedHosts are the names, beside localhost and IP addresses, that
+	// a request's Host may give (browser.go).
+	AllowedHosts []string
 	// MaxBodyBytes bounds request bodies. default: 1 MiB
 	MaxBodyBytes int64
 	// MaxDrives bounds the drives in progress (drive API and proxy-mode
@@ -112,6 +119,10 @@ type Server struct {
 	drives chan struct{} // a slot per drive in progress
 	ops    *http.ServeMux
 	pages  *http.ServeMux // Config.Pages: served without the token
+	// guarded is the API behind the browser checks (browser.go);
+	// opsGuarded the ops handler.
+	guarded, opsGuarded http.Handler
+	anyBody             map[string]bool // patterns of AnyBody routes
 }
 
 // Wait blocks until no request is being served.
@@ -149,7 +160,9 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.anyBody = map[string]bool{}
 	for _, rt := range cfg.Routes {
+		s.anyBody[rt.Pattern] = rt.AnyBody
 		h := s.unbounded(rt.Handler.ServeHTTP)
 		if rt.Drive {
 			h = s.limited(rt.Handler.ServeHTTP)
@@ -165,6 +178,8 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
 		probes(mux, cfg.Live, s.ready, cfg.Gatherer)
 	}
+	hs := newHosts(cfg.AllowedHosts)
+	s.guarded, s.opsGuarded = hs.guard(http.HandlerFunc(s.serve)), hs.guard(s.ops)
 	if cfg.Pprof {
 		s.ops.HandleFunc("GET /debug/pprof/", pprof.Index)
 		s.ops.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -227,7 +242,7 @@ func (s *Server) Ops() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.active.Add(1)
 		defer s.active.Done()
-		s.ops.ServeHTTP(w, r)
+		s.opsGuarded.ServeHTTP(w, r)
 	})
 }
 
@@ -257,10 +272,15 @@ func (s *Server) unbounded(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// ServeHTTP authenticates, bounds the body and routes.
+// ServeHTTP checks the request as it came from a browser would be checked
+// (browser.go), authenticates, bounds the body and routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.active.Add(1)
 	defer s.active.Done()
+	s.guarded.ServeHTTP(w, r)
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if _, pattern := s.pages.Handler(r); pattern != "" {
 		s.pages.ServeHTTP(w, r)
 		return
@@ -272,6 +292,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 			return
 		}
+	}
+	if _, pattern := s.mux.Handler(r); !s.anyBody[pattern] && !jsonBody(r) {
+		writeError(w, http.StatusUnsupportedMediaType, "send the body as JSON, with Content-Type: application/json")
+		return
 	}
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)

@@ -339,6 +339,7 @@ type sseLog struct {
 func (sc *sidecar) openSSE(t *testing.T, r testenv.Run) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest("POST", sc.url+"/v1/runs/"+r.RunID+"/drive", strings.NewReader(sc.driveBody(r)))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -422,6 +423,7 @@ func TestClientDisconnectCancels(t *testing.T) {
 	r := sc.env.NewRun()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", sc.url+"/v1/runs/"+r.RunID+"/drive", strings.NewReader(sc.driveBody(r)))
+	req.Header.Set("Content-Type", "application/json")
 	errc := make(chan error, 1)
 	go func() {
 		resp, err := http.DefaultClient.Do(req)
@@ -448,6 +450,9 @@ func TestAuthLimitsAndTools(t *testing.T) {
 		req, _ := http.NewRequest(method, sc.url+path, strings.NewReader(body))
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -504,7 +509,7 @@ func TestReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
-	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	srv.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1/readyz", nil))
 	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "NATS not connected") {
 		t.Errorf("readyz %d %s", rec.Code, rec.Body)
 	}
@@ -697,7 +702,7 @@ func TestPprofOnOpsOnly(t *testing.T) {
 		}
 		for name, h := range map[string]http.Handler{"ops": srv.Ops(), "api": srv} {
 			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/heap", nil))
+			h.ServeHTTP(rec, httptest.NewRequest("GET", "http://localhost/debug/pprof/heap", nil))
 			want := 404
 			if on && name == "ops" {
 				want = 200

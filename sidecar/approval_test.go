@@ -117,6 +117,7 @@ func (a *approvalEnv) driveSSE(t *testing.T, r testenv.Run) *sseDrive {
 	d := &sseDrive{done: make(chan executor.Summary, 1)}
 	body, _ := json.Marshal(r.DriveBody())
 	req, _ := http.NewRequest("POST", a.URL+"/v1/runs/"+r.RunID+"/drive", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+approvalToken)
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := http.DefaultClient.Do(req)

@@ -481,7 +481,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			return err
 		}
 	}
-	scfg := server.Config{Token: token, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
+	scfg := server.Config{Token: token, AllowedHosts: s.cfg.Server.AllowedHosts, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), Live: s.natsLife.Err, ReadyInfo: s.readyInfo,
 		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
@@ -500,7 +500,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		if err != nil {
 			return err
 		}
-		scfg.Routes = []server.Route{{Pattern: "POST /v1/completions", Handler: p.Completions, Drive: true}, {Pattern: "/v1/", Handler: p.Forward}}
+		scfg.Routes = []server.Route{{Pattern: "POST /v1/completions", Handler: p.Completions, Drive: true}, {Pattern: "/v1/", Handler: p.Forward, AnyBody: true}}
 	}
 	if s.board != nil {
 		pages := live.Pages()

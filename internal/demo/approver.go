@@ -38,6 +38,7 @@ func approve(ctx context.Context, base string, say func(string)) (stop func()) {
 				body, _ := json.Marshal(map[string]string{"decision": approval.DecisionApprove, "approver": "demo operator",
 					"reason": "deposit within the trip's budget"})
 				req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/approvals/"+p.ActionID, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					continue

@@ -306,6 +306,7 @@ func Drive(t testing.TB, base string, r Run, header map[string]string) (*http.Re
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("Content-Type", "application/json")
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
