@@ -216,6 +216,28 @@ func salvage(data, trimmed []byte, reason string, err error) (Chunk, error) {
 	return Chunk{Kind: KindManifest, Type: m.Type, RunID: m.RunID, Manifest: m, Raw: m.Raw}, nil
 }
 
+// decodeOversized handles the head of a frame longer than limit: a
+// manifest whose ids it holds (Core writes them before the arguments) is a
+// call whose Problem says why it cannot run; any other frame is a
+// *FrameError, marked Manifest when a manifest's ids could not be read.
+func decodeOversized(head []byte, size string, limit int) (Chunk, error) {
+	reason := fmt.Sprintf("a frame of %s bytes, over the limit of %d", size, limit)
+	trimmed := bytes.TrimSpace(head)
+	f := topLevelStrings(trimmed)
+	fe := frameError(head, reason, nil)
+	if f["type"] != string(KindManifest) {
+		return Chunk{}, fe
+	}
+	if f["action_id"] == "" || f["tool_call_id"] == "" {
+		fe.Manifest = true
+		return Chunk{}, fe
+	}
+	m := &Manifest{Type: f["type"], RunID: f["run_id"], ActionID: f["action_id"], ToolCallID: f["tool_call_id"], Tool: f["tool"],
+		Problem: fmt.Sprintf("the manifest is %s bytes long, over the limit of %d; its arguments were not read", size, limit)}
+	m.Raw = json.RawMessage("{}")
+	return Chunk{Kind: KindManifest, Type: m.Type, RunID: m.RunID, Manifest: m, Raw: m.Raw}, nil
+}
+
 // topLevelStrings reads the string members of a JSON object, as far as the
 // text allows, without decoding nested values (which may be broken or too
 // deep): it only counts their brackets.

@@ -52,7 +52,9 @@ type Config struct {
 	// MaxBodyBytes bounds every response body read whole.
 	// default: 8 MiB
 	MaxBodyBytes int64
-	// MaxFrameBytes bounds one SSE frame of the completions stream.
+	// MaxFrameBytes bounds one SSE frame of the completions stream, while
+	// it is read: a longer frame is skipped as it arrives, and a manifest
+	// among them is a call whose Problem says so (stream.go).
 	// default: 4 MiB
 	MaxFrameBytes int
 	// Retries is the number of extra attempts for a retryable failure.
@@ -549,22 +551,23 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 	if resp.StatusCode/100 != 2 {
 		return c.httpError(req, resp)
 	}
-	var data []byte
-	var n int64
 	if out == nil {
-		// Read to its end, so that the connection is kept, and dropped.
-		n, err = io.Copy(io.Discard, io.LimitReader(resp.Body, c.cfg.MaxBodyBytes+1))
-	} else {
-		data, err = readBody(resp, c.cfg.MaxBodyBytes)
-		n = int64(len(data))
+		// The 2xx says the request took effect; its answer is not read.
+		// It is drained up to the bound so that the connection is kept,
+		// and past it the connection is dropped, never the answer: an
+		// Action whose arguments are huge answers a write with all of them.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, c.cfg.MaxBodyBytes))
+		return nil
 	}
+	data, err := readBody(resp, c.cfg.MaxBodyBytes)
+	n := int64(len(data))
 	if err != nil {
 		return fmt.Errorf("core: %s %s: reading body: %w", method, req.URL.Path, err)
 	}
 	if n > c.cfg.MaxBodyBytes {
 		return fmt.Errorf("core: %s %s: response body over %d bytes", method, req.URL.Path, c.cfg.MaxBodyBytes)
 	}
-	if out == nil || len(bytes.TrimSpace(data)) == 0 {
+	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
 	}
 	if err := json.Unmarshal(data, out); err != nil {

@@ -210,13 +210,13 @@ func TestResponseBodyLength(t *testing.T) {
 			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 				t.Errorf("reading: err = %v, want %q", err, tc.wantErr)
 			}
-			// A write is retried until its budget ends, and then reports
-			// its last attempt's error.
+			// A write's answer is not read: its 2xx says it took effect,
+			// however long (an Action with huge arguments) or cut the
+			// answer is, and it is not sent again.
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
-			err = c.WriteAction(ctx, "act_1", ActionUpdate{Status: ActionCompleted})
-			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
-				t.Errorf("writing: err = %v, want %q", err, tc.wantErr)
+			if err := c.WriteAction(ctx, "act_1", ActionUpdate{Status: ActionCompleted}); err != nil {
+				t.Errorf("writing: %v, want nil", err)
 			}
 		})
 	}

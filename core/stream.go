@@ -10,6 +10,8 @@ import (
 	"time"
 
 	sse "github.com/tmaxmax/go-sse"
+
+	"github.com/projectdavid/toolsidecar/internal/frames"
 )
 
 // Stream errors. A stream ends with io.EOF after [DONE]; every other end is
@@ -40,6 +42,9 @@ type Stream struct {
 	err    error
 	gap    func(time.Duration) // observes the silence before each frame
 	last   time.Time
+	// maxFrame bounds a frame while it is read; a longer one arrives as
+	// its head only (oversizedFrame).
+	maxFrame int
 }
 
 // Next returns the next chunk. A *FrameError reports one undecodable frame
@@ -114,6 +119,10 @@ func (s *Stream) step(ev sse.Event, err error, ok bool) (c Chunk, cerr error, sk
 	if ev.Data == "[DONE]" {
 		return Chunk{}, s.finish(io.EOF), false
 	}
+	if ev.Type == oversizedEvent {
+		c, cerr = decodeOversized([]byte(ev.Data), ev.LastEventID, s.maxFrame)
+		return c, cerr, false
+	}
 	c, cerr = DecodeChunk([]byte(ev.Data))
 	return c, cerr, false
 }
@@ -146,9 +155,21 @@ func (s *Stream) Close() error {
 func newStream(ctx context.Context, cancel context.CancelCauseFunc, body io.ReadCloser, idle time.Duration, maxFrame int) *Stream {
 	s := &Stream{body: body, cancel: cancel, ctx: ctx}
 	s.idle = newIdleTimer(idle, func() { cancel(ErrStreamIdle) })
-	r := &idleReader{r: body, t: s.idle}
-	s.events = iter.Seq2[sse.Event, error](sse.Read(r, &sse.ReadConfig{MaxEventSize: maxFrame}))
+	r := frames.NewReader(&idleReader{r: body, t: s.idle}, frames.Events, maxFrame, oversizedFrame)
+	s.events = iter.Seq2[sse.Event, error](sse.Read(r, &sse.ReadConfig{MaxEventSize: maxFrame + 1<<10}))
+	s.maxFrame = maxFrame
 	return s
+}
+
+// oversizedEvent is the event type that marks a frame cut at the bound;
+// Core names no event types (core-protocol.md), so none is taken.
+const oversizedEvent = "toolsidecar-oversized"
+
+// oversizedFrame passes on the head of a frame too long to read whole, as
+// an event of its own type: its data is the start of the frame's JSON,
+// from which a manifest's ids can still be read.
+func oversizedFrame(o frames.Oversized) []byte {
+	return fmt.Appendf(o.Head, "\nevent: %s\nid: %d\n\n", oversizedEvent, o.Size)
 }
 
 // idleTimer fires once when reset is not called within d.

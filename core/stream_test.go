@@ -247,14 +247,36 @@ func TestStreamConnectionRefused(t *testing.T) {
 	}
 }
 
+// TestFrameTooLarge: a frame over the bound is never read whole. A
+// manifest among such frames is its call, with a Problem that says why it
+// cannot run (its ids come before its arguments); any other is one
+// undecodable frame; the stream goes on to its end either way.
 func TestFrameTooLarge(t *testing.T) {
-	big := "data: {\"type\": \"content\", \"content\": \"" + strings.Repeat("a", 2048) + "\"}\n\ndata: [DONE]\n\n"
+	big := "data: {\"type\": \"content\", \"content\": \"" + strings.Repeat("a", 2048) + "\"}\n\n" +
+		"data: {\"type\": \"tool_call_manifest\", \"run_id\": \"run_1\", \"action_id\": \"act_1\", \"tool_call_id\": \"call_1\", \"tool\": \"t\", \"args\": {\"x\": \"" +
+		strings.Repeat("b", 4096) + "\"}}\n\n" +
+		"data: {\"type\": \"tool_call_manifest\", \"args\": {\"x\": \"" + strings.Repeat("c", 4096) + "\"}, \"action_id\": \"act_2\", \"tool_call_id\": \"call_2\"}\n\n" +
+		"data: {\"type\": \"content\", \"content\": \"after\"}\n\ndata: [DONE]\n\n"
 	ctx, cancel := context.WithCancelCause(context.Background())
 	s := newStream(ctx, cancel, io.NopCloser(strings.NewReader(big)), 0, 1024)
 	defer s.Close()
-	_, err := s.Next()
-	if err == nil || errors.Is(err, ErrFrame) || errors.Is(err, io.EOF) {
-		t.Fatalf("err = %v, want a fatal size error", err)
+	var fe *FrameError
+	if _, err := s.Next(); !errors.As(err, &fe) || fe.Manifest || !strings.Contains(err.Error(), "over the limit of 1024") {
+		t.Fatalf("the long content frame: %v, want a frame error", err)
+	}
+	c, err := s.Next()
+	if err != nil || c.Kind != KindManifest || c.Manifest.ActionID != "act_1" || c.Manifest.ToolCallID != "call_1" ||
+		!strings.Contains(c.Manifest.Problem, "over the limit of 1024") {
+		t.Fatalf("the long manifest: %+v %v", c.Manifest, err)
+	}
+	if _, err := s.Next(); !errors.As(err, &fe) || !fe.Manifest {
+		t.Fatalf("a long manifest whose ids come after its arguments: %v, want a lost call", err)
+	}
+	if c, err := s.Next(); err != nil || c.Text != "after" {
+		t.Fatalf("the frame after: %+v %v", c, err)
+	}
+	if _, err := s.Next(); !errors.Is(err, io.EOF) {
+		t.Fatalf("end: %v", err)
 	}
 }
 

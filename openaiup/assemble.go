@@ -24,20 +24,25 @@ import (
 // Calls keep the order in which they began. Ids are made for calls
 // without one, and for a second call with an id already used.
 type assembler struct {
-	calls []*partial
-	at    map[int]*partial // the call each index feeds now
+	calls   []*partial
+	at      map[int]*partial // the call each index feeds now
+	maxArgs int              // a call's arguments past it are not kept; 0: no bound
 }
 
 type partial struct {
 	id, name string
 	args     strings.Builder
+	// lost says why the arguments were not kept: they grew past the
+	// bound of the stream (the executor's own, lower, bound on arguments
+	// is applied to those that were kept, which the next turn replays).
+	lost string
 }
 
 // ready reports a call that can be handed over before its turn ends: it
 // has a name, and its arguments are a whole JSON object (a fragment more
 // would break them). The check is made only when they end in "}".
 func (p *partial) ready() bool {
-	if p.name == "" || p.args.Len() == 0 {
+	if p.name == "" || p.args.Len() == 0 || p.lost != "" {
 		return false
 	}
 	args := strings.TrimRight(p.args.String(), " \t\r\n")
@@ -80,7 +85,14 @@ func (a *assembler) add(ds []toolCallDelta) {
 		if cur.name == "" {
 			cur.name = d.Function.Name
 		}
-		cur.args.WriteString(args)
+		switch {
+		case cur.lost != "":
+		case a.maxArgs > 0 && cur.args.Len()+len(args) > a.maxArgs:
+			cur.lost = fmt.Sprintf("the arguments are longer than the limit of %d bytes", a.maxArgs)
+			cur.args.Reset() // not kept: the model reads that they were too long
+		default:
+			cur.args.WriteString(args)
+		}
 	}
 }
 
@@ -122,6 +134,8 @@ func assemble(p *partial) assembled {
 		c.Args = "{}" // a tool without parameters (openai-python PR #3502)
 	}
 	switch {
+	case p.lost != "":
+		c.Args, c.Problem = "{}", p.lost
 	case c.Name == "":
 		c.Problem = "the call has no function name"
 	case !json.Valid([]byte(c.Args)):

@@ -137,3 +137,27 @@ func TestUnshown(t *testing.T) {
 		t.Errorf("another way: %q", got)
 	}
 }
+
+// TestAssembleBound: fragments past the bound are not kept, however many
+// come; the call has a Problem and replays "{}", its sibling is whole.
+func TestAssembleBound(t *testing.T) {
+	a := assembler{maxArgs: 64}
+	add := func(c string) {
+		var ds []toolCallDelta
+		if err := json.Unmarshal([]byte(c), &ds); err != nil {
+			t.Fatal(err)
+		}
+		a.add(ds)
+	}
+	add(`[{"index":0,"id":"a","function":{"name":"f","arguments":""}},{"index":1,"id":"b","function":{"name":"g","arguments":"{}"}}]`)
+	for range 1000 {
+		add(`[{"index":0,"function":{"arguments":"{\"x\": \"0123456789\"}"}}]`)
+	}
+	got := a.done()
+	if len(got) != 2 || got[0].Args != "{}" || !strings.Contains(got[0].Problem, "longer than the limit of 64") || a.calls[0].args.Len() != 0 {
+		t.Errorf("the call past the bound: %+v (kept %d bytes)", got[0], a.calls[0].args.Len())
+	}
+	if got[1].Problem != "" || got[1].Args != "{}" {
+		t.Errorf("its sibling: %+v", got[1])
+	}
+}

@@ -13,6 +13,7 @@ import (
 	sse "github.com/tmaxmax/go-sse"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/frames"
 )
 
 // maxCuts bounds how often a turn's stream may be cut and asked for again.
@@ -76,9 +77,19 @@ func (t *turn) connect() error {
 	}
 	a := &attempt{ctx: ctx, cancel: cancel, close: resp.Body.Close}
 	a.idle = time.AfterFunc(t.u.cfg.IdleTimeout, func() { cancel(ErrIdle) })
-	a.events = sse.Read(resp.Body, &sse.ReadConfig{MaxEventSize: t.u.cfg.MaxResponseBytes})
+	body := frames.NewReader(resp.Body, frames.Events, t.u.cfg.MaxResponseBytes, oversizedEvent)
+	a.events = sse.Read(body, &sse.ReadConfig{MaxEventSize: t.u.cfg.MaxResponseBytes + 1<<10})
 	t.stream = a
 	return nil
+}
+
+// oversized is the event type that replaces an event too long to read
+// whole; its data is the event's size. An upstream names no event types on
+// Chat Completions streams.
+const oversized = "toolsidecar-oversized"
+
+func oversizedEvent(o frames.Oversized) []byte {
+	return fmt.Appendf(nil, "event: %s\ndata: %d\n\n", oversized, o.Size)
 }
 
 // Close releases the stream.
@@ -138,7 +149,7 @@ func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 // read's error when the stream ended before it. more is false when the
 // executor stopped reading.
 func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (rd *reading, err error, more bool) {
-	rd = &reading{handed: map[*partial]*executor.ToolCall{}}
+	rd = &reading{handed: map[*partial]*executor.ToolCall{}, calls: assembler{maxArgs: t.u.cfg.MaxResponseBytes}}
 	for _, sc := range t.sent {
 		sc.used = false
 	}
@@ -152,6 +163,16 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 		}
 		a.idle.Reset(t.u.cfg.IdleTimeout)
 		data := ev.Data
+		if ev.Type == oversized {
+			// Its calls, if it held any, cannot be known, so they cannot be
+			// answered: the run fails saying so (asking again would bring
+			// the same event). The calls handed over already are joined.
+			err := fmt.Errorf("the upstream sent an event of %s bytes, over the limit of %d; what it held is lost", data, t.u.cfg.MaxResponseBytes)
+			if !yield(executor.TurnEvent{}, &executor.LostCallError{Err: err}) {
+				return rd, nil, false
+			}
+			continue
+		}
 		if data == "" {
 			continue
 		}

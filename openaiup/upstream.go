@@ -39,8 +39,10 @@ type Config struct {
 	RetryBudget time.Duration
 	// IdleTimeout bounds the silence between a stream's events. default: 2m
 	IdleTimeout time.Duration
-	// MaxResponseBytes bounds one event of a stream, and an error body.
-	// default: 4 MiB
+	// MaxResponseBytes bounds one event of a stream while it is read (a
+	// longer one fails the run, saying so), the arguments of one call as
+	// their fragments arrive (past it they are not kept, and the call gets
+	// an invalid_args outcome), and an error body. default: 4 MiB
 	MaxResponseBytes int
 	// Unsafe reports a tool that must not run twice: its calls wait for
 	// their turn's finish chunk. default: none is

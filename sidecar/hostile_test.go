@@ -62,6 +62,35 @@ func TestHostileIDsFromCore(t *testing.T) {
 	}
 }
 
+// TestHugeManifest: Core sends a manifest whose arguments are 20 MB among
+// three sound ones. It is never read whole: that call gets an invalid_args
+// outcome saying how large it was, its siblings run, and the drive
+// completes. Before, the stream's reader gave up ("bufio.Scanner: token
+// too long") and the whole drive failed with 502.
+func TestHugeManifest(t *testing.T) {
+	huge := `{"blob": "` + strings.Repeat("z", 20<<20) + `"}`
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "echo", ArgsJSON: `{"q": 1}`}, {Tool: "echo", ArgsJSON: huge}, {Tool: "echo", ArgsJSON: `{"q": 3}`}}},
+		{Content: "{{results}}"},
+	}}
+	env := testenv.New(t, sc, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	r := env.NewRun()
+	sum, msgs := env.DriveWhole(r, 3)
+	if sum.Status != executor.StatusCompleted {
+		t.Fatalf("summary %+v", sum)
+	}
+	if c := sum.Calls[1]; c.OK || c.ErrorType != string(tool.InvalidArgs) || !strings.Contains(c.Error, "over the limit") {
+		t.Errorf("the huge call: %+v", c)
+	}
+	if !sum.Calls[0].OK || !sum.Calls[2].OK {
+		t.Errorf("siblings %+v %+v", sum.Calls[0], sum.Calls[2])
+	}
+	if len(msgs[1].Content) > 4<<10 {
+		t.Errorf("the model read %d bytes for the huge call", len(msgs[1].Content))
+	}
+	assertReady(t, env.URL)
+}
+
 // TestHostileIDsFromCallers: ids in the path and the body of the API are
 // checked before anything is done with them: 400, with an error that
 // quotes a short, escaped prefix of what was sent. The sidecar stays

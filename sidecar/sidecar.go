@@ -409,8 +409,17 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 	// of the drive when spans are recorded.
 	opts = append(opts, core.WithRoundTripper(func(rt http.RoundTripper) http.RoundTripper { return coreTransport(s.tp, rt) }))
 	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout,
-		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout, MaxConns: s.cfg.Core.MaxConnections, IdleTimeout: s.cfg.Core.IdleTimeout}, opts...)
+		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout, MaxConns: s.cfg.Core.MaxConnections, IdleTimeout: s.cfg.Core.IdleTimeout,
+		MaxFrameBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes)}, opts...)
 }
+
+// maxFrameBytes bounds a frame of an upstream's stream, while it is read,
+// by the arguments a call may have: a manifest's ids and envelope beside
+// them, or the informational tool_call chunk, whose arguments are one JSON
+// string (escaping may double them). A manifest past it is its own call's
+// invalid_args outcome; one between max_args_bytes and it says by how
+// much its arguments are over.
+func maxFrameBytes(maxArgs int) int { return 2*maxArgs + 64<<10 }
 
 // buildExecutor wires the loop: NATS for route nats, the in-process
 // transport for every other route kind.
@@ -464,6 +473,7 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
 	s.openai, err = openaiup.New(openaiup.Config{URL: s.cfg.Upstream.URL, APIKey: key, Client: client,
 		RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log,
+		MaxResponseBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
 		Unsafe: func(name string) bool {
 			t, ok := s.live.Load().Lookup(name)
 			return ok && t.SideEffects == config.Unsafe
