@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/projectdavid/toolsidecar/internal/frames"
 )
 
 // Kind names the type of a chunk on the completions stream.
@@ -239,41 +241,14 @@ func decodeOversized(head []byte, size string, limit int) (Chunk, error) {
 }
 
 // topLevelStrings reads the string members of a JSON object, as far as the
-// text allows, without decoding nested values (which may be broken or too
-// deep): it only counts their brackets.
+// text allows, without decoding nested values (which may be broken, too
+// deep, or cut).
 func topLevelStrings(data []byte) map[string]string {
 	out := map[string]string{}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return out
-	}
-	for dec.More() {
-		kt, err := dec.Token()
-		if err != nil {
-			return out
-		}
-		key, _ := kt.(string)
-		vt, err := dec.Token()
-		if err != nil {
-			return out
-		}
-		switch v := vt.(type) {
-		case string:
-			out[key] = v
-		case json.Delim:
-			for level := 1; level > 0; {
-				t, err := dec.Token()
-				if err != nil {
-					return out
-				}
-				if d, ok := t.(json.Delim); ok {
-					if d == '{' || d == '[' {
-						level++
-					} else {
-						level--
-					}
-				}
-			}
+	for k, v := range frames.TopLevel(data) {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			out[k] = s
 		}
 	}
 	return out

@@ -287,7 +287,7 @@ func (m *mcpServer) transport() (mcp.Transport, error) {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
 		cmd.Stderr = os.Stderr // the server's own log, beside the sidecar's
-		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}, nil
+		return &stdioTransport{cmd: cmd, terminate: 2 * time.Second, limit: mcpFrameBytes(m.s.MaxResultBytes)}, nil
 	}
 	headers := http.Header{}
 	for h, file := range m.s.HeadersFromFiles {
@@ -299,19 +299,27 @@ func (m *mcpServer) transport() (mcp.Transport, error) {
 	}
 	// Progress comes on each call's own response stream: no standing
 	// stream is held open for messages outside a call.
-	return &mcp.StreamableClientTransport{Endpoint: m.s.URL, HTTPClient: &http.Client{Transport: headerTransport{headers}},
+	return &mcp.StreamableClientTransport{Endpoint: m.s.URL, HTTPClient: &http.Client{Transport: mcpHTTP{headers, mcpFrameBytes(m.s.MaxResultBytes)}},
 		DisableStandaloneSSE: true}, nil
 }
 
-// headerTransport adds the configured headers to every request.
-type headerTransport struct{ h http.Header }
+// mcpHTTP adds the configured headers to every request, and bounds every
+// answer while it is read (mcpbound.go).
+type mcpHTTP struct {
+	h     http.Header
+	limit int
+}
 
-func (t headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (t mcpHTTP) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	for k, v := range t.h {
 		r.Header[k] = v
 	}
-	return http.DefaultTransport.RoundTrip(r)
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err == nil {
+		boundedBody(resp, t.limit)
+	}
+	return resp, err
 }
 
 func (m *mcpServer) close() {
@@ -343,6 +351,9 @@ func (m *mcpServer) call(ctx context.Context, name string, c *tool.Call, maxByte
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, err // tool.Invoke says timeout or cancelled
+	case errors.As(err, &refusal) && refusal.Code == codeTooLarge:
+		return nil, tool.NewError(tool.ToolFailed, "MCP server %s: the result of tools/call %q exceeds mcp.max_result_bytes (%d): %s",
+			m.describe(), name, maxBytes, refusal.Message)
 	case errors.As(err, &refusal) && refusal.Code != codeClientClosing && refusal.Code != codeServerClosing:
 		return nil, tool.NewError(tool.ToolFailed, "MCP server %s refused tools/call %q: %v", m.describe(), name, err)
 	case err != nil:

@@ -3,6 +3,8 @@ package plugins
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +24,13 @@ import (
 // serveMCPIfAsked); its value is a file where the server writes "cancelled"
 // when a call is cancelled.
 const envMCPServer = "TSC_TEST_MCP_SERVER"
+
+// envMCPHTTP makes the test binary serve testMCPServer over streamable
+// HTTP, writing its URL into the file the variable names.
+const envMCPHTTP = "TSC_TEST_MCP_HTTP"
+
+// hugeResult is the size of the huge tool's result: far past any bound.
+const hugeResult = 50 << 20
 
 // testMCPServer is an MCP server built with the official Go SDK, with a
 // tool for each behaviour the route must handle.
@@ -67,6 +76,13 @@ func testMCPServer(cancelled string) *mcp.Server {
 		}
 		return nil, ctx.Err()
 	})
+	add("huge", func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return text(strings.Repeat("x", hugeResult)), nil
+	})
+	add("garbage", func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		fmt.Println("not JSON: a server that logs to its stdout")
+		return text("ok"), nil
+	})
 	add("die", func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		os.Exit(3) // the server process dies in the middle of the call
 		return nil, nil
@@ -77,6 +93,16 @@ func testMCPServer(cancelled string) *mcp.Server {
 // serveMCPIfAsked serves testMCPServer over stdio and exits, when this
 // process was started as an MCP server by a test.
 func serveMCPIfAsked() {
+	if urlFile, ok := os.LookupEnv(envMCPHTTP); ok {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			os.Exit(2)
+		}
+		srv := testMCPServer("")
+		_ = os.WriteFile(urlFile, []byte("http://"+ln.Addr().String()), 0o600)
+		_ = http.Serve(ln, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+		os.Exit(0)
+	}
 	cancelled, ok := os.LookupEnv(envMCPServer)
 	if !ok {
 		return
@@ -195,8 +221,8 @@ func TestMCPImport(t *testing.T) {
 			t.Errorf("%s: %+v, want side effects %s", name, def, class)
 		}
 	}
-	if names := reg.Names(); len(names) != 6 {
-		t.Errorf("imported %v, want the server's 6 tools", names)
+	if names := reg.Names(); len(names) != 8 {
+		t.Errorf("imported %v, want the server's 8 tools", names)
 	}
 	def, _ := reg.Lookup("srv_echo")
 	if err := def.Validate(json.RawMessage(`{"departure": 7}`)); err == nil {

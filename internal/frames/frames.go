@@ -15,6 +15,7 @@ package frames
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 )
@@ -29,6 +30,8 @@ const (
 	// Events: lines up to and including an empty line are a frame (SSE).
 	// A line ends at '\n'; a '\r' before it belongs to the line ending.
 	Events
+	// Whole: the whole stream is one frame (a JSON body).
+	Whole
 )
 
 // TailBytes is how much of an oversized frame's end is kept for Replace:
@@ -52,6 +55,9 @@ type Reader struct {
 	// (nil: the frame is dropped).
 	kind    Kind
 	replace func(Oversized) []byte
+	// Keep, when set, is asked about each frame within the bound: a frame
+	// it refuses is dropped.
+	Keep func(frame []byte) bool
 
 	frame []byte // the frame being read, while it is within the bound
 	out   []byte // bytes ready for Read
@@ -113,6 +119,9 @@ func (f *Reader) next() {
 		f.out = f.replace(*big)
 		return
 	}
+	if f.Keep != nil && !f.Keep(f.frame) {
+		return // dropped: Read goes on to the next frame
+	}
 	// Read consumes out before next reuses the frame's buffer.
 	f.out = f.frame
 	if cap(f.frame) > 1<<20 {
@@ -123,10 +132,54 @@ func (f *Reader) next() {
 // frameEnds reports whether a frame ends after line (a whole line, with
 // its '\n').
 func (f *Reader) frameEnds(line []byte) bool {
-	if f.kind == Lines {
+	switch f.kind {
+	case Lines:
 		return true
+	case Events:
+		return len(bytes.TrimRight(line, "\r\n")) == 0
 	}
-	return len(bytes.TrimRight(line, "\r\n")) == 0
+	return false
+}
+
+// TopLevel reads the scalar members of a JSON object (strings, numbers,
+// literals, as their JSON) as far as its text goes, and skips nested
+// values by their brackets: the head of a frame that was cut, or of one
+// that is malformed further on, still gives its ids.
+func TopLevel(data []byte) map[string]json.RawMessage {
+	out := map[string]json.RawMessage{}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return out
+	}
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return out
+		}
+		key, _ := kt.(string)
+		start := dec.InputOffset()
+		vt, err := dec.Token()
+		if err != nil {
+			return out
+		}
+		if _, nested := vt.(json.Delim); !nested {
+			out[key] = json.RawMessage(bytes.TrimLeft(data[start:dec.InputOffset()], " \t\r\n:"))
+			continue
+		}
+		for level := 1; level > 0; {
+			t, err := dec.Token()
+			if err != nil {
+				return out
+			}
+			switch t {
+			case json.Delim('{'), json.Delim('['):
+				level++
+			case json.Delim('}'), json.Delim(']'):
+				level--
+			}
+		}
+	}
+	return out
 }
 
 // keepTail appends b to tail and keeps the last TailBytes.
