@@ -95,8 +95,8 @@ func TestMCPServersReloaded(t *testing.T) {
 
 	write(withServer)
 	poll.Until(t, "the server's tools", func() bool { _, ok := live.Load().Lookup("srv_echo"); return ok })
-	if n := len(live.Load().Names()); n != 7 {
-		t.Errorf("%d tools after the server was added, want a and the server's 6", n)
+	if n := len(live.Load().Names()); n != 9 {
+		t.Errorf("%d tools after the server was added, want a and the server's 8", n)
 	}
 	write(plain)
 	poll.Until(t, "the server's tools gone", func() bool { return len(live.Load().Names()) == 1 })

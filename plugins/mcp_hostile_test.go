@@ -63,7 +63,8 @@ func rssBytes(t *testing.T) int64 {
 // mcp.max_result_bytes; the sound call and the next one on the same
 // session succeed (the session was not ended); a line that is not JSON on a
 // stdio server's output is dropped, not taken for the end of the session;
-// and the sidecar's resident memory grows by at most 64 MiB. Before, one
+// and the sidecar's resident memory grows by at most 64 MiB (192 under
+// the race detector). Before, one
 // such result over HTTP took 356 MB, and over stdio ended the session,
 // failing the bystander with worker_crash.
 func TestMCPHostileServer(t *testing.T) {
@@ -74,7 +75,7 @@ func TestMCPHostileServer(t *testing.T) {
 		settings map[string]any
 	}{{"stdio", stdio}, {"http", httpServerProcess(t)}} {
 		t.Run(server.name, func(t *testing.T) {
-			huge := local(t, mcpTool(server.settings, "huge", 30*time.Second))
+			huge := local(t, mcpTool(server.settings, "huge", time.Minute))
 			slow := local(t, mcpTool(server.settings, "slow", 5*time.Second))
 			if o := dispatch(local(t, mcpTool(server.settings, "echo", 5*time.Second)), 5*time.Second); o.Err != nil {
 				t.Fatalf("the session does not start: %v", o.Err)
@@ -97,7 +98,7 @@ func TestMCPHostileServer(t *testing.T) {
 			var wg sync.WaitGroup
 			outs := make([]tool.Outcome, 5)
 			for i := range 4 {
-				wg.Go(func() { outs[i] = dispatch(huge, 30*time.Second) })
+				wg.Go(func() { outs[i] = dispatch(huge, time.Minute) })
 			}
 			wg.Go(func() { outs[4] = dispatch(slow, 5*time.Second) })
 			wg.Wait()
@@ -120,8 +121,12 @@ func TestMCPHostileServer(t *testing.T) {
 			grew := peak - base
 			t.Logf("FIGURE mcp_huge_results server=%s results=4x%dMiB baseline_mib=%d peak_mib=%d growth_mib=%d", server.name,
 				hugeResult>>20, base>>20, peak>>20, grew>>20)
-			if grew > 64<<20 {
-				t.Errorf("resident memory grew by %d MiB, want at most 64", grew>>20)
+			// The race detector's shadow memory multiplies every
+			// allocation: its bound is looser, still far from a result
+			// held whole (1,010 MiB before).
+			limit := int64(map[bool]int{false: 64, true: 192}[raceEnabled]) << 20
+			if grew > limit {
+				t.Errorf("resident memory grew by %d MiB, want at most %d", grew>>20, limit>>20)
 			}
 		})
 	}
