@@ -68,6 +68,12 @@ type Durability struct {
 	// died, before that sidecar resumes the run. Sidecars sharing a NATS
 	// cluster must use one value. default: 10s
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
+	// MaxBytes bounds each JetStream stream and bucket the sidecar creates
+	// (outcomes, worker replies, dedupe and claim-checked results,
+	// approvals); a message in them is bounded by executor.max_result_bytes
+	// or max_args_bytes, whichever is larger, and 64 KiB. A reply that no
+	// sidecar's call was sent with is deleted as it arrives. default: 1 GiB
+	MaxBytes int64 `koanf:"max_bytes"`
 }
 
 // Upstream says where the model is.
@@ -512,7 +518,7 @@ type Tool struct {
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	return Config{
-		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second},
+		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second, MaxBytes: 1 << 30},
 		Upstream:   Upstream{Kind: UpstreamCore, RetryBudget: 30 * time.Second},
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second,
 			MaxConnections: 64, IdleTimeout: 4 * time.Second},
@@ -873,7 +879,7 @@ func (c Config) Validate() error {
 		"core.max_connections":  int64(c.Core.MaxConnections),
 		"server.max_body_bytes": c.Server.MaxBodyBytes, "executor.max_args_bytes": int64(c.Executor.MaxArgsBytes),
 		"executor.max_result_bytes": int64(c.Executor.MaxResultBytes), "executor.max_error_bytes": int64(c.Executor.MaxErrorBytes),
-		"executor.max_exec_processes": int64(c.Executor.MaxExecProcesses),
+		"executor.max_exec_processes": int64(c.Executor.MaxExecProcesses), "durability.max_bytes": c.Durability.MaxBytes,
 	} {
 		if n <= 0 {
 			bad(key, "must be positive, got %d", n)

@@ -100,6 +100,7 @@ type LeaseConfig struct {
 	Prefix   string // the tools' subject prefix
 	Instance string // this sidecar's stable, unique name
 	Replicas int    // of the buckets on a cluster. default: 1
+	MaxBytes int64  // bounds each bucket. default: no bound
 	// TTL: the leases of a sidecar that has not renewed its key for this
 	// long are free. default: DefaultLeaseTTL. Renewals happen every TTL/3.
 	TTL time.Duration
@@ -131,7 +132,7 @@ func OpenLeases(ctx context.Context, nc *nats.Conn, cfg LeaseConfig, log *slog.L
 	bucket := func(suffix string, ttl, markerTTL time.Duration, desc string) (jetstream.KeyValue, error) {
 		kv, err := create(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
 			return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketName(cfg.Prefix) + suffix, TTL: ttl,
-				LimitMarkerTTL: markerTTL, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc})
+				LimitMarkerTTL: markerTTL, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc, MaxBytes: cmp.Or(cfg.MaxBytes, -1)})
 		})
 		if err != nil {
 			return nil, fmt.Errorf("ledger: lease bucket %s: %w", suffix, err)

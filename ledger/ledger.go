@@ -12,14 +12,18 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
@@ -38,6 +42,15 @@ type Config struct {
 	Instance string
 	// Replicas of the bucket and the stream on a cluster. default: 1
 	Replicas int
+	// MaxBytes bounds each stream and bucket (the outcome ledger, the
+	// replies, dedupe results, claim-checked results, approvals), and
+	// MaxMsgSize each message in them. defaults: 1 GiB, 8 MiB
+	MaxBytes   int64
+	MaxMsgSize int32
+	// Metrics receives the ledger's counters (nil: none); Logger its
+	// warnings.
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger
 }
 
 // Ledger records dispatches and finds the replies that outlived a sidecar.
@@ -51,6 +64,14 @@ type Ledger struct {
 	// approvals holds the calls waiting for a person, by Action ID
 	// (approvals.go).
 	approvals jetstream.KeyValue
+	log       *slog.Logger
+	// key seals reply tokens; macs are its HMACs (replies.go).
+	key  []byte
+	macs sync.Pool
+	// stop ends the sweeper of the reply stream and the key's renewal,
+	// which renewing owns.
+	stop     func()
+	renewing sync.WaitGroup
 }
 
 // Entry is what the ledger knows of one call.
@@ -73,6 +94,11 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if cfg.Replicas < 1 {
 		cfg.Replicas = 1
 	}
+	cfg.MaxBytes = cmp.Or(max(cfg.MaxBytes, 0), 1<<30)
+	cfg.MaxMsgSize = cmp.Or(max(cfg.MaxMsgSize, 0), 8<<20)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
@@ -84,7 +110,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	kvBucket := func(suffix, desc string) (jetstream.KeyValue, error) {
 		return create(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
 			return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + suffix, TTL: Retention,
-				Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc})
+				Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc, MaxBytes: cfg.MaxBytes, MaxValueSize: cfg.MaxMsgSize})
 		})
 	}
 	kv, err := kvBucket("_LEDGER", "toolsidecar outcome ledger, by Action ID")
@@ -92,8 +118,12 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 		return nil, fmt.Errorf("ledger: bucket: %w", err)
 	}
 	st, err := create(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		// The last message of a subject is the one read (a final reply
+		// follows its progress): one is kept per subject, so that a
+		// worker repeating a reply stores it once.
 		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name + "_REPLIES", Subjects: []string{cfg.Prefix + ".replies.>"},
-			MaxAge: Retention, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar worker replies"})
+			MaxAge: Retention, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar worker replies",
+			MaxBytes: cfg.MaxBytes, MaxMsgSize: cfg.MaxMsgSize, MaxMsgsPerSubject: 1, Discard: jetstream.DiscardOld})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: reply stream: %w", err)
@@ -104,7 +134,8 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	}
 	results, err := create(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
 		return js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: name + "_RESULTS", TTL: Retention,
-			Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar results stored by claim-check, by run and handle"})
+			Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar results stored by claim-check, by run and handle",
+			MaxBytes: cfg.MaxBytes})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: result store: %w", err)
@@ -113,7 +144,27 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: approval bucket: %w", err)
 	}
-	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st, approvals: approvals}, nil
+	key, err := create(ctx, func(ctx context.Context) ([]byte, error) { return replyKey(ctx, kv) })
+	if err != nil {
+		return nil, fmt.Errorf("ledger: reply key: %w", err)
+	}
+	l := &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st, approvals: approvals, log: cfg.Logger, key: key}
+	l.newMACs()
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	cc, err := l.sweep(sctx, registerRefused(cfg.Metrics))
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	l.stop = func() { stop(); cc.Stop(); <-cc.Closed() }
+	l.renewing.Go(func() { l.renewKey(sctx) })
+	return l, nil
+}
+
+// Close stops the sweeper of the reply stream and the key's renewal.
+func (l *Ledger) Close() {
+	l.stop()
+	l.renewing.Wait()
 }
 
 // PutResult stores a result by claim-check; it expires with the ledger.

@@ -2,10 +2,19 @@ package sidecar_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
@@ -146,4 +155,79 @@ func assertReady(t *testing.T, base string) {
 			t.Errorf("%s %d %s", p, code, body)
 		}
 	}
+}
+
+// dirBytes is the size of the files under dir.
+func dirBytes(t *testing.T, dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// TestWorkerReplyFlood: a worker credential that serves one tool floods the
+// sidecar's reply namespace (which durable mode lets workers publish to)
+// with 4 MiB and 1 MiB replies to calls that do not exist, while a run's
+// batch is driven. The batch completes as usual; no message past the
+// stream's message bound is stored; the forged replies are deleted as they
+// arrive, and the store never grows past durability.max_bytes (16 MiB
+// here). TSC_FLOOD_SECONDS sets the flood's length (RELIABILITY.md has
+// 30 s). Before, 50 x 4 MiB grew the store by 200 MB for 25 hours.
+func TestWorkerReplyFlood(t *testing.T) {
+	seconds := 3
+	if v, err := strconv.Atoi(os.Getenv("TSC_FLOOD_SECONDS")); err == nil && v > 0 {
+		seconds = v
+	}
+	const bound = 16 << 20
+	store := t.TempDir()
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "echo", ArgsJSON: `{"q": 1}`}, {Tool: "echo", ArgsJSON: `{"q": 2}`}, {Tool: "echo", ArgsJSON: `{"q": 3}`}}},
+		{Content: "{{results}}"}}}
+	env := testenv.Start(t, sc, testenv.Options{
+		Workers: []config.Worker{{Name: "mallory", PasswordFile: secretFile(t, "mallory", "mallory-pw"), Tools: []string{"flood"}}},
+		NATS:    func(n *config.NATS) { n.Embedded.StoreDir = store },
+		Config:  func(c *config.Config) { c.Durability.MaxBytes = bound }},
+		testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Delayed(time.Duration(seconds)*time.Second/2, testenv.Echo)},
+		testenv.Tool{Config: config.Tool{Name: "flood"}})
+	nc, err := nats.Connect(env.NATSURL, nats.UserInfo("mallory", "mallory-pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	before := dirBytes(t, store)
+	r := env.NewRun()
+	done := make(chan executor.Summary, 1)
+	go func() { sum, _ := env.Sidecar.Drive(context.Background(), testenv.Request(r), nil); done <- sum }()
+	big, mid := make([]byte, 4<<20), make([]byte, 1<<20)
+	var sent, peak int64
+	for end := time.Now().Add(time.Duration(seconds) * time.Second); time.Now().Before(end); {
+		for _, b := range [][]byte{big, mid} {
+			subject := fmt.Sprintf("%s.replies.%s.%d", testenv.Prefix, "pod", sent)
+			if err := nc.Publish(subject, b); err != nil {
+				t.Fatal(err)
+			}
+			sent += int64(len(b))
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		peak = max(peak, dirBytes(t, store)-before)
+	}
+	sum := <-done
+	if sum.Status != executor.StatusCompleted {
+		t.Fatalf("the run during the flood: %+v", sum)
+	}
+	env.AssertWholeBatches(r, 3)
+	t.Logf("FIGURE worker_reply_flood seconds=%d sent_mib=%d store_peak_growth_mib=%.1f bound_mib=%d", seconds, sent>>20,
+		float64(peak)/(1<<20), bound>>20)
+	if peak > bound+4<<20 { // a file block of slack
+		t.Errorf("the store grew by %d MiB during the flood, past the bound of %d", peak>>20, bound>>20)
+	}
+	assertReady(t, env.URL)
 }

@@ -254,7 +254,8 @@ func (s *Sidecar) connectNATS() error {
 	var bopts []bridge.Option
 	if s.cfg.Durability.Enabled {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas})
+		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas,
+			MaxBytes: s.cfg.Durability.MaxBytes, MaxMsgSize: storeMsgSize(s.cfg.Executor), Metrics: s.metrics, Logger: s.log.With("component", "ledger")})
 		cancel()
 		switch {
 		case errors.Is(err, ledger.ErrNoJetStream):
@@ -265,12 +266,13 @@ func (s *Sidecar) connectNATS() error {
 		default:
 			lctx, lcancel := context.WithTimeout(context.Background(), 10*time.Second)
 			ls, err := ledger.OpenLeases(lctx, nc, ledger.LeaseConfig{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance,
-				Replicas: s.cfg.Durability.Replicas, TTL: s.cfg.Durability.LeaseTTL, Metrics: s.metrics}, s.log.With("component", "leases"))
+				Replicas: s.cfg.Durability.Replicas, TTL: s.cfg.Durability.LeaseTTL, Metrics: s.metrics, MaxBytes: s.cfg.Durability.MaxBytes}, s.log.With("component", "leases"))
 			lcancel()
 			if err != nil {
 				return err
 			}
 			s.ledger, s.leases = l, ls
+			s.closers = append(s.closers, l.Close)
 			s.closers = append(s.closers, ls.Close)
 			bopts = append(bopts, bridge.WithInbox(l.Inbox()), bridge.WithLedger(l))
 			s.log.Info("durable mode on", "instance_id", s.instance, "replies", l.Inbox()+".*")
@@ -291,6 +293,13 @@ func (s *Sidecar) connectNATS() error {
 	client.Store(s.client)
 	s.closers = append(s.closers, func() { _ = s.client.Close() })
 	return nil
+}
+
+// storeMsgSize bounds a message of the ledger's streams and buckets: a
+// result (a reply, a dedupe entry) or a call's arguments (an approval),
+// with room for their envelope and headers.
+func storeMsgSize(e config.Executor) int32 {
+	return int32(max(e.MaxResultBytes, e.MaxArgsBytes) + 64<<10)
 }
 
 // storeDir is where the embedded server keeps JetStream's files: the
@@ -684,6 +693,9 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	plugins.StopMCP() // the drives have ended: no call uses a session
 	if s.leases != nil {
 		s.leases.Close() // the drives have ended and released theirs
+	}
+	if s.ledger != nil {
+		s.ledger.Close() // its sweeper, before the connection goes
 	}
 	_ = s.client.Close()
 	if err := s.nc.Drain(); err != nil {
