@@ -141,7 +141,7 @@ soak:
 ## fuzz: run every fuzz target for FUZZTIME (CI runs only their seeds);
 ## fuzz-long runs each for at least 10^6 executions (RELIABILITY.md).
 FUZZ_TARGETS := ./core:FuzzDecodeChunk ./core:FuzzStream ./tool:FuzzParseManifest \
-	./wire:FuzzDecodeOutcome ./config:FuzzParse ./server:FuzzDriveBody
+	./wire:FuzzDecodeOutcome ./config:FuzzParse ./server:FuzzDriveBody ./server:FuzzAPI ./internal/frames:FuzzReader
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // assembler rebuilds a turn's tool calls from their streamed fragments.
@@ -96,6 +98,12 @@ func (a *assembler) add(ds []toolCallDelta) {
 	}
 }
 
+// usableID reports whether the server's id of a call may be kept: the
+// Responses API's bound on a call_id (64) and the characters the sidecar
+// takes in one (tool.CheckCallID). Another is replaced with one of the
+// sidecar's, used from then on (openai-upstream.md, "id missing").
+func usableID(id string) bool { return id != "" && len(id) <= 64 && tool.CheckCallID(id) == nil }
+
 func (a *assembler) open(i int) *partial {
 	p := &partial{}
 	a.calls = append(a.calls, p)
@@ -118,7 +126,7 @@ func (a *assembler) done() []assembled {
 	out := make([]assembled, 0, len(a.calls))
 	seen := map[string]bool{}
 	for _, p := range a.calls {
-		if p.id == "" || seen[p.id] || len(p.id) > 64 {
+		if !usableID(p.id) || seen[p.id] {
 			p.id = newCallID()
 		}
 		seen[p.id] = true

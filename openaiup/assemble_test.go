@@ -161,3 +161,20 @@ func TestAssembleBound(t *testing.T) {
 		t.Errorf("its sibling: %+v", got[1])
 	}
 }
+
+// TestOddCallIDs: an id the sidecar does not take (too long, or with
+// characters outside tool.CheckCallID's) is replaced with one of its own;
+// a sound one is kept.
+func TestOddCallIDs(t *testing.T) {
+	got := deltas(t, `[{"index":0,"id":"functions.get_weather:0","function":{"name":"f","arguments":"{}"}},`+
+		`{"index":1,"id":"call with spaces\u001b","function":{"name":"g","arguments":"{}"}},`+
+		`{"index":2,"id":"`+strings.Repeat("x", 65)+`","function":{"name":"h","arguments":"{}"}}]`)
+	if len(got) != 3 || got[0].ID != "functions.get_weather:0" {
+		t.Fatalf("calls %+v", got)
+	}
+	for _, c := range got[1:] {
+		if !strings.HasPrefix(c.ID, "call_") || len(c.ID) != 29 {
+			t.Errorf("call %s kept id %q, want a made one", c.Name, c.ID)
+		}
+	}
+}

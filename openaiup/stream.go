@@ -267,7 +267,7 @@ func (t *turn) hand(rd *reading, p *partial) (c *executor.ToolCall, fresh bool) 
 			return sc.call, false
 		}
 	}
-	if p.id == "" || len(p.id) > 64 || slices.ContainsFunc(rd.calls.calls, func(o *partial) bool { return o != p && o.id == p.id }) {
+	if !usableID(p.id) || slices.ContainsFunc(rd.calls.calls, func(o *partial) bool { return o != p && o.id == p.id }) {
 		p.id = newCallID()
 	}
 	a := assemble(p)
