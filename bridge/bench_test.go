@@ -48,7 +48,6 @@ func durableClient(b *testing.B, concurrency int) *bridge.Client {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(l.Close)
 	c, err := bridge.Open(side, natstest.Prefix, bridge.WithInbox(l.Inbox()), bridge.WithLedger(l))
 	if err != nil {
 		b.Fatal(err)

@@ -85,10 +85,6 @@ func (c *Client) newWaiter() any {
 // Ledger records an attempt before it is sent, with its reply subject, so
 // that a restarted sidecar finds the reply (package ledger).
 type Ledger interface {
-	// Seal writes into token[TokenNonce:] the proof that the ledger made
-	// the token (from its first TokenNonce bytes), so that a reply the
-	// stream captured on a subject no sidecar made is known as forged.
-	Seal(token []byte)
 	Dispatched(ctx context.Context, req tool.Request, runID, reply string) error
 	// Reply is the last message captured on a reply subject, if any.
 	Reply(ctx context.Context, subject string) (*nats.Msg, bool, error)
@@ -253,7 +249,7 @@ func (c *Client) send(ctx context.Context, req tool.Request, done func(tool.Outc
 	}
 	sent := time.Now()
 	// The worker's deadline and the sidecar's timer count from one instant.
-	strs := requestStrings(c.inbox, sent.Add(req.TimeoutOrDefault()), req.Traceparent, c.seal)
+	strs := requestStrings(c.inbox, sent.Add(req.TimeoutOrDefault()), req.Traceparent)
 	w := c.waiters.Get().(*waiter)
 	c.mu.Lock()
 	if c.closed {
@@ -468,36 +464,18 @@ type reqStrings struct {
 	reply, token, deadline, traceparent string
 }
 
-// Sizes of a reply token: a random nonce, then (in durable mode) the
-// ledger's proof that it made the token (Ledger.Seal); 27 characters in
-// base64.
-const (
-	TokenNonce = 12
-	TokenBytes = 20
-)
-
-// seal is the ledger's Seal, or nothing without a ledger.
-func (c *Client) seal(tok []byte) {
-	if c.ledger != nil {
-		c.ledger.Seal(tok)
-	}
-}
-
 // requestStrings makes the reply subject, <inbox>.<token>, the deadline
 // header and, when the call has none, a traceparent.
 //
-// The token is 160 random bits, or in durable mode 96 random bits and a
-// 64-bit proof sealed by the ledger: a worker that saw the subject of its
-// own request can neither guess another's and forge its outcome, nor make
-// one that the ledger keeps. A
+// The token is 128 random bits, so that a worker that saw the subject of
+// its own request cannot guess another's and forge its outcome. A
 // traceparent made here is not sampled (flags 00): the sidecar records no
 // trace for the call, and a sampled flag would also make the NATS server
 // parse every request's headers for its own message tracing.
-func requestStrings(inbox string, deadline time.Time, traceparent string, seal func([]byte)) reqStrings {
-	var tok [TokenBytes]byte
+func requestStrings(inbox string, deadline time.Time, traceparent string) reqStrings {
+	var tok [16]byte
 	_, _ = crand.Read(tok[:])
-	seal(tok[:])
-	var enc [27]byte
+	var enc [22]byte
 	base64.RawURLEncoding.Encode(enc[:], tok[:])
 	var dl [20]byte
 	dlb := strconv.AppendInt(dl[:0], deadline.UnixMilli(), 10)

@@ -71,8 +71,9 @@ type Durability struct {
 	// MaxBytes bounds each JetStream stream and bucket the sidecar creates
 	// (outcomes, worker replies, dedupe and claim-checked results,
 	// approvals); a message in them is bounded by executor.max_result_bytes
-	// or max_args_bytes, whichever is larger, and 64 KiB. A reply that no
-	// sidecar's call was sent with is deleted as it arrives. default: 1 GiB
+	// or max_args_bytes, whichever is larger, and 64 KiB; the reply stream
+	// keeps one message per subject and drops its oldest past the bound.
+	// default: 1 GiB
 	MaxBytes int64 `koanf:"max_bytes"`
 }
 

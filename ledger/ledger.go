@@ -17,13 +17,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
@@ -47,10 +44,6 @@ type Config struct {
 	// MaxMsgSize each message in them. defaults: 1 GiB, 8 MiB
 	MaxBytes   int64
 	MaxMsgSize int32
-	// Metrics receives the ledger's counters (nil: none); Logger its
-	// warnings.
-	Metrics prometheus.Registerer
-	Logger  *slog.Logger
 }
 
 // Ledger records dispatches and finds the replies that outlived a sidecar.
@@ -64,14 +57,6 @@ type Ledger struct {
 	// approvals holds the calls waiting for a person, by Action ID
 	// (approvals.go).
 	approvals jetstream.KeyValue
-	log       *slog.Logger
-	// key seals reply tokens; macs are its HMACs (replies.go).
-	key  []byte
-	macs sync.Pool
-	// stop ends the sweeper of the reply stream and the key's renewal,
-	// which renewing owns.
-	stop     func()
-	renewing sync.WaitGroup
 }
 
 // Entry is what the ledger knows of one call.
@@ -96,9 +81,6 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	}
 	cfg.MaxBytes = cmp.Or(max(cfg.MaxBytes, 0), 1<<30)
 	cfg.MaxMsgSize = cmp.Or(max(cfg.MaxMsgSize, 0), 8<<20)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
@@ -144,27 +126,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: approval bucket: %w", err)
 	}
-	key, err := create(ctx, func(ctx context.Context) ([]byte, error) { return replyKey(ctx, kv) })
-	if err != nil {
-		return nil, fmt.Errorf("ledger: reply key: %w", err)
-	}
-	l := &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st, approvals: approvals, log: cfg.Logger, key: key}
-	l.newMACs()
-	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	cc, err := l.sweep(sctx, registerRefused(cfg.Metrics))
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	l.stop = func() { stop(); cc.Stop(); <-cc.Closed() }
-	l.renewing.Go(func() { l.renewKey(sctx) })
-	return l, nil
-}
-
-// Close stops the sweeper of the reply stream and the key's renewal.
-func (l *Ledger) Close() {
-	l.stop()
-	l.renewing.Wait()
+	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st, approvals: approvals}, nil
 }
 
 // PutResult stores a result by claim-check; it expires with the ledger.

@@ -2,9 +2,8 @@ package ledger_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -49,17 +48,7 @@ func open(t *testing.T) (*ledger.Ledger, *nats.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(l.Close)
 	return l, nc
-}
-
-// replySubject is a reply subject as the bridge makes it: a random nonce
-// sealed by the ledger.
-func replySubject(l *ledger.Ledger) string {
-	var tok [20]byte
-	_, _ = rand.Read(tok[:])
-	l.Seal(tok[:])
-	return l.Inbox() + "." + base64.RawURLEncoding.EncodeToString(tok[:])
 }
 
 // TestRecover: a reply captured for a recorded attempt is found by Action
@@ -78,7 +67,7 @@ func TestRecover(t *testing.T) {
 	if _, ok, err := l.Recover(ctx, "act_0", true); ok || !errors.Is(err, tool.ErrNeverSent) {
 		t.Fatalf("intended action: ok %v err %v, want ErrNeverSent", ok, err)
 	}
-	reply := replySubject(l)
+	reply := l.Inbox() + ".tok1"
 	req := tool.Request{Tool: "pay", ActionID: "act_1", Attempt: 1, Timeout: 2 * time.Second, Unsafe: true}
 	if err := l.Dispatched(ctx, req, "run_1", reply); err != nil {
 		t.Fatal(err)
@@ -95,9 +84,8 @@ func TestRecover(t *testing.T) {
 	}
 	// An error reply is recovered as the error it is.
 	req2 := tool.Request{Tool: "pay", ActionID: "act_2", Attempt: 1, Timeout: time.Second, Unsafe: true}
-	reply2 := replySubject(l)
-	l.Dispatched(ctx, req2, "run_1", reply2)
-	nc.PublishMsg(wire.ErrorMsg(reply2, tool.NewError(tool.ToolFailed, "card declined")))
+	l.Dispatched(ctx, req2, "run_1", l.Inbox()+".tok2")
+	nc.PublishMsg(wire.ErrorMsg(l.Inbox()+".tok2", tool.NewError(tool.ToolFailed, "card declined")))
 	// Awaited: the stream stores the reply after the server has taken it,
 	// so a lookup right after Flush may come too early (it did, once in a
 	// full make test).
@@ -107,51 +95,68 @@ func TestRecover(t *testing.T) {
 	}
 	// With await and no reply, Recover gives up at the deadline.
 	req3 := tool.Request{Tool: "pay", ActionID: "act_3", Attempt: 1, Timeout: 200 * time.Millisecond, Unsafe: true}
-	l.Dispatched(ctx, req3, "run_1", replySubject(l))
+	l.Dispatched(ctx, req3, "run_1", l.Inbox()+".tok3")
 	if _, ok, err := l.Recover(ctx, "act_3", true); ok || err != nil {
 		t.Errorf("no reply by the deadline: ok %v err %v", ok, err)
 	}
 }
 
-// TestForgedRepliesDeleted: a worker that may publish in the reply
-// namespace floods it with replies to calls no sidecar made, to subjects
-// of every shape, and repeats a genuine reply many times. The forged ones
-// are deleted as they arrive, the genuine reply is kept once, and the
-// stream holds nothing more. Before, each was stored for 25 hours.
-func TestForgedRepliesDeleted(t *testing.T) {
-	l, nc := open(t)
+// TestReplyStreamBounded: a worker that may publish in the reply namespace
+// floods it with replies to calls that do not exist, some over the message
+// bound, and repeats a reply many times. The stream never holds more than
+// its max_bytes, nothing over its message bound, and one message per
+// subject; the reply that came last is read as usual. Before, each was
+// stored for 25 hours, unbounded.
+func TestReplyStreamBounded(t *testing.T) {
+	nc := server(t)()
 	ctx := context.Background()
-	genuine := replySubject(l)
-	if err := l.Dispatched(ctx, tool.Request{Tool: "pay", ActionID: "act_9", Attempt: 1, Timeout: time.Minute, Unsafe: true}, "run_1", genuine); err != nil {
+	const maxBytes, maxMsg = 2 << 20, 300 << 10
+	l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: "t", Instance: "pod-1", MaxBytes: maxBytes, MaxMsgSize: maxMsg})
+	if err != nil {
 		t.Fatal(err)
 	}
-	var tok [20]byte
-	blob := make([]byte, 64<<10)
-	for i := range 200 {
-		_, _ = rand.Read(tok[:])
-		for _, s := range []string{l.Inbox() + "." + base64.RawURLEncoding.EncodeToString(tok[:]), "t.replies.other-pod.x", "t.replies.a.b.c", l.Inbox() + ".short"} {
-			if err := nc.Publish(s, blob); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if i%50 == 0 {
-			nc.Publish(genuine, []byte(`"paid"`))
-		}
-	}
-	nc.Flush()
 	js, _ := jetstream.New(nc)
 	st, err := js.Stream(ctx, "T_REPLIES")
 	if err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "the forged replies to be deleted", func() bool {
+	began := time.Now()
+	mid, big := make([]byte, 256<<10), make([]byte, 1<<20)
+	var largest uint64
+	for i := range 60 {
+		nc.Publish(fmt.Sprintf("%s.forged%d", l.Inbox(), i), mid)
+		nc.Publish(fmt.Sprintf("t.replies.other.x%d", i), big)
+		nc.Publish(l.Inbox()+".repeated", []byte(`"again"`))
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		info, err := st.Info(ctx)
-		return err == nil && info.State.Msgs == 1
-	})
-	out, ok, err := l.Recover(ctx, "act_9", false)
-	if !ok || err != nil || string(out.Data) != `"paid"` {
-		t.Errorf("the genuine reply: %q %v %v", out.Data, ok, err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Bytes > maxBytes {
+			t.Fatalf("the stream holds %d bytes, over its bound of %d", info.State.Bytes, maxBytes)
+		}
+		largest = max(largest, info.State.Bytes)
 	}
+	reply := l.Inbox() + ".tok9"
+	if err := l.Dispatched(ctx, tool.Request{Tool: "pay", ActionID: "act_9", Attempt: 1, Timeout: time.Minute, Unsafe: true}, "run_1", reply); err != nil {
+		t.Fatal(err)
+	}
+	nc.Publish(reply, []byte(`"paid"`))
+	nc.Flush()
+	poll.Until(t, "the reply", func() bool {
+		out, ok, err := l.Recover(ctx, "act_9", false)
+		return ok && err == nil && string(out.Data) == `"paid"`
+	})
+	if m, err := st.GetLastMsgForSubject(ctx, "t.replies.other.x0"); err == nil {
+		t.Errorf("a message of %d bytes, over the bound of %d, was stored", len(m.Data), maxMsg)
+	}
+	info, _ := st.Info(ctx, jetstream.WithSubjectFilter(l.Inbox()+".repeated"))
+	if n := info.State.Subjects[l.Inbox()+".repeated"]; n > 1 {
+		t.Errorf("a reply repeated 60 times is stored %d times, want once", n)
+	}
+	t.Logf("largest state during the flood: %d bytes; %v", largest, time.Since(began))
 }
 
 // TestDispatchedWithoutWaiting: the record of a read-only call is
@@ -159,7 +164,7 @@ func TestForgedRepliesDeleted(t *testing.T) {
 func TestDispatchedWithoutWaiting(t *testing.T) {
 	l, nc := open(t)
 	ctx := context.Background()
-	reply := replySubject(l)
+	reply := l.Inbox() + ".tok4"
 	if err := l.Dispatched(ctx, tool.Request{Tool: "look", ActionID: "act_4", Attempt: 1, Timeout: time.Second}, "run_1", reply); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +204,6 @@ func TestRememberRecall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(a.Close)
 	if err := a.Remember(ctx, "k1", []byte(`{"content": "sunny"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +211,6 @@ func TestRememberRecall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(b.Close)
 	if v, ok, err := b.Recall(ctx, "k1"); !ok || err != nil || string(v) != `{"content": "sunny"}` {
 		t.Errorf("recall from another ledger: %q %v %v", v, ok, err)
 	}
@@ -238,12 +241,10 @@ func TestApprovalDecidedOnAnotherSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(a.Close)
 	b, err := ledger.Open(ctx, conn(), ledger.Config{Prefix: "t", Instance: "pod-2"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(b.Close)
 	now := time.Now()
 	if _, err := a.Approvals().Open(ctx, approval.Request{ActionID: "act_1", Tool: "pay", RequestedAt: now, Deadline: now.Add(time.Minute)}); err != nil {
 		t.Fatal(err)

@@ -255,7 +255,7 @@ func (s *Sidecar) connectNATS() error {
 	if s.cfg.Durability.Enabled {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas,
-			MaxBytes: s.cfg.Durability.MaxBytes, MaxMsgSize: storeMsgSize(s.cfg.Executor), Metrics: s.metrics, Logger: s.log.With("component", "ledger")})
+			MaxBytes: s.cfg.Durability.MaxBytes, MaxMsgSize: storeMsgSize(s.cfg.Executor)})
 		cancel()
 		switch {
 		case errors.Is(err, ledger.ErrNoJetStream):
@@ -272,7 +272,6 @@ func (s *Sidecar) connectNATS() error {
 				return err
 			}
 			s.ledger, s.leases = l, ls
-			s.closers = append(s.closers, l.Close)
 			s.closers = append(s.closers, ls.Close)
 			bopts = append(bopts, bridge.WithInbox(l.Inbox()), bridge.WithLedger(l))
 			s.log.Info("durable mode on", "instance_id", s.instance, "replies", l.Inbox()+".*")
@@ -693,9 +692,6 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	plugins.StopMCP() // the drives have ended: no call uses a session
 	if s.leases != nil {
 		s.leases.Close() // the drives have ended and released theirs
-	}
-	if s.ledger != nil {
-		s.ledger.Close() // its sweeper, before the connection goes
 	}
 	_ = s.client.Close()
 	if err := s.nc.Drain(); err != nil {
