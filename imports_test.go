@@ -29,7 +29,8 @@ var rules = []struct {
 	{"tool", []string{module + "/", "github.com/nats-io/"}, "the call vocabulary is a leaf", nil},
 	{"batch", []string{module + "/"}, "batch joins functions and knows no project package", nil},
 	{"internal/clock", []string{module + "/"}, "a leaf, which core may use", nil},
-	{"core", []string{module + "/"}, "the Core client knows no loop", []string{module + "/tool", module + "/internal/clock"}},
+	{"internal/frames", []string{module + "/"}, "a leaf, which core may use", nil},
+	{"core", []string{module + "/"}, "the Core client knows no loop", []string{module + "/tool", module + "/internal/clock", module + "/internal/frames"}},
 	{"worker", []string{"github.com/nats-io/nats-server/", "github.com/prometheus/client_golang/"}, "a Go worker stays small", nil},
 	{"cmd/toolsidecar", []string{"net/http/httptest", module + "/internal/testkit/"}, "the production binary links no test server and no test helper", nil},
 }
