@@ -70,10 +70,9 @@ type Durability struct {
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
 	// MaxBytes bounds each JetStream stream and bucket the sidecar creates
 	// (outcomes, worker replies, dedupe and claim-checked results,
-	// approvals); a message in them is bounded by executor.max_result_bytes
-	// or max_args_bytes, whichever is larger, and 64 KiB; the reply stream
-	// keeps one message per subject and drops its oldest past the bound.
-	// default: 1 GiB
+	// approvals). The reply stream, which workers publish to, keeps one
+	// message per subject, each at most executor.max_result_bytes and
+	// 64 KiB, and drops its oldest past the bound. default: 1 GiB
 	MaxBytes int64 `koanf:"max_bytes"`
 }
 

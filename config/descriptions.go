@@ -17,7 +17,7 @@ var descriptions = map[string]string{
 	"Core.URL":                        "URL of Core, without /v1. default: http://127.0.0.1:9000",
 	"Durability.Enabled":              "Enabled turns durable mode on where the NATS server has JetStream (the embedded one does). default: true",
 	"Durability.LeaseTTL":             "LeaseTTL is how long a sidecar's run leases outlive the last renewal of its lease key (renewed every third of it): the longest a drive request that reaches another sidecar waits, after the first one died, before that sidecar resumes the run. Sidecars sharing a NATS cluster must use one value. default: 10s",
-	"Durability.MaxBytes":             "MaxBytes bounds each JetStream stream and bucket the sidecar creates (outcomes, worker replies, dedupe and claim-checked results, approvals); a message in them is bounded by executor.max_result_bytes or max_args_bytes, whichever is larger, and 64 KiB; the reply stream keeps one message per subject and drops its oldest past the bound. default: 1 GiB",
+	"Durability.MaxBytes":             "MaxBytes bounds each JetStream stream and bucket the sidecar creates (outcomes, worker replies, dedupe and claim-checked results, approvals). The reply stream, which workers publish to, keeps one message per subject, each at most executor.max_result_bytes and 64 KiB, and drops its oldest past the bound. default: 1 GiB",
 	"Durability.Replicas":             "Replicas of the ledger and the reply stream on a cluster. default: 1",
 	"Embedded.AllowAnonymous":         "AllowAnonymous lets clients without credentials in, with every permission. default: false (a warning is logged when true)",
 	"Embedded.Listen":                 "Listen is where workers connect. default: 127.0.0.1:4222",

@@ -40,10 +40,13 @@ type Config struct {
 	// Replicas of the bucket and the stream on a cluster. default: 1
 	Replicas int
 	// MaxBytes bounds each stream and bucket (the outcome ledger, the
-	// replies, dedupe results, claim-checked results, approvals), and
-	// MaxMsgSize each message in them. defaults: 1 GiB, 8 MiB
-	MaxBytes   int64
-	MaxMsgSize int32
+	// replies, dedupe results, claim-checked results, approvals). default:
+	// 1 GiB
+	MaxBytes int64
+	// MaxReplyBytes bounds a message of the reply stream, which workers
+	// publish to; the buckets, which only sidecars write, are bounded by
+	// the server's max payload. default: 8 MiB
+	MaxReplyBytes int32
 }
 
 // Ledger records dispatches and finds the replies that outlived a sidecar.
@@ -80,7 +83,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 		cfg.Replicas = 1
 	}
 	cfg.MaxBytes = cmp.Or(max(cfg.MaxBytes, 0), 1<<30)
-	cfg.MaxMsgSize = cmp.Or(max(cfg.MaxMsgSize, 0), 8<<20)
+	cfg.MaxReplyBytes = cmp.Or(max(cfg.MaxReplyBytes, 0), 8<<20)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
@@ -92,7 +95,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	kvBucket := func(suffix, desc string) (jetstream.KeyValue, error) {
 		return create(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
 			return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + suffix, TTL: Retention,
-				Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc, MaxBytes: cfg.MaxBytes, MaxValueSize: cfg.MaxMsgSize})
+				Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc, MaxBytes: cfg.MaxBytes})
 		})
 	}
 	kv, err := kvBucket("_LEDGER", "toolsidecar outcome ledger, by Action ID")
@@ -105,7 +108,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 		// worker repeating a reply stores it once.
 		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name + "_REPLIES", Subjects: []string{cfg.Prefix + ".replies.>"},
 			MaxAge: Retention, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar worker replies",
-			MaxBytes: cfg.MaxBytes, MaxMsgSize: cfg.MaxMsgSize, MaxMsgsPerSubject: 1, Discard: jetstream.DiscardOld})
+			MaxBytes: cfg.MaxBytes, MaxMsgSize: cfg.MaxReplyBytes, MaxMsgsPerSubject: 1, Discard: jetstream.DiscardOld})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: reply stream: %w", err)

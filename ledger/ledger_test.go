@@ -111,7 +111,7 @@ func TestReplyStreamBounded(t *testing.T) {
 	nc := server(t)()
 	ctx := context.Background()
 	const maxBytes, maxMsg = 2 << 20, 300 << 10
-	l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: "t", Instance: "pod-1", MaxBytes: maxBytes, MaxMsgSize: maxMsg})
+	l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: "t", Instance: "pod-1", MaxBytes: maxBytes, MaxReplyBytes: maxMsg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -255,7 +255,7 @@ func (s *Sidecar) connectNATS() error {
 	if s.cfg.Durability.Enabled {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas,
-			MaxBytes: s.cfg.Durability.MaxBytes, MaxMsgSize: storeMsgSize(s.cfg.Executor)})
+			MaxBytes: s.cfg.Durability.MaxBytes, MaxReplyBytes: int32(s.cfg.Executor.MaxResultBytes + 64<<10)})
 		cancel()
 		switch {
 		case errors.Is(err, ledger.ErrNoJetStream):
@@ -292,13 +292,6 @@ func (s *Sidecar) connectNATS() error {
 	client.Store(s.client)
 	s.closers = append(s.closers, func() { _ = s.client.Close() })
 	return nil
-}
-
-// storeMsgSize bounds a message of the ledger's streams and buckets: a
-// result (a reply, a dedupe entry) or a call's arguments (an approval),
-// with room for their envelope and headers.
-func storeMsgSize(e config.Executor) int32 {
-	return int32(max(e.MaxResultBytes, e.MaxArgsBytes) + 64<<10)
 }
 
 // storeDir is where the embedded server keeps JetStream's files: the
