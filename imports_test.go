@@ -32,7 +32,22 @@ var rules = []struct {
 	{"internal/frames", []string{module + "/"}, "a leaf, which core may use", nil},
 	{"core", []string{module + "/"}, "the Core client knows no loop", []string{module + "/tool", module + "/internal/clock", module + "/internal/frames"}},
 	{"worker", []string{"github.com/nats-io/nats-server/", "github.com/prometheus/client_golang/"}, "a Go worker stays small", nil},
-	{"cmd/toolsidecar", []string{"net/http/httptest", module + "/internal/testkit/"}, "the production binary links no test server and no test helper", nil},
+	{"internal/logging", []string{module + "/"}, "the runtime's internal packages are leaves that any layer may use", nil},
+	{"internal/memlimit", []string{module + "/"}, "the runtime's internal packages are leaves that any layer may use", nil},
+	{"internal/version", []string{module + "/"}, "the runtime's internal packages are leaves that any layer may use", nil},
+	{"cmd/toolsidecar", []string{"net/http/httptest", module + "/testkit/"}, "the production binary links no test server and no test helper", nil},
+}
+
+// TestImportRules also holds the rules no single root states: nothing but
+// tests and the test helpers themselves imports testkit, and nothing but
+// the command imports its demo.
+var only = []struct {
+	prefix  string
+	allowed []string // importers, by prefix
+	why     string
+}{
+	{module + "/testkit", []string{module + "/testkit/"}, "test helpers are linked by tests only"},
+	{module + "/cmd/toolsidecar/internal/demo", []string{module + "/cmd/toolsidecar"}, "the demo belongs to the command that runs it"},
 }
 
 func TestImportRules(t *testing.T) {
@@ -47,6 +62,18 @@ func TestImportRules(t *testing.T) {
 			imports[pkg] = strings.Split(deps, ",")
 		} else {
 			imports[pkg] = nil
+		}
+	}
+	for pkg, deps := range imports {
+		for _, o := range only {
+			if strings.HasPrefix(pkg, o.prefix) || slices.ContainsFunc(o.allowed, func(a string) bool { return strings.HasPrefix(pkg, a) }) {
+				continue
+			}
+			for _, d := range deps {
+				if strings.HasPrefix(d, o.prefix) {
+					t.Errorf("%s imports %s (%s)", pkg, d, o.why)
+				}
+			}
 		}
 	}
 	for _, r := range rules {

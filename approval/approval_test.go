@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/projectdavid/toolsidecar/approval"
-	"github.com/projectdavid/toolsidecar/internal/testkit/approvaltest"
+	"github.com/projectdavid/toolsidecar/testkit/approvaltest"
 )
 
 func TestMemory(t *testing.T) {

@@ -11,10 +11,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/bridge"
-	"github.com/projectdavid/toolsidecar/internal/testkit/natstest"
-	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
-	"github.com/projectdavid/toolsidecar/internal/testkit/workerproc"
 	"github.com/projectdavid/toolsidecar/ledger"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/workerproc"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )

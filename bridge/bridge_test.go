@@ -16,9 +16,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/bridge"
-	"github.com/projectdavid/toolsidecar/internal/testkit/natstest"
-	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
-	"github.com/projectdavid/toolsidecar/internal/testkit/workerproc"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/workerproc"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )

@@ -16,7 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/projectdavid/toolsidecar/internal/testkit/promtest"
+	"github.com/projectdavid/toolsidecar/testkit/promtest"
 )
 
 // connLog makes an unstarted srv count the connections it accepts, and

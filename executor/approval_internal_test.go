@@ -10,8 +10,8 @@ import (
 
 	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 

@@ -14,9 +14,9 @@ import (
 
 	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/embedded"
-	"github.com/projectdavid/toolsidecar/internal/testkit/approvaltest"
-	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
 	"github.com/projectdavid/toolsidecar/ledger"
+	"github.com/projectdavid/toolsidecar/testkit/approvaltest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
 )
@@ -223,7 +223,7 @@ func TestRememberRecall(t *testing.T) {
 }
 
 // TestApprovals: the JetStream approval store keeps the rules every store
-// shares (internal/testkit/approvaltest), on a real server.
+// shares (testkit/approvaltest), on a real server.
 func TestApprovals(t *testing.T) {
 	approvaltest.Run(t, func(t *testing.T) approval.Store {
 		l, _ := open(t)

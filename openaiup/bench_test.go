@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 
 // BenchmarkBatch streams chat completions whose first turn calls a tool

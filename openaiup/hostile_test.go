@@ -13,8 +13,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 
 // toolMessages is a model that makes calls in its first turn and, once

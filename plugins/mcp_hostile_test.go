@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 

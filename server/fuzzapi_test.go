@@ -11,7 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 
 // FuzzAPI sends what a hostile caller may send to a whole sidecar (a real

@@ -11,11 +11,11 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/internal/testkit/natstest"
-	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
-	"github.com/projectdavid/toolsidecar/internal/testkit/testenv"
-	"github.com/projectdavid/toolsidecar/internal/testkit/workerproc"
 	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/testkit/workerproc"
 )
 
 // TestClusterNodeLoss: a 3-node NATS cluster holds the ledger, the reply

@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/projectdavid/toolsidecar/cmd/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/internal/logging"
 	"github.com/projectdavid/toolsidecar/internal/memlimit"
 	"github.com/projectdavid/toolsidecar/internal/version"

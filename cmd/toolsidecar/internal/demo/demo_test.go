@@ -70,7 +70,7 @@ func TestDashboardAndAlertMetricsExist(t *testing.T) {
 		served[f.GetName()] = true
 	}
 	metric := regexp.MustCompile(`toolsidecar_[a-z0-9_]+`)
-	for _, file := range []string{"../../deploy/helm/toolsidecar/files/dashboard.json", "../../deploy/helm/toolsidecar/files/alerts.yaml"} {
+	for _, file := range []string{"../../../../deploy/helm/toolsidecar/files/dashboard.json", "../../../../deploy/helm/toolsidecar/files/alerts.yaml"} {
 		b, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/projectdavid/toolsidecar/internal/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 )
 
 // Cluster is n NATS servers with JetStream, routed to each other on
