@@ -20,6 +20,7 @@ var rules = []struct {
 }{
 	{"executor", []string{"github.com/nats-io/"}, "the loop speaks tool.Request and tool.Outcome, not NATS", nil},
 	{"executor", []string{module + "/core/"}, "the loop speaks its Upstream port; Core is one adapter of it (coreup)", nil},
+	{"executor", []string{module + "/config"}, "the executor reads no configuration: its Config is data, the tools' settings are the registry's compiled ones", []string{module + "/registry"}},
 	{"registry", []string{module + "/core/"}, "tool definitions know no upstream", nil},
 	{"openaiup", []string{module + "/core/", module + "/coreup/"}, "the OpenAI-compatible upstream is an adapter of the executor's port, beside Core's", nil},
 	{"openaisim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", nil},

@@ -226,3 +226,43 @@ func TestSecondTurnOverlapsTheNextFirst(t *testing.T) {
 		}
 	})
 }
+
+// TestArriveBeforeInOrder: the arrival turns run in index order, and a
+// call's InOrder turn waits for no later call's arrival; a call still in
+// its arrival turn holds back the arrivals after it, not the work of the
+// calls before it.
+func TestArriveBeforeInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan struct{})
+		var mu sync.Mutex
+		var log []string
+		note := func(s string) { mu.Lock(); log = append(log, s); mu.Unlock() }
+		b := New(0)
+		for i := range 3 {
+			b.Go(func(p *Place) error {
+				p.Arrive(func() {
+					if i == 1 {
+						<-hold
+					}
+					note("arrive" + string(rune('0'+i)))
+				})
+				p.InOrder(func() { note("order" + string(rune('0'+i))) })
+				return nil
+			})
+		}
+		synctest.Wait()
+		mu.Lock()
+		if got := slices.Clone(log); !slices.Equal(got, []string{"arrive0", "order0"}) {
+			t.Errorf("while call 1 arrives: %v, want call 0 through and call 2 waiting", got)
+		}
+		mu.Unlock()
+		close(hold)
+		if err := b.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{"arrive0", "order0", "arrive1", "order1", "arrive2", "order2"}; !slices.Equal(log, want) &&
+			!slices.Equal(log, []string{"arrive0", "order0", "arrive1", "arrive2", "order1", "order2"}) {
+			t.Errorf("log %v", log)
+		}
+	})
+}

@@ -46,10 +46,11 @@ type ConnectConfig struct {
 	OnRetry func(err error)
 }
 
-// Connect dials NATS, reconnecting forever, and counts reconnections in
-// toolsidecar_nats_reconnects_total on reg (nil: not counted). extra
-// options are applied last.
-func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+// Connect dials NATS, reconnecting forever once connected, and counts
+// reconnections in toolsidecar_nats_reconnects_total on reg (nil: not
+// counted). The first connection is retried for cfg.FirstTry, or until
+// ctx ends. extra options are applied last.
+func Connect(ctx context.Context, cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -119,7 +120,7 @@ func Connect(cfg ConnectConfig, reg prometheus.Registerer, log *slog.Logger, ext
 	if cfg.FirstTry <= 0 {
 		retry = append(retry, backoff.WithMaxTries(1))
 	}
-	nc, err := backoff.Retry(context.Background(), func() (*nats.Conn, error) {
+	nc, err := backoff.Retry(ctx, func() (*nats.Conn, error) {
 		nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
 		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) {
 			return nil, backoff.Permanent(err) // refused credentials do not improve with time

@@ -439,6 +439,10 @@ const DefaultApprovalTimeout = 10 * time.Minute
 // durable ledger keeps approvals a little longer.
 const MaxApprovalTimeout = 24 * time.Hour
 
+// DefaultDedupeTTL is how long a result answers repeats when the tool
+// does not say.
+const DefaultDedupeTTL = 10 * time.Minute
+
 // MaxDedupeTTL is the longest a result may answer repeats: the durable
 // ledger's retention.
 const MaxDedupeTTL = 24 * time.Hour
@@ -550,7 +554,7 @@ func (t *Tool) applyDefaults() {
 		t.Route = "nats"
 	}
 	if t.Dedupe != "" && t.DedupeTTL == 0 {
-		t.DedupeTTL = 10 * time.Minute
+		t.DedupeTTL = DefaultDedupeTTL
 	}
 	if t.Approval != "" && t.ApprovalTimeout == 0 {
 		t.ApprovalTimeout = DefaultApprovalTimeout

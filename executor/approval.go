@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/approval"
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -20,52 +19,53 @@ type ApprovalResult struct {
 	WaitedMS int64 `json:"waited_ms"`
 }
 
-// approved is the approval policy: a call of a tool with approval:
+// approvals is the approval policy: a call of a tool with approval:
 // required waits, without a slot of its batch, for a person's decision
 // (or its deadline), while its siblings run; a denial or a timeout is its
 // outcome, and it is not dispatched. The request and the verdict live in
 // the approval store, so that a restarted sidecar finds both: a call
 // decided while no sidecar listened runs, or is denied, on the next
-// drive.
-func (e *Executor) approved(next dispatchFunc) dispatchFunc {
-	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
-		if c.def.Config.Approval != config.ApprovalRequired {
-			return next(ctx, c, o)
-		}
-		v, left, err := e.awaitApproval(ctx, c)
-		if left {
-			o.deferred = true
-			return tool.Outcome{Err: tool.NewError(tool.Interrupted, "left for the next drive: the sidecar stopped while the call waited for approval")}
-		}
-		if err != nil {
-			return tool.Outcome{Err: err}
-		}
-		o.res.Approval = v
-		if v.Outcome != approval.Approved {
-			return tool.Outcome{Err: denial(v.Verdict, approvalTimeout(c))}
-		}
-		return next(ctx, c, o)
+// drive. A call still waiting as the sidecar stops is left, open, for the
+// next drive.
+type approvals struct{ e *Executor }
+
+func (p *approvals) concerns(in *callIn) bool {
+	return in.Tool != nil && in.Tool.Policies.Approval != nil
+}
+
+func (p *approvals) intercept(ctx context.Context, in *callIn, next step) answer {
+	v, left, err := p.e.awaitApproval(ctx, in)
+	if left {
+		return answer{Outcome: tool.Outcome{Err: tool.NewError(tool.Interrupted, "left for the next drive: the sidecar stopped while the call waited for approval")}, left: true}
 	}
+	if err != nil {
+		return answer{Outcome: tool.Outcome{Err: err}}
+	}
+	in.Res.Approval = v
+	if v.Outcome != approval.Approved {
+		return answer{Outcome: tool.Outcome{Err: denial(v.Verdict, in.Tool.Policies.Approval.Timeout)}}
+	}
+	return next(ctx, in)
 }
 
 // awaitApproval opens the call's approval (or finds the one a previous
 // drive opened), says so on the drive's stream, and waits for its verdict;
 // left says the sidecar stops and the approval is kept for the next drive.
-func (e *Executor) awaitApproval(ctx context.Context, c *call) (res *ApprovalResult, left bool, _ *tool.Error) {
+func (e *Executor) awaitApproval(ctx context.Context, in *callIn) (res *ApprovalResult, left bool, _ *tool.Error) {
 	now := time.Now().UTC()
-	ent, err := e.approvals.Open(ctx, approval.Request{ActionID: c.m.ActionID, RunID: c.m.RunID, ToolCallID: c.m.ToolCallID,
-		Tool: c.m.Tool, Arguments: approval.Arguments(c.m.Args), RequestedAt: now, Deadline: now.Add(approvalTimeout(c))})
+	ent, err := e.approvals.Open(ctx, approval.Request{ActionID: in.ActionID, RunID: in.RunID, ToolCallID: in.ToolCallID,
+		Tool: in.ToolCall.Tool, Arguments: approval.Arguments(in.Args), RequestedAt: now, Deadline: now.Add(in.Tool.Policies.Approval.Timeout)})
 	if err != nil {
 		// Not run without a recorded approval.
 		return nil, false, tool.NewError(tool.Denied, "not run: the call's approval could not be recorded: %v", err)
 	}
-	log := callLog(c.b.log, c.m)
+	log := callLog(in.Log, in.ToolCall)
 	v := ent.Verdict
 	if v == nil {
 		log.Info("call waits for approval", "deadline", ent.Deadline)
-		c.b.emit(Event{Type: EventApprovalRequired, Turn: c.b.n, Call: c.ref(), Approval: &ent})
+		in.Emit(Event{Type: EventApprovalRequired, Turn: in.Turn, Call: in.ref(), Approval: &ent})
 		e.obs.ApprovalWaiting(1)
-		v, err = e.waitVerdict(ctx, ent, approval.Outlives(e.approvals) && !c.b.noNextDrive)
+		v, err = e.waitVerdict(ctx, ent, approval.Outlives(e.approvals) && in.Leavable)
 		e.obs.ApprovalWaiting(-1)
 		if errors.Is(err, errLeftForNextDrive) {
 			log.Info("the sidecar stops: the call is left, waiting for approval, for the next drive of the run")
@@ -79,7 +79,7 @@ func (e *Executor) awaitApproval(ctx context.Context, c *call) (res *ApprovalRes
 	res = &ApprovalResult{Verdict: *v, WaitedMS: max(0, v.DecidedAt.Sub(ent.RequestedAt).Milliseconds())}
 	log.Info("call's approval decided", "outcome", v.Outcome, "approver", v.Approver, "authenticated_as", v.AuthenticatedAs,
 		"reason", v.Reason, "waited_ms", res.WaitedMS)
-	c.b.emit(Event{Type: EventApprovalDecided, Turn: c.b.n, Call: c.ref(), Approval: &approval.Entry{Request: ent.Request, Verdict: v}})
+	in.Emit(Event{Type: EventApprovalDecided, Turn: in.Turn, Call: in.ref(), Approval: &approval.Entry{Request: ent.Request, Verdict: v}})
 	return res, false, nil
 }
 
@@ -137,14 +137,6 @@ func (e *Executor) waitVerdict(ctx context.Context, ent approval.Entry, leavable
 		return nil, derr
 	}
 	return got.Verdict, nil
-}
-
-// approvalTimeout is how long the call may wait for its approval.
-func approvalTimeout(c *call) time.Duration {
-	if d := c.def.Config.ApprovalTimeout; d > 0 {
-		return d
-	}
-	return config.DefaultApprovalTimeout
 }
 
 // denial is the error outcome the model reads for a call that was not

@@ -16,89 +16,81 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectdavid/toolsidecar/batch"
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// outcome is one call's result on its way to Core.
+// outcome is one call's result on its way to the upstream.
 type outcome struct {
-	m        *ToolCall
-	res      CallResult
-	content  string // the tool message
-	status   string // the Action's final status
-	done     time.Time
-	recorded bool // the tool message is in Core already
-	// deferred: the call waited for approval as the sidecar stopped; it
-	// records nothing, and its Action stays open for the next drive.
-	deferred bool
+	m       *ToolCall
+	res     CallResult
+	content string // the tool message
+	status  string // the final status
+	done    time.Time
+	// leaves is what the outcome leaves to record.
+	leaves leaving
 }
+
+// leaving is what an outcome leaves to record: [call.recordOutput] acts on
+// it, in one place.
+type leaving int
+
+const (
+	// toRecord: the output, then the final status.
+	toRecord leaving = iota
+	// outputRecorded: the upstream has the output; only the final status
+	// is recorded.
+	outputRecorded
+	// leftOpen: nothing is recorded; the call stays open for the next
+	// drive of its run, and so do the calls after it.
+	leftOpen
+)
 
 // batchRun is one batch being joined: the calls of a turn, or those a
 // reconciliation found open. Its calls are added by one goroutine (the
 // stream's reader), each runs on its own, and wait joins them.
 type batchRun struct {
-	e       *Executor
-	ctx     context.Context // the turn's: the calls run under it
-	rec     recorder        // where the calls' records go: the upstream
-	req     Request
-	n       int
-	emit    Sink
-	log     *slog.Logger
-	reg     *registry.Registry
-	b       *batch.Batch
-	calls   []*call
-	seen    map[string]bool
-	lanes   map[string]*lane
-	failRun error
+	e     *Executor
+	ctx   context.Context // the turn's: the calls run under it
+	rec   recorder        // where the calls' records go: the upstream
+	req   Request
+	n     int
+	emit  Sink
+	log   *slog.Logger
+	reg   *registry.Registry
+	b     *batch.Batch
+	calls []*call
+	seen  map[string]bool
+	scope scope // the policies' state for the batch
 	// noNextDrive: no later drive will find the batch's calls (an MCP
 	// client's call), so none may be left for one.
 	noNextDrive bool
 	// keepRest, once set, says why the later calls of the batch are not
-	// tried but kept for the next drive: a submission ran out of budget,
-	// or a call was left for the next drive (its outputs must follow in
-	// call order).
+	// tried but kept for the next drive: a record ran out of budget, or a
+	// call was left for the next drive (its outputs must follow in call
+	// order).
 	keepRest atomic.Pointer[error]
 }
 
 func (e *Executor) newBatch(tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
 	return &batchRun{e: e, ctx: tctx, rec: e.up, req: req, n: n, emit: emit, log: log, reg: e.tools.Load(), b: batch.New(e.cfg.MaxParallel),
-		seen: map[string]bool{}, lanes: map[string]*lane{}}
+		seen: map[string]bool{}}
 }
 
-// add checks one manifest from the stream and starts its call at once.
-// Budgets are counted here, as the calls stream in: the model's order
-// decides which calls a budget refuses.
-func (br *batchRun) add(ctx context.Context, m *ToolCall) {
+// add starts the call of one tool call read from a turn, at once.
+func (br *batchRun) add(m *ToolCall) {
 	if br.seen[m.ActionID] {
-		br.log.Warn("duplicate manifest ignored", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+		br.log.Warn("duplicate tool call ignored", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
 		return
 	}
 	br.seen[m.ActionID] = true
-	c := &call{e: br.e, b: br, m: m}
-	c.def, c.pre = br.e.precheck(br.reg, m)
-	if c.pre != nil && c.pre.Type == tool.NotFound && c.def == nil && br.e.cfg.MissingTool == config.MissingToolFailRun && br.failRun == nil {
-		br.failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, m.Tool)
-	}
-	if c.pre == nil && br.req.budget != nil {
-		var which string
-		if c.pre, which = br.e.admit(br.req.budget, c.def); c.pre != nil {
-			br.e.obs.BudgetExceeded(which)
-			br.log.Info("call refused by a budget", "action_id", m.ActionID, "tool", m.Tool, "budget", which)
-		}
-	}
-	br.start(c)
+	br.start(&call{e: br.e, b: br, m: m})
 }
 
-// start announces a call and runs it on a goroutine of its own.
+// start runs a call on a goroutine of its own, at the batch's next place.
 func (br *batchRun) start(c *call) {
-	c.ran = make(chan struct{})
-	if c.def != nil && c.def.Config.Lane != "" && !c.open {
-		// Open calls finishing a previous drive's batch run without lanes:
-		// the order they were made in is not known here.
-		br.lane(c.def.Config.Lane).join(c)
-	}
-	br.emit(Event{Type: EventToolCall, Turn: br.n, Call: c.ref()})
+	c.in = callIn{ToolCall: c.m, Found: c.in.Found, Turn: br.n, Drive: br.req.scope, Batch: &br.scope, Log: br.log, Emit: br.emit,
+		Leavable: !br.noNextDrive, owner: c}
 	br.calls = append(br.calls, c)
 	br.b.Go(func(p *batch.Place) error {
 		c.place = p
@@ -107,24 +99,17 @@ func (br *batchRun) start(c *call) {
 	})
 }
 
-// ref names the call in the events that come before its outcome.
-func (c *call) ref() *CallResult {
-	laneName := ""
-	if c.ln != nil {
-		laneName = c.ln.name
-	}
-	return &CallResult{Turn: c.b.n, ToolCallID: c.m.ToolCallID, ActionID: c.m.ActionID, Tool: c.m.Tool, Lane: laneName}
-}
-
-// wait joins the batch while the watcher asks Core whether the run was
-// cancelled meanwhile (if so the turn, and the calls in flight, are
-// cancelled with ErrRunCancelled), and sorts the batch's result into tr.
+// wait joins the batch while the watcher asks the upstream whether the
+// run was cancelled meanwhile (if so the turn, and the calls in flight,
+// are cancelled with ErrRunCancelled), and sorts the batch's result into
+// tr.
 func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context.CancelCauseFunc) {
 	remove := br.e.watch.add(br.ctx, br.req.RunID, cancelTurn)
 	br.b.Wait()
 	remove()
 	var errs []error
 	var first, last time.Time
+	var failRun error
 	for i, c := range br.calls {
 		tr.calls = append(tr.calls, c.o.res)
 		if c.err != nil {
@@ -135,6 +120,9 @@ func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context
 		}
 		if c.o.done.After(last) {
 			last = c.o.done
+		}
+		if failRun == nil && br.e.cfg.FailRunOnMissingTool && c.def == nil && c.in.Check != nil && c.in.Check.Type == tool.NotFound {
+			failRun = fmt.Errorf("%w: %q", ErrUnknownToolFailRun, c.m.Tool)
 		}
 	}
 	if len(br.calls) > 0 {
@@ -152,8 +140,8 @@ func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context
 		tr.cancel = context.Cause(ctx)
 	case errors.Is(cause, ErrRunCancelled):
 		tr.cancel = cause
-	case br.failRun != nil:
-		tr.err = br.failRun
+	case failRun != nil:
+		tr.err = failRun
 	}
 }
 
@@ -177,9 +165,6 @@ func (e *Executor) precheck(reg *registry.Registry, m *ToolCall) (*registry.Tool
 	}
 	if err := def.Validate(m.Args); err != nil {
 		return def, tool.NewError(tool.InvalidArgs, "%s", err.Error())
-	}
-	if _, ok := e.routes[def.Route]; !ok {
-		return def, tool.NewError(tool.NotFound, "tool %q has route %q, which this sidecar does not serve", def.Name, def.Route)
 	}
 	return def, nil
 }
@@ -229,17 +214,9 @@ func callLog(log *slog.Logger, m *ToolCall) *slog.Logger {
 	return log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
 }
 
-// unsafeNotMarked: an unsafe call runs only once Core knows it started, so
-// failed is the outcome of a call that failed before it ran.
-func (e *Executor) failed(turn int, m *ToolCall, err *tool.Error) *outcome {
-	o := newOutcome(turn, m)
-	e.settle(o, tool.Outcome{Err: err})
-	return o
-}
-
 // newOutcome is the outcome of a call, yet to be settled.
 func newOutcome(turn int, m *ToolCall) *outcome {
-	return &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}}
+	return &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}, leaves: toRecord}
 }
 
 // settle turns a reply into the call's outcome: the tool message, the
@@ -259,11 +236,11 @@ func (e *Executor) settle(o *outcome, reply tool.Outcome) {
 	o.done = time.Now()
 }
 
-// alreadyRecorded is the outcome of a call whose tool message Core has:
-// only its Action is finalised.
+// alreadyRecorded is the outcome of a call whose output the upstream has:
+// only its final status is recorded.
 func (e *Executor) alreadyRecorded(turn int, m *ToolCall) *outcome {
 	o := newOutcome(turn, m)
-	o.recorded, o.status, o.res.OK, o.done = true, CallCompleted, true, time.Now()
+	o.leaves, o.status, o.res.OK, o.done = outputRecorded, CallCompleted, true, time.Now()
 	return o
 }
 
@@ -303,7 +280,7 @@ func errorContent(name string, err *tool.Error) string {
 	return string(b)
 }
 
-// keep holds an outcome Core did not take, for the next drive of its run.
+// keep holds an outcome the upstream did not take, for the next drive of its run.
 func (e *Executor) keep(o *outcome) {
 	e.keptMu.Lock()
 	defer e.keptMu.Unlock()

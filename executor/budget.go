@@ -3,11 +3,11 @@ package executor
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
 
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -28,10 +28,25 @@ var Budgets = []string{BudgetRunCalls, BudgetRunToolTime, BudgetRunResultBytes, 
 // its batch was joined and submitted, and no further turn was requested.
 const StatusBudget = "budget_exceeded"
 
-// budget is what one drive of a run has spent, against its bounds. Calls
-// are admitted in the order the model made them, as they stream in.
+// budgets is the budget policy: calls are admitted against the run's and
+// the tool's budgets in the order the model made them, as they stream in,
+// and each call that ran counts its time and the size of its result.
+type budgets struct {
+	e     *Executor
+	rates rates // the tools' rate budgets, across runs
+	// on caches, for the registry in force, whether any budget applies
+	// to drives.
+	on atomic.Pointer[budgetsOn]
+}
+
+type budgetsOn struct {
+	reg *registry.Registry
+	yes bool
+}
+
+// budget is what one drive of a run has spent, against its bounds.
 type budget struct {
-	cfg config.RunBudget
+	cfg RunBudget
 
 	mu          sync.Mutex
 	calls       int
@@ -42,8 +57,64 @@ type budget struct {
 	stop        bool // on_budget stop, and a call was refused
 }
 
-func newBudget(cfg config.RunBudget) *budget {
-	return &budget{cfg: cfg, perTool: map[string]int{}}
+func (p *budgets) of(d *scope) *budget {
+	return d.get(p, func() any { return &budget{cfg: p.e.cfg.RunBudget, perTool: map[string]int{}} }).(*budget)
+}
+
+// concerns: a call of a registered tool that passed its check, when any
+// budget applies to drives (then every such call is counted, for the
+// drive's report).
+func (p *budgets) concerns(in *callIn) bool {
+	return in.Tool != nil && in.Check == nil && p.applies()
+}
+
+// applies reports whether any budget applies to drives under the
+// registry in force.
+func (p *budgets) applies() bool {
+	reg := p.e.tools.Load()
+	if on := p.on.Load(); on != nil && on.reg == reg {
+		return on.yes
+	}
+	on := &budgetsOn{reg: reg, yes: budgeted(p.e.cfg.RunBudget, reg)}
+	p.on.Store(on)
+	return on.yes
+}
+
+// admit counts the call against the budgets, or refuses it.
+func (p *budgets) admit(in *callIn) *tool.Error {
+	err, which := p.take(p.of(in.Drive), in.Tool)
+	if err != nil {
+		p.e.obs.BudgetExceeded(which)
+		in.Log.Info("call refused by a budget", "action_id", in.ActionID, "tool", in.ToolCall.Tool, "budget", which)
+	}
+	return err
+}
+
+// intercept counts a call's time and the size of its result.
+func (p *budgets) intercept(ctx context.Context, in *callIn, next step) answer {
+	start := time.Now()
+	a := next(ctx, in)
+	size := len(a.Data)
+	if a.Err != nil {
+		size = len(a.Err.Message)
+	}
+	p.of(in.Drive).spend(time.Since(start), size)
+	return a
+}
+
+// stops ends the drive once a call was refused under on_budget: stop.
+func (p *budgets) stops(d *scope) (string, string) {
+	if p.of(d).stopped() {
+		return StatusBudget, "a call exceeded its budget and run_budget.on_budget is stop: no further turn was requested"
+	}
+	return "", ""
+}
+
+// report adds the drive's spending, when any budget applies to drives.
+func (p *budgets) report(d *scope, sum *Summary) {
+	if p.applies() {
+		sum.Budget = p.of(d).report()
+	}
 }
 
 // BudgetReport is a drive's spending against its bounds, in its summary.
@@ -86,34 +157,13 @@ func (b *budget) spend(d time.Duration, resultBytes int) {
 	b.resultBytes += int64(resultBytes)
 }
 
-// spendBudget is the budget policy's second half: a call that ran counts
-// its time and the size of its result against the run's budget (whether
-// the call may run at all was decided as its manifest arrived, in the
-// model's order).
-func (e *Executor) spendBudget(next dispatchFunc) dispatchFunc {
-	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
-		b := c.b.req.budget
-		if b == nil {
-			return next(ctx, c, o)
-		}
-		start := time.Now()
-		reply := next(ctx, c, o)
-		size := len(reply.Data)
-		if reply.Err != nil {
-			size = len(reply.Err.Message)
-		}
-		b.spend(time.Since(start), size)
-		return reply
-	}
-}
-
-// admit counts a call against the run's and the tool's budgets, or refuses
+// take counts a call against the run's and the tool's budgets, or refuses
 // it with the error the model reads (which budget, what is used, what is
 // left) and the budget's label.
-func (e *Executor) admit(b *budget, def *registry.Tool) (*tool.Error, string) {
+func (p *budgets) take(b *budget, def *registry.Tool) (*tool.Error, string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	c, name, perRun := b.cfg, def.Name, def.Config.MaxCallsPerRun
+	c, name, perRun := b.cfg, def.Name, def.Policies.MaxCallsPerRun
 	var err *tool.Error
 	var which string
 	switch {
@@ -129,14 +179,14 @@ func (e *Executor) admit(b *budget, def *registry.Tool) (*tool.Error, string) {
 		err, which = tool.NewError(tool.BudgetExceeded, "tool budget exceeded: %s may be called %d times per run; it was, none left; other tools may still be called",
 			name, perRun), BudgetToolCalls
 	default:
-		if wait, ok := e.rates.take(def); !ok {
+		if wait, ok := p.rates.take(def); !ok {
 			err, which = tool.NewError(tool.BudgetExceeded, "tool rate exceeded: %s is called at most %g times per second across all runs; the next call is possible in %s",
-				name, def.Config.Rate, wait.Round(time.Millisecond)), BudgetToolRate
+				name, def.Policies.Rate, wait.Round(time.Millisecond)), BudgetToolRate
 		}
 	}
 	if err != nil {
 		b.refused++
-		b.stop = b.stop || c.OnBudget == config.OnBudgetStop
+		b.stop = b.stop || c.Stop
 		return err, which
 	}
 	b.calls++
@@ -160,12 +210,9 @@ type toolRate struct {
 // take takes a token of def's bucket; when none is left it returns how
 // long until one is.
 func (r *rates) take(def *registry.Tool) (time.Duration, bool) {
-	per, burst := def.Config.Rate, def.Config.RateBurst
+	per, burst := def.Policies.Rate, def.Policies.RateBurst
 	if per <= 0 {
 		return 0, true
-	}
-	if burst < 1 {
-		burst = 1
 	}
 	r.mu.Lock()
 	tr := r.m[def.Name]
@@ -189,12 +236,12 @@ func (r *rates) take(def *registry.Tool) (time.Duration, bool) {
 
 // budgeted reports whether any budget applies to drives: a run budget, or
 // a tool with a budget of its own.
-func budgeted(c config.RunBudget, reg *registry.Registry) bool {
-	if c.MaxCalls > 0 || c.MaxToolTime > 0 || c.MaxResultBytes > 0 {
+func budgeted(c RunBudget, reg *registry.Registry) bool {
+	if c.bounded() {
 		return true
 	}
 	for _, t := range reg.Tools() {
-		if t.Config.MaxCallsPerRun > 0 || t.Config.Rate > 0 {
+		if t.Policies.MaxCallsPerRun > 0 || t.Policies.Rate > 0 {
 			return true
 		}
 	}

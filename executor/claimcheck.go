@@ -7,7 +7,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -60,30 +59,35 @@ type ClaimCheck struct {
 	Note         string `json:"note"`
 }
 
-// claimChecked is the claim-check policy: a successful result larger than
-// executor.claim_check_bytes (and within the result limit) is stored, and
-// the model reads a preview and a handle in its place; when the store
-// fails the result is submitted whole.
-func (e *Executor) claimChecked(next dispatchFunc) dispatchFunc {
-	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
-		reply := next(ctx, c, o)
-		cc := e.cfg.ClaimCheckBytes
-		if cc <= 0 || reply.Err != nil || len(reply.Data) <= cc || len(reply.Data) > e.cfg.MaxResultBytes || c.def.Route == registry.Builtin {
-			return reply
-		}
-		m, data := c.m, reply.Data
-		handle := m.ToolCallID
-		if err := e.results.PutResult(context.WithoutCancel(ctx), resultName(m.RunID, handle), data); err != nil {
-			callLog(c.b.log, m).Warn("claim-check: the result could not be stored; it is submitted whole", "bytes", len(data), "err", err)
-			return reply
-		}
-		preview := runePrefix(data, e.cfg.ClaimCheckPreviewBytes)
-		reply.Data, _ = json.Marshal(map[string]ClaimCheck{"claim_check": {Handle: handle, SizeBytes: len(data), Preview: string(preview), PreviewBytes: len(preview),
-			Note: fmt.Sprintf("This result has %d bytes; the preview holds the first %d. Call %s with this handle, an offset and a length (at most %d) to read more.",
-				len(data), len(preview), config.ReadToolResult, e.cfg.ClaimCheckBytes)}})
-		o.res.ClaimCheck = handle
-		return reply
+// claimChecks is the claim-check policy: a successful result larger than
+// the tool's claim-check threshold (executor.claim_check_bytes) and within
+// the result limit is stored, and the model reads a preview and a handle
+// in its place; when the store fails the result is submitted whole.
+type claimChecks struct{ e *Executor }
+
+func (p *claimChecks) concerns(in *callIn) bool {
+	return in.Tool != nil && in.Tool.Policies.ClaimCheckBytes > 0
+}
+
+func (p *claimChecks) intercept(ctx context.Context, in *callIn, next step) answer {
+	e := p.e
+	a := next(ctx, in)
+	cc := in.Tool.Policies.ClaimCheckBytes
+	if a.Err != nil || len(a.Data) <= cc || len(a.Data) > e.cfg.MaxResultBytes {
+		return a
 	}
+	data := a.Data
+	handle := in.ToolCallID
+	if err := e.results.PutResult(context.WithoutCancel(ctx), resultName(in.RunID, handle), data); err != nil {
+		callLog(in.Log, in.ToolCall).Warn("claim-check: the result could not be stored; it is submitted whole", "bytes", len(data), "err", err)
+		return a
+	}
+	preview := runePrefix(data, e.cfg.ClaimCheckPreviewBytes)
+	a.Data, _ = json.Marshal(map[string]ClaimCheck{"claim_check": {Handle: handle, SizeBytes: len(data), Preview: string(preview), PreviewBytes: len(preview),
+		Note: fmt.Sprintf("This result has %d bytes; the preview holds the first %d. Call %s with this handle, an offset and a length (at most %d) to read more.",
+			len(data), len(preview), registry.ReadToolResult, e.cfg.ReadPageBytes)}})
+	in.Res.ClaimCheck = handle
+	return a
 }
 
 // runePrefix is at most n bytes of b, cut on a rune boundary.
@@ -111,7 +115,7 @@ type page struct {
 type builtin struct{ e *Executor }
 
 func (b builtin) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
-	if req.Tool != config.ReadToolResult {
+	if req.Tool != registry.ReadToolResult {
 		return tool.Outcome{Err: tool.NewError(tool.NotFound, "no built-in tool %q", req.Tool)}
 	}
 	call, perr := tool.ParseCall(req.Tool, req.Body)
@@ -137,8 +141,8 @@ func (b builtin) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
 		return tool.Outcome{Err: tool.NewError(tool.InvalidArgs, "offset %d is past the end: the result has %d bytes", args.Offset, len(data))}
 	}
 	n := args.Length
-	if n <= 0 || n > b.e.cfg.ClaimCheckBytes {
-		n = b.e.cfg.ClaimCheckBytes
+	if n <= 0 || n > b.e.cfg.ReadPageBytes {
+		n = b.e.cfg.ReadPageBytes
 	}
 	start := args.Offset // moved on to a rune's start: a page never begins mid-character
 	for start < len(data) && !utf8.RuneStart(data[start]) {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -16,14 +16,14 @@ import (
 // boundary (an offset inside a character moves on to the next), and
 // next_offset is null at the end.
 func TestReadToolResultScopedToRun(t *testing.T) {
-	e := &Executor{cfg: config.Executor{ClaimCheckBytes: 5}, results: memResults{newMemMemo(1 << 10)}}
+	e := &Executor{cfg: Config{ReadPageBytes: 5}, results: memResults{newMemMemo(1 << 10)}}
 	ctx := context.Background()
 	if err := e.results.PutResult(ctx, resultName("run_a", "call_1"), []byte("héllo wörld")); err != nil {
 		t.Fatal(err)
 	}
 	read := func(run, args string) tool.Outcome {
 		body := `{"type": "tool_call_manifest", "run_id": "` + run + `", "action_id": "act", "tool_call_id": "c", "tool": "read_tool_result", "args": ` + args + `}`
-		return builtin{e}.Dispatch(ctx, tool.Request{Tool: config.ReadToolResult, Body: []byte(body)})
+		return builtin{e}.Dispatch(ctx, tool.Request{Tool: registry.ReadToolResult, Body: []byte(body)})
 	}
 	out := read("run_a", `{"handle": "call_1", "offset": 0, "length": 3}`)
 	var p page

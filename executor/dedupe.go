@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -62,32 +61,30 @@ func dedupeKey(m *ToolCall) (string, bool) {
 // dedupe is the dedupe policy: a call of a dedupe tool is answered from an
 // earlier identical call of its run when the memo has one (it is never
 // dispatched), and a successful result is remembered for the calls after.
-func (e *Executor) dedupe(next dispatchFunc) dispatchFunc {
-	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
-		def := c.def
-		if def.Config.Dedupe != config.DedupeRun {
-			return next(ctx, c, o)
-		}
-		key, ok := dedupeKey(c.m)
-		if !ok {
-			return next(ctx, c, o)
-		}
-		if me, ok := e.memo.Recall(ctx, key); ok && time.Now().Before(me.Expires) {
-			callLog(c.b.log, c.m).Info("call answered from an earlier call of the run", "from", me.ToolCallID)
-			e.obs.CallDeduped(c.m.Tool)
-			o.res.DedupedFrom = me.ToolCallID
-			return tool.Outcome{Data: []byte(me.Content)}
-		}
-		reply := next(ctx, c, o)
-		if reply.Err == nil && len(reply.Data) <= e.cfg.MaxResultBytes {
-			ttl := def.Config.DedupeTTL
-			if ttl <= 0 {
-				ttl = 10 * time.Minute
-			}
-			e.memo.Remember(context.WithoutCancel(ctx), key, MemoEntry{ToolCallID: c.m.ToolCallID, Content: string(reply.Data), Expires: time.Now().Add(ttl)})
-		}
-		return reply
+type dedupe struct{ e *Executor }
+
+func (p *dedupe) concerns(in *callIn) bool {
+	return in.Tool != nil && in.Tool.Policies.DedupeTTL > 0
+}
+
+func (p *dedupe) intercept(ctx context.Context, in *callIn, next step) answer {
+	e := p.e
+	key, ok := dedupeKey(in.ToolCall)
+	if !ok {
+		return next(ctx, in)
 	}
+	if me, ok := e.memo.Recall(ctx, key); ok && time.Now().Before(me.Expires) {
+		callLog(in.Log, in.ToolCall).Info("call answered from an earlier call of the run", "from", me.ToolCallID)
+		e.obs.CallDeduped(in.ToolCall.Tool)
+		in.Res.DedupedFrom = me.ToolCallID
+		return answer{Outcome: tool.Outcome{Data: []byte(me.Content)}}
+	}
+	a := next(ctx, in)
+	if a.Err == nil && !a.left && len(a.Data) <= e.cfg.MaxResultBytes {
+		e.memo.Remember(context.WithoutCancel(ctx), key, MemoEntry{ToolCallID: in.ToolCallID, Content: string(a.Data),
+			Expires: time.Now().Add(in.Tool.Policies.DedupeTTL)})
+	}
+	return a
 }
 
 // memMemo is the memo in memory: entries expire with their TTL, and the

@@ -16,6 +16,7 @@ import (
 	"github.com/projectdavid/toolsidecar/coreup"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/promtest"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
@@ -339,11 +340,13 @@ func TestPanicOutsideWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := registry.New([]config.Tool{{Name: "boom"}, {Name: "echo"}}, "p")
+	cfg := config.Default()
+	cfg.Tools = []config.Tool{{Name: "boom"}, {Name: "echo"}}
+	reg, err := registry.New(context.Background(), cfg, registry.Base(panicky{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex := executor.New(config.Executor{}, coreup.New(cc), registry.NewLive(reg), panicky{})
+	ex := executor.New(sidecar.ExecutorConfig(cfg.Executor), coreup.New(cc), registry.NewLive(reg))
 	ctx := context.Background()
 	a, _ := cc.CreateAssistant(ctx, core.AssistantCreate{Name: "a", Model: "vllm/x"})
 	th, _ := cc.CreateThread(ctx)

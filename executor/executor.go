@@ -23,7 +23,6 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/projectdavid/toolsidecar/approval"
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -120,11 +119,6 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithRoute serves tools of a route kind through d. "nats" is set by New.
-func WithRoute(kind string, d Dispatcher) Option {
-	return func(e *Executor) { e.routes[kind] = d }
-}
-
 // WithObserver receives measurements; default: none.
 func WithObserver(o Observer) Option {
 	return func(e *Executor) {
@@ -149,10 +143,9 @@ func WithTracer(t trace.Tracer) Option {
 // Executor drives runs. It is safe for concurrent use: each Drive owns its
 // goroutines and waits for them.
 type Executor struct {
-	cfg       config.Executor
+	cfg       Config
 	up        Upstream
 	tools     Tools
-	routes    map[string]Dispatcher
 	log       *slog.Logger
 	obs       Observer
 	recoverer Recoverer
@@ -169,7 +162,6 @@ type Executor struct {
 	keptMu sync.Mutex
 	kept   map[string]*outcome // outcomes Core did not take, by Action
 
-	rates   rates       // the tools' rate budgets, across runs
 	memo    Memo        // results of dedupe tools
 	hedge   *hedger     // when to send a straggler again
 	results ResultStore // claim-checked results
@@ -179,7 +171,7 @@ type Executor struct {
 	// tap hears every event of every drive (the live view).
 	tap func(runID string, ev Event)
 	// dispatch is a call's steps 2 to 4: the policies around its mark and
-	// its attempts, composed once for each set of policies (policies.go).
+	// its attempts, composed once for each set of policies (policy.go).
 	dispatch *chains
 }
 
@@ -215,52 +207,23 @@ func (e *Executor) Abandon() {
 	}
 }
 
-// New builds an executor that drives the runs of up. nats serves the
-// "nats" route. No I/O.
-func New(cfg config.Executor, up Upstream, tools Tools, nats Dispatcher, opts ...Option) *Executor {
-	def := config.Default().Executor
-	if cfg.MaxTurns < 1 {
-		cfg.MaxTurns = def.MaxTurns
-	}
-	if cfg.MaxParallel < 1 {
-		cfg.MaxParallel = def.MaxParallel
-	}
-	if cfg.MissingTool == "" {
-		cfg.MissingTool = def.MissingTool
-	}
-	if cfg.MaxArgsBytes < 1 {
-		cfg.MaxArgsBytes = def.MaxArgsBytes
-	}
-	if cfg.MaxResultBytes < 1 {
-		cfg.MaxResultBytes = def.MaxResultBytes
-	}
-	if cfg.CancelPoll <= 0 {
-		cfg.CancelPoll = def.CancelPoll
-	}
-	if cfg.CancelPollRPS <= 0 {
-		cfg.CancelPollRPS = def.CancelPollRPS
-	}
-	if cfg.SubmitBudget <= 0 {
-		cfg.SubmitBudget = def.SubmitBudget
-	}
-	if cfg.MaxErrorBytes < 1 {
-		cfg.MaxErrorBytes = def.MaxErrorBytes
-	}
-	if cfg.MaxHedgeRatio <= 0 {
-		cfg.MaxHedgeRatio = def.MaxHedgeRatio
-	}
-	e := &Executor{cfg: cfg, up: up, tools: tools, routes: map[string]Dispatcher{"nats": nats},
+// New builds an executor that drives the runs of up, with the tools in
+// force in tools: each call is dispatched by its tool's route kind. cfg
+// must be complete (see [Config]). No I/O.
+func New(cfg Config, up Upstream, tools Tools, opts ...Option) *Executor {
+	e := &Executor{cfg: cfg, up: up, tools: tools,
 		log: slog.New(slog.DiscardHandler), obs: nopObserver{}, tracer: noop.NewTracerProvider().Tracer(""),
 		drives: map[string]*drive{}, kept: map[string]*outcome{}, memo: newMemMemo(memMemoBytes),
 		hedge: &hedger{ratio: cfg.MaxHedgeRatio, tokens: 1}, results: memResults{newMemMemo(memMemoBytes)},
 		approvals: approval.NewMemory()}
 	e.drained, e.drain = context.WithCancel(context.Background())
-	e.routes[registry.Builtin] = builtin{e}
 	e.watch = &watcher{up: up, interval: cfg.CancelPoll, rps: cfg.CancelPollRPS, runs: map[string]*watch{}}
 	for _, o := range opts {
 		o(e)
 	}
-	e.dispatch = e.policies(func(ctx context.Context, c *call, o *outcome) tool.Outcome { return c.dispatch(ctx, o) })
+	e.dispatch = newChains(e.policySet(), func(ctx context.Context, in *callIn) answer {
+		return answer{Outcome: in.owner.dispatch(ctx)}
+	})
 	return e
 }
 
@@ -288,7 +251,7 @@ type Request struct {
 	CallerKey string `json:"-"`
 
 	leaseLost <-chan struct{} // closed when the run's lease passed to another sidecar
-	budget    *budget         // what the drive has spent; set by run
+	scope     *scope          // the policies' state for the drive; set by run
 }
 
 // ErrInvalidRequest: a drive request whose ids are not ids (tool.CheckID);

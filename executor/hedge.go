@@ -44,14 +44,14 @@ const (
 // false when the tool does not hedge, or its percentile has too few
 // samples yet. It also earns the call its share of hedges.
 func (h *hedger) delay(def *registry.Tool) (time.Duration, bool) {
-	if def.HedgeAfter == 0 && def.HedgePercentile == 0 {
+	if def.Policies.HedgeAfter == 0 && def.Policies.HedgePercentile == 0 {
 		return 0, false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.tokens = math.Min(h.tokens+h.ratio, hedgeMaxTokens)
-	if def.HedgePercentile == 0 {
-		return def.HedgeAfter, true
+	if def.Policies.HedgePercentile == 0 {
+		return def.Policies.HedgeAfter, true
 	}
 	l := h.lat[def.Name]
 	if l == nil || l.n < hedgeMinSamples {
@@ -59,7 +59,7 @@ func (h *hedger) delay(def *registry.Tool) (time.Duration, bool) {
 	}
 	s := slices.Clone(l.d[:l.n])
 	slices.Sort(s)
-	return s[min(l.n-1, int(math.Ceil(def.HedgePercentile/100*float64(l.n)))-1)], true
+	return s[min(l.n-1, int(math.Ceil(def.Policies.HedgePercentile/100*float64(l.n)))-1)], true
 }
 
 // take spends a hedge token; false once hedges reached their ratio.
@@ -76,7 +76,7 @@ func (h *hedger) take() bool {
 // observe records a successful attempt's latency, for a tool that hedges
 // at a percentile of them (the others need none).
 func (h *hedger) observe(def *registry.Tool, d time.Duration) {
-	if def.HedgePercentile == 0 {
+	if def.Policies.HedgePercentile == 0 {
 		return
 	}
 	name := def.Name

@@ -3,66 +3,102 @@ package executor
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// lane is an ordered lane of one batch: the calls whose tools name it run
-// one after another, in the order the model made them.
+// lanes is the lane policy: the calls of one batch whose tools name the
+// same lane run one after another, in the order the model made them, and
+// under skip_rest a failure skips the rest of the lane. Calls a
+// reconciliation found run without lanes: the order they were made in is
+// not known.
+type lanes struct{ maxResult int }
+
+// lane is one ordered lane of a batch.
 type lane struct {
 	name     string
 	skipRest bool
-	last     chan struct{}          // closed when the lane's last call so far has its outcome; nil before the first
 	failed   atomic.Pointer[string] // under skip_rest: why the rest does not run
+
+	mu      sync.Mutex
+	last    <-chan struct{}       // closed when the lane's last call so far has its outcome; nil before the first
+	tickets map[string]laneTicket // by Action
 }
 
-// join puts c at the end of the lane: it will wait for the call before it.
-// Called by the stream's reader, one manifest at a time.
-func (ln *lane) join(c *call) {
-	c.ln, c.laneBefore = ln, ln.last
-	ln.last = c.ran
+// laneTicket is a call's place in its lane.
+type laneTicket struct {
+	before <-chan struct{} // closed when the call before it has its outcome; nil for the first
+	done   chan struct{}   // closed when this call has its outcome
 }
 
-// lane returns the batch's lane of that name, opening it on first use.
-func (br *batchRun) lane(name string) *lane {
-	ln := br.lanes[name]
+// batchLanes are a batch's lanes, opened on first use.
+type batchLanes struct {
+	mu sync.Mutex
+	by map[string]*lane
+}
+
+func (p *lanes) concerns(in *callIn) bool {
+	return in.Tool != nil && in.Tool.Policies.Lane != nil && !in.Found
+}
+
+// lane returns the call's lane in its batch.
+func (p *lanes) lane(in *callIn) *lane {
+	bl := in.Batch.get(p, func() any { return &batchLanes{by: map[string]*lane{}} }).(*batchLanes)
+	cfg := in.Tool.Policies.Lane
+	bl.mu.Lock()
+	defer bl.mu.Unlock()
+	ln := bl.by[cfg.Name]
 	if ln == nil {
-		ln = &lane{name: name, skipRest: br.e.cfg.Lanes[name].OnError == config.LaneSkipRest}
-		br.lanes[name] = ln
+		ln = &lane{name: cfg.Name, skipRest: cfg.SkipRest, tickets: map[string]laneTicket{}}
+		bl.by[cfg.Name] = ln
 	}
 	return ln
 }
 
-// inLane is the lane policy: a call of a lane starts once the call before
-// it in the lane has its outcome, and under skip_rest a failure skips the
-// rest of the lane. A call of no lane passes straight on.
-func (e *Executor) inLane(next dispatchFunc) dispatchFunc {
-	return func(ctx context.Context, c *call, o *outcome) tool.Outcome {
-		ln := c.ln
-		if ln == nil {
-			return next(ctx, c, o)
-		}
-		if c.laneBefore != nil {
-			select {
-			case <-c.laneBefore:
-			case <-ctx.Done():
-				return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled while it waited for its lane %q: %v", ln.name, context.Cause(ctx))}
-			}
-		}
-		if why := ln.failed.Load(); why != nil {
-			return tool.Outcome{Err: tool.NewError(tool.Skipped, "not run: %s", *why)}
-		}
-		reply := next(ctx, c, o)
-		if ln.skipRest && (reply.Err != nil || len(reply.Data) > e.cfg.MaxResultBytes) {
-			errType := tool.ToolFailed
-			if reply.Err != nil {
-				errType = reply.Err.Type
-			}
-			why := fmt.Sprintf("call %s (%s) earlier in lane %q failed with %s, and the lane skips the rest", c.m.ToolCallID, c.m.Tool, ln.name, errType)
-			ln.failed.CompareAndSwap(nil, &why)
-		}
-		return reply
+// admit puts the call at the end of its lane: it will wait for the call
+// before it.
+func (p *lanes) admit(in *callIn) *tool.Error {
+	ln := p.lane(in)
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	t := laneTicket{before: ln.last, done: make(chan struct{})}
+	ln.tickets[in.ActionID], ln.last = t, t.done
+	in.Res.Lane = ln.name
+	return nil
+}
+
+// intercept starts the call once the call before it in its lane has its
+// outcome, and records a failure that skips the rest.
+func (p *lanes) intercept(ctx context.Context, in *callIn, next step) answer {
+	ln := p.lane(in)
+	ln.mu.Lock()
+	t, ok := ln.tickets[in.ActionID]
+	delete(ln.tickets, in.ActionID)
+	ln.mu.Unlock()
+	if !ok {
+		return next(ctx, in) // not admitted to the lane
 	}
+	defer close(t.done)
+	if t.before != nil {
+		select {
+		case <-t.before:
+		case <-ctx.Done():
+			return answer{Outcome: tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled while it waited for its lane %q: %v", ln.name, context.Cause(ctx))}}
+		}
+	}
+	if why := ln.failed.Load(); why != nil {
+		return answer{Outcome: tool.Outcome{Err: tool.NewError(tool.Skipped, "not run: %s", *why)}}
+	}
+	a := next(ctx, in)
+	if ln.skipRest && (a.Err != nil || len(a.Data) > p.maxResult) {
+		errType := tool.ToolFailed
+		if a.Err != nil {
+			errType = a.Err.Type
+		}
+		why := fmt.Sprintf("call %s (%s) earlier in lane %q failed with %s, and the lane skips the rest", in.ToolCallID, in.ToolCall.Tool, ln.name, errType)
+		ln.failed.CompareAndSwap(nil, &why)
+	}
+	return a
 }

@@ -24,11 +24,9 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	sum := Summary{RunID: req.RunID, Upstream: e.up.Kind(), Calls: []CallResult{}}
 	emit = e.tapped(req.RunID, emit)
 	e.obs.RunStarted()
-	req.budget = newBudget(e.cfg.RunBudget)
+	req.scope = &scope{}
 	err := e.loop(ctx, req, run, emit, log, &sum)
-	if budgeted(e.cfg.RunBudget, e.tools.Load()) {
-		sum.Budget = req.budget.report()
-	}
+	e.dispatch.report(req.scope, &sum)
 	level := slog.LevelInfo
 	if sum.Status == StatusFailed {
 		level = slog.LevelWarn // a failed drive is never only in the metrics
@@ -105,8 +103,8 @@ func (e *Executor) loop(ctx context.Context, req Request, run Run, emit Sink, lo
 		if len(tr.calls) == 0 {
 			return e.completed(ctx, req.RunID, sum)
 		}
-		if req.budget.stopped() {
-			sum.Status, sum.Error = StatusBudget, "a call exceeded its budget and run_budget.on_budget is stop: no further turn was requested"
+		if status, why := e.dispatch.stops(req.scope); status != "" {
+			sum.Status, sum.Error = status, why
 			return nil
 		}
 		last = tr.calls
@@ -283,7 +281,7 @@ func (e *Executor) readTurn(ctx, tctx context.Context, stream Turn, br *batchRun
 		}
 		switch ev.Kind {
 		case TurnToolCall:
-			br.add(ctx, ev.Call)
+			br.add(ev.Call)
 		case TurnText:
 			text.WriteString(ev.Text)
 			emit(Event{Type: EventContent, Turn: n, Text: ev.Text, Raw: ev.Raw})

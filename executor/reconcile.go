@@ -5,13 +5,12 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// reconcile finishes, before any turn, the calls Core has open for the
-// run: Actions pending or processing that a previous drive, or a sidecar
+// reconcile finishes, before any turn, the calls the upstream has open
+// for the run: Actions pending or processing that a previous drive, or a sidecar
 // that died, left without a recorded outcome. They are joined as a batch,
 // in call order, through the same steps as a turn's calls.
 func (e *Executor) reconcile(ctx context.Context, req Request, emit Sink, log *slog.Logger) turnResult {
@@ -21,7 +20,7 @@ func (e *Executor) reconcile(ctx context.Context, req Request, emit Sink, log *s
 	br := e.newBatch(tctx, req, 0, emit, log)
 	br.addOpen(ctx)
 	if br.b.Len() > 0 {
-		log.Info("reconciled open calls with Core", "calls", br.b.Len())
+		log.Info("reconciled open calls with the upstream", "calls", br.b.Len())
 	}
 	br.wait(ctx, &tr, cancel)
 	return tr
@@ -46,17 +45,20 @@ func (br *batchRun) addOpen(ctx context.Context) {
 			continue
 		}
 		br.seen[m.ActionID] = true
-		c := &call{e: e, b: br, m: m, open: true, started: oc.Started, kept: e.takeKept(m.ActionID), recorded: oc.Recorded}
-		switch {
-		case c.kept != nil:
+		c := &call{e: e, b: br, m: m, in: callIn{Found: true}, started: oc.Started}
+		switch kept := e.takeKept(m.ActionID); {
+		case kept != nil:
 			br.log.Info("submitting a kept outcome", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
-			c.kept.res.Turn = br.n
-			c.kept.recorded = c.kept.recorded || c.recorded
-		case c.recorded:
+			kept.res.Turn = br.n
+			if oc.Recorded {
+				kept.leaves = outputRecorded
+			}
+			c.known = kept
+		case oc.Recorded:
 			br.log.Info("output already recorded; finalising the call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+			c.known = e.alreadyRecorded(br.n, m)
 		default:
 			br.log.Info("finishing an open call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID, "started", oc.Started)
-			c.def, c.pre = e.precheck(br.reg, m)
 		}
 		br.start(c)
 	}
@@ -72,7 +74,7 @@ func (e *Executor) recovered(ctx context.Context, br *batchRun, m *ToolCall, def
 	if e.recoverer == nil {
 		return nil, false
 	}
-	await := def != nil && def.SideEffects == config.Unsafe
+	await := def != nil && def.Unsafe()
 	reply, ok, err := e.recoverer.Recover(ctx, m.ActionID, await)
 	if errors.Is(err, tool.ErrNeverSent) {
 		br.log.Info("the call was never sent: running it", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)

@@ -40,8 +40,7 @@ func (e *Executor) Call(ctx context.Context, name string, args json.RawMessage) 
 	if !json.Valid(args) {
 		m.Problem, m.Args = "the arguments are not valid JSON", json.RawMessage("{}")
 	}
-	req := Request{RunID: id}
-	req.budget = newBudget(e.cfg.RunBudget)
+	req := Request{RunID: id, scope: &scope{}}
 	// The call's tool_result event carries its output, which the call
 	// drops once the event is out.
 	var res CallResult
@@ -52,7 +51,7 @@ func (e *Executor) Call(ctx context.Context, name string, args json.RawMessage) 
 	})
 	br := e.newBatch(ctx, req, 1, emit, e.log.With("run_id", id))
 	br.rec, br.noNextDrive = unrecorded{}, true
-	br.add(ctx, m)
+	br.add(m)
 	_ = br.b.Wait()
 	// Its run ends with it: the live view moves it to the recent runs. As
 	// a drive's, the summary keeps no tool output.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -31,16 +32,11 @@ type ExecSettings struct {
 
 const stderrExcerpt = 2048
 
-// processes bounds the exec-route processes running at once across all
-// tools and runs (executor.max_exec_processes).
-var processes = newSemaphore(64)
-
-// SetMaxProcesses sets the bound on concurrent exec processes; the
-// sidecar calls it from its configuration before serving.
-func SetMaxProcesses(n int) {
-	if n > 0 {
-		processes = newSemaphore(n)
-	}
+// execKind is route exec. processes bounds its processes running at once
+// across all tools and runs (executor.max_exec_processes).
+type execKind struct {
+	inProcess
+	processes semaphore
 }
 
 type semaphore chan struct{}
@@ -59,8 +55,6 @@ func (s semaphore) acquire(ctx context.Context) (release func(), err error) {
 	}
 }
 
-func init() { registry.RegisterKind("exec", newExec) }
-
 func execSettings(settings map[string]any) (ExecSettings, error) {
 	var s ExecSettings
 	if err := registry.DecodeSettings("exec", settings, &s); err != nil {
@@ -75,17 +69,20 @@ func execSettings(settings map[string]any) (ExecSettings, error) {
 	return s, nil
 }
 
-// ExecCommand is the program an exec tool's settings run (argv[0]), for
-// `toolsidecar check` to find it.
-func ExecCommand(settings map[string]any) (string, error) {
-	s, err := execSettings(settings)
+// Check finds the program the tool runs, as a call will.
+func (*execKind) Check(_ context.Context, def *registry.Tool) error {
+	s, err := execSettings(def.Settings())
 	if err != nil {
-		return "", err
+		return err
 	}
-	return s.Command[0], nil
+	if _, err := exec.LookPath(s.Command[0]); err != nil {
+		return fmt.Errorf("command: %w", err)
+	}
+	return nil
 }
 
-func newExec(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
+func (k *execKind) Build(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
+	processes := k.processes
 	s, err := execSettings(settings)
 	if err != nil {
 		return nil, err

@@ -48,7 +48,8 @@ const (
 	RedirectSameOrigin = "same_origin"
 )
 
-func init() { registry.RegisterKind("http", newHTTP) }
+// httpKind is route http.
+type httpKind struct{ inProcess }
 
 func httpSettings(settings map[string]any) (HTTPSettings, error) {
 	var s HTTPSettings
@@ -120,7 +121,7 @@ func (s HTTPSettings) client() *http.Client {
 	}}
 }
 
-func newHTTP(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
+func (httpKind) Build(_ *registry.Tool, settings map[string]any) (tool.Handler, error) {
 	s, err := httpSettings(settings)
 	if err != nil {
 		return nil, err

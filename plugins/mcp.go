@@ -56,13 +56,17 @@ type MCPSettings struct {
 	Prefix string `json:"prefix"`
 }
 
-func init() {
-	registry.RegisterKind("mcp", newMCP)
-	registry.RegisterImporter("mcp", importMCP)
+// mcpKind is route mcp. pool holds its sessions with the servers, one per
+// server (its command and environment, or its URL and headers); a session
+// starts at its first call, and Close ends them all.
+type mcpKind struct {
+	inProcess
+	pool *mcpPool
 }
 
-// importMCP lists the server's tools, as configurations of route mcp.
-func importMCP(ctx context.Context, entry config.Tool, settings map[string]any) ([]config.Tool, error) {
+// Import lists the server's tools, as configurations of route mcp.
+func (k *mcpKind) Import(ctx context.Context, entry config.Tool, settings map[string]any) ([]config.Tool, error) {
+	mcpServers := k.pool
 	s, err := mcpSettings(settings)
 	if err != nil {
 		return nil, err
@@ -141,7 +145,8 @@ func mcpSettings(settings map[string]any) (MCPSettings, error) {
 	return s, nil
 }
 
-func newMCP(def *registry.Tool, settings map[string]any) (tool.Handler, error) {
+func (k *mcpKind) Build(def *registry.Tool, settings map[string]any) (tool.Handler, error) {
+	mcpServers := k.pool
 	s, err := mcpSettings(settings)
 	if err != nil {
 		return nil, err
@@ -158,29 +163,27 @@ func newMCP(def *registry.Tool, settings map[string]any) (tool.Handler, error) {
 	}, nil
 }
 
-// mcpServers are the sessions of the process with its MCP servers, one per
-// server (its command and environment, or its URL and headers). A session
-// starts at its first call; StopMCP ends them all.
-var mcpServers = &mcpPool{byKey: map[string]*mcpServer{}}
-
 type mcpPool struct {
 	mu    sync.Mutex
 	byKey map[string]*mcpServer
 	wg    sync.WaitGroup // the watchers of the sessions
 }
 
-// StopMCP closes every MCP session of the process (a stdio server's
-// process exits) and waits for their watchers. The sidecar and `toolsidecar
-// worker` call it at shutdown; a later call starts a session again.
-func StopMCP() {
-	mcpServers.mu.Lock()
-	servers := mcpServers.byKey
-	mcpServers.byKey = map[string]*mcpServer{}
-	mcpServers.mu.Unlock()
+// Close closes every MCP session of the kind (a stdio server's process
+// exits) and waits for their watchers. The sidecar and `toolsidecar
+// worker` close their kinds at shutdown; a later call starts a session
+// again.
+func (k *mcpKind) Close() error {
+	p := k.pool
+	p.mu.Lock()
+	servers := p.byKey
+	p.byKey = map[string]*mcpServer{}
+	p.mu.Unlock()
 	for _, srv := range servers {
 		srv.close()
 	}
-	mcpServers.wg.Wait()
+	p.wg.Wait()
+	return nil
 }
 
 func (p *mcpPool) get(s MCPSettings) *mcpServer {

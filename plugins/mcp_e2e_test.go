@@ -82,7 +82,7 @@ func TestMCPServersReloaded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := registry.New(cfg.Tools, cfg.NATS.SubjectPrefix)
+	reg, err := registry.New(context.Background(), cfg, plugins.TestKinds)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -212,7 +212,7 @@ func TestMCPImport(t *testing.T) {
 	for k, v := range stdio {
 		settings[k] = v
 	}
-	reg, err := registry.New([]config.Tool{{Name: "test-server", Route: "mcp", Timeout: 5 * time.Second, Settings: map[string]any{"mcp": settings}}}, "p")
+	reg, err := compileTools([]config.Tool{{Name: "test-server", Route: "mcp", Timeout: 5 * time.Second, Settings: map[string]any{"mcp": settings}}}, "p")
 	if err != nil {
 		t.Fatal(err)
 	}

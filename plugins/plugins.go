@@ -1,12 +1,13 @@
 // Package plugins holds the route kinds that run a tool without a NATS
 // worker of its own, exec (a command per call) and http (a URL per call),
-// and [Local], the in-process transport that runs them. Each kind is one
-// file that registers itself with the registry in init(); the registry
-// builds a tool's handler when it compiles the tool. The same handler serves
+// all of them dispatched in process. Each kind is one
+// file; [Kinds] adds them to a set of kinds, which the registry is given:
+// it builds a tool's handler when it compiles the tool. The same handler serves
 // in the sidecar's process and as a NATS worker (`toolsidecar worker`).
 package plugins
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"time"
@@ -15,27 +16,38 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// Local runs tools that have an in-process handler, in the sidecar's
-// process. It satisfies the executor's Dispatcher.
-type Local struct {
-	tools interface{ Load() *registry.Registry }
-	log   *slog.Logger
+// Options configure this package's route kinds.
+type Options struct {
+	// MaxExecProcesses bounds the exec-route processes running at once,
+	// across all tools and runs. default: 64
+	MaxExecProcesses int
+	// Logger hears a panic of a handler. default: discard
+	Logger *slog.Logger
 }
 
-// NewLocal serves the tools in force in tools.
-func NewLocal(tools interface{ Load() *registry.Registry }, log *slog.Logger) *Local {
+// Kinds is base with this package's route kinds: exec, http and mcp.
+// Each is a value of its own: the exec kind holds its bound on processes,
+// the mcp kind its sessions, which its Close ends.
+func Kinds(base registry.Kinds, o Options) registry.Kinds {
+	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Local{tools: tools, log: log}
+	run := inProcess{log}
+	return base.With(registry.Kinds{
+		"exec": &execKind{inProcess: run, processes: newSemaphore(cmp.Or(o.MaxExecProcesses, 64))},
+		"http": httpKind{run},
+		"mcp":  &mcpKind{inProcess: run, pool: &mcpPool{byKey: map[string]*mcpServer{}}},
+	})
 }
 
+// inProcess dispatches the calls of a kind whose tools run in the
+// sidecar's process: each attempt runs the tool's handler, under the
+// attempt's timeout.
+type inProcess struct{ log *slog.Logger }
+
 // Dispatch runs one attempt in process, under the attempt's timeout.
-func (l *Local) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
-	def, ok := l.tools.Load().Lookup(req.Tool)
-	if !ok {
-		return tool.Outcome{Err: tool.NewError(tool.NotFound, "tool %q is not registered", req.Tool)}
-	}
+func (l inProcess) Dispatch(ctx context.Context, def *registry.Tool, req tool.Request) tool.Outcome {
 	if def.Handler == nil {
 		return tool.Outcome{Err: tool.NewError(tool.NotFound, "tool %q has route %q, which does not run in process", req.Tool, def.Route)}
 	}

@@ -42,7 +42,7 @@ func local(t *testing.T, tc config.Tool) *Local {
 	if tc.Timeout == 0 {
 		tc.Timeout = 5 * time.Second
 	}
-	reg, err := registry.New([]config.Tool{tc}, "p")
+	reg, err := compileTools([]config.Tool{tc}, "p")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,24 +239,24 @@ func TestSettingsChecks(t *testing.T) {
 		{config.Tool{Name: "a", Route: "mcp", Settings: map[string]any{"mcp": map[string]any{"url": "unix:///x"}}}, `mcp.url: "unix:///x" is not an http(s) URL`},
 	}
 	for _, tc := range cases {
-		if _, err := registry.New([]config.Tool{tc.tool}, "p"); !errors.Is(err, registry.ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {
+		if _, err := compileTools([]config.Tool{tc.tool}, "p"); !errors.Is(err, registry.ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("err %v, want %q", err, tc.want)
 		}
 	}
-	if got := registry.Kinds(); !slices.Contains(got, "exec") || !slices.Contains(got, "http") || !slices.Contains(got, "nats") {
+	if got := testKinds.Names(); !slices.Contains(got, "exec") || !slices.Contains(got, "http") || !slices.Contains(got, "nats") {
 		t.Errorf("kinds %v", got)
 	}
 	l := NewLocal(registry.NewLive(mustRegistry(t)), nil)
 	if r := l.Dispatch(context.Background(), tool.Request{Tool: "ghost"}); r.Err == nil || r.Err.Type != tool.NotFound {
 		t.Errorf("unknown tool: %+v", r.Err)
 	}
-	if r := l.Dispatch(context.Background(), tool.Request{Tool: "n"}); r.Err == nil || !strings.Contains(r.Err.Message, "does not run in process") {
-		t.Errorf("nats tool in process: %+v", r.Err)
+	if r := l.Dispatch(context.Background(), tool.Request{Tool: "n"}); r.Err == nil || !strings.Contains(r.Err.Message, "sends no call to NATS") {
+		t.Errorf("a nats tool where no NATS client is: %+v", r.Err)
 	}
 }
 
 func mustRegistry(t *testing.T) *registry.Registry {
-	reg, err := registry.New([]config.Tool{{Name: "n", Route: "nats"}}, "p")
+	reg, err := compileTools([]config.Tool{{Name: "n", Route: "nats"}}, "p")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,12 +310,12 @@ func TestHTTPRedirectsAndLinkLocal(t *testing.T) {
 	if leaked.Load() != 0 {
 		t.Errorf("the redirect target was reached %d times", leaked.Load())
 	}
-	if _, err := registry.New([]config.Tool{{Name: "t", Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL, "follow_redirects": "always"}}}}, "p"); err == nil {
+	if _, err := compileTools([]config.Tool{{Name: "t", Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL, "follow_redirects": "always"}}}}, "p"); err == nil {
 		t.Error("follow_redirects: always was accepted")
 	}
 	empty := filepath.Join(t.TempDir(), "empty")
 	os.WriteFile(empty, []byte(" \n"), 0o600)
-	if _, err := registry.New([]config.Tool{{Name: "t", Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL, "bearer_token_file": empty}}}}, "p"); err == nil || !strings.Contains(err.Error(), "http.bearer_token_file") {
+	if _, err := compileTools([]config.Tool{{Name: "t", Route: "http", Settings: map[string]any{"http": map[string]any{"url": srv.URL, "bearer_token_file": empty}}}}, "p"); err == nil || !strings.Contains(err.Error(), "http.bearer_token_file") {
 		t.Errorf("an empty token file: %v, want an error naming http.bearer_token_file", err)
 	}
 }

@@ -1,6 +1,7 @@
 package registry_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -12,7 +13,8 @@ import (
 // Example compiles a tool and validates a model's arguments against its
 // schema; the error is written for the model to read.
 func Example() {
-	reg, err := registry.New([]config.Tool{{
+	cfg := config.Default()
+	cfg.Tools = []config.Tool{{
 		Name: "get_flight_times", Route: "nats", Timeout: 30 * time.Second, SideEffects: config.ReadOnly,
 		Parameters: map[string]any{
 			"type":     "object",
@@ -22,7 +24,8 @@ func Example() {
 				"arrival":   map[string]any{"type": "string"},
 			},
 		},
-	}}, "toolsidecar.tools")
+	}}
+	reg, err := registry.New(context.Background(), cfg, registry.Base(nil))
 	if err != nil {
 		panic(err)
 	}

@@ -9,6 +9,8 @@ package registry
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,7 +39,9 @@ var (
 	ErrInvalidTool = errors.New("registry: invalid tool")
 )
 
-// Tool is one compiled tool definition.
+// Tool is one compiled tool definition: every setting read, checked and
+// typed once, at load and reload, so that nothing downstream reads the
+// configuration.
 type Tool struct {
 	Name        string
 	Description string
@@ -49,35 +53,77 @@ type Tool struct {
 	Retries     int
 	SideEffects string
 	Route       string
-	// HedgeAfter and HedgePercentile are tools[].hedge_after read once:
-	// a fixed delay, or a percentile of the tool's latencies (0: neither).
-	HedgeAfter      time.Duration
-	HedgePercentile float64
+	// Kind is the tool's route kind, which built Handler and dispatches
+	// its calls.
+	Kind Kind
 	// Handler runs a call in the sidecar's process; nil for tools served
 	// by NATS workers. The route kind built it when the tool was compiled,
 	// so a reload that changes a tool gets a new one.
 	Handler tool.Handler
-	// Config is the tool's configuration as loaded.
-	Config config.Tool
-	schema *jsonschema.Schema
+	// Policies are the tool's policy settings, compiled.
+	Policies Policies
+	schema   *jsonschema.Schema
+	settings map[string]any // the route kind's, as configured
 }
+
+// Unsafe reports a tool that must never run twice.
+func (t *Tool) Unsafe() bool { return t.SideEffects == config.Unsafe }
+
+// Policies are a tool's policy settings; the zero value of each field
+// turns its policy off.
+type Policies struct {
+	// Lane is the ordered lane the tool's calls run in, or nil.
+	Lane *Lane
+	// DedupeTTL is how long a result answers a repeated call of its run
+	// (dedupe: run); 0: no dedupe.
+	DedupeTTL time.Duration
+	// HedgeAfter and HedgePercentile are hedge_after: a fixed delay, or a
+	// percentile of the tool's latencies (0: neither).
+	HedgeAfter      time.Duration
+	HedgePercentile float64
+	// Approval holds each call for a person's decision, or is nil.
+	Approval *Approval
+	// MaxCallsPerRun bounds the tool's calls in one drive; 0: no bound.
+	MaxCallsPerRun int
+	// Rate bounds the tool's calls per second across runs, in a bucket of
+	// RateBurst (at least 1); 0: no bound.
+	Rate      float64
+	RateBurst int
+	// ClaimCheckBytes: a successful result larger than this is stored by
+	// reference and the model reads a preview; 0: never.
+	ClaimCheckBytes int
+}
+
+// Lane is an ordered lane: its calls run one after another in the model's
+// order.
+type Lane struct {
+	Name string
+	// SkipRest: a failed call skips the rest of the lane.
+	SkipRest bool
+}
+
+// Approval is a tool's approval: each call waits up to Timeout for a
+// person's decision.
+type Approval struct{ Timeout time.Duration }
 
 // Registry maps tool names to tools. It is safe for concurrent reads.
 type Registry struct {
 	tools map[string]*Tool
 	names []string // in configuration order
+	kinds Kinds
 }
 
-// New compiles the tools of a configuration. Subjects are
-// <subjectPrefix>.<name>. Errors name the offending key. An entry that
-// imports its tools (an MCP server with import: true) is replaced by them
-// first: that reads them from the server.
-func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
-	tools, err := expand(tools)
+// New compiles the tools of a configuration (its tools, and the built-in
+// ones it turns on) with the route kinds of kinds. Subjects are
+// <nats.subject_prefix>.<name>. Errors name the offending key. An entry
+// that imports its tools (an MCP server with import: true) is replaced by
+// them first: that reads them from the server, within ctx.
+func New(ctx context.Context, cfg config.Config, kinds Kinds) (*Registry, error) {
+	tools, err := kinds.expand(ctx, cfg.RegisteredTools())
 	if err != nil {
 		return nil, err
 	}
-	r := &Registry{tools: make(map[string]*Tool, len(tools))}
+	r := &Registry{tools: make(map[string]*Tool, len(tools)), kinds: kinds}
 	var errs []error
 	for i, tc := range tools {
 		key := fmt.Sprintf("tools[%d]", i)
@@ -85,18 +131,16 @@ func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
 			errs = append(errs, fmt.Errorf("%w: %s.name: duplicate tool name %q", ErrInvalidTool, key, tc.Name))
 			continue
 		}
-		t, err := compile(tc, subjectPrefix)
+		t, err := compile(tc, cfg.NATS.SubjectPrefix)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s.parameters: %w", ErrInvalidTool, key, err))
 			continue
 		}
-		if tc.HedgeAfter != "" && tc.SideEffects == config.ReadOnly {
-			if t.HedgeAfter, t.HedgePercentile, err = config.ParseHedge(tc.HedgeAfter); err != nil {
-				errs = append(errs, fmt.Errorf("%w: %s.hedge_after: %w", ErrInvalidTool, key, err))
-				continue
-			}
+		if t.Policies, err = policies(tc, cfg.Executor); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))
+			continue
 		}
-		if err := t.build(); err != nil {
+		if err := t.build(kinds); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))
 			continue
 		}
@@ -107,6 +151,32 @@ func New(tools []config.Tool, subjectPrefix string) (*Registry, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// policies compiles a tool's policy settings. The configuration has
+// checked their values; a hedge on a tool that may not be sent twice is
+// dropped there too, as the file's defaults can set one for all tools.
+func policies(tc config.Tool, ex config.Executor) (Policies, error) {
+	p := Policies{MaxCallsPerRun: tc.MaxCallsPerRun, Rate: tc.Rate, RateBurst: max(tc.RateBurst, 1)}
+	if tc.Lane != "" {
+		p.Lane = &Lane{Name: tc.Lane, SkipRest: ex.Lanes[tc.Lane].OnError == config.LaneSkipRest}
+	}
+	if tc.Dedupe == config.DedupeRun {
+		p.DedupeTTL = cmp.Or(tc.DedupeTTL, config.DefaultDedupeTTL)
+	}
+	if tc.Approval == config.ApprovalRequired {
+		p.Approval = &Approval{Timeout: cmp.Or(tc.ApprovalTimeout, config.DefaultApprovalTimeout)}
+	}
+	if tc.HedgeAfter != "" && tc.SideEffects == config.ReadOnly {
+		var err error
+		if p.HedgeAfter, p.HedgePercentile, err = config.ParseHedge(tc.HedgeAfter); err != nil {
+			return p, fmt.Errorf("hedge_after: %w", err)
+		}
+	}
+	if tc.Route != config.BuiltinRoute {
+		p.ClaimCheckBytes = ex.ClaimCheckBytes
+	}
+	return p, nil
 }
 
 func compile(tc config.Tool, prefix string) (*Tool, error) {
@@ -134,28 +204,24 @@ func compile(tc config.Tool, prefix string) (*Tool, error) {
 	if err != nil {
 		return nil, err
 	}
-	route := tc.Route
-	if route == "" {
-		route = Nats
-	}
 	return &Tool{
 		Name: tc.Name, Description: tc.Description, Parameters: raw,
-		Subject: prefix + "." + tc.Name, Timeout: tc.Timeout, MaxDuration: tc.MaxDuration, Retries: tc.Retries,
-		SideEffects: tc.SideEffects, Route: route, Config: tc, schema: sch,
+		Subject: prefix + "." + tc.Name, Timeout: tc.Timeout, MaxDuration: tc.MaxDuration,
+		Retries: tc.Retries, SideEffects: tc.SideEffects, Route: cmp.Or(tc.Route, Nats), schema: sch, settings: tc.Settings,
 	}, nil
 }
 
 // build checks the tool's settings and has its route kind build it. Every
 // settings key must name the tool's own route kind.
-func (t *Tool) build() error {
-	kind, ok := lookupKind(t.Route)
+func (t *Tool) build(kinds Kinds) error {
+	kind, ok := kinds[t.Route]
 	if !ok {
-		return fmt.Errorf("route: unknown route %q (known: %s)", t.Route, strings.Join(Kinds(), ", "))
+		return fmt.Errorf("route: unknown route %q (known: %s)", t.Route, strings.Join(kinds.Names(), ", "))
 	}
 	var own map[string]any
-	for _, key := range slices.Sorted(maps.Keys(t.Config.Settings)) {
-		v := t.Config.Settings[key]
-		if _, isKind := lookupKind(key); !isKind {
+	for _, key := range slices.Sorted(maps.Keys(t.settings)) {
+		v := t.settings[key]
+		if _, isKind := kinds[key]; !isKind {
 			return fmt.Errorf("%s: unknown key", key)
 		}
 		if key != t.Route {
@@ -167,12 +233,30 @@ func (t *Tool) build() error {
 		}
 		own = m
 	}
-	h, err := kind(t, own)
+	h, err := kind.Build(t, own)
 	if err != nil {
 		return err
 	}
-	t.Handler = h
+	t.Kind, t.Handler, t.settings = kind, h, own
 	return nil
+}
+
+// Settings are the tool's route kind's settings, as configured (nil when
+// it has none).
+func (t *Tool) Settings() map[string]any { return t.settings }
+
+// Check asks each tool's route kind, when it can, whether the tool can run
+// here as configured (its program found, say): `toolsidecar check`.
+func (r *Registry) Check(ctx context.Context) []error {
+	var errs []error
+	for i, t := range r.Tools() {
+		if c, ok := t.Kind.(Checker); ok {
+			if err := c.Check(ctx, t); err != nil {
+				errs = append(errs, fmt.Errorf("tools[%d].%s.%w", i, t.Route, err))
+			}
+		}
+	}
+	return errs
 }
 
 // noLoader refuses every external $ref.
@@ -181,6 +265,9 @@ type noLoader struct{}
 func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("$ref to %s refused: a tool schema may refer only to its own parts", url)
 }
+
+// Kinds is the set of route kinds the registry was compiled with.
+func (r *Registry) Kinds() Kinds { return r.kinds }
 
 // Lookup returns the named tool.
 func (r *Registry) Lookup(name string) (*Tool, bool) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,7 +29,7 @@ func flights() config.Tool {
 }
 
 func TestValidate(t *testing.T) {
-	r, err := New([]config.Tool{flights()}, "p")
+	r, err := compileTools([]config.Tool{flights()}, "p")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +81,7 @@ func TestNewErrors(t *testing.T) {
 		{[]config.Tool{flights(), bad}, "tools[1].parameters"},
 	}
 	for _, tc := range cases {
-		_, err := New(tc.tools, "p")
+		_, err := compileTools(tc.tools, "p")
 		if !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("err %v, want %q", err, tc.want)
 		}
@@ -91,7 +90,7 @@ func TestNewErrors(t *testing.T) {
 
 func TestListsAndLive(t *testing.T) {
 	noParams := config.Tool{Name: "ping", Route: "nats"}
-	r, err := New([]config.Tool{flights(), noParams}, "p")
+	r, err := compileTools([]config.Tool{flights(), noParams}, "p")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +108,7 @@ func TestListsAndLive(t *testing.T) {
 		t.Error("unknown tool found")
 	}
 	l := NewLive(r)
-	r2, _ := New([]config.Tool{noParams}, "p")
+	r2, _ := compileTools([]config.Tool{noParams}, "p")
 	l.Store(r2)
 	if len(l.Load().Names()) != 1 {
 		t.Error("Live did not swap")
@@ -118,33 +117,56 @@ func TestListsAndLive(t *testing.T) {
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// replyKind is a route kind whose settings name the reply its tools give.
+type replyKind struct{ name string }
+
+func (k replyKind) Build(_ *Tool, settings map[string]any) (tool.Handler, error) {
+	var s struct {
+		Reply string `json:"reply"`
+	}
+	if err := DecodeSettings(k.name, settings, &s); err != nil {
+		return nil, err
+	}
+	if s.Reply == "" {
+		return nil, errors.New(k.name + ".reply: must be set")
+	}
+	return func(context.Context, *tool.Call) ([]byte, error) { return []byte(s.Reply), nil }, nil
+}
+
+func (replyKind) Dispatch(context.Context, *Tool, tool.Request) tool.Outcome { return tool.Outcome{} }
+
+// compileTools compiles tools with the base kinds and more.
+func compileTools(tools []config.Tool, prefix string, more ...Kind) (*Registry, error) {
+	cfg := config.Default()
+	cfg.Tools, cfg.NATS.SubjectPrefix = tools, prefix
+	kinds := Base(nil)
+	for _, k := range more {
+		kinds = kinds.With(Kinds{k.(replyKind).name: k})
+	}
+	return New(context.Background(), cfg, kinds)
+}
+
 // TestKinds: a kind decodes its own settings, found under its name; a key
 // that names no kind, settings of another kind, and settings for nats are
-// errors that name the key; a kind registered twice panics.
+// errors that name the key; a kind given twice panics; kinds are values,
+// so a registry knows only those it was given.
 func TestKinds(t *testing.T) {
-	kind := fmt.Sprintf("test-kind-%d", time.Now().UnixNano()) // kinds are global: unique per run
-	RegisterKind(kind, func(def *Tool, settings map[string]any) (tool.Handler, error) {
-		var s struct {
-			Reply string `json:"reply"`
-		}
-		if err := DecodeSettings(kind, settings, &s); err != nil {
-			return nil, err
-		}
-		if s.Reply == "" {
-			return nil, errors.New(kind + ".reply: must be set")
-		}
-		return func(context.Context, *tool.Call) ([]byte, error) { return []byte(s.Reply), nil }, nil
-	})
-	r, err := New([]config.Tool{{Name: "x", Route: kind, Settings: map[string]any{kind: map[string]any{"reply": "hi"}}}}, "p")
+	const kind = "reply"
+	k := replyKind{kind}
+	r, err := compileTools([]config.Tool{{Name: "x", Route: kind, Settings: map[string]any{kind: map[string]any{"reply": "hi"}}}}, "p", k)
 	if err != nil {
 		t.Fatal(err)
 	}
 	def, _ := r.Lookup("x")
-	if out, err := def.Handler(context.Background(), &tool.Call{}); err != nil || string(out) != "hi" {
-		t.Errorf("handler built by the kind: %q %v", out, err)
+	if out, err := def.Handler(context.Background(), &tool.Call{}); err != nil || string(out) != "hi" || def.Kind != Kind(k) {
+		t.Errorf("handler built by the kind: %q %v, kind %v", out, err, def.Kind)
 	}
-	if n, _ := New([]config.Tool{{Name: "n"}}, "p"); n.Tools()[0].Handler != nil || n.Tools()[0].Route != Nats {
+	if n, _ := compileTools([]config.Tool{{Name: "n"}}, "p"); n.Tools()[0].Handler != nil || n.Tools()[0].Route != Nats {
 		t.Error("a tool without a route is a nats tool with no handler")
+	}
+	if _, err := compileTools([]config.Tool{{Name: "x", Route: kind, Settings: map[string]any{kind: map[string]any{"reply": "hi"}}}}, "p"); err == nil ||
+		!strings.Contains(err.Error(), `unknown route "reply"`) {
+		t.Errorf("a kind the registry was not given: %v", err)
 	}
 	for _, tc := range []struct {
 		def  config.Tool
@@ -157,7 +179,7 @@ func TestKinds(t *testing.T) {
 		{config.Tool{Name: "x", Route: kind, Settings: map[string]any{kind: "hi"}}, "tools[0]." + kind + ": must be a mapping"},
 		{config.Tool{Name: "x", Route: "smoke"}, `tools[0].route: unknown route "smoke"`},
 	} {
-		if _, err := New([]config.Tool{tc.def}, "p"); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {
+		if _, err := compileTools([]config.Tool{tc.def}, "p", k); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.def, err, tc.want)
 		}
 	}
@@ -166,7 +188,7 @@ func TestKinds(t *testing.T) {
 			t.Error("duplicate kind did not panic")
 		}
 	}()
-	RegisterKind(kind, buildNats)
+	Base(nil).With(Kinds{Nats: k})
 }
 
 // TestExternalRefRefused: a tool schema may refer to its own parts only;
@@ -175,14 +197,14 @@ func TestExternalRefRefused(t *testing.T) {
 	secret := filepath.Join(t.TempDir(), "secret.json")
 	os.WriteFile(secret, []byte(`{"type": "string"}`), 0o600)
 	for _, ref := range []string{"file://" + secret, "http://127.0.0.1:1/schema.json"} {
-		_, err := New([]config.Tool{{Name: "a", Parameters: map[string]any{"type": "object", "properties": map[string]any{"x": map[string]any{"$ref": ref}}}}}, "p")
+		_, err := compileTools([]config.Tool{{Name: "a", Parameters: map[string]any{"type": "object", "properties": map[string]any{"x": map[string]any{"$ref": ref}}}}}, "p")
 		if !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), "refused") {
 			t.Errorf("$ref %s: %v, want it refused", ref, err)
 		}
 	}
 	local := map[string]any{"type": "object", "$defs": map[string]any{"s": map[string]any{"type": "string"}},
 		"properties": map[string]any{"x": map[string]any{"$ref": "#/$defs/s"}}}
-	if _, err := New([]config.Tool{{Name: "a", Parameters: local}}, "p"); err != nil {
+	if _, err := compileTools([]config.Tool{{Name: "a", Parameters: local}}, "p"); err != nil {
 		t.Errorf("a $ref to the schema's own part: %v", err)
 	}
 }

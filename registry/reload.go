@@ -72,13 +72,19 @@ func reloadMetrics(reg prometheus.Registerer) (total *prometheus.CounterVec, las
 	return total, lastOK, lastTime
 }
 
-// Reload loads the file now.
-func (r *Reloader) Reload() error {
+// importTimeout bounds the reading of the tools that a reload imports.
+const importTimeout = 30 * time.Second
+
+// Reload loads the file now, with the route kinds of the registry in
+// force; what it imports is read within ctx.
+func (r *Reloader) Reload(ctx context.Context) error {
 	r.lastTime.SetToCurrentTime()
 	cfg, err := config.Load(r.path, r.overrides)
 	if err == nil {
+		ctx, cancel := context.WithTimeout(ctx, importTimeout)
+		defer cancel()
 		var reg *Registry
-		if reg, err = New(cfg.RegisteredTools(), cfg.NATS.SubjectPrefix); err == nil {
+		if reg, err = New(ctx, cfg, r.live.Load().kinds); err == nil {
 			// Recorded first: whoever sees the new tools also sees the
 			// reload in the metrics and the log.
 			r.total.WithLabelValues("success").Inc()
@@ -133,24 +139,24 @@ func (r *Reloader) Run(ctx context.Context, interval time.Duration, trigger <-ch
 		case <-ctx.Done():
 			return
 		case <-trigger:
-			_ = r.Reload()
+			_ = r.Reload(ctx)
 		case <-events:
 			settle.Reset(settleDelay)
 		case err := <-errs:
 			r.log.Warn("watching the configuration file", "err", err)
 		case <-settle.C:
-			if r.check() {
+			if r.check(ctx) {
 				settle.Reset(settleDelay) // read it again to see that it holds
 			}
 		case <-t.C:
-			r.check()
+			r.check(ctx)
 		}
 	}
 }
 
 // check reads the file and loads a new content once it is the same on two
 // checks in a row. It reports a new content seen for the first time.
-func (r *Reloader) check() (pending bool) {
+func (r *Reloader) check(ctx context.Context) (pending bool) {
 	data, err := os.ReadFile(r.path)
 	if err != nil {
 		return false
@@ -160,7 +166,7 @@ func (r *Reloader) check() (pending bool) {
 	case bytes.Equal(sum[:], r.sum[:]):
 	case bytes.Equal(sum[:], r.seen[:]):
 		r.sum = sum
-		_ = r.Reload()
+		_ = r.Reload(ctx)
 	default:
 		r.seen = sum
 		return true

@@ -26,7 +26,7 @@ func TestReloader(t *testing.T) {
 	write := func(s string) { renameOver(t, path, s) }
 	write("tools:\n  - name: a\n")
 	cfg, _ := config.Load(path, nil)
-	reg, _ := New(cfg.Tools, cfg.NATS.SubjectPrefix)
+	reg, _ := compileTools(cfg.Tools, cfg.NATS.SubjectPrefix)
 	live := NewLive(reg)
 	preg := prometheus.NewRegistry()
 	logs := &syncbuf.Buffer{}
@@ -112,7 +112,7 @@ func TestReloaderWatchesTheDirectory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			reg, _ := New(cfg.Tools, cfg.NATS.SubjectPrefix)
+			reg, _ := compileTools(cfg.Tools, cfg.NATS.SubjectPrefix)
 			live := NewLive(reg)
 			r := NewReloader(path, nil, cfg, live, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 			ctx, cancel := context.WithCancel(context.Background())

@@ -32,7 +32,7 @@ func startOn(t *testing.T, cfg config.Config) *sidecar.Sidecar {
 			t.Logf("log of sidecar %s:\n%s", cfg.InstanceID, logs.String())
 		}
 	})
-	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	s, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestNATSClosedForGood(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &testenv.LogBuffer{}
-	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
+	s, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,7 +144,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 		[]testenv.Tool{{Config: config.Tool{Name: "echo"}}})
 	cfg.Core.APIKeyFile = secretFile(t, "api-key", secrets["api key"])
 	cfg.NATS.Embedded.Workers = append(cfg.NATS.Embedded.Workers, config.Worker{Name: "w2", PasswordFile: secretFile(t, "w2", secrets["worker password"]), Tools: []string{"echo"}})
-	s, err := sidecar.New(cfg, sidecar.WithLogger(log))
+	s, err := sidecar.Start(context.Background(), cfg, sidecar.WithLogger(log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	bad := config.Default()
 	bad.NATS.URL = "nats://alice:" + secrets["nats password"] + "@127.0.0.1:1"
 	bad.Core.URL = srv.URL
-	_, err = sidecar.New(bad, sidecar.WithLogger(log), sidecar.WithAPIKey("k"))
+	_, err = sidecar.Start(context.Background(), bad, sidecar.WithLogger(log), sidecar.WithAPIKey("k"))
 	if err == nil {
 		t.Fatal("a sidecar started against an unreachable NATS")
 	}
@@ -205,7 +205,7 @@ func TestEmptySecretFiles(t *testing.T) {
 	} {
 		cfg, _ := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{}, nil)
 		set(&cfg, secretFile(t, "blank", "  "))
-		if _, err := sidecar.New(cfg); err == nil || !strings.Contains(err.Error(), key) {
+		if _, err := sidecar.Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("%s blank: %v, want a start-up error naming it", key, err)
 		}
 	}

@@ -54,12 +54,17 @@ var ErrShutdownTimeout = errors.New("sidecar: shutdown deadline passed")
 type Option func(*options)
 
 type options struct {
+	kinds     registry.Kinds
 	log       *slog.Logger
 	apiKey    *string
 	tp        trace.TracerProvider
 	cfgPath   string
 	overrides []string
 }
+
+// WithKinds adds route kinds to the default set (nats, builtin, and
+// package plugins' exec, http and mcp). default: none
+func WithKinds(k registry.Kinds) Option { return func(o *options) { o.kinds = k } }
 
 // WithLogger sets the logger. default: discard
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
@@ -131,9 +136,11 @@ type StartError struct{ Err error }
 func (e *StartError) Error() string { return "failed to start: " + e.Err.Error() }
 func (e *StartError) Unwrap() error { return e.Err }
 
-// New assembles a sidecar for cfg. On error, whatever it started is
-// stopped again, and the error is a *StartError.
-func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
+// Start assembles a sidecar for cfg: it starts what can fail at start (the
+// embedded NATS server, the NATS connection, the tools' imports, the
+// listeners), within ctx. On error, whatever it started is stopped again,
+// and the error is a *StartError. Run serves; Shutdown stops.
+func Start(ctx context.Context, cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 	o := options{}
 	for _, opt := range opts {
 		opt(&o)
@@ -148,16 +155,19 @@ func New(cfg config.Config, opts ...Option) (_ *Sidecar, err error) {
 			err = &StartError{Err: err}
 		}
 	}()
-	reg, err := registry.New(cfg.RegisteredTools(), cfg.NATS.SubjectPrefix)
+	s.metrics = prometheus.NewRegistry()
+	s.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := s.connectNATS(ctx); err != nil {
+		return nil, err
+	}
+	kinds := plugins.Kinds(registry.Base(s.client), plugins.Options{MaxExecProcesses: cfg.Executor.MaxExecProcesses,
+		Logger: s.log.With("component", "plugins")}).With(o.kinds)
+	s.closers = append(s.closers, func() { _ = kinds.Close() })
+	reg, err := registry.New(ctx, cfg, kinds)
 	if err != nil {
 		return nil, err
 	}
 	s.live = registry.NewLive(reg)
-	s.metrics = prometheus.NewRegistry()
-	s.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := s.connectNATS(); err != nil {
-		return nil, err
-	}
 	s.stopTracing = func(context.Context) error { return nil }
 	otel.SetTextMapPropagator(propagator) // the server reads callers' traceparent through it
 	// The SDK's own errors (an export that failed) go to the structured
@@ -200,7 +210,7 @@ func (s *Sidecar) undo() {
 // connectNATS starts the embedded server when no URL is configured, then
 // connects (in process to the embedded server) and opens the dispatch
 // client.
-func (s *Sidecar) connectNATS() error {
+func (s *Sidecar) connectNATS(ctx context.Context) error {
 	s.natsURL = s.cfg.NATS.URL
 	cc, extra := connectConfig(s.cfg.NATS, s.natsURL, "toolsidecar"), []nats.Option(nil)
 	if s.natsURL == "" {
@@ -245,7 +255,7 @@ func (s *Sidecar) connectNATS() error {
 		}
 	}
 	s.natsLife = bridge.NewLifeline(s.log.With("component", "nats"))
-	nc, err := bridge.Connect(cc, s.metrics, s.log, append(extra, s.natsLife.Option())...)
+	nc, err := bridge.Connect(ctx, cc, s.metrics, s.log, append(extra, s.natsLife.Option())...)
 	if err != nil {
 		return err
 	}
@@ -253,7 +263,7 @@ func (s *Sidecar) connectNATS() error {
 	s.closers = append(s.closers, nc.Close)
 	var bopts []bridge.Option
 	if s.cfg.Durability.Enabled {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas,
 			MaxBytes: s.cfg.Durability.MaxBytes, MaxReplyBytes: int32(s.cfg.Executor.MaxResultBytes + 64<<10)})
 		cancel()
@@ -429,16 +439,9 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	metrics := executor.NewMetrics(s.metrics, func(t string) bool { _, ok := s.live.Load().Lookup(t); return ok },
 		s.live.Load().Names(), longestCall(s.live.Load()))
 	s.live.Watch(func(r *registry.Registry) { metrics.InitTools(r.Names()) })
-	plugins.SetMaxProcesses(s.cfg.Executor.MaxExecProcesses)
-	local := plugins.NewLocal(s.live, s.log.With("component", "plugins"))
 	opts := []executor.Option{executor.WithLogger(s.log.With("component", "executor")), executor.WithTracer(tr),
 		executor.WithRecoverer(recoverer(s.ledger)),
 		executor.WithObserver(metrics)}
-	for _, kind := range registry.Kinds() {
-		if kind != registry.Nats && kind != registry.Builtin { // the executor answers builtin itself
-			opts = append(opts, executor.WithRoute(kind, local))
-		}
-	}
 	if s.leases != nil {
 		opts = append(opts, executor.WithLeases(runLeases{s.leases}))
 	}
@@ -456,8 +459,19 @@ func (s *Sidecar) buildExecutor(cc *core.Client) error {
 	if err != nil {
 		return err
 	}
-	s.exec = executor.New(s.cfg.Executor, up, s.live, s.client, opts...)
+	s.exec = executor.New(ExecutorConfig(s.cfg.Executor), up, s.live, opts...)
 	return nil
+}
+
+// ExecutorConfig is the executor's settings from the configuration's
+// executor section, whose defaults config.Default gave.
+func ExecutorConfig(c config.Executor) executor.Config {
+	return executor.Config{MaxTurns: c.MaxTurns, MaxParallel: c.MaxParallel, FailRunOnMissingTool: c.MissingTool == config.MissingToolFailRun,
+		MaxArgsBytes: c.MaxArgsBytes, MaxResultBytes: c.MaxResultBytes, MaxErrorBytes: c.MaxErrorBytes,
+		CancelPoll: c.CancelPoll, CancelPollRPS: c.CancelPollRPS, SubmitBudget: c.SubmitBudget,
+		RunBudget: executor.RunBudget{MaxCalls: c.RunBudget.MaxCalls, MaxToolTime: c.RunBudget.MaxToolTime, MaxResultBytes: c.RunBudget.MaxResultBytes,
+			Stop: c.RunBudget.OnBudget == config.OnBudgetStop},
+		ClaimCheckPreviewBytes: c.ClaimCheckPreviewBytes, ReadPageBytes: c.ClaimCheckBytes, MaxHedgeRatio: c.MaxHedgeRatio}
 }
 
 // upstream is the side where the model is: Core, or an OpenAI-compatible
@@ -608,13 +622,13 @@ func (s *Sidecar) Drive(ctx context.Context, req executor.Request, sink executor
 	return s.exec.Drive(ctx, req, sink)
 }
 
-// Reload re-reads the configuration file now (SIGHUP). Without WithReload
-// it does nothing.
-func (s *Sidecar) Reload() error {
+// Reload re-reads the configuration file now (SIGHUP); what it imports is
+// read within ctx. Without WithReload it does nothing.
+func (s *Sidecar) Reload(ctx context.Context) error {
 	if s.reloader == nil {
 		return nil
 	}
-	return s.reloader.Reload()
+	return s.reloader.Reload(ctx)
 }
 
 // Run serves the HTTP API (and watches the configuration file) until ctx
@@ -682,7 +696,7 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 	}
 	s.stopRun()
 	s.wg.Wait()
-	plugins.StopMCP() // the drives have ended: no call uses a session
+	_ = s.live.Load().Kinds().Close() // the drives have ended: no call uses a session
 	if s.leases != nil {
 		s.leases.Close() // the drives have ended and released theirs
 	}

@@ -92,7 +92,7 @@ func TestNewFailsCleanly(t *testing.T) {
 	cfg, _ := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{}, nil)
 	cfg.Server.Listen = taken.Addr().String()
 	cfg.NATS.Embedded.Listen = natsAddr
-	if _, err := sidecar.New(cfg, sidecar.WithAPIKey("k")); err == nil || !strings.Contains(err.Error(), "server.listen") {
+	if _, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey("k")); err == nil || !strings.Contains(err.Error(), "server.listen") {
 		t.Fatalf("err %v, want one naming server.listen", err)
 	}
 	if c, err := net.Dial("tcp", natsAddr); err == nil {
@@ -151,7 +151,7 @@ func TestReload(t *testing.T) {
 	write("nats: {subject_prefix: test}\ntools:\n  - {name: a}\n  - {name: b}\n")
 	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{Sidecar: []sidecar.Option{sidecar.WithReload(path, nil)}},
 		testenv.Tool{Config: config.Tool{Name: "a"}})
-	if err := env.Sidecar.Reload(); err != nil {
+	if err := env.Sidecar.Reload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if got := env.Sidecar.Tools().Names(); len(got) != 2 {
@@ -162,7 +162,7 @@ func TestReload(t *testing.T) {
 		t.Errorf("%d toolsidecar_calls_total series for the reloaded tool b, want 1", n)
 	}
 	write("tools:\n  - {name: a}\n  - {name: a}\n")
-	if err := env.Sidecar.Reload(); err == nil {
+	if err := env.Sidecar.Reload(context.Background()); err == nil {
 		t.Error("a bad file was accepted")
 	}
 	if got := env.Sidecar.Tools().Names(); len(got) != 2 {
@@ -241,7 +241,7 @@ func TestNATSStartsLate(t *testing.T) {
 	defer srv.Close()
 	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, nil)
 	cfg.NATS.URL, cfg.NATS.ConnectRetry = "nats://"+addr, 300*time.Millisecond
-	if _, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey)); err == nil || !strings.Contains(err.Error(), "failed to start") || !strings.Contains(err.Error(), addr) {
+	if _, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey(testenv.APIKey)); err == nil || !strings.Contains(err.Error(), "failed to start") || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("no NATS at all: %v, want a start-up error naming %s", err, addr)
 	}
 	api := testenv.FreeAddr(t)
@@ -270,7 +270,7 @@ func TestNATSStartsLate(t *testing.T) {
 	defer func() { (<-up).Shutdown() }()
 	cfg.NATS.ConnectRetry = 30 * time.Second
 	logs := &testenv.LogBuffer{}
-	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	s, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey(testenv.APIKey), sidecar.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatalf("NATS up after 1.5 s: %v", err)
 	}
@@ -293,7 +293,7 @@ func TestEmbeddedPortTaken(t *testing.T) {
 	defer srv.Close()
 	cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, nil)
 	cfg.NATS.Embedded.Listen = ln.Addr().String()
-	_, err = sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
+	_, err = sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey(testenv.APIKey))
 	var se *sidecar.StartError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), "cannot listen on "+ln.Addr().String()+" (nats.embedded.listen)") {
 		t.Fatalf("err %v, want a StartError naming %s and nats.embedded.listen", err, ln.Addr())

@@ -282,7 +282,7 @@ func TestExternalNATSOverMutualTLS(t *testing.T) {
 	cfg, _ := testenv.Config(t, env.SimURL, testenv.Options{NATS: external(false)}, nil)
 	cfg.Durability.Enabled = false
 	cfg.NATS.ConnectRetry = 0
-	s, err := sidecar.New(cfg, sidecar.WithAPIKey(testenv.APIKey))
+	s, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey(testenv.APIKey))
 	if err == nil {
 		s.Shutdown(context.Background())
 		t.Fatal("the sidecar started without the client certificate the server asks for")

@@ -33,11 +33,12 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	reg, err := registry.New(cfg.Tools, cfg.NATS.SubjectPrefix)
+	kinds := plugins.Kinds(registry.Base(nil), plugins.Options{MaxExecProcesses: cfg.Executor.MaxExecProcesses, Logger: log.With("component", "plugins")})
+	defer kinds.Close()
+	reg, err := registry.New(ctx, cfg, kinds)
 	if err != nil {
 		return err
 	}
-	plugins.SetMaxProcesses(cfg.Executor.MaxExecProcesses)
 	url := cfg.NATS.URL
 	if url == "" {
 		url = "nats://" + cfg.NATS.Embedded.Listen
@@ -49,7 +50,7 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	life := bridge.NewLifeline(log)
-	nc, err := bridge.Connect(cc, metrics, log, life.Option())
+	nc, err := bridge.Connect(ctx, cc, metrics, log, life.Option())
 	if err != nil {
 		return err
 	}
@@ -85,7 +86,6 @@ func ServeWorkers(ctx context.Context, cfg config.Config, log *slog.Logger) erro
 	life.Stopping()
 	log.Info("worker stopping: finishing calls in flight")
 	err = w.Stop(context.Background())
-	plugins.StopMCP()
 	stopOps()
 	if err != nil || lost != nil {
 		return errors.Join(lost, err)

@@ -11,12 +11,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/projectdavid/toolsidecar/cmd/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/config"
@@ -266,7 +266,10 @@ func daemon(cfg config.Config, inv invocation) error {
 	if inv.cfgPath != "" {
 		opts = append(opts, sidecar.WithReload(inv.cfgPath, inv.sets))
 	}
-	s, err := sidecar.New(cfg, opts...)
+	// SIGTERM stops a start that waits (for NATS, say) too.
+	startCtx, stopStart := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	s, err := sidecar.Start(startCtx, cfg, opts...)
+	stopStart()
 	if err != nil {
 		return err
 	}
@@ -295,7 +298,7 @@ func handleSignals(done <-chan struct{}, sigs <-chan os.Signal, stop context.Can
 		case sig := <-sigs:
 			switch {
 			case sig == syscall.SIGHUP:
-				_ = s.Reload()
+				_ = s.Reload(context.Background())
 			case stopping:
 				log.Error("second signal: exiting now", "signal", sig.String())
 				os.Exit(1)
@@ -318,8 +321,11 @@ func serveWorkers(cfg config.Config, log *slog.Logger) error {
 // printRegistry compiles the tools and prints them: check as a table, tools
 // as Core's assistant tools array.
 func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) int {
-	defer plugins.StopMCP() // the MCP servers an import started
-	reg, err := registry.New(cfg.RegisteredTools(), cfg.NATS.SubjectPrefix)
+	kinds := plugins.Kinds(registry.Base(nil), plugins.Options{})
+	defer kinds.Close() // the MCP servers an import started
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg, err := registry.New(ctx, cfg, kinds)
 	if err != nil {
 		fmt.Fprintf(stderr, "toolsidecar: %v\n", err)
 		return 1
@@ -333,7 +339,7 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", t.Name, t.Route, t.Subject, t.Timeout, t.Retries, t.SideEffects)
 	}
 	tw.Flush()
-	if problems := checkReferences(cfg); inv.refs && len(problems) > 0 {
+	if problems := checkReferences(ctx, cfg, reg); inv.refs && len(problems) > 0 {
 		fmt.Fprintf(stderr, "toolsidecar check: %d of the files and commands the configuration names are not usable:\n", len(problems))
 		for _, p := range problems {
 			fmt.Fprintf(stderr, "  %s\n", p)
@@ -344,9 +350,10 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 	return 0
 }
 
-// checkReferences opens every file the configuration names and looks up
-// the program of every exec tool, as the daemon will when it needs them.
-func checkReferences(cfg config.Config) []string {
+// checkReferences opens every file the configuration names, and asks each
+// tool's route kind whether the tool can run here (exec: its program is
+// found), as the daemon will when it needs them.
+func checkReferences(ctx context.Context, cfg config.Config, reg *registry.Registry) []string {
 	var problems []string
 	for _, f := range cfg.Files() {
 		fh, err := os.Open(f.Path)
@@ -356,18 +363,8 @@ func checkReferences(cfg config.Config) []string {
 		}
 		fh.Close()
 	}
-	for i, t := range cfg.Tools {
-		if t.Route != "exec" {
-			continue
-		}
-		own, _ := t.Settings["exec"].(map[string]any)
-		prog, err := plugins.ExecCommand(own)
-		if err == nil {
-			_, err = exec.LookPath(prog)
-		}
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("tools[%d].exec.command: %v", i, err))
-		}
+	for _, err := range reg.Check(ctx) {
+		problems = append(problems, err.Error())
 	}
 	return problems
 }

@@ -55,8 +55,9 @@ type Tool struct {
 
 // Options change the sidecar's configuration from the test defaults.
 type Options struct {
-	// Executor replaces the executor section; a zero CancelPoll becomes
-	// 20ms, so that cancellation tests are quick.
+	// Executor changes the executor section: each field it sets replaces
+	// the default; CancelPoll, when not set, is 20ms, so that
+	// cancellation tests are quick.
 	Executor config.Executor
 	// Token, when set, is required on the API (server.auth_token_file).
 	Token string
@@ -160,7 +161,7 @@ func Start(t testing.TB, sc coresim.Scenario, opts Options, tools ...Tool) *Env 
 	if !opts.PerKeyUsers {
 		sopts = append([]sidecar.Option{sidecar.WithAPIKey(APIKey)}, sopts...)
 	}
-	s, err := sidecar.New(cfg, sopts...)
+	s, err := sidecar.Start(context.Background(), cfg, sopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,10 +218,8 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) (config.Co
 	if opts.NATS != nil {
 		opts.NATS(&cfg.NATS)
 	}
-	if !reflect.DeepEqual(opts.Executor, config.Executor{}) {
-		cfg.Executor = opts.Executor
-	}
-	if cfg.Executor.CancelPoll == 0 {
+	overlay(reflect.ValueOf(&cfg.Executor).Elem(), reflect.ValueOf(opts.Executor))
+	if opts.Executor.CancelPoll == 0 {
 		cfg.Executor.CancelPoll = 20 * time.Millisecond
 	}
 	for _, tl := range tools {
@@ -240,6 +239,21 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) (config.Co
 		opts.Config(&cfg)
 	}
 	return cfg, password
+}
+
+// overlay sets each field of dst that src sets (is not zero), field by
+// field in nested structs: a test names only what it changes, and the
+// rest keeps config.Default's value.
+func overlay(dst, src reflect.Value) {
+	for i := range src.NumField() {
+		f := src.Field(i)
+		switch {
+		case f.Kind() == reflect.Struct:
+			overlay(dst.Field(i), f)
+		case !f.IsZero():
+			dst.Field(i).Set(f)
+		}
+	}
 }
 
 // startWorker serves the tools that have a handler from a connection of

@@ -208,7 +208,7 @@ func startSidecar(coreURL, passwordFile string, edit func(*config.Config)) (*sid
 	if edit != nil {
 		edit(&cfg)
 	}
-	return sidecar.New(cfg, sidecar.WithAPIKey(apiKey))
+	return sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey(apiKey))
 }
 
 // serve runs the sidecar's HTTP API until stop is called; stop waits for
