@@ -2,7 +2,6 @@ package coreup
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,9 +17,6 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// Drive drives one run; *executor.Executor's Drive is one.
-type Drive func(ctx context.Context, req executor.Request, sink executor.Sink) (executor.Summary, error)
-
 // ProxyConfig configures proxy mode.
 type ProxyConfig struct {
 	// CoreURL is where proxied requests go.
@@ -28,7 +24,7 @@ type ProxyConfig struct {
 	// Transport carries them (Core's TLS, say). default: http.DefaultTransport
 	Transport http.RoundTripper
 	// Drive drives the runs of POST /v1/completions.
-	Drive Drive
+	Drive executor.DriveFunc
 	// RunCancelled is told of each run that Core cancelled at a request
 	// through the proxy, so that its calls stop at once rather than at the
 	// next poll of Core.
@@ -111,7 +107,7 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // the manifests the sidecar handled, and one [DONE] after the last turn. A
 // buffered request (stream: false) goes to Core unchanged.
 type completions struct {
-	drive   Drive
+	drive   executor.DriveFunc
 	forward http.Handler
 }
 

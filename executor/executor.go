@@ -230,6 +230,11 @@ func New(cfg Config, up Upstream, tools Tools, opts ...Option) *Executor {
 // memMemoBytes bounds the results the memo in memory keeps.
 const memMemoBytes = 32 << 20
 
+// DriveFunc drives one run, as [Executor.Drive] does: the adapters that
+// answer an application's request (proxy mode, the OpenAI-compatible
+// endpoint) take one.
+type DriveFunc func(ctx context.Context, req Request, sink Sink) (Summary, error)
+
 // Request names the run to drive; the body of every completions request
 // is built from it.
 type Request struct {

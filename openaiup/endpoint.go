@@ -18,13 +18,10 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// Drive drives one run; *executor.Executor's Drive is one.
-type Drive func(ctx context.Context, req executor.Request, sink executor.Sink) (executor.Summary, error)
-
 // EndpointConfig configures the application-facing endpoint.
 type EndpointConfig struct {
 	Upstream *Upstream
-	Drive    Drive
+	Drive    executor.DriveFunc
 	// Tools are the registry's tools in force: each request's tools get
 	// them added.
 	Tools func() []tool.FunctionTool

@@ -1,0 +1,103 @@
+package config
+
+import (
+	"net/url"
+	"time"
+)
+
+// Upstream says where the model is.
+type Upstream struct {
+	// Kind is core (Project David Core, configured under core) or openai
+	// (an OpenAI-compatible Chat Completions server: OpenAI, vLLM, Ollama,
+	// llama.cpp, LiteLLM), which applications reach at the sidecar's POST
+	// /v1/chat/completions. default: core
+	Kind string `koanf:"kind"`
+	// URL of the OpenAI-compatible API with its version, for kind openai
+	// (https://api.openai.com/v1, http://127.0.0.1:11434/v1).
+	URL string `koanf:"url"`
+	// APIKeyFile holds the key sent upstream as a bearer token, for kind
+	// openai. Optional: TOOLSIDECAR_UPSTREAM_API_KEY is read when it is
+	// empty. Without server.auth_token_file, a caller's own bearer key is
+	// sent instead.
+	APIKeyFile string `koanf:"api_key_file"`
+	// RetryBudget bounds the retries of one turn's request (429 after its
+	// Retry-After, 5xx, a failed connection, a stream cut before its
+	// finish chunk). default: 30s
+	RetryBudget time.Duration `koanf:"retry_budget"`
+}
+
+// Upstream kinds.
+const (
+	UpstreamCore   = "core"
+	UpstreamOpenAI = "openai"
+)
+
+// UpstreamAPIKeyEnv holds the upstream's key when no
+// upstream.api_key_file is set.
+const UpstreamAPIKeyEnv = EnvPrefix + "UPSTREAM_API_KEY"
+
+func (u Upstream) validate() []error {
+	p := problems{prefix: "upstream"}
+	switch u.Kind {
+	case UpstreamCore:
+	case UpstreamOpenAI:
+		if !httpURL(u.URL) {
+			p.add("url", "must be the http(s) URL of the API with its version (https://api.openai.com/v1), got %q", RedactURL(u.URL))
+		}
+	default:
+		p.add("kind", "must be core or openai, got %q", u.Kind)
+	}
+	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget)}, durationText)
+	return p.list
+}
+
+// httpURL reports an http(s) URL with a host.
+func httpURL(s string) bool {
+	u, err := url.Parse(s)
+	return s != "" && err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
+// Core is the upstream Core API.
+type Core struct {
+	// TLS to Core: a CA bundle for a private CA, and a client certificate
+	// when Core asks for one. All optional.
+	TLS TLS `koanf:"tls"`
+	// URL of Core, without /v1. default: http://127.0.0.1:9000
+	URL string `koanf:"url"`
+	// APIKeyFile holds the X-API-Key. Optional: TOOLSIDECAR_CORE_API_KEY
+	// is read when it is empty.
+	APIKeyFile string `koanf:"api_key_file"`
+	// Timeout bounds each non-streaming call, its retries and its wait
+	// for a connection included. The writes that make a call's outcome
+	// count (its processing mark, tool output and final status) wait for
+	// Core's answer up to executor.submit_budget instead: one given up on
+	// could still be applied by Core after the call's next write.
+	// default: 30s
+	Timeout time.Duration `koanf:"timeout"`
+	// StreamIdleTimeout bounds the silence between frames. default: 280s
+	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
+	// ReadinessCheck makes /readyz also require Core to answer. Off by
+	// default: a Core outage is not the sidecar's, and would mark every
+	// application pod NotReady at once. default: false
+	ReadinessCheck bool `koanf:"readiness_check"`
+	// MaxConnections bounds the connections, and so the requests at once,
+	// of every call to Core but the completions streams (one connection
+	// each); more wait in a queue (toolsidecar_core_requests_queued).
+	// default: 64
+	MaxConnections int `koanf:"max_connections"`
+	// IdleTimeout is how long a connection to Core is kept idle. Keep it
+	// below Core's keep-alive timeout (uvicorn's: 5 s), so that the
+	// sidecar, not Core, closes an idle connection: a POST that meets
+	// Core's close on its way out is not sent again. default: 4s
+	IdleTimeout time.Duration `koanf:"idle_timeout"`
+}
+
+func (c Core) validate() []error {
+	p := problems{prefix: "core"}
+	if !httpURL(c.URL) {
+		p.add("url", "must be an http(s) URL, got %q", RedactURL(c.URL))
+	}
+	p.positive(map[string]int64{"timeout": int64(c.Timeout), "stream_idle_timeout": int64(c.StreamIdleTimeout), "idle_timeout": int64(c.IdleTimeout)}, durationText)
+	p.positive(map[string]int64{"max_connections": int64(c.MaxConnections)}, numberText)
+	return p.list
+}
