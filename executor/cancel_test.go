@@ -99,7 +99,7 @@ func TestCancelThroughCore(t *testing.T) {
 		t.Fatalf("a cancellation is not a failure: %v", err)
 	}
 	h.assertCancelled(t, sum, causes)
-	if !strings.Contains(sum.Error, "cancelled in Core") {
+	if !strings.Contains(sum.Error, "cancelled upstream") {
 		t.Errorf("error %q", sum.Error)
 	}
 }
@@ -132,7 +132,7 @@ func TestCancelThroughProxy(t *testing.T) {
 		t.Fatalf("a cancellation is not a failure: %v", err)
 	}
 	h.assertCancelled(t, sum, causes)
-	if !strings.Contains(sum.Error, "cancelled in Core") {
+	if !strings.Contains(sum.Error, "cancelled upstream") {
 		t.Errorf("error %q: want the run's cancellation, not the test's deadline", sum.Error)
 	}
 }
@@ -369,8 +369,8 @@ func startWaitingRuns(t *testing.T, n int, ecfg config.Executor) (*harness, *wai
 func (w *waitingRuns) cancelledInCore(t *testing.T, h *harness, i int) {
 	t.Helper()
 	<-w.done[i]
-	if s := w.sums[i]; s.Status != executor.StatusCancelled || !strings.Contains(s.Error, "cancelled in Core") {
-		t.Fatalf("run %d: %q (%s), want cancelled in Core", i, s.Status, s.Error)
+	if s := w.sums[i]; s.Status != executor.StatusCancelled || !strings.Contains(s.Error, "cancelled upstream") {
+		t.Fatalf("run %d: %q (%s), want cancelled upstream", i, s.Status, s.Error)
 	}
 	if acts := h.sim.Actions(w.reqs[i].RunID); len(acts) != 1 || acts[0].Status != core.ActionCancelled {
 		t.Errorf("run %d: actions %+v, want one, cancelled", i, acts)

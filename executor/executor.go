@@ -6,7 +6,7 @@
 // submitted with its tool_call_id and whose Action is finalised, in the
 // batch's call order. Only then is the next turn requested. The loop stops
 // when a turn has no tool call, at the turn limit, on cancellation (the
-// caller's context or the run cancelled in Core), or on a fatal upstream
+// caller's context or the run cancelled upstream), or on a fatal upstream
 // error.
 package executor
 
@@ -57,20 +57,20 @@ var (
 	// ErrConflict: the request names another thread or assistant than
 	// the run's; nothing is driven.
 	ErrConflict = errors.New("executor: the request does not match the run")
-	// ErrRunCancelled: the run was cancelled in Core.
-	ErrRunCancelled = errors.New("executor: run cancelled in Core")
-	// ErrTruncatedTurn: a turn's stream ended without [DONE] and Core had
+	// ErrRunCancelled: the run was cancelled upstream.
+	ErrRunCancelled = errors.New("executor: run cancelled upstream")
+	// ErrTruncatedTurn: a turn's stream ended without its end and the upstream had
 	// no pending Action to recover; asking again would make the model
 	// answer twice.
 	ErrTruncatedTurn = errors.New("executor: turn stream ended without [DONE] and no tool call to recover")
-	// ErrSubmit: an outcome could not be recorded in Core, so the batch is
+	// ErrSubmit: an outcome could not be recorded upstream, so the batch is
 	// incomplete and no further turn is requested.
-	ErrSubmit = errors.New("executor: tool outcome not recorded in Core")
+	ErrSubmit = errors.New("executor: tool outcome not recorded upstream")
 	// ErrLostManifest: a tool_call_manifest whose action_id or
 	// tool_call_id could not be read; its call cannot get an outcome.
 	ErrLostManifest = errors.New("executor: a tool call could not be read, so it cannot be answered")
-	// ErrUpstream: Core ended a turn with an error chunk and no tool call.
-	ErrUpstream = errors.New("executor: Core reported an error")
+	// ErrUpstream: the upstream ended a turn with an error and no tool call.
+	ErrUpstream = errors.New("executor: the upstream reported an error")
 	// ErrUnknownToolFailRun: the model called an unregistered tool under
 	// missing_tool: fail_run.
 	ErrUnknownToolFailRun = errors.New("executor: unknown tool (missing_tool: fail_run)")
@@ -83,7 +83,7 @@ const (
 	StatusCancelled = "cancelled"
 	StatusFailed    = "failed"
 	// StatusInterrupted: the sidecar was shutting down (the last batch was
-	// joined and submitted), or Core did not take the batch's outcomes
+	// joined and submitted), or the upstream did not take the batch's outcomes
 	// within the submit budget (they are kept and the next drive of the run
 	// submits them); no further turn was requested.
 	StatusInterrupted = "interrupted"
@@ -160,7 +160,7 @@ type Executor struct {
 	drives   map[string]*drive // runs being driven: one driver per run
 
 	keptMu sync.Mutex
-	kept   map[string]*outcome // outcomes Core did not take, by Action
+	kept   map[string]*outcome // outcomes the upstream did not take, by Action id
 
 	memo    Memo        // results of dedupe tools
 	hedge   *hedger     // when to send a straggler again
@@ -294,7 +294,7 @@ type CallResult struct {
 	// Output is the content submitted as the tool message.
 	Output string `json:"-"`
 	// Submitted reports that the tool message and the Action's final
-	// status reached Core.
+	// status reached the upstream.
 	Submitted bool `json:"submitted"`
 	// ClaimCheck is the handle under which the call's large result was
 	// stored; the model read a preview (read_tool_result reads the rest).

@@ -15,7 +15,7 @@ import (
 	"github.com/projectdavid/toolsidecar/internal/clock"
 )
 
-// run is the loop of one drive: check the run, reconcile with Core, then
+// run is the loop of one drive: check the run, reconcile with the upstream, then
 // turns until the run ends.
 // Its span is the drive's, which Drive started.
 func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Summary, error) {
@@ -51,8 +51,8 @@ func (e *Executor) loop(ctx context.Context, req Request, run Run, emit Sink, lo
 		return e.finished(ctx, req, run, sum)
 	}
 	// Finish the last batch first: calls a previous drive (or a sidecar
-	// that died) left without an outcome in Core. A run that never began a
-	// turn has none, and Core need not be asked.
+	// that died) left without an outcome upstream. A run that never began a
+	// turn has none, and the upstream need not be asked.
 	var tr turnResult
 	if !run.NeverStarted {
 		tr = e.reconcile(ctx, req, emit, log)
@@ -158,15 +158,15 @@ func (e *Executor) finished(ctx context.Context, req Request, run Run, sum *Summ
 	default:
 		sum.Status = StatusCancelled
 	}
-	sum.Error = "the run had already ended in Core (status " + run.UpstreamStatus + "); nothing was driven"
+	sum.Error = "the run had already ended upstream (status " + run.UpstreamStatus + "); nothing was driven"
 	if text, err := e.up.LastAnswer(ctx, req); err == nil {
 		sum.Content = text
 	}
 	return nil
 }
 
-// completed confirms a turn without tool calls with Core: the drive is
-// completed only when Core's run is. Core writes the final status around
+// completed confirms a turn without tool calls with the upstream: the
+// drive is completed only when the upstream's run is. Core writes the final status around
 // [DONE], so it is read a few times before the run is declared stuck.
 func (e *Executor) completed(ctx context.Context, runID string, sum *Summary) error {
 	var status string
@@ -183,12 +183,12 @@ func (e *Executor) completed(ctx context.Context, runID string, sum *Summary) er
 		}
 	}
 	sum.Status = StatusFailed
-	sum.Error = fmt.Sprintf("the final turn asked for no tool, but Core reports the run %q, not completed", status)
+	sum.Error = fmt.Sprintf("the final turn asked for no tool, but the upstream reports the run %q, not completed", status)
 	return fmt.Errorf("%w: %s", ErrUpstream, sum.Error)
 }
 
 // runCancelled reports why no further turn may be requested: the caller's
-// context ended, or Core says the run is cancelled or expired. fresh, when
+// context ended, or the upstream says the run is cancelled or expired. fresh, when
 // set, is a read of the run made just now, which spares another.
 func (e *Executor) runCancelled(ctx context.Context, runID string, fresh *Run) error {
 	if ctx.Err() != nil {
@@ -198,7 +198,7 @@ func (e *Executor) runCancelled(ctx context.Context, runID string, fresh *Run) e
 	if run == nil {
 		r, err := e.up.Run(ctx, runID)
 		if err != nil {
-			return nil // the stream request that follows reports Core's state
+			return nil // the stream request that follows reports the upstream's state
 		}
 		run = &r
 	}
@@ -213,7 +213,7 @@ type turnResult struct {
 	calls       []CallResult
 	err         error // fatal: the run fails
 	cancel      error // cause of a cancellation
-	interrupted error // Core did not take the outcomes within the budget
+	interrupted error // the upstream did not take the outcomes within the budget
 }
 
 // turn streams one turn and joins its batch: each manifest starts its
@@ -251,7 +251,7 @@ func (e *Executor) turn(ctx context.Context, req Request, n int, emit Sink, log 
 }
 
 // readTurn reads the turn's stream to its end, starting each call as its
-// manifest arrives. It returns what the model said, the text of Core's
+// manifest arrives. It returns what the model said, the text of the upstream's
 // error chunk if one came, and why a manifest could not be answered, if
 // one could not. A stream that drops with no call to finish is recorded
 // in tr.
@@ -288,7 +288,7 @@ func (e *Executor) readTurn(ctx, tctx context.Context, stream Turn, br *batchRun
 		case TurnReasoning:
 			emit(Event{Type: EventReasoning, Turn: n, Text: ev.Text, Raw: ev.Raw})
 		case TurnError:
-			log.Warn("error chunk from Core", "text", ev.Text)
+			log.Warn("error event from the upstream", "text", ev.Text)
 			upstreamErr = ev.Text
 			emit(Event{Type: EventError, Turn: n, Text: ev.Text, Raw: ev.Raw})
 		default:
@@ -297,8 +297,8 @@ func (e *Executor) readTurn(ctx, tctx context.Context, stream Turn, br *batchRun
 	}
 	if endErr != nil && tctx.Err() == nil {
 		// The stream dropped before [DONE]. Asking again would make the
-		// model answer twice: finish the calls Core created instead.
-		log.Warn("stream ended early; finishing the calls Core has open", "err", endErr)
+		// model answer twice: finish the calls the upstream made instead.
+		log.Warn("stream ended early; finishing the calls the upstream has open", "err", endErr)
 		emit(Event{Type: EventError, Turn: n, Text: endErr.Error()})
 		br.addOpen(ctx)
 		if br.b.Len() == 0 {

@@ -163,8 +163,10 @@ type TurnEvent struct {
 // ToolCall is one call of a turn, as the upstream made it.
 type ToolCall struct {
 	RunID string
-	// ActionID is the upstream's record of the call (Core's Action): the
-	// idempotency key, and the name of the call for cancellation.
+	// ActionID names the call for the executor: the idempotency key, the
+	// ledger's key and the cancel subject's. An upstream with records of
+	// its own (Core's Actions) gives their id; one without (OpenAI's)
+	// gets an id the adapter makes.
 	ActionID   string
 	ToolCallID string
 	Tool       string

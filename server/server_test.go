@@ -216,7 +216,7 @@ func TestProxyFraming(t *testing.T) {
 	resp, _ = http.Post(sc.url+"/v1/completions", "application/json", strings.NewReader(completionBody(r2)))
 	raw, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if want := `"message":"toolsidecar: run cancelled: the run had already ended in Core (status cancelled)`; !strings.Contains(string(raw), want) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
+	if want := `"message":"toolsidecar: run cancelled: the run had already ended upstream (status cancelled)`; !strings.Contains(string(raw), want) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
 		t.Errorf("cancelled run: %q", raw)
 	}
 	bad := strings.Replace(body, r.RunID, "run_missing", 1)

@@ -74,7 +74,7 @@ type Options struct {
 	// Server and NATS change those sections after the test defaults.
 	Server func(*config.Server)
 	NATS   func(*config.NATS)
-	// Sidecar options are passed to sidecar.New.
+	// Sidecar options are passed to sidecar.Start.
 	Sidecar []sidecar.Option
 	// Sim, when set, edits the simulator's configuration.
 	Sim func(*coresim.Config)
