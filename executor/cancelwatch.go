@@ -9,13 +9,13 @@ import (
 	"time"
 )
 
-// watcher asks Core whether the runs whose batches are in flight were
+// watcher asks the upstream whether the runs whose batches are in flight were
 // cancelled, for every drive at once and within one budget of requests per
 // second. Where two or more runs of one caller are due, one listing of
 // that caller's newest runs (GET /v1/runs) reads them all; the runs it does
 // not show are read one by one. Each run is read every cancel_poll while
 // the budget allows, and less often when more runs wait than the budget
-// covers, so that Core's load does not grow with the number of waiting
+// covers, so that the upstream's load does not grow with the number of waiting
 // runs. A cancel that comes through the sidecar (proxy mode) needs no read
 // at all: [Executor.CancelRun].
 type watcher struct {
@@ -33,7 +33,7 @@ type watcher struct {
 // loop of a watcher that went idle may still be ending as the next starts.
 type listings struct {
 	last   map[string]time.Time // caller key: its last listing
-	absent bool                 // Core has no listing: per-run reads only
+	absent bool                 // the upstream has no listing: per-run reads only
 }
 
 // watch is one run whose batch is in flight.
@@ -139,7 +139,7 @@ type caller struct {
 // listDue lists the runs of each caller with two or more due, at most n
 // callers, each at most once per interval, and returns the requests made.
 // A listing costs one request where per-run reads cost one per run; a run
-// it does not show (a caller with more runs than Core lists, or whose
+// it does not show (a caller with more runs than the upstream lists, or whose
 // newer runs push it out) stays due for a per-run read.
 func (w *watcher) listDue(ls *listings, n int) int {
 	if ls.absent || n < 1 {
@@ -182,7 +182,7 @@ func (w *watcher) listDue(ls *listings, n int) int {
 
 // list reads the newest runs of c's caller and takes each waiting run it
 // shows as read. The page asks for twice the caller's waiting runs, room
-// for its runs that are not waiting here. It reports false when Core has
+// for its runs that are not waiting here. It reports false when the upstream has
 // no listing (404, 405) or refuses its query (422: a Core whose bounds
 // differ), so that it is not asked again in vain.
 func (w *watcher) list(c *caller) bool {
@@ -212,7 +212,7 @@ func (w *watcher) list(c *caller) bool {
 	return true
 }
 
-// checkTimeout bounds one read, so that a slow Core cannot stall the
+// checkTimeout bounds one read, so that a slow upstream cannot stall the
 // watcher for the other runs.
 const checkTimeout = 2 * time.Second
 
@@ -235,6 +235,6 @@ func (w *watcher) check(runID string) {
 }
 
 // CancelRun stops the batch in flight of a run that was cancelled through
-// the sidecar (proxy mode), at once and without asking Core; it reports
+// the sidecar (proxy mode), at once and without asking the upstream; it reports
 // whether this sidecar was running one. The drive then ends cancelled.
 func (e *Executor) CancelRun(runID string) bool { return e.watch.cancelRun(runID) }

@@ -35,7 +35,7 @@ type drive struct {
 
 // subscriber is one caller's event queue. Events are queued without
 // blocking, so that a slow application socket never holds up the loop
-// (or a submission to Core); the caller's own goroutine delivers them.
+// (or a record upstream); the caller's own goroutine delivers them.
 type subscriber struct {
 	mu     sync.Mutex
 	queue  []Event

@@ -32,7 +32,7 @@ type Event struct {
 	Type EventType `json:"type"`
 	Turn int       `json:"turn"`
 	Text string    `json:"text,omitempty"`
-	// Raw is the upstream chunk as Core sent it, for content, reasoning,
+	// Raw is the upstream's chunk as it was sent, for content, reasoning,
 	// chunk and error events that came from the stream.
 	Raw  json.RawMessage `json:"-"`
 	Call *CallResult     `json:"call,omitempty"`
@@ -43,7 +43,7 @@ type Event struct {
 
 // Sink receives events. Each caller's sink is called from that caller's
 // own goroutine, one event at a time: a sink needs no lock of its own, and
-// a slow one delays only its own caller, never the loop or Core.
+// a slow one delays only its own caller, never the loop or the upstream.
 type Sink func(Event)
 
 // Observer receives measurements; metrics implement it.

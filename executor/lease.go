@@ -14,7 +14,7 @@ import (
 // the run's lease (package ledger). When another sidecar holds it, the
 // drive follows that sidecar's events and, once the lease is free (the
 // drive ended, or its sidecar died and stopped renewing), takes it and
-// resumes the run from Core's state.
+// resumes the run from the upstream's state.
 
 // Leases grants run leases shared by the sidecars of a NATS cluster.
 type Leases interface {
