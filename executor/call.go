@@ -91,8 +91,9 @@ func (c *call) check(ctx context.Context) {
 	} else {
 		c.o = newOutcome(c.b.n, c.m)
 		c.def, c.in.Check = c.e.precheck(c.b.reg, c.m)
-		c.in.Tool, c.in.Res = c.def, &c.o.res
+		c.in.Tool = c.def
 	}
+	c.in.Res = &c.o.res
 	c.place.Arrive(func() {
 		if !c.settled && !c.in.Found {
 			c.e.dispatch.admit(&c.in)
@@ -119,7 +120,7 @@ func (c *call) guard() {
 			c.o = newOutcome(c.b.n, c.m)
 		}
 		c.in.Check = tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p)
-		c.settled = false
+		c.settled = c.known != nil // a known outcome stands; nothing runs again
 	}
 }
 

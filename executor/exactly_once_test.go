@@ -218,6 +218,17 @@ func TestCoreDownPastBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertCompletedOnce(t, h, sum, 3, c)
+	// The kept outcomes are what reached Core: the tools' own results.
+	for _, call := range sum.Calls {
+		if !call.OK {
+			t.Errorf("kept call %s submitted as %s: %s", call.ToolCallID, call.ErrorType, call.Error)
+		}
+	}
+	for _, m := range h.sim.ToolMessages(h.req.ThreadID) {
+		if strings.Contains(m.Content, "error_type") {
+			t.Errorf("tool message %q, want the kept result", m.Content)
+		}
+	}
 }
 
 // TestReconcileAfterLostSidecar: a sidecar died mid-batch. Core has one
