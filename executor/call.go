@@ -115,13 +115,19 @@ func (c *call) check(ctx context.Context) {
 // outcome.
 func (c *call) guard() {
 	if p := recover(); p != nil {
-		callLog(c.b.log, c.m).Error("call panicked in the sidecar", "panic", fmt.Sprint(p))
 		if c.o == nil {
 			c.o = newOutcome(c.b.n, c.m)
 		}
-		c.in.Check = tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p)
+		c.in.Check = c.panicked(p)
 		c.settled = c.known != nil // a known outcome stands; nothing runs again
 	}
+}
+
+// panicked logs a panic of the sidecar's own code in the call and is the
+// error outcome it becomes.
+func (c *call) panicked(p any) *tool.Error {
+	callLog(c.b.log, c.m).Error("call panicked in the sidecar", "panic", fmt.Sprint(p))
+	return tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p)
 }
 
 // policies is step 2: the call goes through the policies that concern it
@@ -133,8 +139,7 @@ func (c *call) policies(ctx context.Context) (a answer) {
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			callLog(c.b.log, c.m).Error("call panicked in the sidecar", "panic", fmt.Sprint(p))
-			a = answer{Outcome: tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "the sidecar failed while running the call: %v", p)}}
+			a = answer{Outcome: tool.Outcome{Err: c.panicked(p)}}
 		}
 	}()
 	return c.e.dispatch.of(&c.in)(ctx, &c.in)
