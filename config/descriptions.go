@@ -88,6 +88,7 @@ var descriptions = map[string]string{
 	"Upstream.APIKeyFile":             "APIKeyFile holds the key sent upstream as a bearer token, for kind openai. Optional: TOOLSIDECAR_UPSTREAM_API_KEY is read when it is empty. Without server.auth_token_file, a caller's own bearer key is sent instead.",
 	"Upstream.Kind":                   "Kind is core (Project David Core, configured under core) or openai (an OpenAI-compatible Chat Completions server: OpenAI, vLLM, Ollama, llama.cpp, LiteLLM), which applications reach at the sidecar's POST /v1/chat/completions. default: core",
 	"Upstream.RetryBudget":            "RetryBudget bounds the retries of one turn's request (429 after its Retry-After, 5xx, a failed connection, a stream cut before its finish chunk). default: 30s",
+	"Upstream.StreamIdleTimeout":      "StreamIdleTimeout bounds the silence between two events of a turn's stream, for kind openai; past it the turn is retried within retry_budget. default: 2m",
 	"Upstream.URL":                    "URL of the OpenAI-compatible API with its version, for kind openai (https://api.openai.com/v1, http://127.0.0.1:11434/v1).",
 	"Worker.PasswordFile":             "PasswordFile holds the worker's password; or NKey is its public nkey (U...), whose seed only the worker has.",
 	"Worker.Tools":                    "Tools the worker may serve; \"*\" for every tool under the prefix.",

@@ -24,6 +24,10 @@ type Upstream struct {
 	// Retry-After, 5xx, a failed connection, a stream cut before its
 	// finish chunk). default: 30s
 	RetryBudget time.Duration `koanf:"retry_budget"`
+	// StreamIdleTimeout bounds the silence between two events of a turn's
+	// stream, for kind openai; past it the turn is retried within
+	// retry_budget. default: 2m
+	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
 }
 
 // Upstream kinds.
@@ -47,7 +51,7 @@ func (u Upstream) validate() []error {
 	default:
 		p.add("kind", "must be core or openai, got %q", u.Kind)
 	}
-	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget)}, durationText)
+	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "stream_idle_timeout": int64(u.StreamIdleTimeout)}, durationText)
 	return p.list
 }
 

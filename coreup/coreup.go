@@ -16,7 +16,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Upstream is Core as the executor's upstream.
@@ -213,8 +212,7 @@ func (u *Upstream) OpenCalls(ctx context.Context, req executor.Request) ([]execu
 		if len(args) == 0 || string(args) == "null" {
 			args = json.RawMessage("{}")
 		}
-		m := &core.Manifest{Type: string(core.KindManifest), RunID: req.RunID, ActionID: a.ID, ToolCallID: a.ToolCallID, Tool: a.ToolName, Args: args,
-			Raw: tool.EncodeManifest(req.RunID, a.ID, a.ToolCallID, a.ToolName, args)} // as Core would have framed it
+		m := &core.Manifest{Type: string(core.KindManifest), RunID: req.RunID, ActionID: a.ID, ToolCallID: a.ToolCallID, Tool: a.ToolName, Args: args}
 		out[i] = executor.OpenCall{Call: callOf(m), Started: a.Status == core.ActionProcessing, Recorded: recorded[a.ToolCallID]}
 	}
 	return out, nil

@@ -187,8 +187,9 @@ func (c *call) attempts(ctx context.Context, res *CallResult) tool.Outcome {
 		d = builtin{c.e}
 	}
 	var b interface{ NextBackOff() time.Duration }
+	body := c.m.body()
 	for attempt := 1; ; attempt++ {
-		req := tool.Request{Tool: c.def.Name, Body: c.m.Raw, ActionID: c.m.ActionID, RunID: c.m.RunID, Attempt: attempt,
+		req := tool.Request{Tool: c.def.Name, Body: body, ActionID: c.m.ActionID, RunID: c.m.RunID, Attempt: attempt,
 			Timeout: c.def.Timeout, MaxDuration: c.def.MaxDuration, Traceparent: c.traceparent,
 			Unsafe: c.def.Unsafe(), OnProgress: c.progress, OnSent: c.markOnSend(ctx)}
 		reply, used := c.e.send(ctx, d, c.def, req, res)

@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-
-	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // recorder is where a call's records go (started, its output, its final
@@ -36,7 +34,7 @@ func (e *Executor) Call(ctx context.Context, name string, args json.RawMessage) 
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	id := "mcp_" + hex.EncodeToString(b[:])
-	m := &ToolCall{RunID: id, ActionID: id, ToolCallID: id, Tool: name, Args: args, Raw: tool.EncodeManifest(id, id, id, name, args)}
+	m := &ToolCall{RunID: id, ActionID: id, ToolCallID: id, Tool: name, Args: args}
 	if !json.Valid(args) {
 		m.Problem, m.Args = "the arguments are not valid JSON", json.RawMessage("{}")
 	}

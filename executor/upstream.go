@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"iter"
+
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Upstream is the side of the loop where the model is, in the executor's
@@ -171,8 +173,10 @@ type ToolCall struct {
 	ToolCallID string
 	Tool       string
 	Args       json.RawMessage
-	// Raw is the call as the worker receives it (the worker protocol's
-	// request body).
+	// Raw is the call as its upstream framed it for workers (Core's
+	// tool_call_manifest, its extra fields kept). Nil when the upstream has
+	// no such frame: the executor then encodes the worker protocol's
+	// manifest from the fields above (body).
 	Raw []byte
 	// Problem says why the call could not be read whole, if it could not:
 	// it gets an invalid_args outcome.
@@ -195,3 +199,13 @@ const (
 	CallFailed    = "failed"
 	CallCancelled = "cancelled"
 )
+
+// body is the request body the call's worker receives: the upstream's own
+// frame, or the worker protocol's manifest made from the call. This is the
+// one place that makes it, so every upstream's workers read one shape.
+func (m *ToolCall) body() []byte {
+	if m.Raw != nil {
+		return m.Raw
+	}
+	return tool.EncodeManifest(m.RunID, m.ActionID, m.ToolCallID, m.Tool, m.Args)
+}

@@ -75,7 +75,7 @@ func startOn(t testing.TB, sim *openaisim.Sim, baseURL string, opts testenv.Opti
 	t.Helper()
 	edit := opts.Config
 	opts.Config = func(c *config.Config) {
-		c.Upstream = config.Upstream{Kind: config.UpstreamOpenAI, URL: baseURL, RetryBudget: 10 * time.Second}
+		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = config.UpstreamOpenAI, baseURL, 10*time.Second
 		if edit != nil {
 			edit(c)
 		}
@@ -626,5 +626,50 @@ func TestParkedTurnInTheLedger(t *testing.T) {
 	}
 	if v := sim.Violations(); len(v) > 0 {
 		t.Fatalf("contract violations: %+v", v)
+	}
+}
+
+// The worker of an OpenAI-compatible run reads the manifest that a Core
+// run's worker reads: the executor frames it from the call, with the id the
+// model gave and an action id unique to the run, turn and call.
+func TestWorkersReadTheManifest(t *testing.T) {
+	const n = 3
+	var mu sync.Mutex
+	got := map[int]tool.Call{}
+	s := start(t, openaisim.Config{Profile: openaisim.OpenAI}, testenv.Options{},
+		testenv.Tool{Config: config.Tool{Name: "echo", Description: "echoes its arguments"},
+			Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+				var args struct{ I int }
+				if err := json.Unmarshal(c.Args, &args); err != nil {
+					return nil, err
+				}
+				mu.Lock()
+				got[args.I] = *c
+				mu.Unlock()
+				return testenv.Echo(ctx, c)
+			}})
+	if _, err := s.streamChat(t, params(script(echoCalls(n), ""))); err != nil {
+		t.Fatal(err)
+	}
+	s.assertContract(t)
+	ids := map[string]bool{}
+	for i := range n {
+		c, ok := got[i]
+		if !ok {
+			t.Fatalf("call %d never reached the worker", i)
+		}
+		var frame struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(c.Manifest, &frame); err != nil || frame.Type != "tool_call_manifest" {
+			t.Fatalf("call %d: body %s is not a tool_call_manifest (%v)", i, c.Manifest, err)
+		}
+		if c.Tool != "echo" || c.RunID == "" || c.RunID != got[0].RunID || c.ToolCallID == "" || ids[c.ToolCallID] {
+			t.Fatalf("call %d: %+v, want tool echo, one run id and a tool_call_id of its own", i, c)
+		}
+		ids[c.ToolCallID] = true
+		if want := fmt.Sprintf("%s-1-%d", c.RunID, i); c.ActionID != want || c.IdempotencyKey != want {
+			t.Fatalf("call %d: action id %q and idempotency key %q, want %q", i, c.ActionID, c.IdempotencyKey, want)
+		}
 	}
 }

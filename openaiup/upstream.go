@@ -19,7 +19,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
-	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Config configures the adapter.
@@ -35,14 +34,14 @@ type Config struct {
 	Client *http.Client
 	// RetryBudget bounds the retries of one turn's request, on 429 (after
 	// its Retry-After), 5xx, a refused connection and a stream cut before
-	// its finish chunk. default: 30s
+	// its finish chunk. Required, as are the two below.
 	RetryBudget time.Duration
-	// IdleTimeout bounds the silence between a stream's events. default: 2m
+	// IdleTimeout bounds the silence between a stream's events.
 	IdleTimeout time.Duration
 	// MaxResponseBytes bounds one event of a stream while it is read (a
 	// longer one fails the run, saying so), the arguments of one call as
 	// their fragments arrive (past it they are not kept, and the call gets
-	// an invalid_args outcome), and an error body. default: 4 MiB
+	// an invalid_args outcome), and an error body.
 	MaxResponseBytes int
 	// Unsafe reports a tool that must not run twice: its calls wait for
 	// their turn's finish chunk. default: none is
@@ -70,14 +69,11 @@ func New(cfg Config) (*Upstream, error) {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{}
 	}
-	if cfg.RetryBudget <= 0 {
-		cfg.RetryBudget = 30 * time.Second
-	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = 2 * time.Minute
-	}
-	if cfg.MaxResponseBytes <= 0 {
-		cfg.MaxResponseBytes = 4 << 20
+	if cfg.RetryBudget <= 0 || cfg.IdleTimeout <= 0 || cfg.MaxResponseBytes <= 0 {
+		// The sidecar's config holds their defaults (upstream.retry_budget,
+		// upstream.stream_idle_timeout, executor.max_args_bytes).
+		return nil, fmt.Errorf("openaiup: RetryBudget (%v), IdleTimeout (%v) and MaxResponseBytes (%d) must be positive",
+			cfg.RetryBudget, cfg.IdleTimeout, cfg.MaxResponseBytes)
 	}
 	if cfg.Unsafe == nil {
 		cfg.Unsafe = func(string) bool { return false }
@@ -273,8 +269,8 @@ func (u *Upstream) Caller(ctx context.Context) string {
 	return k
 }
 
-// callOf is a call as the executor runs it. The worker receives the
-// manifest that Core would send for it; the action id, unique to the run,
+// callOf is a call as the executor runs it. The executor frames the
+// worker's manifest from it; the action id, unique to the run,
 // turn and call, is its idempotency key.
 func callOf(runID string, turn, i int, c assembled) *executor.ToolCall {
 	tc := &executor.ToolCall{RunID: runID, ActionID: fmt.Sprintf("%s-%d-%d", runID, turn, i), ToolCallID: c.ID, Tool: c.Name, Problem: c.Problem}
@@ -282,7 +278,6 @@ func callOf(runID string, turn, i int, c assembled) *executor.ToolCall {
 	if c.Problem != "" {
 		tc.Args = json.RawMessage("{}")
 	}
-	tc.Raw = tool.EncodeManifest(runID, tc.ActionID, tc.ToolCallID, tc.Tool, tc.Args)
 	return tc
 }
 

@@ -260,7 +260,7 @@ func TestOpenAPIChatCompletionsAndMCP(t *testing.T) {
 	up := httptest.NewServer(openaisim.New(openaisim.Config{}))
 	defer up.Close()
 	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{MaxBodyBytes: 4096, Config: func(c *config.Config) {
-		c.Upstream = config.Upstream{Kind: config.UpstreamOpenAI, URL: up.URL + "/v1", RetryBudget: 5 * time.Second}
+		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = config.UpstreamOpenAI, up.URL+"/v1", 5*time.Second
 		c.Server.MCP = true
 	}}, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
 	testenv.WaitLive(t, env.URL, "echo")

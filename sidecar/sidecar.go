@@ -487,7 +487,7 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	// Turns carry the drive's traceparent, as Core's requests do.
 	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
 	s.openai, err = openaiup.New(openaiup.Config{URL: s.cfg.Upstream.URL, APIKey: key, Client: client,
-		RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log,
+		RetryBudget: s.cfg.Upstream.RetryBudget, IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, Logger: s.log,
 		MaxResponseBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
 		Unsafe: func(name string) bool {
 			t, ok := s.live.Load().Lookup(name)

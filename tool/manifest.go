@@ -154,8 +154,8 @@ func skipValue(data []byte, i int) int {
 
 // EncodeManifest is the request body a worker receives for a call: the
 // worker protocol's manifest, as Core frames a tool_call_manifest. Core's
-// own manifests reach workers as Core sent them; other upstreams make
-// theirs with it.
+// own manifests reach workers as Core sent them; the executor makes the
+// others' with it.
 func EncodeManifest(runID, actionID, toolCallID, name string, args json.RawMessage) []byte {
 	b, _ := json.Marshal(struct {
 		Type       string          `json:"type"`

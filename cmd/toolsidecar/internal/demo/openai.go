@@ -65,7 +65,7 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 		<-served
 	}()
 	s, err := startSidecar("http://127.0.0.1:9", passwordFile, func(c *config.Config) {
-		c.Upstream = config.Upstream{Kind: config.UpstreamOpenAI, URL: "http://" + ln.Addr().String() + "/v1", RetryBudget: 30 * time.Second}
+		c.Upstream.Kind, c.Upstream.URL = config.UpstreamOpenAI, "http://"+ln.Addr().String()+"/v1"
 	})
 	if err != nil {
 		return err
