@@ -133,7 +133,7 @@ bench:
 ## each once), with a summary per fault.
 SOAK ?= 20
 SOAK_SEEDS ?= 100
-SOAK_TESTS := TestSIGKILLMidBatch|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss|TestLeaseHolderKilled
+SOAK_TESTS := TestSIGKILLMidBatch|TestOpenAISIGKILL|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss|TestLeaseHolderKilled
 soak:
 	PROPERTY_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 60m -run TestInvariantUnderLoadAndFaults ./executor
 	SOAK_REPS=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh

@@ -86,6 +86,7 @@ var descriptions = map[string]string{
 	"Tracing.SampleRatio":             "SampleRatio of new traces (a caller's sampled trace is always followed). default: 1",
 	"Tracing.ServiceName":             "ServiceName is the service.name resource. default: toolsidecar",
 	"Upstream.APIKeyFile":             "APIKeyFile holds the key sent upstream as a bearer token, for kind openai. Optional: TOOLSIDECAR_UPSTREAM_API_KEY is read when it is empty. Without server.auth_token_file, a caller's own bearer key is sent instead.",
+	"Upstream.JournalTTL":             "JournalTTL is how long the journal keeps a run of kind openai: a retried request resumes its run within it, and a request with the Idempotency-Key of a run that ended gets that run's answer again. In durable mode the journal is in JetStream; otherwise in memory, and a restart loses it. default: 24h",
 	"Upstream.Kind":                   "Kind is core (Project David Core, configured under core) or openai (an OpenAI-compatible Chat Completions server: OpenAI, vLLM, Ollama, llama.cpp, LiteLLM), which applications reach at the sidecar's POST /v1/chat/completions. default: core",
 	"Upstream.RetryBudget":            "RetryBudget bounds the retries of one turn's request (429 after its Retry-After, 5xx, a failed connection, a stream cut before its finish chunk). default: 30s",
 	"Upstream.StreamIdleTimeout":      "StreamIdleTimeout bounds the silence between two events of a turn's stream, for kind openai; past it the turn is retried within retry_budget. default: 2m",

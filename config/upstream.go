@@ -28,6 +28,12 @@ type Upstream struct {
 	// stream, for kind openai; past it the turn is retried within
 	// retry_budget. default: 2m
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
+	// JournalTTL is how long the journal keeps a run of kind openai: a
+	// retried request resumes its run within it, and a request with the
+	// Idempotency-Key of a run that ended gets that run's answer again.
+	// In durable mode the journal is in JetStream; otherwise in memory,
+	// and a restart loses it. default: 24h
+	JournalTTL time.Duration `koanf:"journal_ttl"`
 }
 
 // Upstream kinds.
@@ -51,7 +57,8 @@ func (u Upstream) validate() []error {
 	default:
 		p.add("kind", "must be core or openai, got %q", u.Kind)
 	}
-	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "stream_idle_timeout": int64(u.StreamIdleTimeout)}, durationText)
+	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "stream_idle_timeout": int64(u.StreamIdleTimeout),
+		"journal_ttl": int64(u.JournalTTL)}, durationText)
 	return p.list
 }
 

@@ -351,6 +351,16 @@ func (ls *Leases) registered(ctx context.Context, instance string) (value []byte
 // deadline, as nats.go's own KV reads are bounded.
 const registeredTimeout = 5 * time.Second
 
+// Driven reports a run whose lease a sidecar alive holds (this one
+// included).
+func (ls *Leases) Driven(ctx context.Context, runID string) (bool, error) {
+	if err := tool.CheckID("run_id", runID); err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	free, err := ls.free(ctx, runID)
+	return !free && err == nil, err
+}
+
 // free says whether nobody alive holds a run's lease.
 func (ls *Leases) free(ctx context.Context, runID string) (bool, error) {
 	e, err := ls.holds.Get(ctx, runID)

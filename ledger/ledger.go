@@ -47,6 +47,9 @@ type Config struct {
 	// publish to; the buckets, which only sidecars write, are bounded by
 	// the server's max payload. default: 8 MiB
 	MaxReplyBytes int32
+	// JournalTTL is how long the journal of OpenAI-compatible runs keeps a
+	// record. default: 24h
+	JournalTTL time.Duration
 }
 
 // Ledger records dispatches and finds the replies that outlived a sidecar.
@@ -60,6 +63,8 @@ type Ledger struct {
 	// approvals holds the calls waiting for a person, by Action ID
 	// (approvals.go).
 	approvals jetstream.KeyValue
+	// journal holds OpenAI-compatible runs (journal.go).
+	journal jetstream.KeyValue
 }
 
 // Entry is what the ledger knows of one call.
@@ -92,12 +97,14 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
 	}
 	name := bucketName(cfg.Prefix)
-	kvBucket := func(suffix, desc string) (jetstream.KeyValue, error) {
+	cfg.JournalTTL = cmp.Or(max(cfg.JournalTTL, 0), 24*time.Hour)
+	kvBucketTTL := func(suffix, desc string, ttl time.Duration) (jetstream.KeyValue, error) {
 		return create(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
-			return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + suffix, TTL: Retention,
+			return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name + suffix, TTL: ttl,
 				Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: desc, MaxBytes: cfg.MaxBytes})
 		})
 	}
+	kvBucket := func(suffix, desc string) (jetstream.KeyValue, error) { return kvBucketTTL(suffix, desc, Retention) }
 	kv, err := kvBucket("_LEDGER", "toolsidecar outcome ledger, by Action ID")
 	if err != nil {
 		return nil, fmt.Errorf("ledger: bucket: %w", err)
@@ -129,7 +136,11 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: approval bucket: %w", err)
 	}
-	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st, approvals: approvals}, nil
+	journal, err := kvBucketTTL("_JOURNAL", "toolsidecar journal of OpenAI-compatible runs: turns, outputs, ends", cfg.JournalTTL)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: journal bucket: %w", err)
+	}
+	return &Ledger{cfg: cfg, js: js, kv: kv, memo: memo, results: results, replies: st, approvals: approvals, journal: journal}, nil
 }
 
 // PutResult stores a result by claim-check; it expires with the ledger.

@@ -92,6 +92,14 @@ type Fault struct {
 	Body       string
 	// CutAfter, when set, cuts the connection after that many chunks.
 	CutAfter int
+	// ErrorAfter, when set, sends an error event ({"error": ...} with
+	// ErrorMessage) after that many chunks, then ends the stream.
+	ErrorAfter   int
+	ErrorMessage string
+	// HoldAfter, when set, stops the stream after that many chunks, calls
+	// Hit, and holds the connection open until the client goes away.
+	HoldAfter int
+	Hit       func() `json:"-"`
 }
 
 // Violation is a request the API would have refused, or a conversation
@@ -108,12 +116,13 @@ type Sim struct {
 
 	mu         sync.Mutex
 	faults     []Fault
-	said       map[string]said // by the hash of the conversation it answered
+	said       map[string][]said // by the hash of the conversation it answered
 	violations []Violation
 	requests   int
 	auth       []string
 	seq        int
 	finished   []time.Time
+	answered   map[string]int // finished answers, by conversation
 }
 
 // said is an assistant message the model produced.
@@ -132,7 +141,7 @@ func New(cfg Config) *Sim {
 	if cfg.Model == nil {
 		cfg.Model = Scripted
 	}
-	s := &Sim{cfg: cfg, mux: http.NewServeMux(), said: map[string]said{}}
+	s := &Sim{cfg: cfg, mux: http.NewServeMux(), said: map[string][]said{}, answered: map[string]int{}}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.completions)
 	s.mux.HandleFunc("GET /_sim/violations", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -170,6 +179,20 @@ func (s *Sim) Finished() []time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]time.Time(nil), s.finished...)
+}
+
+// Repeats counts the conversations whose turn was answered to its finish
+// chunk more than once: turns asked again after they were delivered.
+func (s *Sim) Repeats() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.answered {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
 }
 
 // Authorizations lists the Authorization headers received, in order.
@@ -292,27 +315,40 @@ func (s *Sim) check(msgs []json.RawMessage) string {
 // after the same conversation, if it said it here.
 func (s *Sim) checkReplay(before []json.RawMessage, m message, refuse func(code, format string, args ...any)) {
 	s.mu.Lock()
-	want, ok := s.said[conversationKey(before)]
+	answers := s.said[conversationKey(before)]
 	s.mu.Unlock()
-	if !ok {
+	if len(answers) == 0 {
 		if len(m.ToolCalls) > 0 {
 			refuse("unknown_turn", "an assistant message with tool calls that the model never made after this conversation (%d calls, first %s)", len(m.ToolCalls), m.ToolCalls[0].Function.Name)
 		}
 		return
 	}
+	// The same conversation may have been answered more than once (two
+	// runs of one request): the replay must be one of the answers.
+	var why string
+	for _, want := range answers {
+		if why = replayMismatch(want, m); why == "" {
+			return
+		}
+	}
+	refuse("replay_changed", "%s", why)
+}
+
+// replayMismatch says how m differs from what the model said, or "".
+func replayMismatch(want said, m message) string {
 	if m.text() != want.content {
-		refuse("replay_changed", "the assistant's text was %q, replayed as %q", want.content, m.text())
+		return fmt.Sprintf("the assistant's text was %q, replayed as %q", want.content, m.text())
 	}
 	if len(m.ToolCalls) != len(want.calls) {
-		refuse("replay_changed", "the model made %d calls, replayed with %d", len(want.calls), len(m.ToolCalls))
-		return
+		return fmt.Sprintf("the model made %d calls, replayed with %d", len(want.calls), len(m.ToolCalls))
 	}
 	for k, c := range m.ToolCalls {
 		w := want.calls[k]
 		if (w.id != "" && c.ID != w.id) || c.ID == "" || c.Type != "function" || c.Function.Name != w.name || c.Function.Arguments != w.args {
-			refuse("replay_changed", "call %d was %s %s(%s), replayed as %s %s %s(%s)", k, w.id, w.name, w.args, c.ID, c.Type, c.Function.Name, c.Function.Arguments)
+			return fmt.Sprintf("call %d was %s %s(%s), replayed as %s %s %s(%s)", k, w.id, w.name, w.args, c.ID, c.Type, c.Function.Name, c.Function.Arguments)
 		}
 	}
+	return ""
 }
 
 // Scripted is the default model. A user message that is a JSON object

@@ -1,6 +1,7 @@
 package openaisim
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -58,15 +59,17 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mu.Lock()
-	s.said[conversationKey(req.Messages)] = said{content: reply.Content, calls: calls}
+	key := conversationKey(req.Messages)
+	s.said[key] = append(s.said[key], said{content: reply.Content, calls: calls})
 	s.mu.Unlock()
 
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
 	st := &streamer{w: w, id: fmt.Sprintf("chatcmpl-sim%d", seq), model: req.Model, delay: s.cfg.Delay, perChunkID: s.cfg.Profile == LiteLLM}
-	if f != nil && f.CutAfter > 0 {
-		st.cutAfter = f.CutAfter
+	if f != nil {
+		st.cutAfter, st.fault = f.CutAfter, f
 	}
+	st.ctx = r.Context()
 	st.send(map[string]any{"role": "assistant", "content": ""}, nil)
 	for _, piece := range pieces(reply.Content, 8) {
 		st.send(map[string]any{"content": piece}, nil)
@@ -79,6 +82,7 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 	st.send(map[string]any{}, &finish)
 	s.mu.Lock()
 	s.finished = append(s.finished, time.Now())
+	s.answered[conversationKey(req.Messages)]++
 	s.mu.Unlock()
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 		prompt := int64(10 * len(req.Messages))
@@ -172,6 +176,8 @@ type streamer struct {
 	perChunkID bool
 	n          int
 	cutAfter   int
+	fault      *Fault
+	ctx        context.Context
 }
 
 func (st *streamer) chunkID() string {
@@ -189,6 +195,20 @@ func (st *streamer) send(delta map[string]any, finish *string) {
 func (st *streamer) write(v any) {
 	if st.cutAfter > 0 && st.n >= st.cutAfter {
 		panic(http.ErrAbortHandler) // the connection is cut: no finish chunk, no [DONE]
+	}
+	if f := st.fault; f != nil && f.ErrorAfter > 0 && st.n >= f.ErrorAfter {
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": f.ErrorMessage, "type": "server_error", "param": nil, "code": nil}})
+		_, _ = fmt.Fprintf(st.w, "data: %s\n\n", b)
+		st.flush()
+		panic(http.ErrAbortHandler) // the stream ends at its error event
+	}
+	if f := st.fault; f != nil && f.HoldAfter > 0 && st.n >= f.HoldAfter {
+		st.flush()
+		if f.Hit != nil {
+			f.Hit()
+		}
+		<-st.ctx.Done()
+		panic(http.ErrAbortHandler)
 	}
 	if st.delay > 0 {
 		time.Sleep(st.delay)

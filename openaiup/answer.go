@@ -27,6 +27,7 @@ type answer struct {
 	usage   bool // stream_options.include_usage
 	started bool // the stream's head is written
 	role    bool // the role went out in a delta
+	written int  // bytes of content streamed
 }
 
 type outChunk struct {
@@ -119,6 +120,7 @@ func (a *answer) content(text string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.head()
+	a.written += len(text)
 	a.send(outChunk{Choices: []outChoice{{Delta: a.delta(&outDelta{Content: &text})}}})
 }
 
@@ -200,9 +202,11 @@ func (a *answer) whole(res Result, sum executor.Summary) {
 
 // fail reports a run that did not end with the model's answer. Before the
 // stream has begun it is an HTTP error: the upstream's refusal as the
-// upstream sent it (a 400 stays a 400), else a 502 for the upstream's
-// failures and a 500 for the sidecar's limits. Once the stream has begun
-// it is an error event, which the official clients raise, and [DONE].
+// upstream sent it (a 400 stays a 400), a 502 for the upstream's other
+// failures, a 422 for the turn limit (the same request would reach it
+// again), a 503 for a sidecar that stopped (a retry resumes the run), and
+// a 500 for the sidecar's own bug guard. Once the stream has begun it is
+// an error event, which the official clients raise, and [DONE].
 func (a *answer) fail(sum executor.Summary, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -214,7 +218,12 @@ func (a *answer) fail(sum executor.Summary, err error) {
 		if status >= 500 {
 			status = http.StatusBadGateway
 		}
-	case errors.Is(err, executor.ErrUpstream) || sum.Status == executor.StatusFailed:
+	case sum.Status == executor.StatusMaxTurns:
+		status, typ = http.StatusUnprocessableEntity, "max_turns_exceeded"
+	case sum.Status == executor.StatusInterrupted:
+		status, typ = http.StatusServiceUnavailable, "toolsidecar_interrupted"
+		a.w.Header().Set("Retry-After", "1")
+	case errors.Is(err, executor.ErrUpstream) || executor.UpstreamStatus(err) != 0 || sum.Status == executor.StatusFailed:
 		status, typ = http.StatusBadGateway, "upstream_error"
 	}
 	msg := sum.Error

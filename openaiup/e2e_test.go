@@ -482,13 +482,14 @@ func TestDisconnectCancelsTheCalls(t *testing.T) {
 }
 
 // A run that reaches executor.max_turns ends with an error the client
-// raises, naming the limit.
+// raises: a 422 of type max_turns_exceeded naming the limit, not a 500.
 func TestTurnLimit(t *testing.T) {
 	s := start(t, openaisim.Config{}, testenv.Options{Config: func(c *config.Config) { c.Executor.MaxTurns = 2 }})
 	rounds := append(echoCalls(1), echoCalls(1)...)
 	_, err := s.client.Chat.Completions.New(context.Background(), params(script(rounds, "")))
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || !strings.Contains(apiErr.Message, "turn limit of 2") || apiErr.StatusCode != http.StatusInternalServerError {
+	if !errors.As(err, &apiErr) || !strings.Contains(apiErr.Message, "turn limit of 2") || apiErr.StatusCode != http.StatusUnprocessableEntity ||
+		apiErr.Type != "max_turns_exceeded" {
 		t.Fatalf("err %v, want the turn limit", err)
 	}
 	if n := s.sim.Requests(); n != 2 {
@@ -631,7 +632,7 @@ func TestParkedTurnInTheLedger(t *testing.T) {
 
 // The worker of an OpenAI-compatible run reads the manifest that a Core
 // run's worker reads: the executor frames it from the call, with the id the
-// model gave and an action id unique to the run, turn and call.
+// model gave and an action id of the call's own, its idempotency key.
 func TestWorkersReadTheManifest(t *testing.T) {
 	const n = 3
 	var mu sync.Mutex
@@ -668,8 +669,9 @@ func TestWorkersReadTheManifest(t *testing.T) {
 			t.Fatalf("call %d: %+v, want tool echo, one run id and a tool_call_id of its own", i, c)
 		}
 		ids[c.ToolCallID] = true
-		if want := fmt.Sprintf("%s-1-%d", c.RunID, i); c.ActionID != want || c.IdempotencyKey != want {
-			t.Fatalf("call %d: action id %q and idempotency key %q, want %q", i, c.ActionID, c.IdempotencyKey, want)
+		if !strings.HasPrefix(c.ActionID, "act-") || c.IdempotencyKey != c.ActionID || ids[c.ActionID] {
+			t.Fatalf("call %d: action id %q and idempotency key %q, want one id of the call's own", i, c.ActionID, c.IdempotencyKey)
 		}
+		ids[c.ActionID] = true
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,7 +40,11 @@ type EndpointConfig struct {
 	// Memo keeps those outcomes: durable mode's ledger, so that another
 	// sidecar of the cluster, or this one restarted, takes the next
 	// request. default: memory
-	Memo   executor.Memo
+	Memo executor.Memo
+	// Driven reports a run that another sidecar drives now (durable
+	// mode's run leases): a request without Idempotency-Key does not take
+	// it over. nil: only this process's runs are known.
+	Driven func(ctx context.Context, runID string) (bool, error)
 	Logger *slog.Logger
 }
 
@@ -76,6 +81,7 @@ type request struct {
 	usage    bool // stream_options.include_usage
 	model    string
 	appTools map[string]bool
+	key      runKey
 }
 
 // badRequest is a request the API would refuse: a 400 in its shape (413
@@ -134,6 +140,14 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 			return nil, &badRequest{msg: "tools must be an array", param: "tools"}
 		}
 	}
+	// The run's key is the request as the application asked it; whether
+	// the answer is streamed is how it is delivered, not what is asked.
+	delete(body, "stream")
+	delete(body, "stream_options")
+	canonical, _ := json.Marshal(body) // keys sorted
+	if req.key, err = keyOf(r, canonical); err != nil {
+		return nil, err
+	}
 	own := map[string]bool{}
 	for _, t := range ep.cfg.Tools() {
 		own[t.Function.Name] = true
@@ -157,8 +171,6 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 		body["tools"], _ = json.Marshal(tools)
 	}
 	delete(body, "messages")
-	delete(body, "stream")
-	delete(body, "stream_options")
 	return req, nil
 }
 
@@ -170,22 +182,37 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
 		return
 	}
+	id, finished, err := ep.runOf(r.Context(), req.key)
+	if err != nil {
+		var br *badRequest
+		if errors.As(err, &br) {
+			writeAPIError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", "")
+			return
+		}
+		ep.log.Error("reading the journal", "err", err)
+		writeAPIError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
+		return
+	}
 	messages := ep.parked.restore(r.Context(), req.messages)
-	id := "chatcmpl-" + randomToken(24)
-	ep.cfg.Upstream.Begin(id, req.body, messages, req.appTools)
-	dreq := executor.Request{RunID: id, Model: req.model, Traceparent: r.Header.Get("traceparent")}
-	if key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && ep.cfg.ForwardAuthorization {
-		dreq.CallerKey = key
-	}
-	out := &answer{w: w, r: r, id: id, model: req.model, created: time.Now().Unix(), usage: req.usage}
+	up := ep.cfg.Upstream
+	rn := up.Begin(id, req.key, req.body, messages, req.appTools)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
+	out := &answer{w: w, r: r, id: id, model: req.model, usage: req.usage}
 	var sum executor.Summary
-	if req.stream {
-		sum, err = ep.stream(r.Context(), dreq, out)
-	} else {
-		sum, err = ep.cfg.Drive(r.Context(), dreq, nil)
+	switch {
+	case finished != nil:
+		// The application's key names a run that ended: its answer comes
+		// from the journal, without asking the upstream.
+		sum = finished.Summary
+	case req.stream:
+		sum, err = ep.stream(r.Context(), req, rn, out)
+	default:
+		sum, err = ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, id), nil)
 	}
-	res, _ := ep.cfg.Upstream.End(id)
+	res := up.End(r.Context(), rn)
+	if finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns) {
+		up.journalEnd(r.Context(), rn, sum)
+	}
 	if len(res.AppCalls) > 0 {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
 		ep.parked.park(ctx, res)
@@ -194,50 +221,147 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		return // the application went away: its calls were cancelled
 	}
-	if res.Model != "" {
-		out.model = res.Model
-	}
+	out.model = cmp.Or(res.Model, out.model)
+	out.created = cmp.Or(rn.createdAt(), time.Now().Unix())
 	if sum.Status != executor.StatusCompleted && len(res.AppCalls) == 0 {
 		ep.log.Warn("chat completion failed", "run_id", id, "status", sum.Status, "err", sum.Error)
 		out.fail(sum, err)
 		return
 	}
 	if req.stream {
+		// What another sidecar's drive said, read from the journal by End.
+		if text, _, _ := rn.follow(out.written); text != "" {
+			out.content(text)
+		}
 		out.finish(res, sum)
 		return
 	}
 	out.whole(res, sum)
 }
 
-// stream drives the run with its events written to the application as
-// they come, and SSE comments while it is quiet.
-func (ep *Endpoint) stream(ctx context.Context, dreq executor.Request, out *answer) (executor.Summary, error) {
-	stop := make(chan struct{})
+func (ep *Endpoint) driveRequest(r *http.Request, req *request, id string) executor.Request {
+	dreq := executor.Request{RunID: id, Model: req.model, Traceparent: r.Header.Get("traceparent")}
+	if key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && ep.cfg.ForwardAuthorization {
+		dreq.CallerKey = key
+	}
+	return dreq
+}
+
+// runOf names the run a request drives. With the application's
+// Idempotency-Key it is the key's run, whatever its state: a live one is
+// attached to, one a crash interrupted is resumed, and one that ended is
+// answered from the journal (finished). Without it, the request resumes a
+// run of the same caller and request that a crash interrupted, if one
+// exists and it wins the claim on it; otherwise it starts a run of its own.
+func (ep *Endpoint) runOf(ctx context.Context, key runKey) (id string, finished *endRecord, err error) {
+	j := ep.cfg.Upstream.cfg.Journal
+	if j == nil {
+		return newRunID(key), nil, nil
+	}
+	jctx, cancel := journalCtx(ctx)
+	defer cancel()
+	if key.explicit {
+		var h header
+		if _, found, err := getJSON(jctx, j, headerKey(key.id), &h); err != nil || !found {
+			return key.id, nil, err
+		}
+		if h.Request != key.digest {
+			return "", nil, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
+				status: http.StatusUnprocessableEntity}
+		}
+		var end endRecord
+		if _, ok, err := getJSON(jctx, j, endKey(key.id), &end); err != nil || !ok {
+			return key.id, nil, err
+		}
+		return key.id, &end, nil
+	}
+	var ix runIndex
+	if _, _, err := getJSON(jctx, j, indexKey(key.digest), &ix); err != nil {
+		return "", nil, err
+	}
+	for _, id := range slices.Backward(ix.Runs) {
+		if ok, err := ep.claim(jctx, j, id); err != nil {
+			return "", nil, err
+		} else if ok {
+			ep.log.Info("resuming a run that a crash interrupted", "run_id", id)
+			return id, nil, nil
+		}
+	}
+	return newRunID(key), nil, nil
+}
+
+// claim takes over a run that a crash interrupted: one that did not end,
+// that no sidecar drives, and whose header this request updated first.
+func (ep *Endpoint) claim(ctx context.Context, j Journal, id string) (bool, error) {
+	if ep.cfg.Upstream.live(id) {
+		return false, nil
+	}
+	if ep.cfg.Driven != nil {
+		if driven, err := ep.cfg.Driven(ctx, id); err != nil || driven {
+			return false, err
+		}
+	}
+	if end, _, err := j.Get(ctx, endKey(id)); err != nil || end != nil {
+		return false, err
+	}
+	var h header
+	rev, found, err := getJSON(ctx, j, headerKey(id), &h)
+	if err != nil || !found {
+		return false, err
+	}
+	h.Claims++
+	data, _ := json.Marshal(h)
+	if _, err := j.Update(ctx, headerKey(id), data, rev); errors.Is(err, ErrJournalChanged) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// newRunID is the id of a new run: the key's, or a random one.
+func newRunID(key runKey) string {
+	if key.explicit {
+		return key.id
+	}
+	return "chatcmpl-" + randomToken(24)
+}
+
+// stream drives the run and streams its text to the application as the
+// run gives it, from its first turn's (a resumed run's earlier turns come
+// from the journal; a request attached to a run in progress gets the text
+// already given too), with SSE comments while it is quiet.
+func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out *answer) (executor.Summary, error) {
+	var sum executor.Summary
+	var err error
+	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(ep.cfg.KeepAlive)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				out.keepAlive()
-			}
-		}
+		defer close(done)
+		sum, err = ep.cfg.Drive(ctx, ep.driveRequest(out.r, req, rn.id), nil)
 	})
-	defer func() {
-		close(stop)
-		wg.Wait()
-	}()
-	return ep.cfg.Drive(ctx, dreq, func(e executor.Event) {
-		switch e.Type {
-		case executor.EventContent:
-			out.content(e.Text)
-		case executor.EventToolCall:
+	defer wg.Wait()
+	t := time.NewTicker(ep.cfg.KeepAlive)
+	defer t.Stop()
+	for {
+		text, began, wake := rn.follow(out.written)
+		if text != "" {
+			out.content(text)
+		} else if began {
 			out.begin() // the upstream took the turn: the answer is a stream from here
 		}
-	})
+		select {
+		case <-done:
+			wg.Wait()
+			if text, _, _ := rn.follow(out.written); text != "" {
+				out.content(text)
+			}
+			return sum, err
+		case <-wake:
+		case <-t.C:
+			out.keepAlive()
+		}
+	}
 }
 
 // writeAPIError writes an error in the API's shape.

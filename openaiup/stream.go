@@ -10,14 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	sse "github.com/tmaxmax/go-sse"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/internal/frames"
 )
-
-// maxCuts bounds how often a turn's stream may be cut and asked for again.
-const maxCuts = 3
 
 var (
 	// ErrCut: a stream ended before its finish chunk. Only its calls whose
@@ -114,11 +113,15 @@ type reading struct {
 	failed   string // the upstream's error event
 }
 
-// Events reads the turn: text as it comes, then its calls.
+// Events reads the turn: text as it comes, then its calls. A stream cut
+// before its finish chunk is asked for again, after a backoff, within the
+// retry budget.
 func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 	return func(yield func(executor.TurnEvent, error) bool) {
 		var shown string // the text that attempts cut short gave the application
-		for cuts := 0; ; cuts++ {
+		b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second}
+		b.Reset()
+		for {
 			rd, err, more := t.read(yield, shown)
 			if !more {
 				return
@@ -127,15 +130,22 @@ func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 				t.end(rd, yield)
 				return
 			}
-			if cuts >= maxCuts || t.ctx.Err() != nil || time.Now().After(t.until) {
+			wait := b.NextBackOff()
+			if t.ctx.Err() != nil || time.Now().Add(wait).After(t.until) {
+				err = fmt.Errorf("the upstream at %s: %w, past upstream.retry_budget", t.u.host(), err)
+				t.journalFailed(err.Error())
 				yield(executor.TurnEvent{}, err)
 				return
 			}
 			if rd.text.Len() > len(shown) {
 				shown = rd.text.String()
 			}
-			t.u.log.Warn("turn cut; asking for it again", "run_id", t.runID, "err", err)
+			t.u.log.Warn("turn cut; asking for it again", "run_id", t.runID, "err", err, "after", wait)
 			t.Close()
+			if clock.Sleep(t.ctx, wait) != nil {
+				yield(executor.TurnEvent{}, context.Cause(t.ctx))
+				return
+			}
 			if cerr := t.connect(); cerr != nil {
 				yield(executor.TurnEvent{}, fmt.Errorf("%w; asking again: %w", err, cerr))
 				return
@@ -224,6 +234,7 @@ func (t *turn) take(rd *reading, c *chunk, raw []byte, shown string, yield func(
 		}
 		if s := ch.Delta.Content; s != nil && *s != "" {
 			if fresh := rd.unshown(*s, shown); fresh != "" {
+				t.r.say(fresh)
 				if !yield(executor.TurnEvent{Kind: executor.TurnText, Text: fresh, Raw: raw}, nil) {
 					return false
 				}
@@ -267,8 +278,9 @@ func (t *turn) hand(rd *reading, p *partial) (c *executor.ToolCall, fresh bool) 
 			return sc.call, false
 		}
 	}
+	modelID := p.id
 	if !usableID(p.id) || slices.ContainsFunc(rd.calls.calls, func(o *partial) bool { return o != p && o.id == p.id }) {
-		p.id = newCallID()
+		p.id, modelID = newCallID(), ""
 	}
 	a := assemble(p)
 	t.r.mu.Lock()
@@ -277,7 +289,7 @@ func (t *turn) hand(rd *reading, p *partial) (c *executor.ToolCall, fresh bool) 
 	}
 	t.r.pending.handed[a.ID] = true
 	t.r.mu.Unlock()
-	c = callOf(t.runID, t.n, len(t.sent), a)
+	c = callOf(t.runID, t.n, slices.Index(rd.calls.calls, p), modelID, a)
 	t.sent = append(t.sent, &sentCall{call: c, used: true})
 	rd.handed[p] = c
 	return c, true
@@ -322,14 +334,9 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 		}
 	}
 	r := t.r
+	rec := turnRecord{Content: rd.text.String(), Usage: rd.usage, Model: rd.model, Created: rd.created, Finish: rd.finish, Failed: rd.failed}
 	r.mu.Lock()
-	res, p := &r.result, r.pending
-	if res.Model == "" {
-		res.Model, res.Created = rd.model, rd.created
-	}
-	res.Usage.add(&rd.usage)
-	res.Content += rd.text.String()
-	res.FinishReason = rd.finish
+	p := r.pending
 	p.read = true
 	for _, sc := range t.sent {
 		if !sc.used {
@@ -339,38 +346,35 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 			p.ghosts[sc.call.ToolCallID] = true
 		}
 	}
-	if rd.failed != "" || len(calls) == 0 {
-		// The model answered (or the upstream failed the turn): the run
-		// ends here.
-		r.status = executor.RunCompleted
-		if rd.failed != "" {
-			r.status = executor.RunFailed
+	if rd.failed == "" && len(calls) > 0 {
+		p.assistant = message{Role: "assistant"}
+		if rec.Content != "" {
+			p.assistant.Content = &rec.Content
 		}
-		r.mu.Unlock()
-		return
-	}
-	p.assistant = message{Role: "assistant"}
-	if text := rd.text.String(); text != "" {
-		p.assistant.Content = &text
-	}
-	for i, c := range calls {
-		var tc toolCall
-		tc.ID, tc.Type, tc.Function.Name, tc.Function.Arguments = c.ID, "function", c.Name, c.Args
-		if r.appTools[c.Name] {
+		for i, c := range calls {
+			var tc toolCall
+			tc.ID, tc.Type, tc.Function.Name, tc.Function.Arguments = c.ID, "function", c.Name, c.Args
 			p.assistant.ToolCalls = append(p.assistant.ToolCalls, tc)
-			res.AppCalls = append(res.AppCalls, tc)
-			continue
+			if r.appTools[c.Name] {
+				rec.AppCalls = append(rec.AppCalls, tc)
+				continue
+			}
+			ec := rd.handed[rd.calls.calls[i]]
+			if !sameJSON(string(ec.Args), c.Args) && c.Problem == "" {
+				t.u.log.Warn("a call's arguments grew after it was handed over", "run_id", t.runID, "tool_call_id", ec.ToolCallID)
+			}
+			p.idOf[tc.ID] = ec.ToolCallID
+			p.calls = append(p.calls, ec)
+			rec.Calls = append(rec.Calls, journaledOf(tc.ID, ec))
 		}
-		ec := rd.handed[rd.calls.calls[i]]
-		if !sameJSON(string(ec.Args), c.Args) && c.Problem == "" {
-			t.u.log.Warn("a call's arguments grew after it was handed over", "run_id", t.runID, "tool_call_id", ec.ToolCallID)
-		}
-		p.idOf[tc.ID] = ec.ToolCallID
-		p.assistant.ToolCalls = append(p.assistant.ToolCalls, tc)
-		p.calls = append(p.calls, ec)
+		rec.Assistant, _ = json.Marshal(p.assistant)
 	}
-	if len(res.AppCalls) > 0 {
-		res.FinishReason = "tool_calls"
+	if rd.failed != "" {
+		rec.Handed = t.handed()
+	}
+	r.apply(rec)
+	if len(rec.AppCalls) > 0 {
+		r.result.AppCalls = rec.AppCalls
 		if len(p.calls) == 0 {
 			// Only the application's calls: nothing for the executor.
 			r.result.Parked, _ = p.messages(false)
@@ -378,10 +382,38 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 		}
 	}
 	r.mu.Unlock()
+	// The journal has the turn before its unsafe calls are handed over
+	// (they may start only then, MarkStarted); a turn it could not take
+	// runs its other calls, and a retry asks for it again.
+	if err := t.u.journalTurn(t.ctx, r, t.n, rec); err != nil {
+		t.u.log.Warn("journaling the turn failed: its unsafe calls will not run", "run_id", t.runID, "turn", t.n, "err", err)
+	} else {
+		r.mu.Lock()
+		p.journaled = true
+		r.mu.Unlock()
+	}
 	for _, c := range fresh {
 		if !yield(executor.TurnEvent{Kind: executor.TurnToolCall, Call: c}, nil) {
 			return
 		}
+	}
+}
+
+// handed lists the calls the turn handed over, by every attempt.
+func (t *turn) handed() []journaledCall {
+	out := make([]journaledCall, len(t.sent))
+	for i, sc := range t.sent {
+		out[i] = journaledOf("", sc.call)
+	}
+	return out
+}
+
+// journalFailed journals a turn that ended without its finish chunk: a
+// retry asks for it again, reusing the outputs of the calls it had handed
+// over.
+func (t *turn) journalFailed(why string) {
+	if err := t.u.journalTurn(t.ctx, t.r, t.n, turnRecord{Failed: why, Handed: t.handed()}); err != nil {
+		t.u.log.Warn("journaling the failed turn", "run_id", t.runID, "turn", t.n, "err", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -46,7 +47,10 @@ type Config struct {
 	// Unsafe reports a tool that must not run twice: its calls wait for
 	// their turn's finish chunk. default: none is
 	Unsafe func(tool string) bool
-	Logger *slog.Logger
+	// Journal keeps the runs, so that a retried request resumes its run
+	// (journal.go). nil: runs are not journaled.
+	Journal Journal
+	Logger  *slog.Logger
 }
 
 // Upstream is the executor's Upstream on a Chat Completions server. It
@@ -85,18 +89,77 @@ func New(cfg Config) (*Upstream, error) {
 	return &Upstream{cfg: cfg, log: log.With("component", "openai"), runs: map[string]*run{}}, nil
 }
 
-// run is one application request being answered: the conversation so
-// far, and the turn whose calls are running.
+// run is one run being answered, for every request attached to it: the
+// conversation so far, the turn whose calls are running, and the text the
+// application is given.
 type run struct {
+	id       string
+	key      runKey
 	mu       sync.Mutex
 	body     map[string]json.RawMessage // the request's fields but messages and stream
+	base     []json.RawMessage          // the request's messages
 	messages []json.RawMessage
 	appTools map[string]bool // tools the application declared: their calls are its own
 	status   string
-	began    bool         // a turn was asked for
+	began    bool         // a turn was asked for, here or before a crash
 	turn     int          // turns asked for
 	pending  *pendingTurn // the turn being read or answered
 	result   Result
+	created  int64
+	users    int // requests attached (Begin, End)
+	// local: this process drives the run (it listed its open calls or
+	// asked a turn); until then Run reads it again from the journal,
+	// which another sidecar, or this one before a crash, may have moved.
+	local bool
+	// headed: the journal holds the run's header.
+	headed bool
+	// answering: the upstream took a turn (the application's answer may
+	// begin).
+	answering bool
+	// carried are the calls of a failed turn that had their outputs: the
+	// turn asked for again reuses them (journal.go, Handed).
+	carried []carriedCall
+	// shown is the text the application is given, every turn's, as it
+	// comes; wake is closed and replaced when it grows.
+	shown strings.Builder
+	wake  chan struct{}
+}
+
+// carriedCall is a call with its output, from a failed turn.
+type carriedCall struct {
+	call   *executor.ToolCall
+	output string
+}
+
+// createdAt is when the run began.
+func (r *run) createdAt() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.created
+}
+
+// say adds text the application is given.
+func (r *run) say(text string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.shown.WriteString(text)
+	r.wakeUp()
+}
+
+func (r *run) wakeUp() {
+	close(r.wake)
+	r.wake = make(chan struct{})
+}
+
+// follow returns the text given past offset from, whether a turn began,
+// and a channel closed when either changes.
+func (r *run) follow(from int) (text string, began bool, wake <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.shown.String(); len(s) > from {
+		text = s[from:]
+	}
+	return text, r.answering || r.shown.Len() > 0, r.wake
 }
 
 // pendingTurn is a turn whose calls are being answered: its assistant
@@ -111,10 +174,13 @@ type pendingTurn struct {
 	idOf      map[string]string    // the executor's id of each of the sidecar's calls, by the assistant message's id
 	ghosts    map[string]bool      // handed by an attempt that was cut, and no part of the turn
 	outputs   map[string]string    // by tool_call_id
+	started   map[string]bool      // unsafe calls whose start is journaled, by tool_call_id
+	journaled bool                 // the journal holds the turn: its unsafe calls may start
 }
 
 func newPendingTurn() *pendingTurn {
-	return &pendingTurn{handed: map[string]bool{}, ghosts: map[string]bool{}, outputs: map[string]string{}, idOf: map[string]string{}}
+	return &pendingTurn{handed: map[string]bool{}, ghosts: map[string]bool{}, outputs: map[string]string{}, idOf: map[string]string{},
+		started: map[string]bool{}}
 }
 
 // Result is how a run ended, for the application's answer.
@@ -135,32 +201,59 @@ type Result struct {
 	Usage   Usage
 	Model   string
 	Created int64
+	failed  string // the upstream's error event, which ended the run
 }
 
 // ToolCall is a call as an assistant message carries it.
 type ToolCall = toolCall
 
-// Begin starts a run: its conversation, the rest of the request (model,
-// tools, sampling) and the tools the application declared, whose calls
-// it runs itself.
-func (u *Upstream) Begin(id string, body map[string]json.RawMessage, messages []json.RawMessage, appTools map[string]bool) {
+// Begin attaches a request to its run: the run in progress under id, or
+// a new one with the request's conversation, the rest of the request
+// (model, tools, sampling) and the tools the application declared, whose
+// calls it runs itself. Each Begin is paired with an End.
+func (u *Upstream) Begin(id string, key runKey, body map[string]json.RawMessage, messages []json.RawMessage, appTools map[string]bool) *run {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.runs[id] = &run{body: body, messages: messages, appTools: appTools, status: executor.RunActive}
+	if r, ok := u.runs[id]; ok {
+		r.mu.Lock()
+		r.users++
+		r.mu.Unlock()
+		return r
+	}
+	r := &run{id: id, key: key, body: body, base: messages, messages: messages, appTools: appTools, status: executor.RunActive,
+		created: time.Now().Unix(), users: 1, wake: make(chan struct{})}
+	u.runs[id] = r
+	return r
 }
 
-// End forgets a run and returns how it ended.
-func (u *Upstream) End(id string) (Result, bool) {
+// End detaches a request from its run, and returns how the run ended: as
+// this process drove it, or as the journal has it when another sidecar
+// drove it. The last request forgets the run.
+func (u *Upstream) End(ctx context.Context, r *run) Result {
 	u.mu.Lock()
-	r, ok := u.runs[id]
-	delete(u.runs, id)
+	r.mu.Lock()
+	if r.users--; r.users == 0 {
+		delete(u.runs, r.id)
+	}
+	local := r.local
+	r.mu.Unlock()
 	u.mu.Unlock()
-	if !ok {
-		return Result{}, false
+	if !local {
+		if err := u.reload(ctx, r); err != nil {
+			u.log.Warn("reading the run from the journal", "run_id", r.id, "err", err)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.result, true
+	return r.result
+}
+
+// live reports a run this process holds.
+func (u *Upstream) live(id string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	_, ok := u.runs[id]
+	return ok
 }
 
 func (u *Upstream) unsafe(tool string) bool { return u.cfg.Unsafe(tool) }
@@ -178,11 +271,20 @@ func (u *Upstream) run(id string) (*run, error) {
 // Kind is "openai".
 func (u *Upstream) Kind() string { return "openai" }
 
-// Run reports a run the sidecar holds.
-func (u *Upstream) Run(_ context.Context, id string) (executor.Run, error) {
+// Run reports a run the sidecar holds, read again from the journal while
+// this process does not drive it.
+func (u *Upstream) Run(ctx context.Context, id string) (executor.Run, error) {
 	r, err := u.run(id)
 	if err != nil {
 		return executor.Run{}, err
+	}
+	r.mu.Lock()
+	local := r.local
+	r.mu.Unlock()
+	if !local {
+		if err := u.reload(ctx, r); err != nil {
+			return executor.Run{}, fmt.Errorf("openaiup: reading run %s from the journal: %w", id, err)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -194,8 +296,30 @@ func (u *Upstream) RecentRuns(context.Context, int) ([]executor.Run, error) {
 	return nil, executor.ErrNoListing
 }
 
-// MarkStarted records nothing: the conversation holds no call status.
-func (u *Upstream) MarkStarted(context.Context, *executor.ToolCall, <-chan struct{}) error {
+// MarkStarted journals the start of an unsafe call before it is sent, so
+// that a run resumed after a crash runs it only if it never started. The
+// calls of other tools may run again: nothing is written for them.
+func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, _ <-chan struct{}) error {
+	if u.cfg.Journal == nil || !u.unsafe(c.Tool) {
+		return nil
+	}
+	r, err := u.run(c.RunID)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	p := r.pending
+	journaled := p != nil && p.journaled
+	r.mu.Unlock()
+	if !journaled {
+		return fmt.Errorf("openaiup: turn %d of run %s is not in the journal, so its unsafe call %s may not start", r.turn, r.id, c.ToolCallID)
+	}
+	if err := u.cfg.Journal.Put(ctx, startKey(c.ActionID), []byte("1")); err != nil {
+		return fmt.Errorf("openaiup: journaling the start of %s: %w", c.ToolCallID, err)
+	}
+	r.mu.Lock()
+	p.started[c.ToolCallID] = true
+	r.mu.Unlock()
 	return nil
 }
 
@@ -204,21 +328,35 @@ func (u *Upstream) Finalise(context.Context, *executor.ToolCall, string, map[str
 	return nil
 }
 
-// RecordOutput keeps a call's output for the turn's tool messages.
-func (u *Upstream) RecordOutput(_ context.Context, req executor.Request, c *executor.ToolCall, content string) error {
+// RecordOutput journals a call's output and keeps it for the turn's tool
+// messages.
+func (u *Upstream) RecordOutput(ctx context.Context, req executor.Request, c *executor.ToolCall, content string) error {
 	r, err := u.run(req.RunID)
 	if err != nil {
 		return err
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	p := r.pending
 	switch {
 	case p == nil || !p.handed[c.ToolCallID]:
+		r.mu.Unlock()
 		return fmt.Errorf("openaiup: run %s has no open call %s", req.RunID, c.ToolCallID)
 	case p.ghosts[c.ToolCallID]:
+		r.mu.Unlock()
 		return nil // its turn was cut and asked for again without it
 	}
+	_, dup := p.outputs[c.ToolCallID]
+	r.mu.Unlock()
+	if dup {
+		return nil
+	}
+	if u.cfg.Journal != nil {
+		if err := u.cfg.Journal.Put(ctx, outputKey(c.ActionID), []byte(content)); err != nil {
+			return fmt.Errorf("openaiup: journaling the output of %s: %w", c.ToolCallID, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if _, dup := p.outputs[c.ToolCallID]; !dup {
 		p.outputs[c.ToolCallID] = content
 	}
@@ -226,6 +364,8 @@ func (u *Upstream) RecordOutput(_ context.Context, req executor.Request, c *exec
 }
 
 // OpenCalls lists the calls of the turn in progress that have no output.
+// An unsafe call counts as started only once its start is journaled; the
+// others may have run whenever they were handed over.
 func (u *Upstream) OpenCalls(_ context.Context, req executor.Request) ([]executor.OpenCall, error) {
 	r, err := u.run(req.RunID)
 	if err != nil {
@@ -233,13 +373,14 @@ func (u *Upstream) OpenCalls(_ context.Context, req executor.Request) ([]executo
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.local = true
 	if r.pending == nil {
 		return nil, nil
 	}
 	var out []executor.OpenCall
 	for _, c := range r.pending.calls {
 		if _, done := r.pending.outputs[c.ToolCallID]; !done {
-			out = append(out, executor.OpenCall{Call: c, Started: true})
+			out = append(out, executor.OpenCall{Call: c, Started: !u.unsafe(c.Tool) || r.pending.started[c.ToolCallID]})
 		}
 	}
 	return out, nil
@@ -270,10 +411,10 @@ func (u *Upstream) Caller(ctx context.Context) string {
 }
 
 // callOf is a call as the executor runs it. The executor frames the
-// worker's manifest from it; the action id, unique to the run,
-// turn and call, is its idempotency key.
-func callOf(runID string, turn, i int, c assembled) *executor.ToolCall {
-	tc := &executor.ToolCall{RunID: runID, ActionID: fmt.Sprintf("%s-%d-%d", runID, turn, i), ToolCallID: c.ID, Tool: c.Name, Problem: c.Problem}
+// worker's manifest from it; the action id (actionID), the same on every
+// retry of the run, is its idempotency key.
+func callOf(runID string, turn, pos int, modelID string, c assembled) *executor.ToolCall {
+	tc := &executor.ToolCall{RunID: runID, ActionID: actionID(runID, turn, pos, modelID, c.Name, c.Args), ToolCallID: c.ID, Tool: c.Name, Problem: c.Problem}
 	tc.Args = json.RawMessage(c.Args)
 	if c.Problem != "" {
 		tc.Args = json.RawMessage("{}")
@@ -291,11 +432,21 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 		return nil, err
 	}
 	r.mu.Lock()
+	r.local = true
 	if p := r.pending; p != nil && !p.read {
 		// The last turn's stream was cut past its retry budget, after
 		// some of its calls were handed over: it is not asked for again.
 		r.mu.Unlock()
-		return nil, fmt.Errorf("openaiup: turn %d was cut before its finish chunk, past the retry budget", r.turn)
+		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
+			Err: fmt.Errorf("the upstream at %s cut turn %d before its finish chunk, past upstream.retry_budget", u.host(), r.turn)}
+	}
+	if r.status == executor.RunFailed {
+		// The upstream's error event ended the run; the calls it had
+		// started are joined and journaled, and no turn follows.
+		msg := r.result.failed
+		r.mu.Unlock()
+		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
+			Err: fmt.Errorf("the upstream at %s reported an error in turn %d: %s", u.host(), r.turn, msg)}
 	}
 	if p := r.pending; p != nil {
 		if len(r.result.AppCalls) > 0 {
@@ -317,15 +468,193 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	r.turn++
 	body, err := r.request()
 	n := r.turn
+	t := &turn{u: u, r: r, n: n, ctx: ctx, body: body, runID: req.RunID}
+	for _, cc := range r.carried {
+		// Not handed to the executor again: a call the turn makes again
+		// takes its output (hand).
+		r.pending.handed[cc.call.ToolCallID] = true
+		r.pending.outputs[cc.call.ToolCallID] = cc.output
+		t.sent = append(t.sent, &sentCall{call: cc.call})
+	}
+	r.carried = nil
 	r.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	t := &turn{u: u, r: r, n: n, ctx: ctx, body: body, runID: req.RunID}
 	if err := t.connect(); err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
+	r.answering = true
+	r.wakeUp()
+	r.mu.Unlock()
 	return t, nil
+}
+
+// host names the upstream in messages.
+func (u *Upstream) host() string {
+	if i := strings.Index(u.cfg.URL, "://"); i >= 0 {
+		rest := u.cfg.URL[i+3:]
+		if j := strings.IndexByte(rest, '/'); j >= 0 {
+			rest = rest[:j]
+		}
+		if k := strings.LastIndexByte(rest, '@'); k >= 0 {
+			rest = rest[k+1:] // never the credentials of a URL
+		}
+		return rest
+	}
+	return u.cfg.URL
+}
+
+// reload reads the run again from the journal: its delivered turns (the
+// conversation after the request's messages, the text, the usage), and
+// the last turn's calls with the outputs and starts journaled for them.
+// A run the journal does not hold is left as it is.
+func (u *Upstream) reload(ctx context.Context, r *run) error {
+	if u.cfg.Journal == nil {
+		return nil
+	}
+	jr, err := readJournal(ctx, u.cfg.Journal, r.id)
+	if err != nil || !jr.found {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.local {
+		return nil // this process began driving it meanwhile
+	}
+	r.headed, r.created = true, jr.header.Created
+	r.messages, r.turn, r.pending, r.result, r.status = slices.Clone(r.base), len(jr.turns), nil, Result{}, executor.RunActive
+	r.began = len(jr.turns) > 0
+	r.shown.Reset()
+	r.carried = nil
+	for i, t := range jr.turns {
+		if t.Failed != "" && i == len(jr.turns)-1 {
+			// The upstream failed this turn: a retry asks for it again,
+			// and the calls it had handed over keep their outputs.
+			r.turn--
+			for _, c := range t.Handed {
+				if out, ok := jr.outputs[c.ActionID]; ok {
+					r.carried = append(r.carried, carriedCall{c.call(r.id), out})
+				}
+			}
+			break
+		}
+		r.apply(t)
+		r.shown.WriteString(t.Content)
+		if r.status != executor.RunActive {
+			break
+		}
+		p := newPendingTurn()
+		p.read, p.journaled = true, true
+		if err := json.Unmarshal(t.Assistant, &p.assistant); err != nil {
+			return fmt.Errorf("turn %d's assistant message: %w", i+1, err)
+		}
+		for _, c := range t.Calls {
+			ec := c.call(r.id)
+			p.calls = append(p.calls, ec)
+			p.idOf[c.MessageID], p.handed[c.ToolCallID] = c.ToolCallID, true
+			if out, ok := jr.outputs[c.ActionID]; ok {
+				p.outputs[c.ToolCallID] = out
+			}
+			p.started[c.ToolCallID] = jr.started[c.ActionID]
+		}
+		if i < len(jr.turns)-1 {
+			// An earlier turn's calls all had their outputs before the
+			// next turn was asked for.
+			msgs, err := p.messages(true)
+			if err != nil {
+				return fmt.Errorf("turn %d: %w", i+1, err)
+			}
+			r.messages = append(r.messages, msgs...)
+			continue
+		}
+		r.pending = p
+		r.result.AppCalls = t.AppCalls
+		if len(t.AppCalls) > 0 && len(p.calls) == 0 {
+			r.result.Parked, _ = p.messages(false)
+			r.status = executor.RunCompleted
+		}
+	}
+	if jr.end != nil && r.status == executor.RunActive {
+		r.status = executor.RunCompleted // it ended on the turn limit
+	}
+	r.wakeUp()
+	return nil
+}
+
+// apply adds a delivered turn to the run's result, and ends the run when
+// the turn had no call, or failed.
+func (r *run) apply(t turnRecord) {
+	res := &r.result
+	if res.Model == "" {
+		res.Model, res.Created = t.Model, t.Created
+	}
+	res.Usage.add(&t.Usage)
+	res.Content += t.Content
+	res.FinishReason = t.Finish
+	switch {
+	case t.Failed != "":
+		res.failed, r.status = t.Failed, executor.RunFailed
+	case len(t.Calls) == 0 && len(t.AppCalls) == 0:
+		r.status = executor.RunCompleted
+	case len(t.AppCalls) > 0:
+		res.FinishReason = "tool_calls"
+	}
+}
+
+// journalTurn writes a delivered turn, after the run's header the first
+// time (and, for a run without the application's key, its place in the
+// index of its request). A run without the application's key whose first
+// turn ends it is not journaled: no retry would read it.
+func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecord) error {
+	j := u.cfg.Journal
+	if j == nil {
+		return nil
+	}
+	r.mu.Lock()
+	headed, key, created := r.headed, r.key, r.created
+	r.mu.Unlock()
+	if !headed && !key.explicit && n == 1 && len(rec.Calls)+len(rec.AppCalls)+len(rec.Handed) == 0 {
+		return nil
+	}
+	ctx, cancel := journalCtx(ctx)
+	defer cancel()
+	if !headed {
+		h, _ := json.Marshal(header{Request: key.digest, Created: created})
+		if _, err := j.Create(ctx, headerKey(r.id), h); err != nil && !errors.Is(err, ErrJournalExists) {
+			return err
+		}
+		if !key.explicit {
+			if err := index(ctx, j, key.digest, r.id); err != nil {
+				return err
+			}
+		}
+		r.mu.Lock()
+		r.headed = true
+		r.mu.Unlock()
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return j.Put(ctx, turnKey(r.id, n), data)
+}
+
+// journalEnd writes how a journaled run ended.
+func (u *Upstream) journalEnd(ctx context.Context, r *run, sum executor.Summary) {
+	r.mu.Lock()
+	headed := r.headed
+	r.mu.Unlock()
+	if u.cfg.Journal == nil || !headed {
+		return
+	}
+	ctx, cancel := journalCtx(ctx)
+	defer cancel()
+	data, _ := json.Marshal(endRecord{Summary: sum})
+	if err := u.cfg.Journal.Put(ctx, endKey(r.id), data); err != nil {
+		u.log.Warn("journaling the run's end", "run_id", r.id, "err", err)
+	}
 }
 
 // messages are the turn's assistant message and one tool message per

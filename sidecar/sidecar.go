@@ -265,7 +265,8 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 	if s.cfg.Durability.Enabled {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas,
-			MaxBytes: s.cfg.Durability.MaxBytes, MaxReplyBytes: int32(s.cfg.Executor.MaxResultBytes + 64<<10)})
+			MaxBytes: s.cfg.Durability.MaxBytes, MaxReplyBytes: int32(s.cfg.Executor.MaxResultBytes + 64<<10),
+			JournalTTL: s.cfg.Upstream.JournalTTL})
 		cancel()
 		switch {
 		case errors.Is(err, ledger.ErrNoJetStream):
@@ -486,7 +487,13 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	}
 	// Turns carry the drive's traceparent, as Core's requests do.
 	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
-	s.openai, err = openaiup.New(openaiup.Config{URL: s.cfg.Upstream.URL, APIKey: key, Client: client,
+	var journal openaiup.Journal
+	if s.ledger != nil {
+		journal = ledgerJournal{s.ledger.Journal()}
+	} else {
+		journal = openaiup.NewMemoryJournal(s.cfg.Upstream.JournalTTL, memoryJournalBytes)
+	}
+	s.openai, err = openaiup.New(openaiup.Config{URL: s.cfg.Upstream.URL, APIKey: key, Client: client, Journal: journal,
 		RetryBudget: s.cfg.Upstream.RetryBudget, IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, Logger: s.log,
 		MaxResponseBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
 		Unsafe: func(name string) bool {
@@ -515,7 +522,11 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		if s.ledger != nil {
 			memo = ledgerMemo{s.ledger, s.log.With("component", "openai")}
 		}
-		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo,
+		var driven func(context.Context, string) (bool, error)
+		if s.leases != nil {
+			driven = s.leases.Driven
+		}
+		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo, Driven: driven,
 			Tools:                func() []tool.FunctionTool { return s.live.Load().FunctionTools() },
 			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
 		scfg.Routes = []server.Route{{Pattern: "POST /v1/chat/completions", Handler: ep, Drive: true}}
@@ -797,6 +808,29 @@ func (s *Sidecar) registerInfo() {
 		}
 		return 0
 	}))
+}
+
+// memoryJournalBytes bounds the journal of OpenAI-compatible runs without
+// durable mode; beyond it the oldest records are dropped.
+const memoryJournalBytes = 64 << 20
+
+// ledgerJournal is the ledger's journal bucket as openaiup's Journal.
+type ledgerJournal struct{ *ledger.Journal }
+
+func (j ledgerJournal) Create(ctx context.Context, key string, value []byte) (uint64, error) {
+	rev, err := j.Journal.Create(ctx, key, value)
+	if errors.Is(err, ledger.ErrExists) {
+		return 0, openaiup.ErrJournalExists
+	}
+	return rev, err
+}
+
+func (j ledgerJournal) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	rev, err := j.Journal.Update(ctx, key, value, rev)
+	if errors.Is(err, ledger.ErrChanged) {
+		return 0, openaiup.ErrJournalChanged
+	}
+	return rev, err
 }
 
 // runLeases is the ledger's leases as the executor's.

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// openAIKill is where in an OpenAI-compatible run of a read-only call
+// (look) and an unsafe one (pay), then an answer, the sidecar process is
+// killed with SIGKILL.
+type openAIKill struct {
+	name string
+	// faults are queued on the upstream, one per turn request; Hit is set
+	// on the one that holds its stream.
+	faults []openaisim.Fault
+	// block names the tools whose first run waits for the test.
+	block []string
+	// until is what the test waits for before the kill.
+	until func(looks, pays int32, held bool) bool
+	// turns is how many turn requests the upstream gets in all; looks how
+	// often the read-only tool runs.
+	turns int
+	looks int32
+	// term stops the sidecar with SIGTERM (the tools finish within the
+	// shutdown timeout) instead of SIGKILL.
+	term bool
+}
+
+// TestOpenAISIGKILL: the sidecar is killed with SIGKILL at each step of an
+// OpenAI-compatible run (during the first turn's stream, with calls in
+// flight, between outputs, after the final turn's first byte), started
+// again, and the application (openai-go, streamed with Idempotency-Key, or
+// whole without a key) sends its request again. The retry resumes the run
+// from the journal: the unsafe tool ran once, the read-only one once (twice
+// only when the kill came before its turn was delivered), no delivered turn
+// was asked again, every tool_call_id was answered once upstream, and the
+// answer's text is the uninterrupted run's. Each point repeats
+// testenv.SoakReps() times; make soak runs 20.
+func TestOpenAISIGKILL(t *testing.T) {
+	want := openAIRun(t, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	points := []openAIKill{
+		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: 4}}, block: []string{"look"},
+			until: func(looks, _ int32, held bool) bool { return held && looks == 1 }, turns: 3, looks: 2},
+		{name: "with calls in flight", block: []string{"look", "pay"},
+			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
+		{name: "between outputs", block: []string{"pay"},
+			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
+		{name: "after the final turn's first byte", faults: []openaisim.Fault{{}, {HoldAfter: 2}},
+			until: func(_, _ int32, held bool) bool { return held }, turns: 3, looks: 1},
+		{name: "SIGTERM with calls in flight", block: []string{"look", "pay"}, term: true,
+			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
+	}
+	for _, kp := range points {
+		for _, stream := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/stream=%v", kp.name, stream), func(t *testing.T) {
+				for i := range testenv.SoakReps() {
+					began := time.Now()
+					openAIRun(t, kp, stream, want)
+					t.Logf("FAULT openai_sigkill/%s/stream=%v rep=%d total_ms=%d", strings.ReplaceAll(kp.name, " ", "_"), stream, i, time.Since(began).Milliseconds())
+					if t.Failed() {
+						return
+					}
+				}
+			})
+		}
+	}
+}
+
+// openAIRun runs the request once, killing and restarting the sidecar at
+// kp (unless kp.until is nil), and returns the answer's text; with want
+// set it checks the invariants.
+func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) string {
+	t.Helper()
+	sim := openaisim.New(openaisim.Config{})
+	srv := httptest.NewServer(sim)
+	defer srv.Close()
+	p := newDaemonConfig(t, srv.URL, "  - {name: look, side_effects: read_only, timeout: 10s}\n  - {name: pay, side_effects: unsafe, timeout: 10s}\n",
+		fmt.Sprintf("upstream: {kind: openai, url: %q, retry_budget: 10s}\n", srv.URL+"/v1"))
+	p.start(t)
+	var looks, pays atomic.Int32
+	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	defer release()
+	handler := func(n *atomic.Int32, blocked bool) tool.Handler {
+		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			if n.Add(1) == 1 && blocked {
+				select {
+				case <-hold:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return []byte(`"` + c.Tool + ` done"`), nil
+		}
+	}
+	nc := startWorker(t, p.natsURL, map[string]tool.Handler{"look": handler(&looks, slices.Contains(kp.block, "look")), "pay": handler(&pays, slices.Contains(kp.block, "pay"))})
+	var held atomic.Bool
+	for _, f := range kp.faults {
+		if f.HoldAfter > 0 {
+			f.Hit = func() { held.Store(true) }
+		}
+		sim.Inject(f)
+	}
+	user := `{"rounds": [[{"name": "look", "arguments": {}}, {"name": "pay", "arguments": {}}]], "answer": "the words of a long enough answer. "}`
+	ask := func() (string, error) {
+		client := openai.NewClient(option.WithBaseURL(p.base+"/v1"), option.WithAPIKey("app-key"), option.WithMaxRetries(0))
+		params := openai.ChatCompletionNewParams{Model: "sim-model", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(user)}}
+		if !stream {
+			c, err := client.Chat.Completions.New(context.Background(), params)
+			if err != nil {
+				return "", err
+			}
+			return c.Choices[0].Message.Content, nil
+		}
+		s := client.Chat.Completions.NewStreaming(context.Background(), params, option.WithHeader("Idempotency-Key", "app-request-1"))
+		var acc openai.ChatCompletionAccumulator
+		for s.Next() {
+			if !acc.AddChunk(s.Current()) {
+				return "", fmt.Errorf("chunk refused by openai-go's accumulator: %s", s.Current().RawJSON())
+			}
+		}
+		if err := s.Err(); err != nil {
+			return "", err
+		}
+		return acc.Choices[0].Message.Content, nil
+	}
+	if kp.until == nil {
+		got, err := ask()
+		if err != nil {
+			t.Fatalf("uninterrupted run: %v\n%s", err, p.stderr.String())
+		}
+		return got
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := ask()
+		first <- err
+	}()
+	poll.Until(t, kp.name, func() bool { return kp.until(looks.Load(), pays.Load(), held.Load()) })
+	if kp.term {
+		// The batch finishes and is journaled; no further turn is asked,
+		// and the application is told to retry.
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		release()
+	} else if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Wait()
+	err := <-first
+	var apiErr *openai.Error
+	switch {
+	case err == nil:
+		t.Fatal("the first request was answered whole through the stop")
+	case kp.term && !stream && (!errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable):
+		t.Fatalf("the first request's error %v, want a 503 that asks for a retry", err)
+	}
+	release() // calls still running finish while the sidecar is away; their replies wait in the worker's buffer
+	p.start(t)
+	testenv.WaitLive(t, p.base, "look", "pay")
+	if err := nc.Flush(); err != nil { // the buffered replies have reached the server
+		t.Fatal(err)
+	}
+	got, err := ask()
+	if err != nil {
+		t.Fatalf("the retry: %v\n%s", err, p.stderr.String())
+	}
+	if got != want {
+		t.Errorf("the retry's answer %q, want the uninterrupted run's %q", got, want)
+	}
+	if pays.Load() != 1 || looks.Load() != kp.looks {
+		t.Errorf("pay ran %d times and look %d, want 1 and %d", pays.Load(), looks.Load(), kp.looks)
+	}
+	if n := sim.Requests(); n != kp.turns {
+		t.Errorf("%d turn requests upstream, want %d", n, kp.turns)
+	}
+	if n := sim.Repeats(); n != 0 {
+		t.Errorf("%d delivered turns were asked again", n)
+	}
+	if v := sim.Violations(); len(v) > 0 {
+		t.Errorf("the upstream's contract log: %+v", v)
+	}
+	return got
+}

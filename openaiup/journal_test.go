@@ -1,0 +1,175 @@
+package openaiup_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
+)
+
+// withKey sends the application's Idempotency-Key.
+func withKey(k string) option.RequestOption { return option.WithHeader("Idempotency-Key", k) }
+
+// twice sends two requests at once and returns their answers' texts.
+func twice(t *testing.T, s *stack, a, b []option.RequestOption) [2]string {
+	t.Helper()
+	var got [2]string
+	var wg sync.WaitGroup
+	for i, opts := range [][]option.RequestOption{a, b} {
+		wg.Go(func() {
+			c, err := s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(2), "")), opts...)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+				return
+			}
+			got[i] = c.Choices[0].Message.Content
+		})
+		time.Sleep(50 * time.Millisecond) // the first is running when the second comes
+	}
+	wg.Wait()
+	return got
+}
+
+// A second request with the first one's Idempotency-Key, while the first
+// runs, attaches to its run: the tools run once, the upstream is asked
+// each turn once, and both get the whole answer. Two identical requests
+// without a key are two runs; so are two keys with the same messages.
+func TestIdempotencyKeyAttaches(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		a, b     []option.RequestOption
+		wantRuns int64
+	}{
+		{"same key", []option.RequestOption{withKey("k-1")}, []option.RequestOption{withKey("k-1")}, 2},
+		{"no key", nil, nil, 4},
+		{"two keys", []option.RequestOption{withKey("k-1")}, []option.RequestOption{withKey("k-2")}, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var runs atomic.Int64
+			s := start(t, openaisim.Config{}, testenv.Options{}, echoTool("echo", 300*time.Millisecond, &runs))
+			got := twice(t, s, tc.a, tc.b)
+			for i, text := range got {
+				if text != wantEchoes(2) {
+					t.Fatalf("answer %d %q, want %q", i, text, wantEchoes(2))
+				}
+			}
+			if runs.Load() != tc.wantRuns || s.sim.Requests() != int(tc.wantRuns) {
+				t.Fatalf("the tool ran %d times over %d turns, want %d and %d", runs.Load(), s.sim.Requests(), tc.wantRuns, tc.wantRuns)
+			}
+			s.assertContract(t)
+		})
+	}
+}
+
+// A run that ended answers its Idempotency-Key from the journal, streamed or
+// not, without asking the upstream or running a tool; the key with another
+// request is refused.
+func TestFinishedKeyAnswersFromTheJournal(t *testing.T) {
+	var runs atomic.Int64
+	s := start(t, openaisim.Config{}, testenv.Options{}, echoTool("echo", 0, &runs))
+	first, err := s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(2), "")), withKey("done-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(2), "")), withKey("done-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := params(script(echoCalls(2), ""))
+	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := s.client.Chat.Completions.NewStreaming(context.Background(), p, withKey("done-1"))
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	streamed := acc.ChatCompletion
+	if again.ID != first.ID || again.Choices[0].Message.Content != first.Choices[0].Message.Content || again.Usage.TotalTokens != first.Usage.TotalTokens ||
+		again.Created != first.Created || streamed.Choices[0].Message.Content != first.Choices[0].Message.Content || streamed.ID != first.ID {
+		t.Fatalf("answers differ:\nfirst %+v\nagain %+v\nstreamed %+v", first, again, streamed)
+	}
+	if runs.Load() != 2 || s.sim.Requests() != 2 {
+		t.Fatalf("the tool ran %d times over %d turns, want 2 and 2: the journal answers", runs.Load(), s.sim.Requests())
+	}
+	_, err = s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(1), "")), withKey("done-1"))
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(apiErr.Message, "another request") {
+		t.Fatalf("err %v, want a 422 for the key used with another request", err)
+	}
+}
+
+// An error event after a call started ends the run with an OpenAI-shaped
+// error that names the upstream; the call is joined and journaled first,
+// and no next turn is asked (the upstream saw no malformed request). The
+// application's retry asks for the turn again, and the call it makes again
+// takes its journaled output instead of running a second time.
+func TestErrorEventAfterACallStarted(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "whole", true: "stream"}[stream], func(t *testing.T) {
+			var runs atomic.Int64
+			s := start(t, openaisim.Config{}, testenv.Options{}, echoTool("echo", 0, &runs))
+			// After 9 chunks the first call is whole (handed over), the
+			// second is not.
+			s.sim.Inject(openaisim.Fault{ErrorAfter: 9, ErrorMessage: "the model crashed"})
+			var err error
+			if stream {
+				_, err = s.streamChat(t, params(script(echoCalls(2), "")))
+			} else {
+				_, err = s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(2), "")), withKey("err-1"))
+			}
+			var apiErr *openai.Error
+			switch {
+			case stream && (err == nil || !strings.Contains(err.Error(), "the model crashed") || !strings.Contains(err.Error(), "127.0.0.1")):
+				t.Fatalf("stream err %v, want the upstream's error naming it", err)
+			case !stream && (!errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadGateway || !strings.Contains(apiErr.Message, "the model crashed") ||
+				!strings.Contains(apiErr.Message, "127.0.0.1")):
+				t.Fatalf("err %v, want a 502 with the upstream's error naming it", err)
+			}
+			if runs.Load() != 1 || s.sim.Requests() != 1 {
+				t.Fatalf("the tool ran %d times over %d requests, want the started call joined and no next turn", runs.Load(), s.sim.Requests())
+			}
+			s.assertContract(t)
+			if stream {
+				return
+			}
+			got, err := s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(2), "")), withKey("err-1"))
+			if err != nil || got.Choices[0].Message.Content != wantEchoes(2) {
+				t.Fatalf("retry: %v %+v", err, got.Choices)
+			}
+			if runs.Load() != 2 {
+				t.Fatalf("the tool ran %d times in all, want 2: the first call's output was journaled", runs.Load())
+			}
+			s.assertContract(t)
+		})
+	}
+}
+
+// A stream cut more often than three times is asked for again, with a
+// backoff, within upstream.retry_budget.
+func TestCutStreamsRetriedWithinTheBudget(t *testing.T) {
+	var runs atomic.Int64
+	s := start(t, openaisim.Config{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.RetryBudget = 20 * time.Second }},
+		echoTool("echo", 0, &runs))
+	s.sim.Inject(openaisim.Fault{CutAfter: 2}, openaisim.Fault{CutAfter: 2}, openaisim.Fault{CutAfter: 2}, openaisim.Fault{CutAfter: 2}, openaisim.Fault{CutAfter: 2})
+	got, err := s.streamChat(t, params(script(echoCalls(1), "")))
+	if err != nil || got.Choices[0].Message.Content != wantEchoes(1) {
+		t.Fatalf("answer %+v, err %v", got.Choices, err)
+	}
+	if runs.Load() != 1 || s.sim.Requests() != 7 {
+		t.Fatalf("the tool ran %d times over %d requests, want 1 over 7 (five cut)", runs.Load(), s.sim.Requests())
+	}
+	s.assertContract(t)
+}
