@@ -181,8 +181,8 @@ func (s *Sim) Finished() []time.Time {
 	return append([]time.Time(nil), s.finished...)
 }
 
-// Repeats counts the conversations whose turn was answered to its finish
-// chunk more than once: turns asked again after they were delivered.
+// Repeats counts the conversations whose turn was answered whole (to its
+// [DONE]) more than once: turns asked again after they were delivered.
 func (s *Sim) Repeats() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -82,7 +82,6 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 	st.send(map[string]any{}, &finish)
 	s.mu.Lock()
 	s.finished = append(s.finished, time.Now())
-	s.answered[conversationKey(req.Messages)]++
 	s.mu.Unlock()
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 		prompt := int64(10 * len(req.Messages))
@@ -90,6 +89,9 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 		st.write(map[string]any{"id": st.chunkID(), "object": "chat.completion.chunk", "created": 1700000000, "model": req.Model,
 			"choices": []any{}, "usage": map[string]int64{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
 	}
+	s.mu.Lock()
+	s.answered[key]++ // delivered whole: no fault past this point
+	s.mu.Unlock()
 	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 	st.flush()
 }
