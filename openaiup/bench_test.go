@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
@@ -58,4 +60,86 @@ func BenchmarkBatch(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkJournal measures what journaling costs a run: a streamed chat
+// completion whose first turn calls an instant tool 16 times, through a
+// sidecar in durable mode (the journal in JetStream) and one without
+// (the journal in memory), alternated request by request against one
+// simulator in a process of its own. The tool does nothing, so the
+// journal's writes are the whole difference.
+//
+//	go test ./openaiup -run '^$' -bench BenchmarkJournal -benchtime 100x
+func BenchmarkJournal(b *testing.B) {
+	url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
+	opts := func(durable bool) testenv.Options {
+		return testenv.Options{Executor: config.Executor{MaxParallel: 16}, Config: func(c *config.Config) { c.Durability.Enabled = durable }}
+	}
+	stacks := []*stack{startOn(b, nil, url, opts(true), echoTool("echo", 0, nil)), startOn(b, nil, url, opts(false), echoTool("echo", 0, nil))}
+	p := params(script(echoCalls(16), ""))
+	took := [2][]time.Duration{}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range 2 {
+			k = (k + i) % 2 // each goes first every other time
+			began := time.Now()
+			got, err := stacks[k].streamChat(b, p)
+			took[k] = append(took[k], time.Since(began))
+			if err != nil || got.Choices[0].Message.Content != wantEchoes(16) {
+				b.Fatalf("run %d: %v %+v", i, err, got.Choices)
+			}
+		}
+	}
+	b.StopTimer()
+	if v := violations(); len(v) > 0 {
+		b.Fatalf("contract violations: %v", v)
+	}
+	durable, memory := percentiles(took[0]), percentiles(took[1])
+	b.ReportMetric(durable[0], "durable-p50-ms")
+	b.ReportMetric(durable[1], "durable-max-ms")
+	b.ReportMetric(memory[0], "memory-p50-ms")
+	b.ReportMetric(memory[1], "memory-max-ms")
+	b.ReportMetric(durable[0]/memory[0], "p50-ratio")
+}
+
+// BenchmarkProxyOverhead measures what the sidecar adds to a turn without
+// tool calls: the same streamed request sent through the sidecar (durable
+// mode, no Idempotency-Key) and straight to the simulator, which serves
+// from a process of its own, alternated request by request.
+//
+//	go test ./openaiup -run '^$' -bench BenchmarkProxyOverhead -benchtime 200x
+func BenchmarkProxyOverhead(b *testing.B) {
+	url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
+	through := startOn(b, nil, url, testenv.Options{})
+	straight := &stack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("k"), option.WithMaxRetries(0))}
+	p := params("hello")
+	took := [2][]time.Duration{}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range 2 {
+			k = (k + i) % 2 // each goes first every other time
+			began := time.Now()
+			got, err := []*stack{through, straight}[k].streamChat(b, p)
+			took[k] = append(took[k], time.Since(began))
+			if err != nil || got.Choices[0].Message.Content != "echo: hello" {
+				b.Fatalf("run %d: %v %+v", i, err, got.Choices)
+			}
+		}
+	}
+	b.StopTimer()
+	if v := violations(); len(v) > 0 {
+		b.Fatalf("contract violations: %v", v)
+	}
+	via, direct := percentiles(took[0]), percentiles(took[1])
+	b.ReportMetric(via[0], "sidecar-p50-ms")
+	b.ReportMetric(via[1], "sidecar-max-ms")
+	b.ReportMetric(direct[0], "direct-p50-ms")
+	b.ReportMetric(direct[1], "direct-max-ms")
+	b.ReportMetric(via[0]-direct[0], "p50-overhead-ms")
+}
+
+// percentiles are the median and the slowest, in ms.
+func percentiles(d []time.Duration) [2]float64 {
+	slices.Sort(d)
+	return [2]float64{float64(d[len(d)/2].Microseconds()) / 1000, float64(d[len(d)-1].Microseconds()) / 1000}
 }

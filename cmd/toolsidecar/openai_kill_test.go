@@ -55,7 +55,7 @@ type openAIKill struct {
 // answer's text is the uninterrupted run's. Each point repeats
 // testenv.SoakReps() times; make soak runs 20.
 func TestOpenAISIGKILL(t *testing.T) {
-	want := openAIRun(t, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	want, _ := openAIRun(t, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
 	points := []openAIKill{
 		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: 4}}, block: []string{"look"},
 			until: func(looks, _ int32, held bool) bool { return held && looks == 1 }, turns: 3, looks: 2},
@@ -72,9 +72,8 @@ func TestOpenAISIGKILL(t *testing.T) {
 		for _, stream := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/stream=%v", kp.name, stream), func(t *testing.T) {
 				for i := range testenv.SoakReps() {
-					began := time.Now()
-					openAIRun(t, kp, stream, want)
-					t.Logf("FAULT openai_sigkill/%s/stream=%v rep=%d total_ms=%d", strings.ReplaceAll(kp.name, " ", "_"), stream, i, time.Since(began).Milliseconds())
+					_, resume := openAIRun(t, kp, stream, want)
+					t.Logf("FAULT openai_sigkill/%s/stream=%v rep=%d resume_ms=%d", strings.ReplaceAll(kp.name, " ", "_"), stream, i, resume.Milliseconds())
 					if t.Failed() {
 						return
 					}
@@ -85,9 +84,10 @@ func TestOpenAISIGKILL(t *testing.T) {
 }
 
 // openAIRun runs the request once, killing and restarting the sidecar at
-// kp (unless kp.until is nil), and returns the answer's text; with want
-// set it checks the invariants.
-func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) string {
+// kp (unless kp.until is nil), and returns the answer's text and the time
+// from the restart to the retry's answer; with want set it checks the
+// invariants.
+func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) (string, time.Duration) {
 	t.Helper()
 	sim := openaisim.New(openaisim.Config{})
 	srv := httptest.NewServer(sim)
@@ -147,7 +147,7 @@ func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) string {
 		if err != nil {
 			t.Fatalf("uninterrupted run: %v\n%s", err, p.stderr.String())
 		}
-		return got
+		return got, 0
 	}
 	first := make(chan error, 1)
 	go func() {
@@ -176,12 +176,14 @@ func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) string {
 		t.Fatalf("the first request's error %v, want a 503 that asks for a retry", err)
 	}
 	release() // calls still running finish while the sidecar is away; their replies wait in the worker's buffer
+	restarted := time.Now()
 	p.start(t)
 	testenv.WaitLive(t, p.base, "look", "pay")
 	if err := nc.Flush(); err != nil { // the buffered replies have reached the server
 		t.Fatal(err)
 	}
 	got, err := ask()
+	resume := time.Since(restarted)
 	if err != nil {
 		t.Fatalf("the retry: %v\n%s", err, p.stderr.String())
 	}
@@ -200,5 +202,5 @@ func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) string {
 	if v := sim.Violations(); len(v) > 0 {
 		t.Errorf("the upstream's contract log: %+v", v)
 	}
-	return got
+	return got, resume
 }
