@@ -77,20 +77,7 @@ func BenchmarkJournal(b *testing.B) {
 	}
 	stacks := []*stack{startOn(b, nil, url, opts(true), echoTool("echo", 0, nil)), startOn(b, nil, url, opts(false), echoTool("echo", 0, nil))}
 	p := params(script(echoCalls(16), ""))
-	took := [2][]time.Duration{}
-	b.ResetTimer()
-	for i := range b.N {
-		for k := range 2 {
-			k = (k + i) % 2 // each goes first every other time
-			began := time.Now()
-			got, err := stacks[k].streamChat(b, p)
-			took[k] = append(took[k], time.Since(began))
-			if err != nil || got.Choices[0].Message.Content != wantEchoes(16) {
-				b.Fatalf("run %d: %v %+v", i, err, got.Choices)
-			}
-		}
-	}
-	b.StopTimer()
+	took := alternate(b, [2]*stack{stacks[0], stacks[1]}, p, wantEchoes(16))
 	if v := violations(); len(v) > 0 {
 		b.Fatalf("contract violations: %v", v)
 	}
@@ -113,20 +100,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	through := startOn(b, nil, url, testenv.Options{})
 	straight := &stack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("k"), option.WithMaxRetries(0))}
 	p := params("hello")
-	took := [2][]time.Duration{}
-	b.ResetTimer()
-	for i := range b.N {
-		for k := range 2 {
-			k = (k + i) % 2 // each goes first every other time
-			began := time.Now()
-			got, err := []*stack{through, straight}[k].streamChat(b, p)
-			took[k] = append(took[k], time.Since(began))
-			if err != nil || got.Choices[0].Message.Content != "echo: hello" {
-				b.Fatalf("run %d: %v %+v", i, err, got.Choices)
-			}
-		}
-	}
-	b.StopTimer()
+	took := alternate(b, [2]*stack{through, straight}, p, "echo: hello")
 	if v := violations(); len(v) > 0 {
 		b.Fatalf("contract violations: %v", v)
 	}
@@ -136,6 +110,26 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	b.ReportMetric(direct[0], "direct-p50-ms")
 	b.ReportMetric(direct[1], "direct-max-ms")
 	b.ReportMetric(via[0]-direct[0], "p50-overhead-ms")
+}
+
+// alternate sends p through both stacks b.N times, each first every other
+// time, and returns each one's durations; an answer other than want fails.
+func alternate(b *testing.B, stacks [2]*stack, p openai.ChatCompletionNewParams, want string) [2][]time.Duration {
+	took := [2][]time.Duration{}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range 2 {
+			k = (k + i) % 2
+			began := time.Now()
+			got, err := stacks[k].streamChat(b, p)
+			took[k] = append(took[k], time.Since(began))
+			if err != nil || got.Choices[0].Message.Content != want {
+				b.Fatalf("run %d: %v %+v", i, err, got.Choices)
+			}
+		}
+	}
+	b.StopTimer()
+	return took
 }
 
 // percentiles are the median and the slowest, in ms.
