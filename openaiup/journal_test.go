@@ -173,3 +173,20 @@ func TestCutStreamsRetriedWithinTheBudget(t *testing.T) {
 	}
 	s.assertContract(t)
 }
+
+// An Idempotency-Key over 255 characters, or with a character that is not
+// printable ASCII, is a 400 before anything runs.
+func TestHostileIdempotencyKeys(t *testing.T) {
+	var runs atomic.Int64
+	s := start(t, openaisim.Config{}, testenv.Options{}, echoTool("echo", 0, &runs))
+	for _, k := range []string{strings.Repeat("k", 256), "two words"} {
+		_, err := s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(1), "")), withKey(k))
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, "Idempotency-Key") {
+			t.Fatalf("key of %d characters: err %v, want a 400 naming the header", len(k), err)
+		}
+	}
+	if runs.Load() != 0 || s.sim.Requests() != 0 {
+		t.Fatalf("the tool ran %d times over %d requests, want none", runs.Load(), s.sim.Requests())
+	}
+}
