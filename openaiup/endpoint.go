@@ -182,7 +182,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
 		return
 	}
-	id, finished, err := ep.runOf(r.Context(), req.key)
+	id, fresh, finished, err := ep.runOf(r.Context(), req.key)
 	if err != nil {
 		var br *badRequest
 		if errors.As(err, &br) {
@@ -195,7 +195,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	messages := ep.parked.restore(r.Context(), req.messages)
 	up := ep.cfg.Upstream
-	rn := up.Begin(id, req.key, req.body, messages, req.appTools)
+	rn := up.Begin(id, req.key, fresh, req.body, messages, req.appTools)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
 	out := &answer{w: w, r: r, id: id, model: req.model, usage: req.usage}
 	var sum executor.Summary
@@ -252,42 +252,43 @@ func (ep *Endpoint) driveRequest(r *http.Request, req *request, id string) execu
 // attached to, one a crash interrupted is resumed, and one that ended is
 // answered from the journal (finished). Without it, the request resumes a
 // run of the same caller and request that a crash interrupted, if one
-// exists and it wins the claim on it; otherwise it starts a run of its own.
-func (ep *Endpoint) runOf(ctx context.Context, key runKey) (id string, finished *endRecord, err error) {
+// exists and it wins the claim on it; otherwise it starts a run of its own
+// (fresh: under a new id, which no journal holds).
+func (ep *Endpoint) runOf(ctx context.Context, key runKey) (id string, fresh bool, finished *endRecord, err error) {
 	j := ep.cfg.Upstream.cfg.Journal
 	if j == nil {
-		return newRunID(key), nil, nil
+		return newRunID(key), true, nil, nil
 	}
 	jctx, cancel := journalCtx(ctx)
 	defer cancel()
 	if key.explicit {
 		var h header
 		if _, found, err := getJSON(jctx, j, headerKey(key.id), &h); err != nil || !found {
-			return key.id, nil, err
+			return key.id, false, nil, err
 		}
 		if h.Request != key.digest {
-			return "", nil, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
+			return "", false, nil, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
 				status: http.StatusUnprocessableEntity}
 		}
 		var end endRecord
 		if _, ok, err := getJSON(jctx, j, endKey(key.id), &end); err != nil || !ok {
-			return key.id, nil, err
+			return key.id, false, nil, err
 		}
-		return key.id, &end, nil
+		return key.id, false, &end, nil
 	}
 	var ix runIndex
 	if _, _, err := getJSON(jctx, j, indexKey(key.digest), &ix); err != nil {
-		return "", nil, err
+		return "", false, nil, err
 	}
 	for _, id := range slices.Backward(ix.Runs) {
 		if ok, err := ep.claim(jctx, j, id); err != nil {
-			return "", nil, err
+			return "", false, nil, err
 		} else if ok {
 			ep.log.Info("resuming a run that a crash interrupted", "run_id", id)
-			return id, nil, nil
+			return id, false, nil, nil
 		}
 	}
-	return newRunID(key), nil, nil
+	return newRunID(key), true, nil, nil
 }
 
 // claim takes over a run that a crash interrupted: one that did not end,

@@ -221,10 +221,11 @@ const maxIdempotencyKey = 255
 
 // keyOf derives the run key of a request: from the application's
 // Idempotency-Key, or from a digest of the caller's identity and the whole
-// request (model, messages, tools, metadata and every setting).
-func keyOf(r *http.Request, raw []byte) (runKey, error) {
+// request (model, messages, tools, metadata and every setting), given as
+// canonical JSON.
+func keyOf(r *http.Request, canonical []byte) (runKey, error) {
 	caller := []byte(r.Header.Get("Authorization"))
-	k := runKey{digest: digestOf([]byte("request"), caller, raw)}
+	k := runKey{digest: digestOf([]byte("request"), caller, canonical)}
 	idem := r.Header.Get("Idempotency-Key")
 	if idem == "" {
 		return k, nil

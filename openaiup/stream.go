@@ -132,7 +132,7 @@ func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 			}
 			wait := b.NextBackOff()
 			if t.ctx.Err() != nil || time.Now().Add(wait).After(t.until) {
-				err = fmt.Errorf("the upstream at %s: %w, past upstream.retry_budget", t.u.host(), err)
+				err = fmt.Errorf("the upstream at %s: %w, past upstream.retry_budget", t.u.host, err)
 				t.journalFailed(err.Error())
 				yield(executor.TurnEvent{}, err)
 				return

@@ -11,12 +11,14 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
@@ -57,8 +59,9 @@ type Config struct {
 // keeps each run's conversation in memory: Begin starts a run, the
 // executor's turns extend it, and Result reads how it ended.
 type Upstream struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	host string // names the upstream in messages (never its credentials)
+	log  *slog.Logger
 
 	mu   sync.Mutex
 	runs map[string]*run
@@ -66,7 +69,8 @@ type Upstream struct {
 
 // New builds the adapter. No I/O.
 func New(cfg Config) (*Upstream, error) {
-	if !strings.HasPrefix(cfg.URL, "http://") && !strings.HasPrefix(cfg.URL, "https://") {
+	parsed, err := url.Parse(cfg.URL)
+	if err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
 		return nil, fmt.Errorf("openaiup: url %q is not an http(s) URL", cfg.URL)
 	}
 	cfg.URL = strings.TrimSuffix(cfg.URL, "/")
@@ -86,7 +90,7 @@ func New(cfg Config) (*Upstream, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Upstream{cfg: cfg, log: log.With("component", "openai"), runs: map[string]*run{}}, nil
+	return &Upstream{cfg: cfg, host: parsed.Host, log: log.With("component", "openai"), runs: map[string]*run{}}, nil
 }
 
 // run is one run being answered, for every request attached to it: the
@@ -111,8 +115,8 @@ type run struct {
 	// asked a turn); until then Run reads it again from the journal,
 	// which another sidecar, or this one before a crash, may have moved.
 	local bool
-	// headed: the journal holds the run's header.
-	headed bool
+	// headed: the journal holds the run's header; ended: its end.
+	headed, ended bool
 	// answering: the upstream took a turn (the application's answer may
 	// begin).
 	answering bool
@@ -210,8 +214,10 @@ type ToolCall = toolCall
 // Begin attaches a request to its run: the run in progress under id, or
 // a new one with the request's conversation, the rest of the request
 // (model, tools, sampling) and the tools the application declared, whose
-// calls it runs itself. Each Begin is paired with an End.
-func (u *Upstream) Begin(id string, key runKey, body map[string]json.RawMessage, messages []json.RawMessage, appTools map[string]bool) *run {
+// calls it runs itself. fresh says that no journal can hold the run yet
+// (a new id of its own): it is not read there. Each Begin is paired with
+// an End.
+func (u *Upstream) Begin(id string, key runKey, fresh bool, body map[string]json.RawMessage, messages []json.RawMessage, appTools map[string]bool) *run {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if r, ok := u.runs[id]; ok {
@@ -221,7 +227,7 @@ func (u *Upstream) Begin(id string, key runKey, body map[string]json.RawMessage,
 		return r
 	}
 	r := &run{id: id, key: key, body: body, base: messages, messages: messages, appTools: appTools, status: executor.RunActive,
-		created: time.Now().Unix(), users: 1, wake: make(chan struct{})}
+		created: time.Now().Unix(), users: 1, wake: make(chan struct{}), local: fresh}
 	u.runs[id] = r
 	return r
 }
@@ -438,7 +444,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 		// some of its calls were handed over: it is not asked for again.
 		r.mu.Unlock()
 		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
-			Err: fmt.Errorf("the upstream at %s cut turn %d before its finish chunk, past upstream.retry_budget", u.host(), r.turn)}
+			Err: fmt.Errorf("the upstream at %s cut turn %d before its finish chunk, past upstream.retry_budget", u.host, r.turn)}
 	}
 	if r.status == executor.RunFailed {
 		// The upstream's error event ended the run; the calls it had
@@ -446,7 +452,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 		msg := r.result.failed
 		r.mu.Unlock()
 		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
-			Err: fmt.Errorf("the upstream at %s reported an error in turn %d: %s", u.host(), r.turn, msg)}
+			Err: fmt.Errorf("the upstream at %s reported an error in turn %d: %s", u.host, r.turn, msg)}
 	}
 	if p := r.pending; p != nil {
 		if len(r.result.AppCalls) > 0 {
@@ -489,21 +495,6 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	r.wakeUp()
 	r.mu.Unlock()
 	return t, nil
-}
-
-// host names the upstream in messages.
-func (u *Upstream) host() string {
-	if i := strings.Index(u.cfg.URL, "://"); i >= 0 {
-		rest := u.cfg.URL[i+3:]
-		if j := strings.IndexByte(rest, '/'); j >= 0 {
-			rest = rest[:j]
-		}
-		if k := strings.LastIndexByte(rest, '@'); k >= 0 {
-			rest = rest[k+1:] // never the credentials of a URL
-		}
-		return rest
-	}
-	return u.cfg.URL
 }
 
 // reload reads the run again from the journal: its delivered turns (the
@@ -618,35 +609,46 @@ func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecor
 	if !headed && !key.explicit && n == 1 && len(rec.Calls)+len(rec.AppCalls)+len(rec.Handed) == 0 {
 		return nil
 	}
-	ctx, cancel := journalCtx(ctx)
-	defer cancel()
-	if !headed {
-		h, _ := json.Marshal(header{Request: key.digest, Created: created})
-		if _, err := j.Create(ctx, headerKey(r.id), h); err != nil && !errors.Is(err, ErrJournalExists) {
-			return err
-		}
-		if !key.explicit {
-			if err := index(ctx, j, key.digest, r.id); err != nil {
-				return err
-			}
-		}
-		r.mu.Lock()
-		r.headed = true
-		r.mu.Unlock()
-	}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	return j.Put(ctx, turnKey(r.id, n), data)
+	ctx, cancel := journalCtx(ctx)
+	defer cancel()
+	// The records are written at once: none is read without the others
+	// being useful (a header without the turn asks for the turn again; a
+	// turn without its header is not found), and the turn's unsafe calls
+	// wait for all of them.
+	g, ctx := errgroup.WithContext(ctx)
+	if !headed {
+		g.Go(func() error {
+			h, _ := json.Marshal(header{Request: key.digest, Created: created})
+			if _, err := j.Create(ctx, headerKey(r.id), h); err != nil && !errors.Is(err, ErrJournalExists) {
+				return err
+			}
+			return nil
+		})
+		if !key.explicit {
+			g.Go(func() error { return index(ctx, j, key.digest, r.id) })
+		}
+	}
+	g.Go(func() error { return j.Put(ctx, turnKey(r.id, n), data) })
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.headed = true
+	r.mu.Unlock()
+	return nil
 }
 
 // journalEnd writes how a journaled run ended.
 func (u *Upstream) journalEnd(ctx context.Context, r *run, sum executor.Summary) {
 	r.mu.Lock()
-	headed := r.headed
+	write := r.headed && !r.ended // requests attached to one run end it once
+	r.ended = true
 	r.mu.Unlock()
-	if u.cfg.Journal == nil || !headed {
+	if u.cfg.Journal == nil || !write {
 		return
 	}
 	ctx, cancel := journalCtx(ctx)
