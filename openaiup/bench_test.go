@@ -63,30 +63,34 @@ func BenchmarkBatch(b *testing.B) {
 }
 
 // BenchmarkJournal measures what journaling costs a run: a streamed chat
-// completion whose first turn calls an instant tool 16 times, through a
-// sidecar in durable mode (the journal in JetStream) and one without
-// (the journal in memory), alternated request by request against one
-// simulator in a process of its own. The tool does nothing, so the
-// journal's writes are the whole difference.
+// completion whose first turn calls a tool 16 times, through a sidecar in
+// durable mode (the journal in JetStream) and one without (the journal in
+// memory), alternated request by request against one simulator in a
+// process of its own. With tool=0s the tool returns at once, so the
+// journal's writes (and the ledger's and the lease's) are the whole
+// difference; tool=50ms is a fast real tool.
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkJournal -benchtime 100x
 func BenchmarkJournal(b *testing.B) {
-	url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
-	opts := func(durable bool) testenv.Options {
-		return testenv.Options{Executor: config.Executor{MaxParallel: 16}, Config: func(c *config.Config) { c.Durability.Enabled = durable }}
+	for _, latency := range []time.Duration{0, 50 * time.Millisecond} {
+		b.Run(fmt.Sprintf("tool=%v", latency), func(b *testing.B) {
+			url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
+			opts := func(durable bool) testenv.Options {
+				return testenv.Options{Executor: config.Executor{MaxParallel: 16}, Config: func(c *config.Config) { c.Durability.Enabled = durable }}
+			}
+			stacks := [2]*stack{startOn(b, nil, url, opts(true), echoTool("echo", latency, nil)), startOn(b, nil, url, opts(false), echoTool("echo", latency, nil))}
+			took := alternate(b, stacks, params(script(echoCalls(16), "")), wantEchoes(16))
+			if v := violations(); len(v) > 0 {
+				b.Fatalf("contract violations: %v", v)
+			}
+			durable, memory := percentiles(took[0]), percentiles(took[1])
+			b.ReportMetric(durable[0], "durable-p50-ms")
+			b.ReportMetric(durable[1], "durable-max-ms")
+			b.ReportMetric(memory[0], "memory-p50-ms")
+			b.ReportMetric(memory[1], "memory-max-ms")
+			b.ReportMetric(durable[0]/memory[0], "p50-ratio")
+		})
 	}
-	stacks := []*stack{startOn(b, nil, url, opts(true), echoTool("echo", 0, nil)), startOn(b, nil, url, opts(false), echoTool("echo", 0, nil))}
-	p := params(script(echoCalls(16), ""))
-	took := alternate(b, [2]*stack{stacks[0], stacks[1]}, p, wantEchoes(16))
-	if v := violations(); len(v) > 0 {
-		b.Fatalf("contract violations: %v", v)
-	}
-	durable, memory := percentiles(took[0]), percentiles(took[1])
-	b.ReportMetric(durable[0], "durable-p50-ms")
-	b.ReportMetric(durable[1], "durable-max-ms")
-	b.ReportMetric(memory[0], "memory-p50-ms")
-	b.ReportMetric(memory[1], "memory-max-ms")
-	b.ReportMetric(durable[0]/memory[0], "p50-ratio")
 }
 
 // BenchmarkProxyOverhead measures what the sidecar adds to a turn without

@@ -34,8 +34,12 @@ import (
 //     Action goes processing): one without it was never sent, and runs;
 //     one with it is recovered from the ledger's captured reply, or gets
 //     the interrupted outcome;
-//   - an output is journaled before the call counts as recorded, so a
-//     resumed run runs again only the calls whose output it lacks;
+//   - a turn's outputs are journaled, as one record, before the next turn
+//     is asked for (or the run ends): a delivered turn that is not the
+//     last always has them. A resumed run whose last turn lacks some finds
+//     the workers' replies in the ledger, where each was captured as it
+//     came, and runs again only a call whose reply was lost (never an
+//     unsafe one: it gets the interrupted outcome);
 //   - the end comes last: a run with one answers from the journal.
 
 // Journal stores the records of runs, with their revisions for the
@@ -112,14 +116,14 @@ type endRecord struct {
 	Summary executor.Summary `json:"summary"`
 }
 
-func headerKey(runID string) string      { return "run." + runID }
-func turnKey(runID string, n int) string { return fmt.Sprintf("turn.%s.%d", runID, n) }
-func outputKey(actionID string) string   { return "out." + actionID }
-func startKey(actionID string) string    { return "start." + actionID }
-func endKey(runID string) string         { return "end." + runID }
-func indexKey(digest string) string      { return "key." + digest }
-func digestOf(parts ...[]byte) string    { return hex.EncodeToString(digestBytes(parts...)) }
-func shortDigest(parts ...[]byte) string { return hex.EncodeToString(digestBytes(parts...)[:15]) }
+func headerKey(runID string) string         { return "run." + runID }
+func turnKey(runID string, n int) string    { return fmt.Sprintf("turn.%s.%d", runID, n) }
+func outputsKey(runID string, n int) string { return fmt.Sprintf("outs.%s.%d", runID, n) }
+func startKey(actionID string) string       { return "start." + actionID }
+func endKey(runID string) string            { return "end." + runID }
+func indexKey(digest string) string         { return "key." + digest }
+func digestOf(parts ...[]byte) string       { return hex.EncodeToString(digestBytes(parts...)) }
+func shortDigest(parts ...[]byte) string    { return hex.EncodeToString(digestBytes(parts...)[:15]) }
 func journalCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), journalTimeout)
 }
@@ -180,14 +184,14 @@ func readJournal(ctx context.Context, j Journal, runID string) (*journaled, erro
 		}
 		jr.turns = append(jr.turns, t)
 	}
-	for _, t := range jr.turns {
+	for n, t := range jr.turns {
+		outs := map[string]string{}
+		if _, _, err := getJSON(ctx, j, outputsKey(runID, n+1), &outs); err != nil {
+			return nil, err
+		}
 		for _, c := range slices.Concat(t.Calls, t.Handed) {
-			out, _, err := j.Get(ctx, outputKey(c.ActionID))
-			if err != nil {
-				return nil, err
-			}
-			if out != nil {
-				jr.outputs[c.ActionID] = string(out)
+			if out, ok := outs[c.ActionID]; ok {
+				jr.outputs[c.ActionID] = out
 				continue
 			}
 			mark, _, err := j.Get(ctx, startKey(c.ActionID))

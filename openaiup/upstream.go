@@ -178,13 +178,16 @@ type pendingTurn struct {
 	idOf      map[string]string    // the executor's id of each of the sidecar's calls, by the assistant message's id
 	ghosts    map[string]bool      // handed by an attempt that was cut, and no part of the turn
 	outputs   map[string]string    // by tool_call_id
+	actions   map[string]string    // the action id of each output's call, by tool_call_id
 	started   map[string]bool      // unsafe calls whose start is journaled, by tool_call_id
 	journaled bool                 // the journal holds the turn: its unsafe calls may start
+	// outputsJournaled counts the outputs the journal holds.
+	outputsJournaled int
 }
 
 func newPendingTurn() *pendingTurn {
 	return &pendingTurn{handed: map[string]bool{}, ghosts: map[string]bool{}, outputs: map[string]string{}, idOf: map[string]string{},
-		started: map[string]bool{}}
+		started: map[string]bool{}, actions: map[string]string{}}
 }
 
 // Result is how a run ended, for the application's answer.
@@ -244,10 +247,14 @@ func (u *Upstream) End(ctx context.Context, r *run) Result {
 	local := r.local
 	r.mu.Unlock()
 	u.mu.Unlock()
-	if !local {
-		if err := u.reload(ctx, r); err != nil {
-			u.log.Warn("reading the run from the journal", "run_id", r.id, "err", err)
+	if local {
+		// A run that stopped between turns (shut down, cut, cancelled)
+		// keeps its last outputs for the retry.
+		if err := u.journalOutputs(ctx, r); err != nil {
+			u.log.Warn("journaling the last turn's outputs", "run_id", r.id, "err", err)
 		}
+	} else if err := u.reload(ctx, r); err != nil {
+		u.log.Warn("reading the run from the journal", "run_id", r.id, "err", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -334,38 +341,56 @@ func (u *Upstream) Finalise(context.Context, *executor.ToolCall, string, map[str
 	return nil
 }
 
-// RecordOutput journals a call's output and keeps it for the turn's tool
-// messages.
-func (u *Upstream) RecordOutput(ctx context.Context, req executor.Request, c *executor.ToolCall, content string) error {
+// RecordOutput keeps a call's output for the turn's tool messages; the
+// turn's outputs are journaled together before the next turn
+// (journalOutputs), the worker's reply having been captured by the ledger
+// meanwhile.
+func (u *Upstream) RecordOutput(_ context.Context, req executor.Request, c *executor.ToolCall, content string) error {
 	r, err := u.run(req.RunID)
 	if err != nil {
 		return err
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	p := r.pending
 	switch {
 	case p == nil || !p.handed[c.ToolCallID]:
-		r.mu.Unlock()
 		return fmt.Errorf("openaiup: run %s has no open call %s", req.RunID, c.ToolCallID)
 	case p.ghosts[c.ToolCallID]:
-		r.mu.Unlock()
 		return nil // its turn was cut and asked for again without it
 	}
-	_, dup := p.outputs[c.ToolCallID]
-	r.mu.Unlock()
-	if dup {
+	if _, dup := p.outputs[c.ToolCallID]; !dup {
+		p.outputs[c.ToolCallID], p.actions[c.ToolCallID] = content, c.ActionID
+	}
+	return nil
+}
+
+// journalOutputs writes the outputs of the run's pending turn that the
+// journal lacks, as one record of the turn.
+func (u *Upstream) journalOutputs(ctx context.Context, r *run) error {
+	r.mu.Lock()
+	p, n := r.pending, r.turn
+	if u.cfg.Journal == nil || p == nil || len(p.outputs) == p.outputsJournaled {
+		r.mu.Unlock()
 		return nil
 	}
-	if u.cfg.Journal != nil {
-		if err := u.cfg.Journal.Put(ctx, outputKey(c.ActionID), []byte(content)); err != nil {
-			return fmt.Errorf("openaiup: journaling the output of %s: %w", c.ToolCallID, err)
-		}
+	outs := make(map[string]string, len(p.outputs))
+	for id, out := range p.outputs {
+		outs[p.actions[id]] = out
+	}
+	r.mu.Unlock()
+	data, err := json.Marshal(outs)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := journalCtx(ctx)
+	defer cancel()
+	if err := u.cfg.Journal.Put(ctx, outputsKey(r.id, n), data); err != nil {
+		return fmt.Errorf("openaiup: journaling the outputs of turn %d: %w", n, err)
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := p.outputs[c.ToolCallID]; !dup {
-		p.outputs[c.ToolCallID] = content
-	}
+	p.outputsJournaled = max(p.outputsJournaled, len(outs))
+	r.mu.Unlock()
 	return nil
 }
 
@@ -437,6 +462,11 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	if err != nil {
 		return nil, err
 	}
+	// The last turn's outputs are in the journal before another turn is
+	// asked for (or the run ends on the upstream's error).
+	if err := u.journalOutputs(ctx, r); err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
 	r.local = true
 	if p := r.pending; p != nil && !p.read {
@@ -480,6 +510,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 		// takes its output (hand).
 		r.pending.handed[cc.call.ToolCallID] = true
 		r.pending.outputs[cc.call.ToolCallID] = cc.output
+		r.pending.actions[cc.call.ToolCallID] = cc.call.ActionID
 		t.sent = append(t.sent, &sentCall{call: cc.call})
 	}
 	r.carried = nil
@@ -546,7 +577,8 @@ func (u *Upstream) reload(ctx context.Context, r *run) error {
 			p.calls = append(p.calls, ec)
 			p.idOf[c.MessageID], p.handed[c.ToolCallID] = c.ToolCallID, true
 			if out, ok := jr.outputs[c.ActionID]; ok {
-				p.outputs[c.ToolCallID] = out
+				p.outputs[c.ToolCallID], p.actions[c.ToolCallID] = out, c.ActionID
+				p.outputsJournaled++
 			}
 			p.started[c.ToolCallID] = jr.started[c.ActionID]
 		}
