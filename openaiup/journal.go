@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
@@ -34,12 +35,12 @@ import (
 //     Action goes processing): one without it was never sent, and runs;
 //     one with it is recovered from the ledger's captured reply, or gets
 //     the interrupted outcome;
-//   - a turn's outputs are journaled, as one record, before the next turn
-//     is asked for (or the run ends): a delivered turn that is not the
-//     last always has them. A resumed run whose last turn lacks some finds
-//     the workers' replies in the ledger, where each was captured as it
-//     came, and runs again only a call whose reply was lost (never an
-//     unsafe one: it gets the interrupted outcome);
+//   - a turn's outputs ride with the next turn's record, or are written
+//     as one record when the run ends without one: a delivered turn that
+//     is not the last always has them. A resumed run whose last turn lacks
+//     some finds the workers' replies in the ledger, where each was
+//     captured as it came, and runs again only a call whose reply was lost
+//     (never an unsafe one: it gets the interrupted outcome);
 //   - the end comes last: a run with one answers from the journal.
 
 // Journal stores the records of runs, with their revisions for the
@@ -94,6 +95,9 @@ type turnRecord struct {
 	// application's.
 	Calls    []journaledCall `json:"calls,omitempty"`
 	AppCalls []toolCall      `json:"app_calls,omitempty"`
+	// Previous are the outputs of the turn before, by action id: they are
+	// written with this record rather than on their own.
+	Previous map[string]string `json:"previous,omitempty"`
 	// Handed are the calls a failed turn had handed over: the turn is
 	// asked for again on a retry, and a call it makes again (same tool,
 	// same arguments) takes the output journaled for it instead of running.
@@ -185,11 +189,22 @@ func readJournal(ctx context.Context, j Journal, runID string) (*journaled, erro
 		jr.turns = append(jr.turns, t)
 	}
 	for n, t := range jr.turns {
+		// A turn's outputs ride with the next turn's record, or, when no
+		// turn followed, are a record of their own.
 		outs := map[string]string{}
-		if _, _, err := getJSON(ctx, j, outputsKey(runID, n+1), &outs); err != nil {
-			return nil, err
+		if n+1 < len(jr.turns) {
+			outs = jr.turns[n+1].Previous
 		}
-		for _, c := range slices.Concat(t.Calls, t.Handed) {
+		calls := slices.Concat(t.Calls, t.Handed)
+		if slices.ContainsFunc(calls, func(c journaledCall) bool { _, ok := outs[c.ActionID]; return !ok }) {
+			alone := map[string]string{}
+			if _, _, err := getJSON(ctx, j, outputsKey(runID, n+1), &alone); err != nil {
+				return nil, err
+			}
+			maps.Copy(alone, outs)
+			outs = alone
+		}
+		for _, c := range calls {
 			if out, ok := outs[c.ActionID]; ok {
 				jr.outputs[c.ActionID] = out
 				continue

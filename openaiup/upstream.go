@@ -120,6 +120,9 @@ type run struct {
 	// answering: the upstream took a turn (the application's answer may
 	// begin).
 	answering bool
+	// prev are the last turn's outputs, which ride with the next turn's
+	// record (journalTurn) or, when none follows, are written alone.
+	prev *turnOutputs
 	// carried are the calls of a failed turn that had their outputs: the
 	// turn asked for again reuses them (journal.go, Handed).
 	carried []carriedCall
@@ -250,9 +253,7 @@ func (u *Upstream) End(ctx context.Context, r *run) Result {
 	if local {
 		// A run that stopped between turns (shut down, cut, cancelled)
 		// keeps its last outputs for the retry.
-		if err := u.journalOutputs(ctx, r); err != nil {
-			u.log.Warn("journaling the last turn's outputs", "run_id", r.id, "err", err)
-		}
+		u.keepOutputs(ctx, r)
 	} else if err := u.reload(ctx, r); err != nil {
 		u.log.Warn("reading the run from the journal", "run_id", r.id, "err", err)
 	}
@@ -365,33 +366,62 @@ func (u *Upstream) RecordOutput(_ context.Context, req executor.Request, c *exec
 	return nil
 }
 
-// journalOutputs writes the outputs of the run's pending turn that the
-// journal lacks, as one record of the turn.
-func (u *Upstream) journalOutputs(ctx context.Context, r *run) error {
-	r.mu.Lock()
-	p, n := r.pending, r.turn
-	if u.cfg.Journal == nil || p == nil || len(p.outputs) == p.outputsJournaled {
-		r.mu.Unlock()
+// turnOutputs are the outputs of turn n, by action id.
+type turnOutputs struct {
+	n    int
+	outs map[string]string
+}
+
+// unjournaled are the outputs of the pending turn that the journal lacks,
+// or nil. r.mu is held.
+func (r *run) unjournaled() *turnOutputs {
+	p := r.pending
+	if p == nil || len(p.outputs) == p.outputsJournaled {
 		return nil
 	}
-	outs := make(map[string]string, len(p.outputs))
+	to := &turnOutputs{n: r.turn, outs: make(map[string]string, len(p.outputs))}
 	for id, out := range p.outputs {
-		outs[p.actions[id]] = out
+		to.outs[p.actions[id]] = out
 	}
-	r.mu.Unlock()
-	data, err := json.Marshal(outs)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := journalCtx(ctx)
-	defer cancel()
-	if err := u.cfg.Journal.Put(ctx, outputsKey(r.id, n), data); err != nil {
-		return fmt.Errorf("openaiup: journaling the outputs of turn %d: %w", n, err)
+	p.outputsJournaled = len(p.outputs)
+	return to
+}
+
+// journalOutputs writes, each as a record of its turn, the outputs that
+// wait to ride with the next turn's record and those of the pending turn:
+// for a run that ends, or whose turn failed, with no next turn to carry
+// them.
+func (u *Upstream) journalOutputs(ctx context.Context, r *run) error {
+	if u.cfg.Journal == nil {
+		return nil
 	}
 	r.mu.Lock()
-	p.outputsJournaled = max(p.outputsJournaled, len(outs))
+	todo := []*turnOutputs{r.prev, r.unjournaled()}
+	r.prev = nil
 	r.mu.Unlock()
+	ctx, cancel := journalCtx(ctx)
+	defer cancel()
+	for _, to := range todo {
+		if to == nil {
+			continue
+		}
+		data, err := json.Marshal(to.outs)
+		if err != nil {
+			return err
+		}
+		if err := u.cfg.Journal.Put(ctx, outputsKey(r.id, to.n), data); err != nil {
+			return fmt.Errorf("openaiup: journaling the outputs of turn %d: %w", to.n, err)
+		}
+	}
 	return nil
+}
+
+// keepOutputs journals the outputs no turn record will carry, saying so
+// when it cannot: the retry then finds the replies in the ledger.
+func (u *Upstream) keepOutputs(ctx context.Context, r *run) {
+	if err := u.journalOutputs(ctx, r); err != nil {
+		u.log.Warn("journaling the last outputs", "run_id", r.id, "err", err)
+	}
 }
 
 // OpenCalls lists the calls of the turn in progress that have no output.
@@ -462,17 +492,13 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	if err != nil {
 		return nil, err
 	}
-	// The last turn's outputs are in the journal before another turn is
-	// asked for (or the run ends on the upstream's error).
-	if err := u.journalOutputs(ctx, r); err != nil {
-		return nil, err
-	}
 	r.mu.Lock()
 	r.local = true
 	if p := r.pending; p != nil && !p.read {
 		// The last turn's stream was cut past its retry budget, after
 		// some of its calls were handed over: it is not asked for again.
 		r.mu.Unlock()
+		u.keepOutputs(ctx, r)
 		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
 			Err: fmt.Errorf("the upstream at %s cut turn %d before its finish chunk, past upstream.retry_budget", u.host, r.turn)}
 	}
@@ -481,6 +507,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 		// started are joined and journaled, and no turn follows.
 		msg := r.result.failed
 		r.mu.Unlock()
+		u.keepOutputs(ctx, r)
 		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
 			Err: fmt.Errorf("the upstream at %s reported an error in turn %d: %s", u.host, r.turn, msg)}
 	}
@@ -498,6 +525,9 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 			return nil, err
 		}
 		r.messages = append(r.messages, msgs...)
+		// Its outputs ride with the next turn's record (journalTurn): a
+		// crash before that finds the workers' replies in the ledger.
+		r.prev = r.unjournaled()
 	}
 	r.pending = newPendingTurn()
 	r.began = true
@@ -636,10 +666,13 @@ func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecor
 		return nil
 	}
 	r.mu.Lock()
-	headed, key, created := r.headed, r.key, r.created
+	headed, key, created, prev := r.headed, r.key, r.created, r.prev
 	r.mu.Unlock()
 	if !headed && !key.explicit && n == 1 && len(rec.Calls)+len(rec.AppCalls)+len(rec.Handed) == 0 {
 		return nil
+	}
+	if prev != nil && prev.n == n-1 {
+		rec.Previous = prev.outs
 	}
 	data, err := json.Marshal(rec)
 	if err != nil {
@@ -670,6 +703,9 @@ func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecor
 	}
 	r.mu.Lock()
 	r.headed = true
+	if r.prev == prev && rec.Previous != nil {
+		r.prev = nil
+	}
 	r.mu.Unlock()
 	return nil
 }

@@ -155,6 +155,13 @@ func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) (string, t
 		first <- err
 	}()
 	poll.Until(t, kp.name, func() bool { return kp.until(looks.Load(), pays.Load(), held.Load()) })
+	// The replies of calls that returned have reached the server, and the
+	// sidecar has them (a reply written into the socket of a server that
+	// dies is lost: the read-only call then runs again, as it may).
+	time.Sleep(50 * time.Millisecond)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if kp.term {
 		// The batch finishes and is journaled; no further turn is asked,
 		// and the application is told to retry.
