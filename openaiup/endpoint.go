@@ -196,6 +196,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	messages := ep.parked.restore(r.Context(), req.messages)
 	up := ep.cfg.Upstream
 	rn := up.Begin(id, req.key, fresh, req.body, messages, req.appTools)
+	defer up.Release(rn)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
 	out := &answer{w: w, r: r, id: id, model: req.model, usage: req.usage}
 	var sum executor.Summary
@@ -211,7 +212,13 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	res := up.End(r.Context(), rn)
 	if finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns) {
-		up.journalEnd(r.Context(), rn, sum)
+		// The end is written once the answer is out, off the time the
+		// application waits: until it is, the journal holds every turn
+		// of the run, and a retry resumes it to the same answer.
+		defer func() {
+			_ = http.NewResponseController(w).Flush()
+			up.journalEnd(r.Context(), rn, sum)
+		}()
 	}
 	if len(res.AppCalls) > 0 {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)

@@ -238,18 +238,12 @@ func (u *Upstream) Begin(id string, key runKey, fresh bool, body map[string]json
 	return r
 }
 
-// End detaches a request from its run, and returns how the run ended: as
-// this process drove it, or as the journal has it when another sidecar
-// drove it. The last request forgets the run.
+// End returns how the request's run ended: as this process drove it, or
+// as the journal has it when another sidecar drove it.
 func (u *Upstream) End(ctx context.Context, r *run) Result {
-	u.mu.Lock()
 	r.mu.Lock()
-	if r.users--; r.users == 0 {
-		delete(u.runs, r.id)
-	}
 	local := r.local
 	r.mu.Unlock()
-	u.mu.Unlock()
 	if local {
 		// A run that stopped between turns (shut down, cut, cancelled)
 		// keeps its last outputs for the retry.
@@ -260,6 +254,19 @@ func (u *Upstream) End(ctx context.Context, r *run) Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.result
+}
+
+// Release detaches a request from its run, after its answer and the
+// run's end are written: until then the run is live, and no request
+// without its key claims it. The last request forgets the run.
+func (u *Upstream) Release(r *run) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.users--; r.users == 0 {
+		delete(u.runs, r.id)
+	}
 }
 
 // live reports a run this process holds.
