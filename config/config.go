@@ -50,7 +50,7 @@ func Default() Config {
 		Upstream:   Upstream{Kind: UpstreamCore, RetryBudget: 30 * time.Second, StreamIdleTimeout: 2 * time.Minute, JournalTTL: 24 * time.Hour},
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, StreamIdleTimeout: 280 * time.Second,
 			MaxConnections: 64, IdleTimeout: 4 * time.Second},
-		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222"}, ConnectRetry: 30 * time.Second},
+		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222", WorkerCredentials: true}, ConnectRetry: 30 * time.Second},
 		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, UI: true, UIHistory: 200, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, MaxStreams: 250, SSEKeepalive: 15 * time.Second},
@@ -132,6 +132,10 @@ func checkHostPort(addr string) error {
 // SidecarUser is the embedded server's user the sidecar itself connects
 // as, in process; no worker may take the name.
 const SidecarUser = "toolsidecar"
+
+// WorkerUser is the embedded server's user of the issued worker
+// credentials (nats.embedded.worker_credentials); the name is reserved.
+const WorkerUser = "toolsidecar-worker"
 
 // ReadSecret reads the secret file that key names, trimming the trailing
 // newline. An empty or blank file is an error: it would otherwise turn a

@@ -193,8 +193,9 @@ func TestBoundsAndUnits(t *testing.T) {
 		"nats: {token_file: /t, creds_file: /c}\n":   "set one of creds_file",
 		"nats: {user: u}\n":                          "user and password_file go together",
 		"nats: {embedded: {workers: [{name: w}]}}\n": "set exactly one of password_file and nkey",
-		"nats: {embedded: {workers: [{name: toolsidecar, password_file: /p, tools: [a]}]}}\n": `not "toolsidecar"`,
-		"nats: {embedded: {workers: [{name: w, password_file: /p}]}}\n":                       "list the tools",
+		"nats: {embedded: {workers: [{name: toolsidecar, password_file: /p, tools: [a]}]}}\n":        `not "toolsidecar"`,
+		"nats: {embedded: {workers: [{name: toolsidecar-worker, password_file: /p, tools: [a]}]}}\n": `or "toolsidecar-worker"`,
+		"nats: {embedded: {workers: [{name: w, password_file: /p}]}}\n":                              "list the tools",
 	} {
 		if _, err := Parse([]byte(yaml)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error saying %q", yaml, err, want)

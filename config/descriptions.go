@@ -23,6 +23,7 @@ var descriptions = map[string]string{
 	"Embedded.Listen":                 "Listen is where workers connect. default: 127.0.0.1:4222",
 	"Embedded.StoreDir":               "StoreDir holds JetStream's files (the ledger, the captured replies): keep it across restarts. default: <temp dir>/toolsidecar-nats-<port>",
 	"Embedded.TLS":                    "TLS serves the listener over TLS: CertFile and KeyFile, and CAFile to require client certificates signed by it. Optional.",
+	"Embedded.WorkerCredentials":      "WorkerCredentials issues a worker user that may serve every tool, its password kept in <store dir>/worker-credentials.json (mode 0600), which the worker libraries read: a worker on the same machine (or sharing the folder) connects with no configuration. default: true",
 	"Embedded.Workers":                "Workers are the users workers connect as.",
 	"Executor.CancelPoll":             "CancelPoll is how often Core is asked whether a run was cancelled while its batch runs. default: 500ms",
 	"Executor.CancelPollRPS":          "CancelPollRPS bounds those requests, for all runs together, per second: one listing of a caller's newest runs (up to 100) where two or more of its runs wait, else one read per run. With more runs waiting than it covers, each is read less often than cancel_poll. A cancel sent through the sidecar (proxy mode) is seen at once, without reads. default: 25",

@@ -52,6 +52,11 @@ type Embedded struct {
 	// AllowAnonymous lets clients without credentials in, with every
 	// permission. default: false (a warning is logged when true)
 	AllowAnonymous bool `koanf:"allow_anonymous"`
+	// WorkerCredentials issues a worker user that may serve every tool,
+	// its password kept in <store dir>/worker-credentials.json (mode
+	// 0600), which the worker libraries read: a worker on the same machine
+	// (or sharing the folder) connects with no configuration. default: true
+	WorkerCredentials bool `koanf:"worker_credentials"`
 	// TLS serves the listener over TLS: CertFile and KeyFile, and CAFile
 	// to require client certificates signed by it. Optional.
 	TLS TLS `koanf:"tls"`
@@ -114,8 +119,8 @@ func (n NATS) validateWorkers(p *problems) {
 	for i, w := range n.Embedded.Workers {
 		key := fmt.Sprintf("embedded.workers[%d]", i)
 		switch {
-		case w.Name == "" || w.Name == SidecarUser:
-			bad(key+".name", "must be set and not %q", SidecarUser)
+		case w.Name == "" || w.Name == SidecarUser || w.Name == WorkerUser:
+			bad(key+".name", "must be set and not %q or %q", SidecarUser, WorkerUser)
 		case names[w.Name]:
 			bad(key+".name", "duplicate user %q", w.Name)
 		}

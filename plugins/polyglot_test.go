@@ -1,7 +1,6 @@
 package plugins_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,9 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
@@ -20,7 +17,6 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// startNodeWorker runs the Node example worker against the test's NATS.
 // startNodeWorker runs the Node example worker as the test worker user.
 func startNodeWorker(t *testing.T, natsURL, password string) {
 	t.Helper()
@@ -31,36 +27,7 @@ func startNodeWorker(t *testing.T, natsURL, password string) {
 	cmd := exec.Command("node", script)
 	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "TOOLSIDECAR_PREFIX="+testenv.Prefix,
 		"NATS_USER="+testenv.WorkerUser, "NATS_PASSWORD="+password)
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	ready := make(chan string, 1)
-	go func() {
-		line, _ := bufio.NewReader(stdout).ReadString('\n')
-		ready <- strings.TrimSpace(line)
-		io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case line := <-ready:
-		if line != "ready" {
-			t.Fatalf("node worker said %q", line)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("node worker did not start")
-	}
+	testenv.StartProcess(t, cmd, "ready")
 }
 
 // TestPolyglotBatch: one batch served at once by a Go worker, a Node

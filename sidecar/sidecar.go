@@ -218,10 +218,22 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if s.cfg.Durability.Enabled {
-			if ecfg.StoreDir, err = s.storeDir(); err != nil {
+		dir := ""
+		if s.cfg.Durability.Enabled || s.cfg.NATS.Embedded.WorkerCredentials {
+			if dir, err = s.storeDir(); err != nil {
 				return err
 			}
+		}
+		if s.cfg.Durability.Enabled {
+			ecfg.StoreDir = dir
+		}
+		var issued *embedded.Worker
+		if s.cfg.NATS.Embedded.WorkerCredentials {
+			w, err := issueWorkerUser(dir, s.cfg.NATS.SubjectPrefix)
+			if err != nil {
+				return err
+			}
+			ecfg.Workers, issued = append(ecfg.Workers, w), &w
 		}
 		if ecfg.AllowAnonymous {
 			s.log.Warn("the embedded NATS server lets clients without credentials in, with every permission (nats.embedded.allow_anonymous)")
@@ -233,6 +245,14 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 		s.embedded, s.natsURL = ns, ns.ClientURL()
 		s.closers = append(s.closers, ns.Shutdown)
 		s.log.Info("embedded NATS started", "url", s.natsURL, "worker_users", len(ecfg.Workers))
+		if issued != nil {
+			path, err := writeWorkerCredentials(dir, s.natsURL, *issued)
+			if err != nil {
+				return err
+			}
+			s.log.Info("worker credentials written: a worker library reads them there, or from the file "+wire.CredentialsEnv+" names",
+				"path", path, "user", issued.Name)
+		}
 		cc, extra = bridge.ConnectConfig{URL: ns.InProcessURL(), Name: "toolsidecar"}, ns.ConnectOptions()
 	} else if err := readNATSSecrets(s.cfg.NATS, &cc); err != nil {
 		return err

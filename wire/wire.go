@@ -16,6 +16,25 @@ import (
 // reaches one worker of a tool.
 const QueueGroup = "toolsidecar"
 
+// ServiceName is the NATS micro service name every worker library
+// registers under, so that one `nats micro stats` shows them all.
+const ServiceName = "toolsidecar-worker"
+
+// CredentialsEnv names the file of a worker's credentials, which the
+// embedded server issues (nats.embedded.worker_credentials): JSON with
+// url, user and password. CredentialsFile is its name in the store dir.
+const (
+	CredentialsEnv  = "TOOLSIDECAR_WORKER_CREDENTIALS"
+	CredentialsFile = "worker-credentials.json"
+)
+
+// Credentials is the content of the credentials file.
+type Credentials struct {
+	URL      string `json:"url"`
+	User     string `json:"user"`
+	Password string `json:"password"`
+}
+
 // Subject is where the named tool is served.
 func Subject(prefix, name string) string { return prefix + "." + name }
 

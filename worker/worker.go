@@ -54,7 +54,8 @@ func WithQueueGroup(q string) Option { return func(w *Worker) { w.queue = q } }
 
 // WithService names the micro service that $SRV.INFO and $SRV.STATS report
 // (name: letters, digits, '-' and '_'; version: SemVer).
-// default: "toolsidecar-worker" and the toolsidecar module's version
+// default: wire.ServiceName ("toolsidecar-worker", shared by the Go, Node and
+// Python libraries) and the toolsidecar module's version
 func WithService(name, version string) Option {
 	return func(w *Worker) { w.name, w.version = name, version }
 }
@@ -109,7 +110,7 @@ var ErrCancelledBySidecar = errors.New("worker: cancelled by the sidecar")
 func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 	w := &Worker{nc: nc, prefix: subjectPrefix, queue: wire.QueueGroup, limit: 64,
 		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{},
-		name: "toolsidecar-worker", version: moduleVersion(), stats: map[string]*endpointStats{}}
+		name: wire.ServiceName, version: moduleVersion(), stats: map[string]*endpointStats{}}
 	for _, o := range opts {
 		o(w)
 	}
@@ -189,7 +190,8 @@ func (w *Worker) Start() error {
 	}
 	before := w.nc.NumSubscriptions()
 	w.svc, err = micro.AddService(w.nc, micro.Config{Name: w.name, Version: w.version,
-		Description: "toolsidecar tool worker", QueueGroup: w.queue, StatsHandler: w.statsData})
+		Description: "toolsidecar tool worker", QueueGroup: w.queue, StatsHandler: w.statsData,
+		Metadata: map[string]string{"language": "go", "library_version": moduleVersion()}})
 	if err != nil {
 		w.abort()
 		return fmt.Errorf("worker: %w", err)

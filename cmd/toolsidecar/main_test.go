@@ -179,6 +179,7 @@ func TestVersion(t *testing.T) {
 // comes back where workers and clients expect it.
 type daemonProc struct {
 	cfgPath, base, natsURL string
+	args                   []string // the command line; default: run --config cfgPath
 	env                    []string // more environment: TOOLSIDECAR_ overrides
 	cmd                    *exec.Cmd
 	stderr                 *testenv.LogBuffer
@@ -204,7 +205,11 @@ func newDaemonConfig(t *testing.T, coreURL, tools string, extra ...string) *daem
 // start runs the daemon and waits until it is ready.
 func (p *daemonProc) start(t *testing.T) {
 	t.Helper()
-	p.cmd = exec.Command(os.Args[0], "run", "--config", p.cfgPath)
+	args := p.args
+	if args == nil {
+		args = []string{"run", "--config", p.cfgPath}
+	}
+	p.cmd = exec.Command(os.Args[0], args...)
 	p.cmd.Env = append(append(os.Environ(), "TSC_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k"), p.env...)
 	p.stderr = &testenv.LogBuffer{}
 	p.cmd.Stderr = p.stderr

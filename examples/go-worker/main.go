@@ -1,10 +1,13 @@
 // Command go-worker is an example toolsidecar worker in Go: it serves
 // get_flight_times on the sidecar's NATS bus with the worker package.
 //
-//	NATS_URL=nats://127.0.0.1:4222 NATS_USER=flights NATS_PASSWORD=... go run ./examples/go-worker
+//	go run ./examples/go-worker
 //
-// NATS_USER and NATS_PASSWORD are the worker's user on the sidecar's
-// embedded server (nats.embedded.workers in its configuration).
+// On the machine of a sidecar on its defaults it needs nothing more: it
+// reads the credentials the sidecar's embedded NATS server issued. Else
+// TOOLSIDECAR_WORKER_CREDENTIALS names that file (the sidecar logs its
+// path), or NATS_URL, NATS_USER and NATS_PASSWORD name a server and a user
+// (worker.Connect).
 package main
 
 import (
@@ -50,15 +53,7 @@ func getFlightTimes(ctx context.Context, c *tool.Call) ([]byte, error) {
 
 func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	url := os.Getenv("NATS_URL")
-	if url == "" {
-		url = nats.DefaultURL
-	}
-	opts := []nats.Option{nats.Name("example-go-worker"), nats.MaxReconnects(-1)}
-	if user := os.Getenv("NATS_USER"); user != "" {
-		opts = append(opts, nats.UserInfo(user, os.Getenv("NATS_PASSWORD")))
-	}
-	nc, err := nats.Connect(url, opts...)
+	nc, err := worker.Connect(nats.Name("example-go-worker"))
 	if err != nil {
 		log.Error("connect", "err", err)
 		os.Exit(1)
@@ -69,7 +64,7 @@ func main() {
 		log.Error("start", "err", err)
 		os.Exit(1)
 	}
-	log.Info("serving", "tool", "get_flight_times", "nats", url)
+	log.Info("serving", "tool", "get_flight_times", "nats", nc.ConnectedUrlRedacted())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()

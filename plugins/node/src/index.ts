@@ -11,6 +11,80 @@
  */
 import { headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
 import { Svcm, type Service, type ServiceMsg } from "@nats-io/services";
+import { readFileSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+/** The micro service name every worker library registers under. */
+export const SERVICE_NAME = "toolsidecar-worker";
+/** This library's version, in the service's metadata. */
+export const VERSION = "0.1.0";
+/** The variable naming the credentials file the sidecar's embedded NATS issues. */
+export const CREDENTIALS_ENV = "TOOLSIDECAR_WORKER_CREDENTIALS";
+
+/** Where a sidecar on its defaults (embedded NATS on 127.0.0.1:4222) writes the worker credentials. */
+export function defaultCredentials(): string {
+  return join(tmpdir(), "toolsidecar-nats-4222", "worker-credentials.json");
+}
+
+/** What connect() of @nats-io/transport-node takes to reach the sidecar's NATS. */
+export interface WorkerConnectOptions {
+  servers: string;
+  user?: string;
+  pass?: string;
+}
+
+/**
+ * Where and as whom a worker connects, as the Go and Python libraries
+ * decide it: the file TOOLSIDECAR_WORKER_CREDENTIALS names; else NATS_URL
+ * with NATS_USER and NATS_PASSWORD; else, with neither set, the file of a
+ * sidecar on its defaults when it exists. NATS_URL overrides the file's URL.
+ * The file must be this user's and readable by no one else: one anybody
+ * could write would send the worker's calls to another server.
+ *
+ *   const nc = await connect({ ...connectOptions(), name: "my-worker" });
+ */
+export function connectOptions(env: NodeJS.ProcessEnv = process.env): WorkerConnectOptions {
+  let path = env[CREDENTIALS_ENV] ?? "";
+  if (!path && !env.NATS_URL && !env.NATS_USER) {
+    try {
+      statSync(defaultCredentials());
+      path = defaultCredentials();
+    } catch {
+      // no sidecar on its defaults here
+    }
+  }
+  if (path) {
+    const c = readCredentials(path);
+    return { servers: env.NATS_URL || c.url || "nats://127.0.0.1:4222", user: c.user, pass: c.password };
+  }
+  return { servers: env.NATS_URL || "nats://127.0.0.1:4222", user: env.NATS_USER || undefined, pass: env.NATS_PASSWORD || undefined };
+}
+
+function readCredentials(path: string): { url?: string; user: string; password: string } {
+  let st;
+  try {
+    st = statSync(path);
+  } catch {
+    throw new Error(`the credentials file ${path} does not exist: is the sidecar started (it writes the file), and is ${CREDENTIALS_ENV} its path?`);
+  }
+  if ((st.mode & 0o077) !== 0) {
+    throw new Error(`the credentials file ${path}: mode ${(st.mode & 0o777).toString(8)}: others may read or change it (the sidecar writes it 0600)`);
+  }
+  if (process.getuid && st.uid !== process.getuid()) {
+    throw new Error(`the credentials file ${path}: owned by uid ${st.uid}, not by this user (${process.getuid()})`);
+  }
+  let c: { url?: unknown; user?: unknown; password?: unknown };
+  try {
+    c = JSON.parse(readFileSync(path, "utf8"));
+  } catch {
+    c = {};
+  }
+  if (typeof c.user !== "string" || typeof c.password !== "string" || !c.user || !c.password) {
+    throw new Error(`the credentials file ${path} is not the sidecar's (JSON with url, user and password)`);
+  }
+  return { url: typeof c.url === "string" ? c.url : undefined, user: c.user, password: c.password };
+}
 
 /** The error taxonomy every worker language shares. */
 export type ErrorType =
@@ -94,7 +168,7 @@ export type Handler<A = any> = (call: Call<A>) => unknown | Promise<unknown>;
 export interface ServeOptions {
   /** Subject prefix; default "toolsidecar.tools". */
   prefix?: string;
-  /** micro service name; default "toolsidecar-node-worker". */
+  /** micro service name; default SERVICE_NAME, shared by every library. */
   name?: string;
   version?: string;
   /** Calls run at once across tools; default 64. */
@@ -150,8 +224,9 @@ export async function serve(nc: NatsConnection, tools: Record<string, Handler>, 
   });
 
   const service = await new Svcm(nc).add({
-    name: opts.name ?? "toolsidecar-node-worker",
-    version: opts.version ?? "0.1.0",
+    name: opts.name ?? SERVICE_NAME,
+    version: opts.version ?? VERSION,
+    metadata: { language: "node", library_version: VERSION },
     queue: "toolsidecar",
   });
   for (const [tool, handler] of Object.entries(tools)) {

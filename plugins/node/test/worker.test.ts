@@ -3,7 +3,10 @@ import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { createInbox, headers, type NatsConnection } from "@nats-io/nats-core";
 import { execFileSync } from "node:child_process";
-import { CancelledBySidecar, serve, ToolError, type Handler, type Worker } from "../src/index.js";
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { CancelledBySidecar, connectOptions, CREDENTIALS_ENV, serve, ToolError, VERSION, type Handler, type Worker } from "../src/index.js";
 
 // A real NATS server is started by scripts/with-nats.sh (npm run test:nats).
 const url = process.env.NATS_URL;
@@ -139,6 +142,21 @@ test("endpoints are micro endpoints found through $SRV.INFO", async () => {
   const subjects = info.endpoints.map((e: { subject: string }) => e.subject).sort();
   assert.ok(subjects.includes(`${prefix}.echo`) && subjects.includes(`${prefix}.hang`), subjects.join(","));
   assert.equal(info.endpoints[0].queue_group, "toolsidecar");
+  assert.equal(info.name, "toolsidecar-worker");
+  assert.deepEqual(info.metadata, { language: "node", library_version: VERSION });
+});
+
+test("connectOptions reads the sidecar's credentials file and refuses one others may read", () => {
+  const dir = mkdtempSync(join(tmpdir(), "creds-"));
+  const file = join(dir, "worker-credentials.json");
+  writeFileSync(file, JSON.stringify({ url: "nats://127.0.0.1:4999", user: "toolsidecar-worker", password: "pw" }), { mode: 0o600 });
+  assert.deepEqual(connectOptions({ [CREDENTIALS_ENV]: file }), { servers: "nats://127.0.0.1:4999", user: "toolsidecar-worker", pass: "pw" });
+  assert.equal(connectOptions({ [CREDENTIALS_ENV]: file, NATS_URL: "nats://h:1" }).servers, "nats://h:1");
+  chmodSync(file, 0o644);
+  assert.throws(() => connectOptions({ [CREDENTIALS_ENV]: file }), /others may read/);
+  assert.throws(() => connectOptions({ [CREDENTIALS_ENV]: join(dir, "none") }), /does not exist: is the sidecar started/);
+  assert.deepEqual(connectOptions({ NATS_URL: "nats://h:2", NATS_USER: "u", NATS_PASSWORD: "p" }), { servers: "nats://h:2", user: "u", pass: "p" });
+  rmSync(dir, { recursive: true });
 });
 
 test("serve({ signal }) stops the worker when the signal aborts", async () => {

@@ -1,6 +1,11 @@
 """An example Python worker on nats-py: serves get_weather.
 
-    NATS_URL=nats://127.0.0.1:4222 python3 examples/nats_worker.py
+    python3 examples/nats_worker.py
+
+Beside a sidecar on its defaults it needs nothing more: connect() reads the
+credentials the sidecar's embedded NATS server issued. Else
+TOOLSIDECAR_WORKER_CREDENTIALS names that file (the sidecar logs its path), or
+NATS_URL, NATS_USER and NATS_PASSWORD name a server and a user.
 """
 import asyncio
 import os
@@ -9,9 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import nats  # noqa: E402
-
-from toolsidecar_worker import ToolError, serve  # noqa: E402
+from toolsidecar_worker import ToolError, connect, serve  # noqa: E402
 
 
 async def get_weather(call):
@@ -23,7 +26,7 @@ async def get_weather(call):
 
 
 async def main():
-    nc = await nats.connect(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    nc = await connect()
     worker = await serve(nc, {"get_weather": get_weather}, prefix=os.environ.get("TOOLSIDECAR_PREFIX", "toolsidecar.tools"))
     print("ready", flush=True)
     stop = asyncio.Event()

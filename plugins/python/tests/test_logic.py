@@ -18,7 +18,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from toolsidecar_worker import serve  # noqa: E402
+from toolsidecar_worker import CREDENTIALS_ENV, connect_options, serve  # noqa: E402
 from shared import assert_cancel_gets_no_reply, hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "t"
@@ -195,3 +195,26 @@ class LogicTest(unittest.IsolatedAsyncioTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ConnectOptionsTest(unittest.TestCase):
+    """connect_options reads the sidecar's credentials file as the Go and Node
+    libraries do, and refuses a file others may read."""
+
+    def test_credentials_file(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "worker-credentials.json")
+            with open(path, "w") as f:
+                json.dump({"url": "nats://127.0.0.1:4999", "user": "toolsidecar-worker", "password": "pw"}, f)
+            os.chmod(path, 0o600)
+            self.assertEqual(connect_options({CREDENTIALS_ENV: path}),
+                             {"servers": ["nats://127.0.0.1:4999"], "user": "toolsidecar-worker", "password": "pw"})
+            self.assertEqual(connect_options({CREDENTIALS_ENV: path, "NATS_URL": "nats://h:1"})["servers"], ["nats://h:1"])
+            os.chmod(path, 0o644)
+            with self.assertRaisesRegex(ValueError, "others may read"):
+                connect_options({CREDENTIALS_ENV: path})
+            with self.assertRaisesRegex(ValueError, "does not exist: is the sidecar started"):
+                connect_options({CREDENTIALS_ENV: os.path.join(d, "none")})
+        self.assertEqual(connect_options({"NATS_URL": "nats://h:2", "NATS_USER": "u", "NATS_PASSWORD": "p"}),
+                         {"servers": ["nats://h:2"], "user": "u", "password": "p"})

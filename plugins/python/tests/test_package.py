@@ -30,12 +30,13 @@ class PackageTest(unittest.TestCase):
                 top = name[: -len(".tar.gz")]
                 pkg_info = tar.extractfile(top + "/PKG-INFO").read().decode()
                 requires = tar.extractfile(top + "/toolsidecar_worker.egg-info/requires.txt").read().decode()
-        for want in ["toolsidecar_worker/__init__.py", "README.md", "LICENSE", "pyproject.toml", "PKG-INFO"]:
+        for want in ["toolsidecar_worker/__init__.py", "toolsidecar_worker/py.typed", "README.md", "LICENSE", "pyproject.toml", "PKG-INFO"]:
             self.assertIn(want, files)
         self.assertFalse([f for f in files if f.startswith(("tests/", "examples/"))], files)
         self.assertIn("Name: toolsidecar-worker", pkg_info)
         self.assertEqual(requires.split(), ["nats-py>=2.15"])
         self.assertIn("License: Apache-2.0", pkg_info)
+        self.assertIn("Requires-Python: >=3.10", pkg_info)
         with open(os.path.join(ROOT, "..", "..", "LICENSE")) as f:
             self.assertIn("Apache License", f.read())
 

@@ -17,7 +17,7 @@ try:
 except ImportError:  # pragma: no cover
     raise unittest.SkipTest("nats-py is not importable here")
 
-from toolsidecar_worker import serve  # noqa: E402
+from toolsidecar_worker import VERSION, serve  # noqa: E402
 from shared import assert_cancel_gets_no_reply, hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "pytest"
@@ -64,7 +64,9 @@ class WorkerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(subjects, [f"{PREFIX}.echo", f"{PREFIX}.hang", f"{PREFIX}.typed"])
         self.assertEqual({e["queue_group"] for e in info["endpoints"]}, {"toolsidecar"})
         r = await self.side.request("$SRV.PING", b"", timeout=2)
-        self.assertEqual(json.loads(r.data)["name"], "toolsidecar-python-worker")
+        info = json.loads(r.data)
+        self.assertEqual(info["name"], "toolsidecar-worker")
+        self.assertEqual(info["metadata"], {"language": "python", "library_version": VERSION})
 
     async def test_stats(self):
         """nats.micro answers $SRV.STATS: the calls each tool took."""

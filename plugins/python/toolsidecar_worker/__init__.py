@@ -11,8 +11,8 @@ service (nats-py's ``nats.micro``, nats-py 2.15 or later), which answers
 ``$SRV.PING``, ``$SRV.INFO`` and ``$SRV.STATS``: the sidecar sees the worker
 alive, and an operator sees its calls and errors per tool.
 
-    import asyncio, nats
-    from toolsidecar_worker import serve, ToolError
+    import asyncio
+    from toolsidecar_worker import connect, serve, ToolError
 
     async def get_weather(call):
         if "city" not in call.args:
@@ -20,7 +20,7 @@ alive, and an operator sees its calls and errors per tool.
         return {"city": call.args["city"], "forecast": "sunny"}
 
     async def main():
-        nc = await nats.connect("nats://127.0.0.1:4222")
+        nc = await connect()  # the sidecar's credentials; see connect_options
         worker = await serve(nc, {"get_weather": get_weather})
         await asyncio.Event().wait()
 """
@@ -31,14 +31,81 @@ import functools
 import inspect
 import json
 import logging
+import os
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, Optional, Union
 
-__all__ = ["Call", "ToolError", "Worker", "serve", "ERROR_CODES", "VERSION"]
+__all__ = ["Call", "ToolError", "Worker", "serve", "connect", "connect_options", "default_credentials",
+           "ERROR_CODES", "VERSION", "SERVICE_NAME", "CREDENTIALS_ENV"]
 
 #: The version the micro service announces.
 VERSION = "0.2.0"
+
+#: The micro service name every worker library registers under.
+SERVICE_NAME = "toolsidecar-worker"
+
+#: The variable naming the credentials file the sidecar's embedded NATS issues.
+CREDENTIALS_ENV = "TOOLSIDECAR_WORKER_CREDENTIALS"
+
+
+def default_credentials() -> str:
+    """Where a sidecar on its defaults (embedded NATS on 127.0.0.1:4222) writes them."""
+    return os.path.join(tempfile.gettempdir(), "toolsidecar-nats-4222", "worker-credentials.json")
+
+
+def connect_options(env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Where and as whom a worker connects, as the Go and Node libraries decide it.
+
+    The file TOOLSIDECAR_WORKER_CREDENTIALS names; else NATS_URL with NATS_USER
+    and NATS_PASSWORD; else, with neither set, the file of a sidecar on its
+    defaults when it exists. NATS_URL overrides the file's URL. The file must be
+    this user's and readable by no one else: one anybody could write would send
+    the worker's calls to another server. The result is nats.connect's keywords.
+    """
+    env = os.environ if env is None else env
+    path = env.get(CREDENTIALS_ENV, "")
+    if not path and not env.get("NATS_URL") and not env.get("NATS_USER") and os.path.exists(default_credentials()):
+        path = default_credentials()
+    if path:
+        creds = _read_credentials(path)
+        return {"servers": [env.get("NATS_URL") or creds.get("url") or "nats://127.0.0.1:4222"],
+                "user": creds["user"], "password": creds["password"]}
+    opts: Dict[str, Any] = {"servers": [env.get("NATS_URL") or "nats://127.0.0.1:4222"]}
+    if env.get("NATS_USER"):
+        opts.update(user=env["NATS_USER"], password=env.get("NATS_PASSWORD", ""))
+    return opts
+
+
+def _read_credentials(path: str) -> Dict[str, str]:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ValueError(f"the credentials file {path} does not exist: is the sidecar started (it writes the file), "
+                         f"and is {CREDENTIALS_ENV} its path?") from None
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise ValueError(f"the credentials file {path}: mode {stat.S_IMODE(st.st_mode):o}: others may read or change it "
+                         "(the sidecar writes it 0600)")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise ValueError(f"the credentials file {path}: owned by uid {st.st_uid}, not by this user ({os.getuid()})")
+    try:
+        with open(path) as f:
+            creds = json.load(f)
+    except ValueError:
+        creds = None
+    if not isinstance(creds, dict) or not isinstance(creds.get("user"), str) or not isinstance(creds.get("password"), str) \
+            or not creds["user"] or not creds["password"]:
+        raise ValueError(f"the credentials file {path} is not the sidecar's (JSON with url, user and password)")
+    return creds
+
+
+async def connect(**kwargs: Any):
+    """nats.connect with connect_options(); kwargs add to them or override them."""
+    import nats  # nats-py
+
+    return await nats.connect(**{**connect_options(), **kwargs})
 
 log = logging.getLogger("toolsidecar_worker")
 
@@ -138,7 +205,8 @@ class Worker:
         # message, so the handler only starts the call's task: calls run
         # at once, up to the concurrency. The endpoint's stats therefore
         # count requests, and errors are this worker's replies.
-        self._service = await add_service(self._nc, name="toolsidecar-python-worker", version=VERSION,
+        self._service = await add_service(self._nc, name=SERVICE_NAME, version=VERSION,
+                                          metadata={"language": "python", "library_version": VERSION},
                                           description="toolsidecar tools served from Python", queue_group="toolsidecar")
         for tool, handler in self._tools.items():
             async def start_call(req, tool=tool, handler=handler):
