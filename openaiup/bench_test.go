@@ -83,12 +83,8 @@ func BenchmarkJournal(b *testing.B) {
 			if v := violations(); len(v) > 0 {
 				b.Fatalf("contract violations: %v", v)
 			}
-			durable, memory := percentiles(took[0]), percentiles(took[1])
-			b.ReportMetric(durable[0], "durable-p50-ms")
-			b.ReportMetric(durable[1], "durable-max-ms")
-			b.ReportMetric(memory[0], "memory-p50-ms")
-			b.ReportMetric(memory[1], "memory-max-ms")
-			b.ReportMetric(durable[0]/memory[0], "p50-ratio")
+			durable, memory := report(b, took, "durable", "memory")
+			b.ReportMetric(durable/memory, "p50-ratio")
 		})
 	}
 }
@@ -108,12 +104,8 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	if v := violations(); len(v) > 0 {
 		b.Fatalf("contract violations: %v", v)
 	}
-	via, direct := percentiles(took[0]), percentiles(took[1])
-	b.ReportMetric(via[0], "sidecar-p50-ms")
-	b.ReportMetric(via[1], "sidecar-max-ms")
-	b.ReportMetric(direct[0], "direct-p50-ms")
-	b.ReportMetric(direct[1], "direct-max-ms")
-	b.ReportMetric(via[0]-direct[0], "p50-overhead-ms")
+	via, direct := report(b, took, "sidecar", "direct")
+	b.ReportMetric(via-direct, "p50-overhead-ms")
 }
 
 // alternate sends p through both stacks b.N times, each first every other
@@ -134,6 +126,19 @@ func alternate(b *testing.B, stacks [2]*stack, p openai.ChatCompletionNewParams,
 	}
 	b.StopTimer()
 	return took
+}
+
+// report records the median and the slowest of each stack's durations
+// under its name, and returns the medians, in ms.
+func report(b *testing.B, took [2][]time.Duration, first, second string) (p50a, p50b float64) {
+	var p50 [2]float64
+	for k, name := range [2]string{first, second} {
+		p := percentiles(took[k])
+		b.ReportMetric(p[0], name+"-p50-ms")
+		b.ReportMetric(p[1], name+"-max-ms")
+		p50[k] = p[0]
+	}
+	return p50[0], p50[1]
 }
 
 // percentiles are the median and the slowest, in ms.

@@ -20,8 +20,7 @@ import (
 // password is the one in dir's file when there is one, so that workers
 // still connected from before a restart log in again.
 func issueWorkerUser(dir, prefix string) (embedded.Worker, error) {
-	w := embedded.Worker{Name: config.WorkerUser, Subscribe: []string{wire.CancelWildcard(prefix), wire.Subject(prefix, "*")},
-		Publish: []string{prefix + ".replies.>"}}
+	w := workerUser(prefix, config.WorkerUser, []string{"*"})
 	var old wire.Credentials
 	switch data, err := os.ReadFile(filepath.Join(dir, wire.CredentialsFile)); {
 	case err == nil && json.Unmarshal(data, &old) == nil && old.User == config.WorkerUser && len(old.Password) == 64:

@@ -363,24 +363,32 @@ func instanceID(cfg config.Config) string {
 	}, id)
 }
 
+// workerUser is an embedded server's worker user without its secret: it
+// may subscribe to its tools' subjects ("*" is every tool) and the cancel
+// subject, and publish replies: to the requests it got, and to the
+// sidecar's durable namespace, so that a reply buffered while NATS
+// restarted is still allowed after the reconnect (those subjects end in
+// unguessable tokens).
+func workerUser(prefix, name string, tools []string) embedded.Worker {
+	w := embedded.Worker{Name: name, Subscribe: []string{wire.CancelWildcard(prefix)}, Publish: []string{prefix + ".replies.>"}}
+	for _, t := range tools {
+		w.Subscribe = append(w.Subscribe, wire.Subject(prefix, t))
+	}
+	return w
+}
+
 // embeddedConfig turns the embedded section into the server's users: each
 // worker may subscribe to its tools' subjects and the cancel subject.
 func embeddedConfig(n config.NATS) (embedded.Config, error) {
 	ecfg := embedded.Config{Listen: n.Embedded.Listen, AllowAnonymous: n.Embedded.AllowAnonymous}
 	for i, w := range n.Embedded.Workers {
-		// Replies to the sidecar's durable namespace stay allowed after a
-		// reconnect (a reply buffered while NATS restarted): its subjects
-		// end in unguessable tokens.
-		ew := embedded.Worker{Name: w.Name, NKey: w.NKey, Subscribe: []string{wire.CancelWildcard(n.SubjectPrefix)},
-			Publish: []string{n.SubjectPrefix + ".replies.>"}}
+		ew := workerUser(n.SubjectPrefix, w.Name, w.Tools)
+		ew.NKey = w.NKey
 		if w.PasswordFile != "" {
 			var err error
 			if ew.Password, err = config.ReadSecret(fmt.Sprintf("nats.embedded.workers[%d].password_file", i), w.PasswordFile); err != nil {
 				return ecfg, err
 			}
-		}
-		for _, t := range w.Tools {
-			ew.Subscribe = append(ew.Subscribe, wire.Subject(n.SubjectPrefix, t)) // "*" is every tool
 		}
 		ecfg.Workers = append(ecfg.Workers, ew)
 	}
