@@ -29,6 +29,11 @@ type NATS struct {
 	// is retried, each failure logged, before the sidecar gives up.
 	// default: 30s
 	ConnectRetry time.Duration `koanf:"connect_retry"`
+	// DiscoverInterval is how often the sidecar asks the workers on the
+	// bus ($SRV.INFO) for the tools they declare in their code, which it
+	// serves while a worker declares them. 0 turns discovery off.
+	// default: 2s
+	DiscoverInterval time.Duration `koanf:"discover_interval"`
 }
 
 // TLS configures the client side of a TLS connection. All optional.
@@ -82,6 +87,9 @@ func (n NATS) validate() []error {
 	bad := p.add
 	p.hostPort("embedded.listen", n.Embedded.Listen, false)
 	p.positive(map[string]int64{"connect_retry": int64(n.ConnectRetry)}, durationText)
+	if n.DiscoverInterval != 0 && n.DiscoverInterval < 100*time.Millisecond {
+		bad("discover_interval", "must be 0 (off) or at least 100ms, got %s", n.DiscoverInterval)
+	}
 	for _, u := range strings.Split(n.URL, ",") {
 		if n.URL == "" {
 			break

@@ -1,10 +1,10 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -85,11 +85,11 @@ const DefaultDedupeTTL = 10 * time.Minute
 // ledger's retention.
 const MaxDedupeTTL = 24 * time.Hour
 
-// Side-effect classes.
+// Side-effect classes, as a worker declares them too.
 const (
-	ReadOnly   = "read_only"
-	Idempotent = "idempotent"
-	Unsafe     = "unsafe"
+	ReadOnly   = tool.ReadOnly
+	Idempotent = tool.Idempotent
+	Unsafe     = tool.Unsafe
 )
 
 // Tool declares one tool.
@@ -155,18 +155,28 @@ type Tool struct {
 	// here; the registry hands the settings to the kind, which decodes and
 	// checks them.
 	Settings map[string]any `koanf:",remain"`
+
+	// defaulted lists the keys the file left out and applyDefaults
+	// filled: a worker's declaration of the tool sets those.
+	defaulted []string
 }
+
+// Defaulted reports a key (timeout, side_effects) that the configuration
+// left out and a default filled.
+func (t Tool) Defaulted(key string) bool { return slices.Contains(t.defaulted, key) }
 
 // applyDefaults fills a tool's zero fields.
 func (t *Tool) applyDefaults() {
 	if t.Timeout == 0 {
 		t.Timeout = tool.DefaultTimeout
+		t.defaulted = append(t.defaulted, "timeout")
 	}
 	if t.MaxDuration == 0 {
 		t.MaxDuration = tool.DefaultMaxDuration
 	}
 	if t.SideEffects == "" {
 		t.SideEffects = Unsafe
+		t.defaulted = append(t.defaulted, "side_effects")
 	}
 	if t.Route == "" {
 		t.Route = "nats"
@@ -194,8 +204,6 @@ func toolKeys() []string {
 	return keys
 }
 
-var toolName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
 // validateTools checks every tool: its name (unique, and not a built-in
 // tool the executor's settings turn on) and its settings.
 func validateTools(tools []Tool, ex Executor) []error {
@@ -203,7 +211,7 @@ func validateTools(tools []Tool, ex Executor) []error {
 	seen := map[string]int{}
 	for i, t := range tools {
 		p := problems{prefix: fmt.Sprintf("tools[%d]", i)}
-		if !toolName.MatchString(t.Name) {
+		if !tool.ValidName(t.Name) {
 			p.add("name", "%q must be 1-64 letters, digits, _ or -", t.Name)
 		} else if j, dup := seen[t.Name]; dup {
 			p.add("name", "duplicate tool name %q (also tools[%d])", t.Name, j)
@@ -271,7 +279,72 @@ func (t Tool) validatePolicies(p *problems) {
 	if t.OnTimeout != "" && t.OnTimeout != OnTimeoutDeny {
 		p.add("on_timeout", "must be deny (a call nobody approved does not run), got %q", t.OnTimeout)
 	}
-	if t.Lane != "" && !toolName.MatchString(t.Lane) {
+	if t.Lane != "" && !tool.ValidName(t.Lane) {
 		p.add("lane", "%q must be 1-64 letters, digits, _ or -", t.Lane)
 	}
+}
+
+// DeclaredTool is the tools entry that a worker's declaration of a tool
+// stands for, with the defaults of an entry.
+func DeclaredTool(name string, d tool.Declaration) (Tool, error) {
+	t := Tool{Name: name, Route: "nats"}
+	t, err := t.Declare(d)
+	t.applyDefaults()
+	return t, err
+}
+
+// Declare completes a configured tool with what a worker declares of it:
+// the description and parameters the entry leaves out, and the timeout,
+// side effects and retries it leaves to their defaults. The entry's own
+// settings stay in force; parameters that both give must be the same
+// schema.
+func (t Tool) Declare(d tool.Declaration) (Tool, error) {
+	if t.Route != "nats" {
+		return t, fmt.Errorf("route is %s, but a worker on NATS declares the tool", t.Route)
+	}
+	if len(d.Parameters) > 0 {
+		var declared map[string]any
+		if err := json.Unmarshal(d.Parameters, &declared); err != nil {
+			return t, fmt.Errorf("parameters: %w", err)
+		}
+		if t.Parameters == nil {
+			t.Parameters = declared
+		} else if own := asJSON(t.Parameters); !reflect.DeepEqual(own, declared) {
+			return t, fmt.Errorf("parameters: the configuration's schema %s differs from the declared %s", clip(own), clip(declared))
+		}
+	}
+	if t.Description == "" {
+		t.Description = d.Description
+	}
+	if d.SideEffects != "" && (t.SideEffects == "" || t.Defaulted("side_effects")) {
+		t.SideEffects = d.SideEffects
+	}
+	if d.Timeout != "" && (t.Timeout == 0 || t.Defaulted("timeout")) {
+		t.Timeout = d.TimeoutOrZero()
+	}
+	if t.Retries == 0 {
+		t.Retries = d.Retries
+	}
+	t.defaulted = slices.DeleteFunc(slices.Clone(t.defaulted), func(k string) bool {
+		return k == "side_effects" && d.SideEffects != "" || k == "timeout" && d.Timeout != ""
+	})
+	return t, nil
+}
+
+// asJSON is v as encoding/json decodes it: YAML's integers become floats,
+// so that a schema read from the file compares with one read from JSON.
+func asJSON(v map[string]any) map[string]any {
+	raw, _ := json.Marshal(v)
+	var out map[string]any
+	_ = json.Unmarshal(raw, &out)
+	return out
+}
+
+// clip renders a schema for an error message, cut to a readable length.
+func clip(v any) string {
+	raw, _ := json.Marshal(v)
+	if len(raw) > 160 {
+		return string(raw[:160]) + "…"
+	}
+	return string(raw)
 }

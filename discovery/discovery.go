@@ -21,19 +21,25 @@ const DefaultWait = 250 * time.Millisecond
 
 // ServiceInfo is micro's INFO response, reduced to what liveness needs.
 type ServiceInfo struct {
-	Type      string     `json:"type"`
-	Name      string     `json:"name"`
-	ID        string     `json:"id"`
-	Version   string     `json:"version"`
-	Endpoints []Endpoint `json:"endpoints"`
+	Type      string            `json:"type"`
+	Name      string            `json:"name"`
+	ID        string            `json:"id"`
+	Version   string            `json:"version"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Endpoints []Endpoint        `json:"endpoints"`
 }
 
 // Endpoint is one endpoint of a [ServiceInfo].
 type Endpoint struct {
-	Name       string `json:"name"`
-	Subject    string `json:"subject"`
-	QueueGroup string `json:"queue_group,omitempty"`
+	Name       string            `json:"name"`
+	Subject    string            `json:"subject"`
+	QueueGroup string            `json:"queue_group,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
 }
+
+// MaxServices bounds the answers one probe keeps: a bus that answers with
+// more is not read further.
+const MaxServices = 10000
 
 // Probe asks every service on the bus for its endpoints ($SRV.INFO) and
 // returns the answers collected within wait. Undecodable answers are
@@ -59,6 +65,9 @@ func Probe(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]ServiceInf
 		var info ServiceInfo
 		if json.Unmarshal(m.Data, &info) == nil {
 			out = append(out, info)
+		}
+		if len(out) == MaxServices {
+			return out, nil
 		}
 	}
 }

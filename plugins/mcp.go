@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -82,7 +81,7 @@ func (k *mcpKind) Import(ctx context.Context, entry config.Tool, settings map[st
 		}
 		tc := entry
 		tc.Name, tc.Description = s.Prefix+t.Name, t.Description
-		if !toolName.MatchString(tc.Name) {
+		if !tool.ValidName(tc.Name) {
 			return nil, fmt.Errorf("the server's tool %q would be named %q, which is not a valid tool name (^[A-Za-z0-9_-]{1,64}$)", t.Name, tc.Name)
 		}
 		tc.Parameters = nil
@@ -119,10 +118,6 @@ func sideEffectsOf(a *mcp.ToolAnnotations) string {
 	}
 	return config.Unsafe
 }
-
-// toolName is what a tool may be called: the function names that Core and
-// the OpenAI API take.
-var toolName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 func mcpSettings(settings map[string]any) (MCPSettings, error) {
 	var s MCPSettings

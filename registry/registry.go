@@ -62,8 +62,13 @@ type Tool struct {
 	Handler tool.Handler
 	// Policies are the tool's policy settings, compiled.
 	Policies Policies
-	schema   *jsonschema.Schema
-	settings map[string]any // the route kind's, as configured
+	// Source says where the tool is defined: SourceConfig, SourceWorker,
+	// SourceConfigAndWorker or SourceBuiltin.
+	Source string
+	// DeclaredBy names the workers that declare the tool in their code.
+	DeclaredBy []string
+	schema     *jsonschema.Schema
+	settings   map[string]any // the route kind's, as configured
 }
 
 // Unsafe reports a tool that must never run twice.
@@ -109,48 +114,113 @@ type Approval struct{ Timeout time.Duration }
 // Registry maps tool names to tools. It is safe for concurrent reads.
 type Registry struct {
 	tools map[string]*Tool
-	names []string // in configuration order
+	names []string // in configuration order, then the declared tools'
 	kinds Kinds
+	// What it was built from, for Redeclare.
+	cfg        config.Config
+	configured []config.Tool // the configuration's, imports read
+	declared   []Declared
 }
 
 // New compiles the tools of a configuration (its tools, and the built-in
-// ones it turns on) with the route kinds of kinds. Subjects are
-// <nats.subject_prefix>.<name>. Errors name the offending key. An entry
-// that imports its tools (an MCP server with import: true) is replaced by
-// them first: that reads them from the server, within ctx.
-func New(ctx context.Context, cfg config.Config, kinds Kinds) (*Registry, error) {
+// ones it turns on) with the route kinds of kinds, and the tools that
+// workers declare in their code (declared, by name). Subjects are
+// <nats.subject_prefix>.<name>. Errors name the offending key, and the
+// worker for a declaration. An entry that imports its tools (an MCP server
+// with import: true) is replaced by them first: that reads them from the
+// server, within ctx.
+func New(ctx context.Context, cfg config.Config, kinds Kinds, declared ...Declared) (*Registry, error) {
 	tools, err := kinds.expand(ctx, cfg.RegisteredTools())
 	if err != nil {
 		return nil, err
 	}
-	r := &Registry{tools: make(map[string]*Tool, len(tools)), kinds: kinds}
+	return build(cfg, kinds, tools, declared)
+}
+
+// Redeclare builds the registry of r's configuration and route kinds (its
+// imports as they were read) with the tools that workers now declare.
+func (r *Registry) Redeclare(declared []Declared) (*Registry, error) {
+	return build(r.cfg, r.kinds, r.configured, declared)
+}
+
+// build compiles the configured tools, each completed by its declaration
+// when a worker declares it too, then the tools only workers declare.
+func build(cfg config.Config, kinds Kinds, configured []config.Tool, declared []Declared) (*Registry, error) {
+	r := &Registry{tools: make(map[string]*Tool, len(configured)+len(declared)), kinds: kinds, cfg: cfg, configured: configured,
+		declared: declared}
+	byName := make(map[string]Declared, len(declared))
+	for _, d := range declared {
+		byName[d.Name] = d
+	}
 	var errs []error
-	for i, tc := range tools {
-		key := fmt.Sprintf("tools[%d]", i)
+	add := func(tc config.Tool, key, source string, d *Declared) {
 		if _, dup := r.tools[tc.Name]; dup {
 			errs = append(errs, fmt.Errorf("%w: %s.name: duplicate tool name %q", ErrInvalidTool, key, tc.Name))
-			continue
+			return
 		}
-		t, err := compile(tc, cfg.NATS.SubjectPrefix)
+		t, err := r.compileTool(tc, key)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s.parameters: %w", ErrInvalidTool, key, err))
-			continue
+			if d != nil {
+				err = &DeclarationError{Tool: tc.Name, By: d.By, Err: err}
+			}
+			errs = append(errs, err)
+			return
 		}
-		if t.Policies, err = policies(tc, cfg.Executor); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))
-			continue
-		}
-		if err := t.build(kinds); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err))
-			continue
+		t.Source = source
+		if d != nil {
+			t.DeclaredBy = d.By
 		}
 		r.tools[t.Name] = t
 		r.names = append(r.names, t.Name)
+	}
+	for i, tc := range configured {
+		key, source := fmt.Sprintf("tools[%d]", i), SourceConfig
+		if tc.Route == config.BuiltinRoute {
+			source = SourceBuiltin
+		}
+		d, isDeclared := byName[tc.Name]
+		if !isDeclared {
+			add(tc, key, source, nil)
+			continue
+		}
+		delete(byName, tc.Name)
+		merged, err := tc.Declare(d.Declaration)
+		if err != nil {
+			errs = append(errs, &DeclarationError{Tool: tc.Name, Key: key, By: d.By, Err: err})
+			continue
+		}
+		add(merged, key, SourceConfigAndWorker, &d)
+	}
+	for _, d := range declared {
+		if _, left := byName[d.Name]; !left {
+			continue
+		}
+		tc, err := config.DeclaredTool(d.Name, d.Declaration)
+		if err != nil {
+			errs = append(errs, &DeclarationError{Tool: d.Name, By: d.By, Err: err})
+			continue
+		}
+		add(tc, "tool "+d.Name, SourceWorker, &d)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// compileTool compiles one tool entry; key names it in errors.
+func (r *Registry) compileTool(tc config.Tool, key string) (*Tool, error) {
+	t, err := compile(tc, r.cfg.NATS.SubjectPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s.parameters: %w", ErrInvalidTool, key, err)
+	}
+	if t.Policies, err = policies(tc, r.cfg.Executor); err != nil {
+		return nil, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err)
+	}
+	if err := t.build(r.kinds); err != nil {
+		return nil, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err)
+	}
+	return t, nil
 }
 
 // policies compiles a tool's policy settings. The configuration has
@@ -297,6 +367,17 @@ func (r *Registry) FunctionTools() []tool.FunctionTool {
 	return out
 }
 
+// SourcedTools renders the tools as FunctionTools does, each with where it
+// is defined.
+func (r *Registry) SourcedTools() []tool.SourcedTool {
+	out := make([]tool.SourcedTool, 0, len(r.names))
+	for i, ft := range r.FunctionTools() {
+		t := r.tools[r.names[i]]
+		out = append(out, tool.SourcedTool{FunctionTool: ft, Source: t.Source, DeclaredBy: t.DeclaredBy})
+	}
+	return out
+}
+
 // ArgsError lists every problem found in a call's arguments.
 type ArgsError struct {
 	Tool     string
@@ -362,7 +443,8 @@ func collect(ve *jsonschema.ValidationError, out *[]Problem) {
 
 // Live holds the registry in force; a reload swaps it atomically.
 type Live struct {
-	p atomic.Pointer[Registry]
+	p      atomic.Pointer[Registry]
+	update sync.Mutex // one Update at a time: a reload and a discovery do not undo each other
 
 	mu       sync.Mutex
 	watchers []func(*Registry)
@@ -387,6 +469,19 @@ func (l *Live) Store(r *Registry) {
 	for _, fn := range watchers {
 		fn(r)
 	}
+}
+
+// Update builds a registry from the one in force and puts it in force,
+// one update at a time; on error the registry in force stays.
+func (l *Live) Update(build func(cur *Registry) (*Registry, error)) (*Registry, error) {
+	l.update.Lock()
+	defer l.update.Unlock()
+	r, err := build(l.Load())
+	if err != nil {
+		return nil, err
+	}
+	l.Store(r)
+	return r, nil
 }
 
 // Watch calls fn with each registry put in force from now on (a reload).

@@ -83,8 +83,13 @@ func (r *Reloader) Reload(ctx context.Context) error {
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, importTimeout)
 		defer cancel()
-		var reg *Registry
-		if reg, err = New(ctx, cfg, r.live.Load().kinds); err == nil {
+		// The tools that workers declare stay: the file is put in force
+		// with them, and one that contradicts them is rejected.
+		_, err = r.live.Update(func(cur *Registry) (*Registry, error) {
+			reg, err := New(ctx, cfg, cur.kinds, cur.declared...)
+			if err != nil {
+				return nil, err
+			}
 			// Recorded first: whoever sees the new tools also sees the
 			// reload in the metrics and the log.
 			r.total.WithLabelValues("success").Inc()
@@ -93,7 +98,9 @@ func (r *Reloader) Reload(ctx context.Context) error {
 			if keys := config.Changed(r.running, cfg); len(keys) > 0 {
 				r.log.Warn("the file changed keys that only a restart applies; they are not in force", "keys", keys)
 			}
-			r.live.Store(reg)
+			return reg, nil
+		})
+		if err == nil {
 			return nil
 		}
 	}

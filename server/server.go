@@ -47,6 +47,8 @@ type Driver interface {
 type Tools interface {
 	FunctionTools() []tool.FunctionTool
 	Live(ctx context.Context) (map[string]bool, error)
+	// SourcedTools is FunctionTools, each with where it is defined.
+	SourcedTools() []tool.SourcedTool
 }
 
 // Route is one route of an upstream's own API.
@@ -336,22 +338,28 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
-	tools := s.tools.FunctionTools()
+	var live map[string]bool
 	if r.URL.Query().Get("live") == "1" {
-		live, err := s.tools.Live(r.Context())
-		if err != nil {
+		var err error
+		if live, err = s.tools.Live(r.Context()); err != nil {
 			writeError(w, http.StatusServiceUnavailable, "liveness unknown: "+err.Error())
 			return
 		}
-		kept := tools[:0]
-		for _, t := range tools {
-			if live[t.Function.Name] {
-				kept = append(kept, t)
-			}
-		}
-		tools = kept
 	}
-	writeJSON(w, http.StatusOK, tools)
+	if r.URL.Query().Get("source") == "1" {
+		writeJSON(w, http.StatusOK, withWorker(s.tools.SourcedTools(), live, func(t tool.SourcedTool) string { return t.Function.Name }))
+		return
+	}
+	writeJSON(w, http.StatusOK, withWorker(s.tools.FunctionTools(), live, func(t tool.FunctionTool) string { return t.Function.Name }))
+}
+
+// withWorker keeps the tools that live says have a worker; all of them
+// when live is nil (not asked).
+func withWorker[T any](tools []T, live map[string]bool, name func(T) string) []T {
+	if live == nil {
+		return tools
+	}
+	return slices.DeleteFunc(tools, func(t T) bool { return !live[name(t)] })
 }
 
 func (s *Server) drive(w http.ResponseWriter, r *http.Request) {

@@ -215,6 +215,9 @@ func TestApprovalInAMixedBatch(t *testing.T) {
 			t.Errorf("the gated call's Action is %s before its approval, want pending", act.Status)
 		}
 	}
+	// The event and the pending list are written in one step but read
+	// here apart: the stream's reader may still be on its way.
+	poll.Until(t, "the approval_required event", func() bool { return len(d.of("approval_required")) > 0 })
 	if ev := d.of("approval_required"); len(ev) != 1 || !strings.Contains(ev[0], `"arguments":{"amount":40}`) || !strings.Contains(ev[0], p.ActionID) {
 		t.Errorf("approval_required events %v", ev)
 	}

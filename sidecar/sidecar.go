@@ -102,6 +102,9 @@ type Sidecar struct {
 	tempStore  string         // a store folder of this run only, removed at shutdown
 	natsURL    string
 	nc         *nats.Conn
+	// What the last discovery saw (see redeclare).
+	seen         *[]registry.Declared
+	seenProblems []string
 	// natsLife says when the NATS connection closed, and whether the
 	// sidecar had asked for it: a close it did not ask for stops it.
 	natsLife    *bridge.Lifeline
@@ -165,6 +168,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (_ *Sidecar, 
 	s.closers = append(s.closers, func() { _ = kinds.Close() })
 	reg, err := registry.New(ctx, cfg, kinds)
 	if err != nil {
+		return nil, err
+	}
+	if reg, err = s.declaredAtStart(ctx, reg); err != nil {
 		return nil, err
 	}
 	s.live = registry.NewLive(reg)
@@ -682,6 +688,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if s.reloader != nil {
 		s.wg.Go(func() { s.reloader.Run(s.runCtx, 2*time.Second, nil) })
 	}
+	if every := s.cfg.NATS.DiscoverInterval; every > 0 {
+		s.wg.Go(func() { s.discover(s.runCtx, every) })
+	}
 	s.log.Info("toolsidecar ready", "listen", s.Addr(), "ops_listen", s.OpsAddr(), "core", config.RedactURL(s.cfg.Core.URL), "nats", config.RedactURL(s.natsURL),
 		"tools", len(s.live.Load().Names()), "proxy", s.cfg.Server.Proxy, "startup_ms", time.Since(s.started).Milliseconds())
 	var err error
@@ -903,5 +912,7 @@ type tools struct {
 }
 
 func (t tools) FunctionTools() []tool.FunctionTool { return t.live.Load().FunctionTools() }
+
+func (t tools) SourcedTools() []tool.SourcedTool { return t.live.Load().SourcedTools() }
 
 func (t tools) Live(ctx context.Context) (map[string]bool, error) { return t.client.Live(ctx, 0) }

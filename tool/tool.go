@@ -200,3 +200,13 @@ type Function struct {
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
 }
+
+// SourcedTool is a function tool and where it is defined, as GET
+// /v1/tools?source=1 and `toolsidecar tools --source` list it.
+type SourcedTool struct {
+	FunctionTool
+	// Source is config, worker, config+worker or builtin.
+	Source string `json:"source"`
+	// DeclaredBy names the workers that declare the tool in their code.
+	DeclaredBy []string `json:"declared_by,omitempty"`
+}

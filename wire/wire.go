@@ -20,6 +20,11 @@ const QueueGroup = "toolsidecar"
 // registers under, so that one `nats micro stats` shows them all.
 const ServiceName = "toolsidecar-worker"
 
+// ToolMetadataKey is the key of a micro endpoint's metadata under which a
+// worker declares the endpoint's tool: a tool.Declaration as JSON. The
+// sidecar reads it from $SRV.INFO (docs/worker-protocol.md).
+const ToolMetadataKey = "toolsidecar.tool"
+
 // CredentialsEnv names the file of a worker's credentials, which the
 // embedded server issues (nats.embedded.worker_credentials): JSON with
 // url, user and password. CredentialsFile is its name in the store dir.

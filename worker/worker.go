@@ -68,6 +68,7 @@ type Worker struct {
 	limit    int
 	log      *slog.Logger
 	handlers map[string]tool.Handler
+	declared map[string]string // a declared tool's declaration, as JSON (see Declare)
 	name     string
 	version  string
 
@@ -109,7 +110,7 @@ var ErrCancelledBySidecar = errors.New("worker: cancelled by the sidecar")
 // New builds a worker; register handlers, then Start. No I/O.
 func New(nc *nats.Conn, subjectPrefix string, opts ...Option) *Worker {
 	w := &Worker{nc: nc, prefix: subjectPrefix, queue: wire.QueueGroup, limit: 64,
-		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{},
+		log: slog.New(slog.DiscardHandler), handlers: map[string]tool.Handler{}, declared: map[string]string{},
 		name: wire.ServiceName, version: moduleVersion(), stats: map[string]*endpointStats{}}
 	for _, o := range opts {
 		o(w)
@@ -197,7 +198,11 @@ func (w *Worker) Start() error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	for name, h := range w.handlers {
-		if err := w.svc.AddEndpoint(name, w.serve(name, h, w.stats[name]), micro.WithEndpointSubject(wire.Subject(w.prefix, name))); err != nil {
+		opts := []micro.EndpointOpt{micro.WithEndpointSubject(wire.Subject(w.prefix, name))}
+		if d, ok := w.declared[name]; ok {
+			opts = append(opts, micro.WithEndpointMetadata(map[string]string{wire.ToolMetadataKey: d}))
+		}
+		if err := w.svc.AddEndpoint(name, w.serve(name, h, w.stats[name]), opts...); err != nil {
 			w.abort()
 			return fmt.Errorf("worker: adding endpoint %s: %w", name, err)
 		}

@@ -86,6 +86,7 @@ type invocation struct {
 	sets    []string
 	log     *slog.Logger
 	refs    bool // check: open the files and find the programs named
+	source  bool // tools: say where each tool is defined
 }
 
 // envOr is the environment variable's value, or def.
@@ -111,6 +112,9 @@ func flagSet(c command, inv *invocation, stderr io.Writer) (*flag.FlagSet, func(
 	if c.config {
 		fs.StringVar(&inv.cfgPath, "config", "", "configuration file (YAML)")
 		fs.Var(&sets, "set", "override a key: --set core.url=http://core:9000 (repeatable)")
+	}
+	if c.name == "tools" {
+		fs.BoolVar(&inv.source, "source", false, "also say where each tool is defined (source, declared_by), as GET /v1/tools?source=1 does")
 	}
 	if c.name == "check" {
 		fs.BoolVar(&inv.refs, "references", true, "also open the files and find the programs the configuration names (false where they exist only where it runs, as in a pod)")
@@ -326,17 +330,31 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	reg, err := registry.New(ctx, cfg, kinds)
+	if err == nil {
+		// As a start does: the tools the workers on an external bus
+		// declare, and a declaration the file contradicts fails.
+		var problems []string
+		var read bool
+		reg, problems, read, err = sidecar.Redeclared(ctx, cfg, reg)
+		for _, p := range problems {
+			fmt.Fprintf(stderr, "toolsidecar: a worker's declaration is left out: %s\n", p)
+		}
+		if err == nil && !read && inv.cmd == "check" {
+			fmt.Fprintln(stderr, "toolsidecar check: the tools workers declare in their code are not read: the embedded NATS server starts with the sidecar "+
+				"(GET /v1/tools?source=1 lists them), or nats.discover_interval is 0")
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "toolsidecar: %v\n", err)
 		return 1
 	}
 	if inv.cmd == "tools" {
-		return printTools(stdout, reg)
+		return printTools(stdout, reg, inv.source)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TOOL\tROUTE\tSUBJECT\tTIMEOUT\tRETRIES\tSIDE EFFECTS")
+	fmt.Fprintln(tw, "TOOL\tSOURCE\tROUTE\tSUBJECT\tTIMEOUT\tRETRIES\tSIDE EFFECTS")
 	for _, t := range reg.Tools() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", t.Name, t.Route, t.Subject, t.Timeout, t.Retries, t.SideEffects)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", t.Name, t.Source, t.Route, t.Subject, t.Timeout, t.Retries, t.SideEffects)
 	}
 	tw.Flush()
 	if problems := checkReferences(ctx, cfg, reg); inv.refs && len(problems) > 0 {

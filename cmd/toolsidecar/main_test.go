@@ -44,7 +44,7 @@ func TestCheckAndTools(t *testing.T) {
 	if code := run([]string{"check", "--config", "../../config.yaml"}, &out, &errOut); code != 0 {
 		t.Fatalf("check exit %d: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "get_flight_times  nats") || !strings.Contains(out.String(), "configuration valid: 4 tools") {
+	if !strings.Contains(out.String(), "get_flight_times  config  nats") || !strings.Contains(out.String(), "configuration valid: 4 tools") {
 		t.Errorf("check output:\n%s", out.String())
 	}
 	out.Reset()

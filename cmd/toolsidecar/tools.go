@@ -10,8 +10,12 @@ import (
 
 // printTools prints the tools as Core's assistant tools array, ready for
 // POST /v1/assistants.
-func printTools(w io.Writer, reg *registry.Registry) int {
-	out, err := json.MarshalIndent(reg.FunctionTools(), "", "  ")
+func printTools(w io.Writer, reg *registry.Registry, withSource bool) int {
+	var list any = reg.FunctionTools()
+	if withSource {
+		list = reg.SourcedTools()
+	}
+	out, err := json.MarshalIndent(list, "", "  ")
 	if err != nil {
 		fmt.Fprintf(w, "toolsidecar: %v\n", err)
 		return 1

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
+)
+
+// TestCheckAndToolsReadDeclarations: on an external bus where a Go worker
+// declares lookup in its code, `tools --source` lists it as the worker's
+// with its derived schema, and `check` of a file whose entry for lookup
+// has another schema fails naming both sources.
+func TestCheckAndToolsReadDeclarations(t *testing.T) {
+	url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	w := worker.New(nc, "toolsidecar.tools")
+	type args struct {
+		City string `json:"city" jsonschema:"the city"`
+	}
+	if err := worker.Declare(w, "lookup", worker.Spec{Description: "Look a city up", SideEffects: tool.ReadOnly},
+		func(context.Context, *tool.Call, args) (string, error) { return "", nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.Stop(ctx)
+	}()
+
+	dir := t.TempDir()
+	bare := filepath.Join(dir, "bare.yaml")
+	os.WriteFile(bare, []byte("nats: {url: "+url+"}\n"), 0o600)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"tools", "--source", "--config", bare}, &out, &errOut); code != 0 {
+		t.Fatalf("tools exit %d: %s", code, errOut.String())
+	}
+	var listed []tool.SourcedTool
+	if err := json.Unmarshal(out.Bytes(), &listed); err != nil || len(listed) != 1 || listed[0].Function.Name != "lookup" ||
+		listed[0].Source != "worker" || !strings.Contains(string(listed[0].Function.Parameters), `"city"`) ||
+		len(listed[0].DeclaredBy) != 1 || !strings.HasPrefix(listed[0].DeclaredBy[0], "go worker ") {
+		t.Fatalf("tools --source: %s (%v)", out.String(), err)
+	}
+
+	contra := filepath.Join(dir, "contra.yaml")
+	os.WriteFile(contra, []byte("nats: {url: "+url+"}\ntools:\n  - {name: lookup, parameters: {type: object, properties: {town: {type: string}}}}\n"), 0o600)
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"check", "--config", contra}, &out, &errOut); code != 1 {
+		t.Fatalf("check of a contradicted declaration: exit %d, want 1", code)
+	}
+	if msg := errOut.String(); !strings.Contains(msg, "tools[0] (lookup) in the configuration") || !strings.Contains(msg, "go worker ") || !strings.Contains(msg, `"town"`) {
+		t.Errorf("check's error %q: want the file's entry and the worker named", msg)
+	}
+}

@@ -1,0 +1,221 @@
+package sidecar_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
+)
+
+// lookupArgs are the arguments of the tool the workers of these tests
+// declare in their code.
+type lookupArgs struct {
+	City string `json:"city" jsonschema:"the city to look up"`
+	Days int    `json:"days,omitempty"`
+}
+
+// listedTool is an item of GET /v1/tools?source=1.
+type listedTool struct {
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	} `json:"function"`
+	Source     string   `json:"source"`
+	DeclaredBy []string `json:"declared_by"`
+}
+
+func listTools(t *testing.T, base string) map[string]listedTool {
+	t.Helper()
+	resp, err := http.Get(base + "/v1/tools?source=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list []listedTool
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]listedTool{}
+	for _, l := range list {
+		out[l.Function.Name] = l
+	}
+	return out
+}
+
+// declaringWorker connects a worker that declares lookup (its handler
+// given) and, when policied is set, the tool "policied" too.
+func declaringWorker(t *testing.T, natsURL, password string, lookup func(context.Context, *tool.Call, lookupArgs) (map[string]any, error)) (*worker.Worker, *nats.Conn) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL, nats.UserInfo(testenv.WorkerUser, password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := worker.New(nc, testenv.Prefix)
+	if err := worker.Declare(w, "lookup", worker.Spec{Description: "Look a city up", SideEffects: tool.ReadOnly, Timeout: 3 * time.Second}, lookup); err != nil {
+		t.Fatal(err)
+	}
+	echo := func(_ context.Context, _ *tool.Call, a lookupArgs) (string, error) { return "policied " + a.City, nil }
+	if err := worker.Declare(w, "policied", worker.Spec{Description: "Declared, with the file's policies"}, echo); err != nil {
+		t.Fatal(err)
+	}
+	// A schema the file contradicts: the file's entry stays in force.
+	if err := worker.Declare(w, "pinned", worker.Spec{Description: "Contradicted"}, echo); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopWorker(w) })
+	return w, nc
+}
+
+// TestDeclaredTools: a Go worker declares lookup in its code only; the
+// sidecar discovers it, lists it as the worker's, validates calls against
+// the derived schema and runs them. The worker leaves while a call of it
+// runs: the call gets its outcome, then the tool is gone (a call of it is
+// not_found at once), and it is back when a worker returns. A tool the
+// file also names keeps the file's policies; one whose schema the file
+// contradicts keeps the file's entry.
+func TestDeclaredTools(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "lookup", ArgsJSON: `{"city":"Oslo"}`}, {Tool: "lookup", ArgsJSON: `{"town":"Oslo"}`}}},
+		{Content: "{{results}}"},
+	}}
+	pinned := map[string]any{"type": "object", "properties": map[string]any{"town": map[string]any{"type": "string"}}}
+	env := testenv.Start(t, sc, testenv.Options{NATS: func(n *config.NATS) { n.DiscoverInterval = 100 * time.Millisecond }},
+		testenv.Tool{Config: config.Tool{Name: "policied", Retries: 1, Timeout: 7 * time.Second}},
+		testenv.Tool{Config: config.Tool{Name: "pinned", Parameters: pinned}})
+	if _, ok := listTools(t, env.URL)["lookup"]; ok {
+		t.Fatal("lookup listed before any worker declares it")
+	}
+
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	lookup := func(ctx context.Context, _ *tool.Call, a lookupArgs) (map[string]any, error) {
+		started <- struct{}{}
+		<-release
+		return map[string]any{"city": a.City, "forecast": "sunny"}, nil
+	}
+	w, nc := declaringWorker(t, env.NATSURL, env.WorkerPassword, lookup)
+	poll.Until(t, "lookup discovered", func() bool { _, ok := listTools(t, env.URL)["lookup"]; return ok })
+	tools := listTools(t, env.URL)
+	l := tools["lookup"]
+	var params struct {
+		Required   []string                   `json:"required"`
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if err := json.Unmarshal(l.Function.Parameters, &params); err != nil || !slices.Equal(params.Required, []string{"city"}) || len(params.Properties) != 2 {
+		t.Errorf("lookup's parameters %s: want city required, city and days", l.Function.Parameters)
+	}
+	if l.Source != "worker" || l.Function.Description != "Look a city up" || len(l.DeclaredBy) != 1 || !strings.HasPrefix(l.DeclaredBy[0], "go worker ") {
+		t.Errorf("lookup listed as %+v", l)
+	}
+	if p := tools["policied"]; p.Source != "config+worker" || p.Function.Description != "Declared, with the file's policies" || !strings.Contains(string(p.Function.Parameters), `"city"`) {
+		t.Errorf("policied listed as %+v", p)
+	}
+	if tl, ok := env.Sidecar.Tools().Lookup("policied"); !ok || tl.Retries != 1 || tl.Timeout != 7*time.Second {
+		t.Errorf("policied: the file's retries and timeout are not in force: %+v", tl)
+	}
+	if p := tools["pinned"]; p.Source != "config" || !strings.Contains(string(p.Function.Parameters), `"town"`) {
+		t.Errorf("pinned: the file's entry is not the one in force: %+v", p)
+	}
+
+	// The worker leaves while its call runs: drained, the call finishes.
+	r := env.NewRun()
+	driven := make(chan *http.Response, 1)
+	go func() { resp, _ := testenv.Drive(t, env.URL, r, nil); driven <- resp }()
+	<-started
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stopped <- w.Stop(ctx)
+	}()
+	time.Sleep(50 * time.Millisecond) // the stop is under way: no new call reaches this worker
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if resp := <-driven; resp.StatusCode != http.StatusOK {
+		t.Fatalf("drive: %d", resp.StatusCode)
+	}
+	msgs := toolMessages(t, env, r)
+	if len(msgs) != 2 || msgs[0]["forecast"] != "sunny" || !strings.Contains(stringOf(msgs[1]), "invalid_args") {
+		t.Fatalf("tool messages %v: want lookup's result, then invalid_args for the argument the schema does not allow", msgs)
+	}
+
+	poll.Until(t, "lookup gone with its last worker", func() bool { _, ok := listTools(t, env.URL)["lookup"]; return !ok })
+	r2 := env.NewRun()
+	testenv.Drive(t, env.URL, r2, nil)
+	if msgs := toolMessages(t, env, r2); len(msgs) != 2 || !strings.Contains(stringOf(msgs[0]), "not_found") {
+		t.Fatalf("tool messages after the worker left %v: want not_found", msgs)
+	}
+
+	release = make(chan struct{})
+	close(release)
+	declaringWorker(t, env.NATSURL, env.WorkerPassword, lookup)
+	poll.Until(t, "lookup back with a worker", func() bool { return listTools(t, env.URL)["lookup"].Source == "worker" })
+}
+
+func stopWorker(w *worker.Worker) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = w.Stop(ctx)
+}
+
+// stringOf renders a decoded tool message for a substring check.
+func stringOf(m map[string]any) string {
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// TestDeclarationContradictingConfigFailsStart: on an external bus where a
+// worker already declares lookup, a file whose entry for lookup has
+// another schema does not start, and the error names both.
+func TestDeclarationContradictingConfigFailsStart(t *testing.T) {
+	url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	w := worker.New(nc, testenv.Prefix)
+	if err := worker.Declare(w, "lookup", worker.Spec{}, func(context.Context, *tool.Call, lookupArgs) (string, error) { return "", nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stopWorker(w)
+	other := map[string]any{"type": "object", "required": []any{"town"}, "properties": map[string]any{"town": map[string]any{"type": "string"}}}
+	cfg, _ := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{NATS: func(n *config.NATS) { n.URL = url }},
+		[]testenv.Tool{{Config: config.Tool{Name: "lookup", Parameters: other}}})
+	s, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey("k"))
+	if err == nil {
+		_ = s.Shutdown(context.Background())
+		t.Fatal("started with a declaration that contradicts the file")
+	}
+	var se *sidecar.StartError
+	msg := err.Error()
+	if !errors.As(err, &se) || !strings.Contains(msg, "tools[0] (lookup) in the configuration") || !strings.Contains(msg, "go worker ") ||
+		!strings.Contains(msg, `"town"`) || !strings.Contains(msg, `"city"`) {
+		t.Fatalf("start error %q: want both sources and both schemas named", msg)
+	}
+}
