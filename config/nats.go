@@ -58,10 +58,13 @@ type Embedded struct {
 	// permission. default: false (a warning is logged when true)
 	AllowAnonymous bool `koanf:"allow_anonymous"`
 	// WorkerCredentials issues a worker user that may serve every tool,
-	// its password kept in <store dir>/worker-credentials.json (mode
-	// 0600), which the worker libraries read: a worker on the same machine
+	// its password kept in a file (mode 0600, WorkerCredentialsFile), which the worker libraries read: a worker on the same machine
 	// (or sharing the folder) connects with no configuration. default: true
 	WorkerCredentials bool `koanf:"worker_credentials"`
+	// WorkerCredentialsFile is where that file is written, for a folder
+	// that worker containers mount (the Helm chart's). default:
+	// <store dir>/worker-credentials.json
+	WorkerCredentialsFile string `koanf:"worker_credentials_file"`
 	// TLS serves the listener over TLS: CertFile and KeyFile, and CAFile
 	// to require client certificates signed by it. Optional.
 	TLS TLS `koanf:"tls"`

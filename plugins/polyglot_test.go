@@ -10,11 +10,19 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/plugins"
+	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/wire"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 // startNodeWorker runs the Node example worker as the test worker user.
@@ -64,4 +72,135 @@ func TestPolyglotBatch(t *testing.T) {
 	run := env.NewRun()
 	_, msgs := env.DriveWhole(run, 4)
 	testenv.AssertOutputs(t, msgs, `"served_by": "go"`, `"served_by":"node"`, `"route": "SFO-ORD"`, `"served_by": "http"`)
+}
+
+// pythonWithNATS reports whether python3 can import nats-py's micro API
+// (with the test's PYTHONPATH): the Python worker needs it.
+func pythonWithNATS() bool {
+	return exec.Command("python3", "-c", "import nats.micro").Run() == nil
+}
+
+// TestDeclaredInEveryLanguage: a Go, a Node and a Python worker each
+// declare a tool only in their code, and the sidecar has no entry for
+// any: it discovers all three, lists each as its worker's, and runs a
+// batch calling them. The nats.go micro API finds the three services under
+// one name. The Python worker needs nats-py, which CI's machine has no
+// index to install from; there the test still checks that the Python
+// example's declaration, as the library prints it, is one the sidecar
+// compiles, and logs that the Python worker was left out.
+func TestDeclaredInEveryLanguage(t *testing.T) {
+	url := natstest.Start(t)
+	withPython := pythonWithNATS()
+	calls := []coresim.Call{
+		{Tool: "convert_currency", ArgsJSON: `{"usd": 100}`},
+		{Tool: "get_hotel_rates", ArgsJSON: `{"city": "New York", "nights": 2}`},
+	}
+	want := map[string]string{"convert_currency": "go", "get_hotel_rates": "node"}
+	if withPython {
+		calls = append(calls, coresim.Call{Tool: "get_weather", ArgsJSON: `{"city": "Boston"}`})
+		want["get_weather"] = "python"
+	} else {
+		t.Log("the Python worker is left out: nats-py is not importable here (set PYTHONPATH to nats-py's nats/src)")
+	}
+	env := testenv.Start(t, coresim.Scenario{Turns: []coresim.Turn{{Calls: calls}, {Content: "{{results}}"}}},
+		testenv.Options{NATS: func(n *config.NATS) { n.URL, n.DiscoverInterval = url, 100*time.Millisecond }})
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	w := worker.New(nc, testenv.Prefix)
+	type convert struct {
+		USD float64 `json:"usd" jsonschema:"the amount in US dollars"`
+	}
+	if err := worker.Declare(w, "convert_currency", worker.Spec{Description: "Dollars to euros", SideEffects: tool.ReadOnly},
+		func(_ context.Context, _ *tool.Call, a convert) (map[string]any, error) {
+			return map[string]any{"eur": a.USD * 0.92, "served_by": "go"}, nil
+		}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Serve(t, w)
+	workerEnv := append(os.Environ(), "NATS_URL="+url, "TOOLSIDECAR_PREFIX="+testenv.Prefix)
+	node, _ := filepath.Abs("node/dist/examples/worker.js")
+	nodeCmd := exec.Command("node", node)
+	nodeCmd.Env = workerEnv
+	testenv.StartProcess(t, nodeCmd, "ready")
+	if withPython {
+		pyCmd := exec.Command("python3", "python/examples/nats_worker.py")
+		pyCmd.Env = workerEnv
+		testenv.StartProcess(t, pyCmd, "ready")
+	}
+
+	tools := testenv.WaitDeclared(t, env.URL, want)
+	for name := range want {
+		if tools[name].Source != "worker" || tools[name].Function.Description == "" || len(tools[name].Function.Parameters) < 20 {
+			t.Errorf("%s listed as %+v", name, tools[name])
+		}
+	}
+	_, msgs := env.DriveWhole(env.NewRun(), len(calls))
+	outputs := []string{`"served_by":"go"`, `"served_by":"node"`, `"served_by": "python"`}
+	testenv.AssertOutputs(t, msgs, outputs[:len(calls)]...)
+
+	// `nats micro stats toolsidecar-worker`, through the nats.go micro API.
+	stats, err := micro.ControlSubject(micro.StatsVerb, wire.ServiceName, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest(stats, inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]bool{}
+	for len(served) < len(calls) {
+		m, err := sub.NextMsg(2 * time.Second)
+		if err != nil {
+			t.Fatalf("micro stats of %s: %d services answered with the tools %v: %v", wire.ServiceName, len(served), served, err)
+		}
+		var s micro.Stats
+		if err := json.Unmarshal(m.Data, &s); err != nil || s.Name != wire.ServiceName {
+			t.Fatalf("stats %s: %v", m.Data, err)
+		}
+		for _, e := range s.Endpoints {
+			if e.NumRequests > 0 {
+				served[e.Name] = true
+			}
+		}
+	}
+	for _, c := range calls {
+		if !served[c.Tool] {
+			t.Errorf("micro stats: no service of %s counts a call of %s: %v", wire.ServiceName, c.Tool, served)
+		}
+	}
+}
+
+// TestPythonDeclarationCompiles: the Python example's declaration, as the
+// library prints it for its endpoint's metadata, is one the sidecar reads
+// and compiles (this runs where nats-py is missing too: declaring needs
+// only the standard library).
+func TestPythonDeclarationCompiles(t *testing.T) {
+	cmd := exec.Command("python3", "-c", "import sys; sys.path.insert(0, 'python/examples'); import nats_worker; print(nats_worker.get_weather.declaration())")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("python3: %v", err)
+	}
+	d, err := tool.ParseDeclaration("get_weather", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	reg, err := registry.New(context.Background(), cfg, plugins.Kinds(registry.Base(nil), plugins.Options{}),
+		registry.Declared{Name: "get_weather", Declaration: d, By: []string{"python worker test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, _ := reg.Lookup("get_weather")
+	if tl.SideEffects != config.ReadOnly || tl.Timeout != 10*time.Second || tl.Validate(json.RawMessage(`{"city": "Boston"}`)) != nil ||
+		tl.Validate(json.RawMessage(`{"town": "Boston"}`)) == nil {
+		t.Errorf("compiled %+v: want read_only, 10s, city required and nothing else", tl)
+	}
 }

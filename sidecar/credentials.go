@@ -17,12 +17,12 @@ import (
 
 // issueWorkerUser is the embedded server's user for workers that bring no
 // credentials of their own: it may serve every tool under the prefix. Its
-// password is the one in dir's file when there is one, so that workers
-// still connected from before a restart log in again.
-func issueWorkerUser(dir, prefix string) (embedded.Worker, error) {
+// password is the one in the file at path when there is one, so that
+// workers still connected from before a restart log in again.
+func issueWorkerUser(path, prefix string) (embedded.Worker, error) {
 	w := workerUser(prefix, config.WorkerUser, []string{"*"})
 	var old wire.Credentials
-	switch data, err := os.ReadFile(filepath.Join(dir, wire.CredentialsFile)); {
+	switch data, err := os.ReadFile(path); {
 	case err == nil && json.Unmarshal(data, &old) == nil && old.User == config.WorkerUser && len(old.Password) == 64:
 		w.Password = old.Password
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
@@ -35,28 +35,28 @@ func issueWorkerUser(dir, prefix string) (embedded.Worker, error) {
 	return w, nil
 }
 
-// writeWorkerCredentials writes the issued user's file, readable by this
-// user only, in place at once (a worker never reads half of it).
-func writeWorkerCredentials(dir, url string, w embedded.Worker) (string, error) {
+// writeWorkerCredentials writes the issued user's file at path, readable
+// by this user only, in place at once (a worker never reads half of it).
+func writeWorkerCredentials(path, url string, w embedded.Worker) error {
+	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("sidecar: the worker credentials' folder: %w", err)
+		return fmt.Errorf("sidecar: the worker credentials' folder: %w", err)
 	}
 	data, _ := json.MarshalIndent(wire.Credentials{URL: url, User: w.Name, Password: w.Password}, "", "  ")
 	f, err := os.CreateTemp(dir, ".worker-credentials-*")
 	if err != nil {
-		return "", fmt.Errorf("sidecar: writing the worker credentials: %w", err)
+		return fmt.Errorf("sidecar: writing the worker credentials: %w", err)
 	}
 	defer os.Remove(f.Name())
 	_, err = f.Write(append(data, '\n'))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	path := filepath.Join(dir, wire.CredentialsFile)
 	if err == nil {
 		err = os.Rename(f.Name(), path) // CreateTemp's mode is 0600
 	}
 	if err != nil {
-		return "", fmt.Errorf("sidecar: writing the worker credentials: %w", err)
+		return fmt.Errorf("sidecar: writing the worker credentials: %w", err)
 	}
-	return path, nil
+	return nil
 }

@@ -14,13 +14,12 @@ import (
 // file that is not the sidecar's (garbage, another user, a short password)
 // gets a fresh password, and the file written is 0600 and reads back.
 func TestWorkerCredentialsAcrossRestarts(t *testing.T) {
-	dir := t.TempDir()
-	first, err := issueWorkerUser(dir, "p")
+	path := filepath.Join(t.TempDir(), "creds", wire.CredentialsFile)
+	first, err := issueWorkerUser(path, "p")
 	if err != nil || len(first.Password) != 64 {
 		t.Fatalf("issued %+v, %v", first, err)
 	}
-	path, err := writeWorkerCredentials(dir, "nats://127.0.0.1:1", first)
-	if err != nil {
+	if err := writeWorkerCredentials(path, "nats://127.0.0.1:1", first); err != nil {
 		t.Fatal(err)
 	}
 	if info, err := os.Stat(path); err != nil || info.Mode().Perm() != 0o600 {
@@ -31,15 +30,15 @@ func TestWorkerCredentialsAcrossRestarts(t *testing.T) {
 	if err := json.Unmarshal(data, &c); err != nil || c != (wire.Credentials{URL: "nats://127.0.0.1:1", User: "toolsidecar-worker", Password: first.Password}) {
 		t.Fatalf("file reads %+v, %v", c, err)
 	}
-	again, err := issueWorkerUser(dir, "p")
+	again, err := issueWorkerUser(path, "p")
 	if err != nil || again.Password != first.Password {
 		t.Fatalf("after a restart the password changed: %v", err)
 	}
 	for _, bad := range []string{"garbage{", `{"user": "toolsidecar-worker", "password": "short"}`, `{"user": "someone", "password": "` + first.Password + `"}`} {
-		if err := os.WriteFile(filepath.Join(dir, wire.CredentialsFile), []byte(bad), 0o600); err != nil {
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		w, err := issueWorkerUser(dir, "p")
+		w, err := issueWorkerUser(path, "p")
 		if err != nil || len(w.Password) != 64 || w.Password == first.Password {
 			t.Errorf("file %q: issued %q, %v; want a fresh password", bad, w.Password, err)
 		}

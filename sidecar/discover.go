@@ -1,12 +1,12 @@
 package sidecar
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -32,7 +32,7 @@ func declarations(infos []discovery.ServiceInfo, prefix string) (out []registry.
 	}
 	byName := map[string][]*variant{}
 	for _, info := range infos {
-		who := fmt.Sprintf("%s worker %s", cmp.Or(info.Metadata["language"], "a"), info.ID)
+		who := fmt.Sprintf("%s worker %s", safeToken(info.Metadata["language"], "a"), safeToken(info.ID, "without an ID"))
 		for _, ep := range info.Endpoints {
 			raw, declared := ep.Metadata[wire.ToolMetadataKey]
 			name, ours := strings.CutPrefix(ep.Subject, prefix+".")
@@ -44,7 +44,11 @@ func declarations(infos []discovery.ServiceInfo, prefix string) (out []registry.
 				problems = append(problems, fmt.Sprintf("tool %s declared by %s is left out: %v", name, who, err))
 				continue
 			}
-			vs := byName[name]
+			vs, known := byName[name]
+			if !known && len(byName) == maxDeclaredTools {
+				problems = append(problems, fmt.Sprintf("tool %s declared by %s is left out: the bus declares more than %d tools", name, who, maxDeclaredTools))
+				continue
+			}
 			i := slices.IndexFunc(vs, func(v *variant) bool { return sameDeclaration(v.decl, d) })
 			if i < 0 {
 				vs, i = append(vs, &variant{decl: d}), len(vs)
@@ -71,6 +75,22 @@ func declarations(infos []discovery.ServiceInfo, prefix string) (out []registry.
 		out = append(out, registry.Declared{Name: name, Declaration: vs[0].decl, By: vs[0].by})
 	}
 	return out, problems
+}
+
+// maxDeclaredTools bounds the tools the workers on the bus may declare:
+// each is compiled into every registry built.
+const maxDeclaredTools = 1000
+
+// token is what a worker's language and ID may look like in messages and
+// in GET /v1/tools: they come from the bus, from any client.
+var token = regexp.MustCompile(`^[A-Za-z0-9_.+-]{1,64}$`)
+
+// safeToken is s when it looks like a token, else alt.
+func safeToken(s, alt string) string {
+	if token.MatchString(s) {
+		return s
+	}
+	return alt
 }
 
 // sameDeclaration compares declarations whose schemas differ only in
@@ -219,19 +239,26 @@ func Redeclared(ctx context.Context, cfg config.Config, reg *registry.Registry) 
 		return reg, nil, false, nil
 	}
 	cc := connectConfig(cfg.NATS, cfg.NATS.URL, "toolsidecar-check")
-	cc.FirstTry = 5 * time.Second
+	cc.FirstTry = 2 * time.Second
 	if err := readNATSSecrets(cfg.NATS, &cc); err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, &BusError{err}
 	}
 	nc, err := bridge.Connect(ctx, cc, nil, nil)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, &BusError{err}
 	}
 	defer nc.Close()
 	decls, problems, err := probeDeclarations(ctx, nc, cfg.NATS.SubjectPrefix)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, &BusError{err}
 	}
 	reg, err = reg.Redeclare(decls)
 	return reg, problems, true, err
 }
+
+// BusError is a bus that Redeclared could not ask: its secrets, its
+// connection or its answers.
+type BusError struct{ Err error }
+
+func (e *BusError) Error() string { return "asking the workers on NATS: " + e.Err.Error() }
+func (e *BusError) Unwrap() error { return e.Err }

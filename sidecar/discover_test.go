@@ -29,35 +29,6 @@ type lookupArgs struct {
 	Days int    `json:"days,omitempty"`
 }
 
-// listedTool is an item of GET /v1/tools?source=1.
-type listedTool struct {
-	Function struct {
-		Name        string          `json:"name"`
-		Description string          `json:"description"`
-		Parameters  json.RawMessage `json:"parameters"`
-	} `json:"function"`
-	Source     string   `json:"source"`
-	DeclaredBy []string `json:"declared_by"`
-}
-
-func listTools(t *testing.T, base string) map[string]listedTool {
-	t.Helper()
-	resp, err := http.Get(base + "/v1/tools?source=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var list []listedTool
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]listedTool{}
-	for _, l := range list {
-		out[l.Function.Name] = l
-	}
-	return out
-}
-
 // declaringWorker connects a worker that declares lookup (its handler
 // given) and, when policied is set, the tool "policied" too.
 func declaringWorker(t *testing.T, natsURL, password string, lookup func(context.Context, *tool.Call, lookupArgs) (map[string]any, error)) (*worker.Worker, *nats.Conn) {
@@ -79,10 +50,7 @@ func declaringWorker(t *testing.T, natsURL, password string, lookup func(context
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stopWorker(w) })
+	natstest.Serve(t, w)
 	return w, nc
 }
 
@@ -102,7 +70,7 @@ func TestDeclaredTools(t *testing.T) {
 	env := testenv.Start(t, sc, testenv.Options{NATS: func(n *config.NATS) { n.DiscoverInterval = 100 * time.Millisecond }},
 		testenv.Tool{Config: config.Tool{Name: "policied", Retries: 1, Timeout: 7 * time.Second}},
 		testenv.Tool{Config: config.Tool{Name: "pinned", Parameters: pinned}})
-	if _, ok := listTools(t, env.URL)["lookup"]; ok {
+	if _, ok := testenv.SourcedTools(t, env.URL)["lookup"]; ok {
 		t.Fatal("lookup listed before any worker declares it")
 	}
 
@@ -113,8 +81,8 @@ func TestDeclaredTools(t *testing.T) {
 		return map[string]any{"city": a.City, "forecast": "sunny"}, nil
 	}
 	w, nc := declaringWorker(t, env.NATSURL, env.WorkerPassword, lookup)
-	poll.Until(t, "lookup discovered", func() bool { _, ok := listTools(t, env.URL)["lookup"]; return ok })
-	tools := listTools(t, env.URL)
+	poll.Until(t, "lookup discovered", func() bool { _, ok := testenv.SourcedTools(t, env.URL)["lookup"]; return ok })
+	tools := testenv.SourcedTools(t, env.URL)
 	l := tools["lookup"]
 	var params struct {
 		Required   []string                   `json:"required"`
@@ -161,7 +129,7 @@ func TestDeclaredTools(t *testing.T) {
 		t.Fatalf("tool messages %v: want lookup's result, then invalid_args for the argument the schema does not allow", msgs)
 	}
 
-	poll.Until(t, "lookup gone with its last worker", func() bool { _, ok := listTools(t, env.URL)["lookup"]; return !ok })
+	poll.Until(t, "lookup gone with its last worker", func() bool { _, ok := testenv.SourcedTools(t, env.URL)["lookup"]; return !ok })
 	r2 := env.NewRun()
 	testenv.Drive(t, env.URL, r2, nil)
 	if msgs := toolMessages(t, env, r2); len(msgs) != 2 || !strings.Contains(stringOf(msgs[0]), "not_found") {
@@ -171,13 +139,7 @@ func TestDeclaredTools(t *testing.T) {
 	release = make(chan struct{})
 	close(release)
 	declaringWorker(t, env.NATSURL, env.WorkerPassword, lookup)
-	poll.Until(t, "lookup back with a worker", func() bool { return listTools(t, env.URL)["lookup"].Source == "worker" })
-}
-
-func stopWorker(w *worker.Worker) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = w.Stop(ctx)
+	poll.Until(t, "lookup back with a worker", func() bool { return testenv.SourcedTools(t, env.URL)["lookup"].Source == "worker" })
 }
 
 // stringOf renders a decoded tool message for a substring check.
@@ -200,10 +162,7 @@ func TestDeclarationContradictingConfigFailsStart(t *testing.T) {
 	if err := worker.Declare(w, "lookup", worker.Spec{}, func(context.Context, *tool.Call, lookupArgs) (string, error) { return "", nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer stopWorker(w)
+	natstest.Serve(t, w)
 	other := map[string]any{"type": "object", "required": []any{"town"}, "properties": map[string]any{"town": map[string]any{"type": "string"}}}
 	cfg, _ := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{NATS: func(n *config.NATS) { n.URL = url }},
 		[]testenv.Tool{{Config: config.Tool{Name: "lookup", Parameters: other}}})

@@ -224,8 +224,8 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		dir := ""
-		if s.cfg.Durability.Enabled || s.cfg.NATS.Embedded.WorkerCredentials {
+		dir, credsPath := "", s.cfg.NATS.Embedded.WorkerCredentialsFile
+		if s.cfg.Durability.Enabled || s.cfg.NATS.Embedded.WorkerCredentials && credsPath == "" {
 			if dir, err = s.storeDir(); err != nil {
 				return err
 			}
@@ -233,9 +233,12 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 		if s.cfg.Durability.Enabled {
 			ecfg.StoreDir = dir
 		}
+		if credsPath == "" {
+			credsPath = filepath.Join(dir, wire.CredentialsFile)
+		}
 		var issued *embedded.Worker
 		if s.cfg.NATS.Embedded.WorkerCredentials {
-			w, err := issueWorkerUser(dir, s.cfg.NATS.SubjectPrefix)
+			w, err := issueWorkerUser(credsPath, s.cfg.NATS.SubjectPrefix)
 			if err != nil {
 				return err
 			}
@@ -252,12 +255,11 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 		s.closers = append(s.closers, ns.Shutdown)
 		s.log.Info("embedded NATS started", "url", s.natsURL, "worker_users", len(ecfg.Workers))
 		if issued != nil {
-			path, err := writeWorkerCredentials(dir, s.natsURL, *issued)
-			if err != nil {
+			if err := writeWorkerCredentials(credsPath, s.natsURL, *issued); err != nil {
 				return err
 			}
 			s.log.Info("worker credentials written: a worker library reads them there, or from the file "+wire.CredentialsEnv+" names",
-				"path", path, "user", issued.Name)
+				"path", credsPath, "user", issued.Name)
 		}
 		cc, extra = bridge.ConnectConfig{URL: ns.InProcessURL(), Name: "toolsidecar"}, ns.ConnectOptions()
 	} else if err := readNATSSecrets(s.cfg.NATS, &cc); err != nil {

@@ -6,6 +6,7 @@ package wire
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -49,11 +50,15 @@ func CancelSubject(prefix, actionID string) string { return prefix + ".cancel." 
 // CancelWildcard subscribes to every cancellation under prefix.
 func CancelWildcard(prefix string) string { return prefix + ".cancel.*" }
 
+// oneLine keeps a message in one header line: a line break in a header
+// value would end the header block early, and the reply would not parse.
+var oneLine = strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ")
+
 // ErrorMsg builds the error reply to subject: micro's two headers plus the
 // taxonomy's type.
 func ErrorMsg(subject string, e *tool.Error) *nats.Msg {
 	m := nats.NewMsg(subject)
-	m.Header.Set(tool.HeaderServiceError, e.Message)
+	m.Header.Set(tool.HeaderServiceError, oneLine.Replace(e.Message))
 	m.Header.Set(tool.HeaderServiceCode, strconv.Itoa(e.Code))
 	m.Header.Set(tool.HeaderErrorType, string(e.Type))
 	return m

@@ -61,3 +61,41 @@ func Example() {
 	// result: {"route": "LAX-JFK"}
 	// error: invalid_args arrival is required
 }
+
+// ExampleDeclare declares a tool in the worker's code, as README's five
+// minutes show: the sidecar discovers its description, side effects and
+// the schema derived from weatherArgs, and needs no configuration entry.
+func ExampleDeclare() {
+	ns, _ := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", AllowAnonymous: true})
+	defer ns.Shutdown()
+	nc, _ := nats.Connect(ns.ClientURL())
+	defer nc.Close()
+
+	type weatherArgs struct {
+		City string `json:"city" jsonschema:"the city"`
+	}
+	w := worker.New(nc, "toolsidecar.tools")
+	err := worker.Declare(w, "get_weather", worker.Spec{Description: "Weather forecast for a city", SideEffects: tool.ReadOnly},
+		func(ctx context.Context, c *tool.Call, a weatherArgs) (map[string]any, error) {
+			return map[string]any{"city": a.City, "forecast": "sunny"}, nil
+		})
+	if err != nil {
+		panic(err)
+	}
+	if err := w.Start(); err != nil {
+		panic(err)
+	}
+	defer w.Stop(context.Background())
+
+	// What the sidecar reads: the endpoint's declaration on $SRV.INFO.
+	m, _ := nc.Request("$SRV.INFO", nil, time.Second)
+	var info struct {
+		Endpoints []struct {
+			Metadata map[string]string `json:"metadata"`
+		} `json:"endpoints"`
+	}
+	_ = json.Unmarshal(m.Data, &info)
+	fmt.Println(info.Endpoints[0].Metadata["toolsidecar.tool"])
+	// Output:
+	// {"description":"Weather forecast for a city","parameters":{"type":"object","properties":{"city":{"type":"string","description":"the city"}},"required":["city"],"additionalProperties":false},"side_effects":"read_only"}
+}

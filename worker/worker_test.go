@@ -536,3 +536,79 @@ func TestStopCancelsCallWithoutActionID(t *testing.T) {
 		t.Fatal("Stop did not cancel the call without an action ID")
 	}
 }
+
+// TestMultiLineErrorReachesTheSidecar: an error message with line breaks
+// (a validation error lists one problem per line) arrives as one line; in
+// a header value a line break would end the header block and the reply
+// would not parse, leaving the sidecar to wait for its timeout.
+func TestMultiLineErrorReachesTheSidecar(t *testing.T) {
+	side, work := natstest.Connect(t)
+	natstest.Worker(t, work, map[string]tool.Handler{
+		"strict": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			return nil, tool.NewError(tool.InvalidArgs, "invalid arguments:\n- at /city: missing\r\n- at /days: not an integer")
+		},
+	})
+	c := natstest.Client(t, side, natstest.Prefix)
+	r := c.Dispatch(context.Background(), natstest.Request("strict", 5*time.Second))
+	var te *tool.Error
+	if !errors.As(r.Err, &te) || te.Type != tool.InvalidArgs || te.Message != "invalid arguments: - at /city: missing - at /days: not an integer" {
+		t.Fatalf("outcome %+v, want the invalid_args error on one line", r)
+	}
+}
+
+// TestDeclareDerivesTheSchema: a tool declared with a typed argument
+// struct publishes its declaration in the endpoint's metadata, with the
+// schema derived from the struct, and its handler gets the decoded
+// arguments.
+func TestDeclareDerivesTheSchema(t *testing.T) {
+	side, work := natstest.Connect(t)
+	type args struct {
+		City string `json:"city" jsonschema:"the city"`
+		Days int    `json:"days,omitempty"`
+	}
+	w := worker.New(work, natstest.Prefix)
+	err := worker.Declare(w, "forecast", worker.Spec{Description: "Forecast", SideEffects: tool.ReadOnly, Timeout: 2 * time.Second, Retries: 1},
+		func(_ context.Context, _ *tool.Call, a args) (map[string]any, error) {
+			return map[string]any{"city": a.City, "days": a.Days}, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := worker.Declare(w, "bad name!", worker.Spec{}, func(context.Context, *tool.Call, args) (int, error) { return 0, nil }); err == nil {
+		t.Error("a tool name the sidecar refuses was declared")
+	}
+	natstest.Serve(t, w)
+	info, err := micro.ControlSubject(micro.InfoVerb, wire.ServiceName, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := side.Request(info, nil, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var si micro.Info
+	if err := json.Unmarshal(m.Data, &si); err != nil || len(si.Endpoints) != 1 {
+		t.Fatalf("info %s: %v", m.Data, err)
+	}
+	d, err := tool.ParseDeclaration("forecast", []byte(si.Endpoints[0].Metadata[wire.ToolMetadataKey]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Required   []string                   `json:"required"`
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if err := json.Unmarshal(d.Parameters, &schema); err != nil || len(schema.Required) != 1 || schema.Required[0] != "city" ||
+		!strings.Contains(string(schema.Properties["city"]), `"the city"`) {
+		t.Errorf("declared schema %s", d.Parameters)
+	}
+	if d.Description != "Forecast" || d.SideEffects != tool.ReadOnly || d.TimeoutOrZero() != 2*time.Second || d.Retries != 1 {
+		t.Errorf("declaration %+v", d)
+	}
+	c := natstest.Client(t, side, natstest.Prefix)
+	req := natstest.Request("forecast", 5*time.Second)
+	req.Body = []byte(`{"type":"tool_call_manifest","run_id":"run_1","action_id":"act_1","tool_call_id":"call_1","tool":"forecast","args":{"city":"Oslo","days":3}}`)
+	if r := c.Dispatch(context.Background(), req); r.Err != nil || string(r.Data) != `{"city":"Oslo","days":3}` {
+		t.Errorf("call: %+v (%s)", r, r.Data)
+	}
+}

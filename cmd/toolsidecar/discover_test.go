@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -36,14 +35,7 @@ func TestCheckAndToolsReadDeclarations(t *testing.T) {
 		func(context.Context, *tool.Call, args) (string, error) { return "", nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = w.Stop(ctx)
-	}()
+	natstest.Serve(t, w)
 
 	dir := t.TempDir()
 	bare := filepath.Join(dir, "bare.yaml")

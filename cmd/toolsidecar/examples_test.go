@@ -17,8 +17,11 @@ import (
 // config.yaml (only its addresses, store folder and Core's URL changed)
 // issues the worker credentials, and the Go and Node example workers,
 // started with nothing but the variable naming that file, connect to a
-// server that refuses anonymous clients; a run's call then reaches the Go
-// one. Without the variable, pointed at this server by NATS_URL alone, a
+// server that refuses anonymous clients. Each declares its tool in its
+// code: the Go one get_flight_times, whose entry in the file only sets
+// policies, the Node one get_hotel_rates, which the file does not name.
+// The daemon lists both as declared and a batch calling both reaches
+// them. Without the variable, pointed at this server by NATS_URL alone, a
 // worker is refused.
 func TestShippedConfigServesTheExampleWorkers(t *testing.T) {
 	node, err := filepath.Abs("../../plugins/node/dist/examples/worker.js")
@@ -33,7 +36,8 @@ func TestShippedConfigServesTheExampleWorkers(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: "k", Scenario: coresim.Scenario{Turns: []coresim.Turn{
-		{Calls: []coresim.Call{{Tool: "get_flight_times", ArgsJSON: `{"departure": "LHR", "arrival": "JFK"}`}}},
+		{Calls: []coresim.Call{{Tool: "get_flight_times", ArgsJSON: `{"departure": "LHR", "arrival": "JFK"}`},
+			{Tool: "get_hotel_rates", ArgsJSON: `{"city": "Lisbon"}`}}},
 		{Content: "five and a half hours"},
 	}}})
 	defer srv.Close()
@@ -64,13 +68,21 @@ func TestShippedConfigServesTheExampleWorkers(t *testing.T) {
 	testenv.StartProcess(t, goCmd, `"msg":"serving"`)
 	testenv.StartProcess(t, nodeCmd, "ready")
 
+	tools := testenv.WaitDeclared(t, p.base, map[string]string{"get_flight_times": "go", "get_hotel_rates": "node"})
+	if f := tools["get_flight_times"]; f.Source != "config+worker" || !strings.Contains(string(f.Function.Parameters), `"pattern":"^[A-Z]{3}$"`) {
+		t.Errorf("get_flight_times listed as %+v: want the worker's schema under the file's policies", f)
+	}
+	if h := tools["get_hotel_rates"]; h.Source != "worker" || h.Function.Description != "Hotel rates in a city" {
+		t.Errorf("get_hotel_rates listed as %+v", h)
+	}
+
 	run, msgID := newRun(t, srv.URL)
 	res := <-p.drive(run, msgID)
-	if res.err != nil || res.sum.Status != "completed" || len(res.sum.Calls) != 1 || !res.sum.Calls[0].OK {
+	if res.err != nil || res.sum.Status != "completed" || len(res.sum.Calls) != 2 || !res.sum.Calls[0].OK || !res.sum.Calls[1].OK {
 		t.Fatalf("drive: %v %+v\n%s", res.err, res.sum, p.stderr.String())
 	}
 	msgs := sim.ToolMessages(run.ThreadID)
-	if len(msgs) != 1 || !strings.Contains(msgs[0].Content, `"route":"LHR-JFK"`) {
+	if len(msgs) != 2 || !strings.Contains(msgs[0].Content, `"route":"LHR-JFK"`) || !strings.Contains(msgs[1].Content, `"city":"Lisbon","nights":1`) {
 		t.Fatalf("tool messages %+v", msgs)
 	}
 }

@@ -330,19 +330,8 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	reg, err := registry.New(ctx, cfg, kinds)
-	if err == nil {
-		// As a start does: the tools the workers on an external bus
-		// declare, and a declaration the file contradicts fails.
-		var problems []string
-		var read bool
-		reg, problems, read, err = sidecar.Redeclared(ctx, cfg, reg)
-		for _, p := range problems {
-			fmt.Fprintf(stderr, "toolsidecar: a worker's declaration is left out: %s\n", p)
-		}
-		if err == nil && !read && inv.cmd == "check" {
-			fmt.Fprintln(stderr, "toolsidecar check: the tools workers declare in their code are not read: the embedded NATS server starts with the sidecar "+
-				"(GET /v1/tools?source=1 lists them), or nats.discover_interval is 0")
-		}
+	if err == nil && (inv.cmd == "tools" || inv.refs) {
+		reg, err = withDeclared(ctx, inv.cmd, cfg, reg, stderr)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "toolsidecar: %v\n", err)
@@ -366,6 +355,29 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "configuration valid: %d tools\n", len(reg.Names()))
 	return 0
+}
+
+// withDeclared adds, as a start does, the tools that the workers on an
+// external bus declare: a declaration the file contradicts is an error. A
+// bus that cannot be reached (check run away from where the daemon runs)
+// is only noted, as is the embedded server, which starts with the daemon.
+func withDeclared(ctx context.Context, cmd string, cfg config.Config, reg *registry.Registry, stderr io.Writer) (*registry.Registry, error) {
+	got, problems, read, err := sidecar.Redeclared(ctx, cfg, reg)
+	var unreachable *sidecar.BusError
+	switch {
+	case errors.As(err, &unreachable):
+		fmt.Fprintf(stderr, "toolsidecar %s: the tools workers declare in their code are not read: %v\n", cmd, err)
+		return reg, nil
+	case err != nil:
+		return nil, err
+	case !read && cmd == "check":
+		fmt.Fprintln(stderr, "toolsidecar check: the tools workers declare in their code are not read: the embedded NATS server starts with the daemon "+
+			"(GET /v1/tools?source=1 lists them), or nats.discover_interval is 0")
+	}
+	for _, p := range problems {
+		fmt.Fprintf(stderr, "toolsidecar %s: a worker's declaration is left out: %s\n", cmd, p)
+	}
+	return got, nil
 }
 
 // checkReferences opens every file the configuration names, and asks each

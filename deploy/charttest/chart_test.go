@@ -268,9 +268,26 @@ func TestExampleAppNative(t *testing.T) {
 		*c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Fatalf("native mode: init containers %v, restart policy %v", pod.InitContainers, c.RestartPolicy)
 	}
-	if len(pod.Containers) != 1 || pod.Containers[0].Name != "app" {
-		t.Errorf("containers %v: want the application's only", pod.Containers)
+	if len(pod.Containers) != 2 || pod.Containers[0].Name != "app" || pod.Containers[1].Name != "worker" {
+		t.Errorf("containers %v: want the application's and its worker", pod.Containers)
 	}
+	// The worker container connects with the credentials the sidecar
+	// writes: the file the variable names is on the volume the sidecar
+	// writes to (read-write) and the worker reads (read-only), in memory;
+	// the sidecar's config names that file.
+	w := pod.Containers[1]
+	var creds string
+	for _, e := range w.Env {
+		if e.Name == "TOOLSIDECAR_WORKER_CREDENTIALS" {
+			creds = e.Value
+		}
+	}
+	wm, sm, wv := mount(w, "toolsidecar-workers"), mount(c, "toolsidecar-workers"), volume(pod, "toolsidecar-workers")
+	if wm == nil || !wm.ReadOnly || sm == nil || sm.ReadOnly || wm.MountPath != sm.MountPath || creds != wm.MountPath+"/worker-credentials.json" ||
+		wv == nil || wv.EmptyDir == nil || wv.EmptyDir.Medium != corev1.StorageMediumMemory {
+		t.Errorf("worker credentials: env %q, worker mount %+v, sidecar mount %+v, volume %+v", creds, wm, sm, wv)
+	}
+	hasAll(t, "config.yaml", configOf(t, o, "rel-toolsidecar-config"), "worker_credentials: true", `worker_credentials_file: "`+creds+`"`)
 	if got := strings.Join(c.Args, " "); got != "run --config /etc/toolsidecar/config.yaml --log-level info" {
 		t.Errorf("args %q", got)
 	}
@@ -338,7 +355,7 @@ func TestExampleAppNative(t *testing.T) {
 func TestExampleAppClassic(t *testing.T) {
 	d, c := app(t, decode(t, renderApp(t, "toolsidecar.sidecar.mode=classic")))
 	pod := d.Spec.Template.Spec
-	if len(pod.InitContainers) != 0 || len(pod.Containers) != 2 || pod.Containers[1].Name != "toolsidecar" || c.RestartPolicy != nil {
+	if len(pod.InitContainers) != 0 || len(pod.Containers) != 3 || pod.Containers[2].Name != "toolsidecar" || c.RestartPolicy != nil {
 		t.Errorf("classic mode: init containers %v, containers %v, restart policy %v", pod.InitContainers, pod.Containers, c.RestartPolicy)
 	}
 }
@@ -454,6 +471,12 @@ func TestEmbeddedStore(t *testing.T) {
 		if volume(d.Spec.Template.Spec, "toolsidecar-store") != nil || strings.Contains(configOf(t, o, "rel-toolsidecar-config"), "store_dir") {
 			t.Errorf("%s: a store volume or store_dir remains", set)
 		}
+	}
+	// On an external NATS the workers bring their own credentials: no
+	// shared volume, no variable.
+	d, _ = app(t, decode(t, renderApp(t, "toolsidecar.nats.url=nats://nats:4222")))
+	if pod := d.Spec.Template.Spec; volume(pod, "toolsidecar-workers") != nil || len(pod.Containers[1].Env) != 0 || len(pod.Containers[1].VolumeMounts) != 0 {
+		t.Errorf("external NATS: the worker credentials are still shared: %+v", pod.Containers[1])
 	}
 	ext := decode(t, render(t, "../helm/examples/external-nats.yaml"))
 	if cfg := configOf(t, ext, "rel-toolsidecar-config"); !strings.Contains(cfg, "replicas: 3") || strings.Contains(cfg, "store_dir") {

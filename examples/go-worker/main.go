@@ -1,5 +1,9 @@
-// Command go-worker is an example toolsidecar worker in Go: it serves
-// get_flight_times on the sidecar's NATS bus with the worker package.
+// Command go-worker is an example toolsidecar worker in Go: it declares
+// get_flight_times in its code (description, side effects, and a schema
+// derived from the argument struct) and serves it on the sidecar's NATS
+// bus with the worker package. The sidecar discovers the declaration; its
+// configuration need not repeat it (config.yaml only sets the tool's
+// policies).
 //
 //	go run ./examples/go-worker
 //
@@ -12,43 +16,60 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )
 
+// flightArgs are the tool's arguments: the schema the model sees is
+// derived from them (required unless omitempty; described by the
+// jsonschema tag).
 type flightArgs struct {
-	Departure string `json:"departure"`
-	Arrival   string `json:"arrival"`
+	Departure string `json:"departure" jsonschema:"IATA code of the departure airport"`
+	Arrival   string `json:"arrival" jsonschema:"IATA code of the arrival airport"`
 }
 
-// getFlightTimes is a handler: arguments in, result bytes or an error out.
-// A *tool.Error picks the error type the model sees; any other error is a
-// tool_error; a panic is reported as worker_crash.
-func getFlightTimes(ctx context.Context, c *tool.Call) ([]byte, error) {
-	var a flightArgs
-	if err := json.Unmarshal(c.Args, &a); err != nil || a.Departure == "" || a.Arrival == "" {
-		return nil, tool.NewError(tool.InvalidArgs, "departure and arrival are required")
-	}
+type flightTimes struct {
+	Route    string `json:"route"`
+	Duration string `json:"duration"`
+}
+
+// getFlightTimes is the tool: the sidecar has checked the arguments against
+// the schema. A *tool.Error picks the error type the model sees; any other
+// error is a tool_error; a panic is reported as worker_crash.
+func getFlightTimes(ctx context.Context, c *tool.Call, a flightArgs) (flightTimes, error) {
 	for range 3 { // a slow lookup: report progress so the sidecar keeps waiting
 		select {
 		case <-ctx.Done(): // cancelled by the sidecar, or past the deadline
-			return nil, ctx.Err()
+			return flightTimes{}, ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
 		if err := c.Progress(); err != nil {
-			return nil, err
+			return flightTimes{}, err
 		}
 	}
-	return json.Marshal(map[string]any{"route": a.Departure + "-" + a.Arrival, "duration": "5h 35m"})
+	return flightTimes{Route: a.Departure + "-" + a.Arrival, Duration: "5h 35m"}, nil
+}
+
+// flightSpec declares the tool: the derived schema, with a pattern that
+// struct tags cannot say.
+func flightSpec() (worker.Spec, error) {
+	params, err := jsonschema.For[flightArgs](nil)
+	if err != nil {
+		return worker.Spec{}, err
+	}
+	for _, p := range []string{"departure", "arrival"} {
+		params.Properties[p].Pattern = "^[A-Z]{3}$"
+	}
+	return worker.Spec{Description: "Flight times between two airports", Parameters: params, SideEffects: tool.ReadOnly, Timeout: 30 * time.Second}, nil
 }
 
 func main() {
@@ -59,7 +80,14 @@ func main() {
 		os.Exit(1)
 	}
 	w := worker.New(nc, "toolsidecar.tools", worker.WithConcurrency(32), worker.WithLogger(log))
-	w.Handle("get_flight_times", getFlightTimes)
+	spec, err := flightSpec()
+	if err == nil {
+		err = worker.Declare(w, "get_flight_times", spec, getFlightTimes)
+	}
+	if err != nil {
+		log.Error("declare", "err", err)
+		os.Exit(1)
+	}
 	if err := w.Start(); err != nil {
 		log.Error("start", "err", err)
 		os.Exit(1)

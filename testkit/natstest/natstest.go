@@ -78,15 +78,25 @@ func WorkerOn(t testing.TB, nc *nats.Conn, prefix string, handlers map[string]to
 	for name, h := range handlers {
 		w.Handle(name, h)
 	}
+	Serve(t, w)
+	return w
+}
+
+// Serve starts w, with its tools registered (handled or declared), until
+// the test ends.
+func Serve(t testing.TB, w *worker.Worker) {
+	t.Helper()
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = w.Stop(ctx)
-	})
-	return w
+	t.Cleanup(func() { StopWorker(w) })
+}
+
+// StopWorker stops w, waiting up to 5s for its calls.
+func StopWorker(w *worker.Worker) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = w.Stop(ctx)
 }
 
 // Manifest is a manifest of tool "echo" with args {"x": 1}.

@@ -456,3 +456,40 @@ func Delayed(d time.Duration, h tool.Handler) tool.Handler {
 		return h(ctx, c)
 	}
 }
+
+// SourcedTools is GET /v1/tools?source=1 of the sidecar at base, by name.
+func SourcedTools(t testing.TB, base string) map[string]tool.SourcedTool {
+	t.Helper()
+	resp, err := http.Get(base + "/v1/tools?source=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list []tool.SourcedTool
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]tool.SourcedTool{}
+	for _, l := range list {
+		out[l.Function.Name] = l
+	}
+	return out
+}
+
+// WaitDeclared waits until the sidecar at base lists each named tool as
+// declared by a worker whose name starts with the language given for it
+// ("go", "node", "python"), and returns the list.
+func WaitDeclared(t testing.TB, base string, languages map[string]string) map[string]tool.SourcedTool {
+	t.Helper()
+	var tools map[string]tool.SourcedTool
+	poll.Until(t, "the workers' declarations", func() bool {
+		tools = SourcedTools(t, base)
+		for name, lang := range languages {
+			if !slices.ContainsFunc(tools[name].DeclaredBy, func(by string) bool { return strings.HasPrefix(by, lang+" worker ") }) {
+				return false
+			}
+		}
+		return true
+	})
+	return tools
+}

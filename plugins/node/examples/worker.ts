@@ -1,5 +1,7 @@
 /**
- * An example Node worker: serves get_hotel_rates on the sidecar's bus.
+ * An example Node worker: declares get_hotel_rates in its code (a zod
+ * schema; a plain JSON Schema object serves as well) and serves it on the
+ * sidecar's bus. The sidecar discovers it: no configuration entry is needed.
  *
  *   node dist/examples/worker.js
  *
@@ -9,16 +11,27 @@
  * path), or NATS_URL, NATS_USER and NATS_PASSWORD name a server and a user.
  */
 import { connect } from "@nats-io/transport-node";
-import { connectOptions, serve, ToolError, type Call } from "../src/index.js";
+import { z } from "zod";
+import { connectOptions, serve, tool } from "../src/index.js";
 
-async function getHotelRates(call: Call) {
-  const args = call.args as { city?: string; nights?: number };
-  if (!args.city) throw new ToolError("invalid_args", "city is required");
-  return { city: args.city, nights: args.nights ?? 1, rates: [{ hotel: "Pod 51", usd: 129 }], served_by: "node" };
-}
+const HotelQuery = z.object({
+  city: z.string().min(1).describe("the city"),
+  nights: z.number().int().min(1).max(30).default(1),
+});
+
+const getHotelRates = tool(
+  { name: "get_hotel_rates", description: "Hotel rates in a city", parameters: HotelQuery, sideEffects: "read_only" },
+  // The arguments arrive parsed by the schema, its defaults filled in.
+  async (call: { args: z.infer<typeof HotelQuery> }) => ({
+    city: call.args.city,
+    nights: call.args.nights,
+    rates: [{ hotel: "Pod 51", usd: 129 }],
+    served_by: "node",
+  }),
+);
 
 const nc = await connect({ ...connectOptions(), name: "example-node-worker" });
-const worker = await serve(nc, { get_hotel_rates: getHotelRates }, { prefix: process.env.TOOLSIDECAR_PREFIX });
+const worker = await serve(nc, [getHotelRates], { prefix: process.env.TOOLSIDECAR_PREFIX });
 await nc.flush();
 console.log("ready");
 

@@ -21,6 +21,8 @@ export const SERVICE_NAME = "toolsidecar-worker";
 export const VERSION = "0.1.0";
 /** The variable naming the credentials file the sidecar's embedded NATS issues. */
 export const CREDENTIALS_ENV = "TOOLSIDECAR_WORKER_CREDENTIALS";
+/** The endpoint metadata key under which a tool's declaration is published. */
+export const TOOL_METADATA_KEY = "toolsidecar.tool";
 
 /** Where a sidecar on its defaults (embedded NATS on 127.0.0.1:4222) writes the worker credentials. */
 export function defaultCredentials(): string {
@@ -198,8 +200,101 @@ const HEADER = {
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
-/** Serve the given tools until stop() is called. */
-export async function serve(nc: NatsConnection, tools: Record<string, Handler>, opts: ServeOptions = {}): Promise<Worker> {
+/** A JSON Schema object. */
+export type JsonSchema = Record<string, unknown>;
+
+/** The part of a zod 4 schema the library uses (zod is an optional peer). */
+export interface ZodLike {
+  _zod: unknown;
+  safeParse(v: unknown): { success: true; data: unknown } | { success: false; error: { message: string } };
+}
+
+/** What a worker declares of a tool besides its handler. */
+export interface ToolSpec {
+  name: string;
+  /** What the model reads of the tool. */
+  description?: string;
+  /** The arguments' JSON Schema, or a zod schema (zod 4, when installed): the arguments are then parsed by it. */
+  parameters?: JsonSchema | ZodLike;
+  /** Absent: unsafe, never sent twice. */
+  sideEffects?: "read_only" | "idempotent" | "unsafe";
+  /** Per attempt; absent: the sidecar's default (30 s). */
+  timeoutMs?: number;
+  /** After a timeout, no responders or a retryable error. */
+  retries?: number;
+}
+
+/** A tool declared in code, made by tool() and served by serve(). */
+export interface DeclaredTool<A = any> {
+  spec: ToolSpec;
+  handler: Handler<A>;
+}
+
+/**
+ * Declare a tool in code: the sidecar reads its name, description, schema,
+ * side effects, timeout and retries from this worker, and needs no
+ * configuration entry for it.
+ *
+ *   const getWeather = tool({ name: "get_weather", description: "Weather for a city",
+ *     parameters: z.object({ city: z.string() }), sideEffects: "read_only" },
+ *     async (call) => ({ city: call.args.city, forecast: "sunny" }));
+ *   await serve(nc, [getWeather]);
+ */
+export function tool<A = any>(spec: ToolSpec, handler: Handler<A>): DeclaredTool<A> {
+  if (!/^[A-Za-z0-9_-]{1,64}$/.test(spec.name)) throw new Error(`tool name ${JSON.stringify(spec.name)}: want 1 to 64 of A-Z a-z 0-9 _ -`);
+  return { spec, handler };
+}
+
+function isZod(p: unknown): p is ZodLike {
+  return typeof p === "object" && p !== null && "_zod" in p && typeof (p as ZodLike).safeParse === "function";
+}
+
+/** The declaration as the sidecar reads it from the endpoint's metadata. */
+export async function declaration(spec: ToolSpec): Promise<string> {
+  let parameters: JsonSchema | undefined;
+  if (isZod(spec.parameters)) {
+    const zod = (await import("zod")) as unknown as { toJSONSchema(s: unknown, o: { io: "input" }): JsonSchema };
+    // The arguments as the model writes them: a field with a default is optional.
+    const { $schema: _ignored, ...schema } = zod.toJSONSchema(spec.parameters, { io: "input" });
+    parameters = schema;
+  } else {
+    parameters = spec.parameters;
+  }
+  const d: Record<string, unknown> = { description: spec.description ?? "", parameters };
+  if (spec.sideEffects) d.side_effects = spec.sideEffects;
+  if (spec.timeoutMs) d.timeout = `${Math.round(spec.timeoutMs)}ms`;
+  if (spec.retries) d.retries = spec.retries;
+  return JSON.stringify(d);
+}
+
+/** A declared tool's handler, with its arguments parsed by its zod schema when it has one. */
+function declaredHandler(t: DeclaredTool): Handler {
+  const p = t.spec.parameters;
+  if (!isZod(p)) return t.handler;
+  return (call) => {
+    const parsed = p.safeParse(call.args);
+    if (!parsed.success) throw new ToolError("invalid_args", parsed.error.message);
+    return t.handler({ ...call, args: parsed.data });
+  };
+}
+
+/**
+ * Serve the given tools until stop() is called: a list of tools declared
+ * with tool() (the sidecar learns their schemas from this worker), or a
+ * record of name to handler (tools the sidecar's configuration declares)
+ * or to a declared tool.
+ */
+export async function serve(
+  nc: NatsConnection,
+  tools: Record<string, Handler | DeclaredTool> | DeclaredTool[],
+  opts: ServeOptions = {},
+): Promise<Worker> {
+  const entries: Array<[string, Handler | DeclaredTool]> = Array.isArray(tools) ? tools.map((t) => [t.spec.name, t]) : Object.entries(tools);
+  const served: Array<{ name: string; handler: Handler; metadata?: Record<string, string> }> = [];
+  for (const [name, h] of entries) {
+    if (typeof h === "function") served.push({ name, handler: h });
+    else served.push({ name, handler: declaredHandler(h), metadata: { [TOOL_METADATA_KEY]: await declaration(h.spec) } });
+  }
   const prefix = opts.prefix ?? "toolsidecar.tools";
   const limit = opts.concurrency ?? 64;
   const inflight = new Map<string, AbortController>();
@@ -229,9 +324,10 @@ export async function serve(nc: NatsConnection, tools: Record<string, Handler>, 
     metadata: { language: "node", library_version: VERSION },
     queue: "toolsidecar",
   });
-  for (const [tool, handler] of Object.entries(tools)) {
+  for (const { name: tool, handler, metadata } of served) {
     service.addEndpoint(tool, {
       subject: `${prefix}.${tool}`,
+      metadata,
       handler: (_err, msg) => {
         const p = (async () => {
           await acquire();
@@ -346,7 +442,8 @@ function encode(result: unknown): Uint8Array {
 function replyError(msg: Msg, e: unknown): void {
   const err = e instanceof ToolError ? e : new ToolError(e instanceof Error ? "tool_error" : "worker_crash", describe(e));
   const h = headers();
-  h.set(HEADER.serviceError, err.message);
+  // One header line: a line break would end the header block early.
+  h.set(HEADER.serviceError, err.message.replace(/\r\n|\r|\n/g, " "));
   h.set(HEADER.serviceCode, String(ERROR_CODES[err.type]));
   h.set(HEADER.errorType, err.type);
   msg.respond(undefined, { headers: h });

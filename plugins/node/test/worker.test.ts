@@ -6,7 +6,19 @@ import { execFileSync } from "node:child_process";
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { CancelledBySidecar, connectOptions, CREDENTIALS_ENV, serve, ToolError, VERSION, type Handler, type Worker } from "../src/index.js";
+import { z } from "zod";
+import {
+  CancelledBySidecar,
+  connectOptions,
+  CREDENTIALS_ENV,
+  serve,
+  tool,
+  TOOL_METADATA_KEY,
+  ToolError,
+  VERSION,
+  type Handler,
+  type Worker,
+} from "../src/index.js";
 
 // A real NATS server is started by scripts/with-nats.sh (npm run test:nats).
 const url = process.env.NATS_URL;
@@ -144,6 +156,46 @@ test("endpoints are micro endpoints found through $SRV.INFO", async () => {
   assert.equal(info.endpoints[0].queue_group, "toolsidecar");
   assert.equal(info.name, "toolsidecar-worker");
   assert.deepEqual(info.metadata, { language: "node", library_version: VERSION });
+});
+
+test("declared tools: zod and JSON Schema declarations in the endpoint metadata, arguments parsed by zod", async () => {
+  const rates = tool(
+    { name: "rates", description: "Hotel rates", parameters: z.object({ city: z.string(), nights: z.number().int().min(1).default(1) }), sideEffects: "read_only", timeoutMs: 2500 },
+    async (call: { args: { city: string; nights: number } }) => ({ city: call.args.city, nights: call.args.nights }),
+  );
+  const plain = tool(
+    { name: "plain", parameters: { type: "object", required: ["q"], properties: { q: { type: "string" } } }, retries: 2 },
+    async (call) => call.args,
+  );
+  const w = await serve(nc, [rates, plain], { prefix: prefix + "d" });
+  try {
+    const inbox = createInbox();
+    const sub = side.subscribe(inbox);
+    side.publish("$SRV.INFO", undefined, { reply: inbox });
+    const decls: Record<string, { description: string; parameters: any; side_effects?: string; timeout?: string; retries?: number }> = {};
+    for await (const m of sub) {
+      const info = JSON.parse(decoder.decode(m.data));
+      for (const e of info.endpoints) {
+        if (e.subject.startsWith(prefix + "d.")) decls[e.name] = JSON.parse(e.metadata[TOOL_METADATA_KEY]);
+      }
+      if (Object.keys(decls).length === 2) break;
+    }
+    assert.equal(decls.rates.description, "Hotel rates");
+    assert.equal(decls.rates.side_effects, "read_only");
+    assert.equal(decls.rates.timeout, "2500ms");
+    assert.deepEqual(decls.rates.parameters.required, ["city"]);
+    assert.equal(decls.rates.parameters.properties.nights.minimum, 1);
+    assert.equal(decls.rates.parameters.$schema, undefined);
+    assert.deepEqual(decls.plain.parameters.required, ["q"]);
+    assert.equal(decls.plain.retries, 2);
+
+    const ok = await side.request(`${prefix}d.rates`, manifest("rates", "act_z1", { city: "Oslo" }), { timeout: 2000 });
+    assert.deepEqual(JSON.parse(decoder.decode(ok.data)), { city: "Oslo", nights: 1 });
+    const bad = await side.request(`${prefix}d.rates`, manifest("rates", "act_z2", { city: "Oslo", nights: 0 }), { timeout: 2000 });
+    assert.equal(bad.headers?.get("Tool-Error-Type"), "invalid_args");
+  } finally {
+    await w.stop();
+  }
 });
 
 test("connectOptions reads the sidecar's credentials file and refuses one others may read", () => {

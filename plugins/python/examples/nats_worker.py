@@ -1,4 +1,5 @@
-"""An example Python worker on nats-py: serves get_weather.
+"""An example Python worker on nats-py: declares get_weather in its code and
+serves it; the sidecar needs no tools entry for it.
 
     python3 examples/nats_worker.py
 
@@ -14,20 +15,21 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from toolsidecar_worker import ToolError, connect, serve  # noqa: E402
+from typing import Annotated  # noqa: E402
+
+from toolsidecar_worker import Call, connect, serve, tool  # noqa: E402
 
 
-async def get_weather(call):
-    city = (call.args or {}).get("city")
-    if not city:
-        raise ToolError("invalid_args", "city is required")
-    await call.progress()
+@tool(side_effects="read_only", timeout=10)
+async def get_weather(city: Annotated[str, "the city"], call: Call) -> dict:
+    """Weather forecast for a city."""
+    await call.progress()  # a slow lookup would report progress as it goes
     return {"city": city, "forecast": "sunny", "served_by": "python"}
 
 
 async def main():
     nc = await connect()
-    worker = await serve(nc, {"get_weather": get_weather}, prefix=os.environ.get("TOOLSIDECAR_PREFIX", "toolsidecar.tools"))
+    worker = await serve(nc, [get_weather], prefix=os.environ.get("TOOLSIDECAR_PREFIX", "toolsidecar.tools"))
     print("ready", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -18,7 +18,9 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from toolsidecar_worker import CREDENTIALS_ENV, connect_options, serve  # noqa: E402
+from typing import Annotated, Literal, Optional  # noqa: E402
+
+from toolsidecar_worker import CREDENTIALS_ENV, TOOL_METADATA_KEY, Call, ToolError, connect_options, serve, tool  # noqa: E402
 from shared import assert_cancel_gets_no_reply, hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "t"
@@ -106,9 +108,11 @@ class FakeRequest:
 
 class FakeService:
     def __init__(self, nc, config):
-        self.nc, self.config, self.subs = nc, config, []
+        self.nc, self.config, self.subs, self.metadata = nc, config, [], {}
 
-    async def add_endpoint(self, name, subject, handler, queue_group=None):
+    async def add_endpoint(self, name, subject, handler, queue_group=None, metadata=None):
+        self.metadata[name] = metadata
+
         async def cb(msg):
             await handler(FakeRequest(msg))
         self.subs.append(await self.nc.subscribe(subject, queue=queue_group or self.config["queue_group"], cb=cb))
@@ -193,8 +197,6 @@ class LogicTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.worker._service.config["queue_group"], "toolsidecar")
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class ConnectOptionsTest(unittest.TestCase):
@@ -218,3 +220,86 @@ class ConnectOptionsTest(unittest.TestCase):
                 connect_options({CREDENTIALS_ENV: os.path.join(d, "none")})
         self.assertEqual(connect_options({"NATS_URL": "nats://h:2", "NATS_USER": "u", "NATS_PASSWORD": "p"}),
                          {"servers": ["nats://h:2"], "user": "u", "password": "p"})
+
+
+@tool(side_effects="read_only", timeout=2.5, retries=1)
+async def forecast(city: Annotated[str, "the city"], call: Call, days: int = 1,
+                   units: Literal["metric", "imperial"] = "metric", tags: Optional[list] = None) -> dict:
+    """Weather forecast for a city.
+
+    Not part of the description."""
+    return {"city": city, "days": days, "units": units, "action": call.action_id}
+
+
+class DeclareTest(unittest.IsolatedAsyncioTestCase):
+    """A tool declared in code: its schema from the annotations, published
+    in the endpoint's metadata, its function called with the arguments."""
+
+    async def test_declaration_in_the_endpoint_metadata(self):
+        nc = FakeConn()
+        worker = await serve(nc, [forecast], prefix=PREFIX, add_service=fake_add_service)
+        try:
+            decl = json.loads(worker._service.metadata["forecast"][TOOL_METADATA_KEY])
+            self.assertEqual(decl["description"], "Weather forecast for a city.")
+            self.assertEqual(decl["side_effects"], "read_only")
+            self.assertEqual(decl["timeout"], "2500ms")
+            self.assertEqual(decl["retries"], 1)
+            params = decl["parameters"]
+            self.assertEqual(params["required"], ["city"])
+            self.assertFalse(params["additionalProperties"])
+            self.assertEqual(params["properties"]["city"], {"type": "string", "description": "the city"})
+            self.assertEqual(params["properties"]["units"], {"enum": ["metric", "imperial"]})
+            self.assertNotIn("call", params["properties"])
+            r = await nc.request(f"{PREFIX}.forecast", manifest("forecast", "a_f", {"city": "Oslo", "days": 3}))
+            self.assertEqual(json.loads(r.data), {"city": "Oslo", "days": 3, "units": "metric", "action": "a_f"})
+        finally:
+            await worker.stop()
+
+    async def test_handlers_without_declaration_publish_none(self):
+        nc = FakeConn()
+        worker = await serve(nc, {"plain": typed, "declared": forecast}, prefix=PREFIX, add_service=fake_add_service)
+        try:
+            self.assertIsNone(worker._service.metadata["plain"])
+            self.assertIn(TOOL_METADATA_KEY, worker._service.metadata["declared"])
+        finally:
+            await worker.stop()
+
+    def test_an_annotation_without_a_schema_is_named(self):
+        class Opaque:
+            pass
+
+        def f(x: Opaque):
+            pass
+        with self.assertRaisesRegex(TypeError, r"f\(x\): no JSON Schema"):
+            tool(f)
+        with self.assertRaisesRegex(ValueError, "side_effects 'sometimes'"):
+            tool(side_effects="sometimes")(forecast.fn)
+
+    async def test_a_pydantic_model_is_the_schema_and_the_arguments(self):
+        try:
+            import pydantic
+        except ImportError:
+            self.skipTest("pydantic is not installed here; the library imports it only when a model is used")
+
+        class Booking(pydantic.BaseModel):
+            hotel: str
+            nights: int = pydantic.Field(1, ge=1)
+
+        @tool(description="Book a room")
+        def book(booking: Booking) -> dict:
+            return {"hotel": booking.hotel, "nights": booking.nights}
+
+        decl = json.loads(book.declaration())
+        self.assertEqual(decl["parameters"]["required"], ["hotel"])
+        self.assertEqual(decl["parameters"]["properties"]["nights"]["minimum"], 1)
+        call = Call(tool="book", run_id="r", action_id="a", tool_call_id="c", args={"hotel": "Pod 51"}, manifest=b"",
+                    attempt=1, deadline=None, idempotency_key="a", traceparent="")
+        self.assertEqual(await book.handle(call), {"hotel": "Pod 51", "nights": 1})
+        call.args = {"hotel": "Pod 51", "nights": 0}
+        with self.assertRaises(ToolError) as e:
+            await book.handle(call)
+        self.assertEqual(e.exception.type, "invalid_args")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -17,7 +17,7 @@ try:
 except ImportError:  # pragma: no cover
     raise unittest.SkipTest("nats-py is not importable here")
 
-from toolsidecar_worker import VERSION, serve  # noqa: E402
+from toolsidecar_worker import TOOL_METADATA_KEY, VERSION, serve, tool  # noqa: E402
 from shared import assert_cancel_gets_no_reply, hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "pytest"
@@ -67,6 +67,31 @@ class WorkerTest(unittest.IsolatedAsyncioTestCase):
         info = json.loads(r.data)
         self.assertEqual(info["name"], "toolsidecar-worker")
         self.assertEqual(info["metadata"], {"language": "python", "library_version": VERSION})
+
+    async def test_declared_tool_in_info(self):
+        """A tool declared with @tool: nats.micro publishes its declaration."""
+        @tool(side_effects="read_only")
+        async def lookup(city: str) -> dict:
+            """Look a city up."""
+            return {"city": city}
+
+        w = await serve(self.nc, [lookup], prefix=PREFIX + "d")
+        try:
+            r = await self.side.request(f"{PREFIX}d.lookup", manifest("lookup", "act_d", {"city": "Oslo"}), timeout=2)
+            self.assertEqual(json.loads(r.data), {"city": "Oslo"})
+            inbox = self.side.new_inbox()
+            sub = await self.side.subscribe(inbox)
+            await self.side.publish("$SRV.INFO", b"", reply=inbox)
+            decl = None
+            while decl is None:
+                info = json.loads((await sub.next_msg(timeout=2)).data)
+                for e in info["endpoints"]:
+                    if e["subject"] == f"{PREFIX}d.lookup":
+                        decl = json.loads(e["metadata"][TOOL_METADATA_KEY])
+            self.assertEqual(decl["description"], "Look a city up.")
+            self.assertEqual(decl["parameters"]["required"], ["city"])
+        finally:
+            await w.stop()
 
     async def test_stats(self):
         """nats.micro answers $SRV.STATS: the calls each tool took."""

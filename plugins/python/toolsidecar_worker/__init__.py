@@ -36,10 +36,12 @@ import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, Optional, Union
+import enum
+import typing
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-__all__ = ["Call", "ToolError", "Worker", "serve", "connect", "connect_options", "default_credentials",
-           "ERROR_CODES", "VERSION", "SERVICE_NAME", "CREDENTIALS_ENV"]
+__all__ = ["Call", "Tool", "ToolError", "Worker", "serve", "tool", "connect", "connect_options", "default_credentials",
+           "ERROR_CODES", "VERSION", "SERVICE_NAME", "CREDENTIALS_ENV", "TOOL_METADATA_KEY"]
 
 #: The version the micro service announces.
 VERSION = "0.2.0"
@@ -49,6 +51,9 @@ SERVICE_NAME = "toolsidecar-worker"
 
 #: The variable naming the credentials file the sidecar's embedded NATS issues.
 CREDENTIALS_ENV = "TOOLSIDECAR_WORKER_CREDENTIALS"
+
+#: The endpoint metadata key under which a tool's declaration is published.
+TOOL_METADATA_KEY = "toolsidecar.tool"
 
 
 def default_credentials() -> str:
@@ -188,10 +193,10 @@ def _encode(result: Any) -> bytes:
 class Worker:
     """A running worker; stop() drains it."""
 
-    def __init__(self, nc, prefix: str, tools: Dict[str, Handler], concurrency: int):
+    def __init__(self, nc, prefix: str, tools: Dict[str, Tuple[Handler, Optional[str]]], concurrency: int):
         self._nc = nc
         self._prefix = prefix
-        self._tools = tools
+        self._tools = tools  # name: (handler, declaration as JSON or None)
         self._sem = asyncio.Semaphore(concurrency)
         self._service = None
         self._cancel_sub = None
@@ -208,13 +213,14 @@ class Worker:
         self._service = await add_service(self._nc, name=SERVICE_NAME, version=VERSION,
                                           metadata={"language": "python", "library_version": VERSION},
                                           description="toolsidecar tools served from Python", queue_group="toolsidecar")
-        for tool, handler in self._tools.items():
-            async def start_call(req, tool=tool, handler=handler):
-                task = asyncio.ensure_future(self._handle(tool, handler, req))
+        for name, (handler, declaration) in self._tools.items():
+            async def start_call(req, name=name, handler=handler):
+                task = asyncio.ensure_future(self._handle(name, handler, req))
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
 
-            await self._service.add_endpoint(name=tool, subject=f"{self._prefix}.{tool}", handler=start_call)
+            metadata = {TOOL_METADATA_KEY: declaration} if declaration is not None else None
+            await self._service.add_endpoint(name=name, subject=f"{self._prefix}.{name}", handler=start_call, metadata=metadata)
         self._cancel_sub = await self._nc.subscribe(f"{self._prefix}.cancel.*", cb=self._on_cancel)
         await self._nc.flush()
 
@@ -235,6 +241,8 @@ class Worker:
     @staticmethod
     async def _reply_error(req, type: str, message: str) -> None:
         try:
+            # One header line: a line break would end the header block early.
+            message = " ".join(message.splitlines())
             await req.respond_error(str(ERROR_CODES[type]), message, headers={"Tool-Error-Type": type})
         except ValueError:
             pass
@@ -300,15 +308,165 @@ class Worker:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 
-async def serve(nc, tools: Dict[str, Handler], prefix: str = "toolsidecar.tools", concurrency: int = 64,
-                add_service=None) -> Worker:
+async def serve(nc, tools: Union[Dict[str, Union[Handler, "Tool"]], Iterable["Tool"]], prefix: str = "toolsidecar.tools",
+                concurrency: int = 64, add_service=None) -> Worker:
     """Serve the tools on an open nats-py connection until stop().
 
+    tools is a list of tools declared with @tool (the sidecar learns their
+    schemas from this worker), or a dict of name to handler (tools the
+    sidecar's configuration declares) or to a declared tool.
     add_service makes the NATS micro service; it defaults to nats-py's
     ``nats.micro.add_service`` (a test may pass another with its interface).
     """
     if add_service is None:
         from nats.micro import add_service  # nats-py 2.15 or later
-    w = Worker(nc, prefix, tools, concurrency)
+    items = tools.items() if isinstance(tools, dict) else ((t.name, t) for t in tools)
+    served: Dict[str, Tuple[Handler, Optional[str]]] = {}
+    for name, h in items:
+        served[name] = (h.handle, h.declaration()) if isinstance(h, Tool) else (h, None)
+    w = Worker(nc, prefix, served, concurrency)
     await w._start(add_service)
     return w
+
+
+# Declaring a tool in code -------------------------------------------------
+
+_SIDE_EFFECTS = ("read_only", "idempotent", "unsafe")
+
+
+class Tool:
+    """A tool declared in code: what the sidecar reads of it (name,
+    description, JSON Schema, side effects, timeout, retries) and its
+    function. Made by @tool; served by serve()."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, description: str, parameters: Dict[str, Any],
+                 side_effects: Optional[str], timeout: Optional[float], retries: int,
+                 call_param: Optional[str], model: Any):
+        if side_effects is not None and side_effects not in _SIDE_EFFECTS:
+            raise ValueError(f"tool {name}: side_effects {side_effects!r}: want one of {', '.join(_SIDE_EFFECTS)}")
+        self.fn, self.name, self.description, self.parameters = fn, name, description, parameters
+        self.side_effects, self.timeout, self.retries = side_effects, timeout, retries
+        self._call_param, self._model = call_param, model
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def declaration(self) -> str:
+        """The declaration as the sidecar reads it from the endpoint's metadata."""
+        d: Dict[str, Any] = {"description": self.description, "parameters": self.parameters}
+        if self.side_effects:
+            d["side_effects"] = self.side_effects
+        if self.timeout:
+            d["timeout"] = f"{int(self.timeout * 1000)}ms"
+        if self.retries:
+            d["retries"] = self.retries
+        return json.dumps(d, separators=(",", ":"))
+
+    async def handle(self, call: Call) -> Any:
+        """The handler serve() runs: the call's arguments as the function's."""
+        args = call.args if isinstance(call.args, dict) else {}
+        if self._model is not None:
+            try:
+                kwargs = {self._model[0]: self._model[1].model_validate(args)}
+            except Exception as e:  # pydantic's ValidationError, without importing pydantic here
+                raise ToolError("invalid_args", str(e)) from None
+        else:
+            kwargs = dict(args)
+        if self._call_param:
+            kwargs[self._call_param] = call
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**kwargs)
+        result = await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.fn, **kwargs))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+
+def tool(fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None, description: Optional[str] = None,
+         side_effects: Optional[str] = None, timeout: Optional[float] = None, retries: int = 0,
+         parameters: Optional[Dict[str, Any]] = None) -> Any:
+    """Declare a tool from a type-annotated function, the sidecar needing no
+    configuration entry for it::
+
+        @tool(side_effects="read_only")
+        async def get_weather(city: Annotated[str, "the city"], days: int = 1) -> dict:
+            \"\"\"Weather forecast for a city.\"\"\"
+
+    The parameters are the tool's arguments (required unless they have a
+    default; str, int, float, bool, list, dict, Optional, Literal, Enum, and
+    Annotated[T, "description"]); a parameter annotated Call receives the
+    call. One parameter annotated with a pydantic model makes the model's
+    schema the tool's, and the arguments arrive as that model. The
+    description defaults to the docstring; timeout is in seconds.
+    """
+
+    def make(f: Callable[..., Any]) -> Tool:
+        schema, call_param, model = _schema_of(f)
+        doc = inspect.getdoc(f) or ""
+        return Tool(f, name or f.__name__, description if description is not None else doc.split("\n\n")[0].replace("\n", " "),
+                    parameters if parameters is not None else schema, side_effects, timeout, retries, call_param, model)
+
+    return make(fn) if fn is not None else make
+
+
+def _schema_of(fn: Callable[..., Any]) -> Tuple[Dict[str, Any], Optional[str], Any]:
+    """The JSON Schema of fn's parameters, the parameter that takes the Call,
+    and (name, model) when one pydantic model is the arguments."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    props: Dict[str, Any] = {}
+    required: List[str] = []
+    call_param = None
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    for p in params:
+        if hints.get(p.name) is Call:
+            call_param = p.name
+    rest = [p for p in params if p.name != call_param]
+    if len(rest) == 1 and _is_model(hints.get(rest[0].name)):
+        model = hints[rest[0].name]
+        return model.model_json_schema(), call_param, (rest[0].name, model)
+    for p in rest:
+        props[p.name] = _type_schema(hints.get(p.name, Any), f"{fn.__name__}({p.name})")
+        if p.default is inspect.Parameter.empty:
+            required.append(p.name)
+    schema: Dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+    if required:
+        schema["required"] = required
+    return schema, call_param, None
+
+
+def _is_model(t: Any) -> bool:
+    return inspect.isclass(t) and hasattr(t, "model_json_schema") and hasattr(t, "model_validate")
+
+
+def _type_schema(t: Any, where: str) -> Dict[str, Any]:
+    """The JSON Schema of one annotation."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is typing.Annotated:
+        s = _type_schema(args[0], where)
+        for extra in args[1:]:
+            if isinstance(extra, str):
+                s = {**s, "description": extra}
+        return s
+    if t is Any or t is inspect.Parameter.empty:
+        return {}
+    if origin is Union or (origin is not None and getattr(origin, "__name__", "") == "UnionType") or type(t).__name__ == "UnionType":
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) == 1:
+            return _type_schema(kinds[0], where)
+        return {"anyOf": [_type_schema(a, where) for a in kinds]}
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin in (list, List, tuple, set, frozenset) or t in (list, tuple, set):
+        return {"type": "array", "items": _type_schema(args[0], where)} if args else {"type": "array"}
+    if origin in (dict, Dict) or t is dict:
+        return {"type": "object"}
+    if inspect.isclass(t) and issubclass(t, enum.Enum):
+        return {"enum": [m.value for m in t]}
+    if _is_model(t):
+        return t.model_json_schema()
+    simple = {str: "string", bool: "boolean", int: "integer", float: "number"}
+    if t in simple:
+        return {"type": simple[t]}
+    raise TypeError(f"{where}: no JSON Schema for the annotation {t!r}; pass parameters= to @tool")

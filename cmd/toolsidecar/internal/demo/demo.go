@@ -58,20 +58,32 @@ func Scenario() coresim.Scenario {
 	}}
 }
 
-// Workers registers the demo tools on w: get_flight_times with a realistic
-// delay, book_flight that always fails, search_hotels that is slower than
-// its timeout but stays alive by sending progress, and hold_room, which a
-// person approves first.
-func Workers(w *worker.Worker) {
+// flightArgs are get_flight_times's arguments. The demo worker declares
+// the tool in its code, the schema derived from them; config.yaml's entry
+// of the tool only sets its policies.
+type flightArgs struct {
+	Departure string `json:"departure" jsonschema:"IATA code of the departure airport"`
+	Arrival   string `json:"arrival" jsonschema:"IATA code of the arrival airport"`
+}
+
+// Declared are the tools the demo worker declares in its code.
+var Declared = []string{"get_flight_times"}
+
+// Workers registers the demo tools on w: get_flight_times, declared in
+// code, with a realistic delay, book_flight that always fails,
+// search_hotels that is slower than its timeout but stays alive by sending
+// progress, and hold_room, which a person approves first.
+func Workers(w *worker.Worker) error {
 	w.Handle("hold_room", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		return []byte(`{"held": "The Plaza", "nights": 3, "deposit_usd": 150, "confirmation": "PLZ-7731"}`), nil
 	})
-	w.Handle("get_flight_times", func(ctx context.Context, c *tool.Call) ([]byte, error) {
-		if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
-			return nil, err
-		}
-		return []byte(fmt.Sprintf(`{"route": "%s", "duration": "5h 35m", "departures": ["07:00", "12:30", "18:45"]}`, route(c))), nil
-	})
+	err := worker.Declare(w, "get_flight_times", worker.Spec{Description: "Flight times between two airports", SideEffects: tool.ReadOnly},
+		func(ctx context.Context, c *tool.Call, a flightArgs) (json.RawMessage, error) {
+			if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
+				return nil, err
+			}
+			return json.RawMessage(fmt.Sprintf(`{"route": "%s-%s", "duration": "5h 35m", "departures": ["07:00", "12:30", "18:45"]}`, a.Departure, a.Arrival)), nil
+		})
 	w.Handle("book_flight", func(ctx context.Context, c *tool.Call) ([]byte, error) {
 		if err := clock.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return nil, err
@@ -89,12 +101,7 @@ func Workers(w *worker.Worker) {
 		}
 		return []byte(`{"hotels": ["The Plaza", "Pod 51"], "nights": 3}`), nil
 	})
-}
-
-func route(c *tool.Call) string {
-	var a struct{ Departure, Arrival string }
-	_ = json.Unmarshal(c.Args, &a) // the sidecar validated the arguments
-	return a.Departure + "-" + a.Arrival
+	return err
 }
 
 // ErrContract is returned when the simulator recorded a violation.
@@ -139,6 +146,10 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 	}
 	fmt.Fprintf(out, "toolsidecar demo: embedded NATS at %s, Core simulator at %s, %d tools, set up in %s\n",
 		s.NATSURL(), srv.URL, len(s.Tools().Names()), ms(time.Since(start)))
+	for _, name := range Declared {
+		t, _ := s.Tools().Lookup(name)
+		fmt.Fprintf(out, "%s: declared in the code of %s, policies from config.yaml\n", name, strings.Join(t.DeclaredBy, ", "))
+	}
 	fmt.Fprintf(out, "run %s\n\n", req.RunID)
 
 	t := &transcript{out: out, t0: time.Now(), first: map[int]time.Time{}, last: map[int]time.Time{}}
@@ -191,6 +202,7 @@ func startSidecar(coreURL, passwordFile string, edit func(*config.Config)) (*sid
 	cfg.NATS.Embedded.Listen = "127.0.0.1:-1"
 	cfg.NATS.Embedded.Workers = []config.Worker{{Name: demoWorker, PasswordFile: passwordFile, Tools: []string{"*"}}}
 	cfg.Server.Listen = "127.0.0.1:0"
+	cfg.NATS.DiscoverInterval = 100 * time.Millisecond // the worker's declarations are found at once
 	// search_hotels runs 1.5s; a 1s budget, restarted by each progress
 	// message, shows progress keeping a long call alive.
 	for i := range cfg.Tools {
@@ -231,12 +243,33 @@ func startWorkers(s *sidecar.Sidecar, password string) (stop func(), err error) 
 		return nil, err
 	}
 	w := worker.New(nc, config.Default().NATS.SubjectPrefix)
-	Workers(w)
-	if err := w.Start(); err != nil {
+	err = Workers(w)
+	if err == nil {
+		err = w.Start()
+	}
+	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	return func() { _ = w.Stop(context.Background()); nc.Close() }, nil
+	stop = func() { _ = w.Stop(context.Background()); nc.Close() }
+	// The run starts once the sidecar serves the tools the worker declares.
+	for deadline := time.Now().Add(10 * time.Second); !declared(s); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("demo: the sidecar did not discover the worker's tools %v", Declared)
+		}
+	}
+	return stop, nil
+}
+
+// declared reports that the sidecar serves the demo worker's declarations.
+func declared(s *sidecar.Sidecar) bool {
+	for _, name := range Declared {
+		if t, ok := s.Tools().Lookup(name); !ok || len(t.DeclaredBy) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // setUp creates what an application creates before it drives a run: an

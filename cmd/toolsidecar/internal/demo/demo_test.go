@@ -26,6 +26,7 @@ func TestDemo(t *testing.T) {
 	s := out.String()
 	for _, want := range []string{
 		"turn 1", "turn 2",
+		"get_flight_times: declared in the code of go worker ",
 		"invalid_args: invalid arguments for tool \"get_flight_times\":",
 		"not_found: unknown tool \"get_weather\"",
 		"tool_error: no seats left on UA 512",

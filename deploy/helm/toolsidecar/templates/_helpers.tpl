@@ -90,6 +90,10 @@ nats:
   embedded:
     listen: {{ .Values.nats.embedded.listen | quote }}
     allow_anonymous: {{ .Values.nats.embedded.allowAnonymous }}
+    worker_credentials: {{ .Values.nats.embedded.workerCredentials.enabled }}
+    {{- if (include "toolsidecar.workerCredentials" .) }}
+    worker_credentials_file: {{ printf "%s/worker-credentials.json" .Values.nats.embedded.workerCredentials.mountPath | quote }}
+    {{- end }}
     {{- if (include "toolsidecar.embeddedStore" .) }}
     store_dir: {{ .Values.nats.embedded.storeDir | quote }}
     {{- end }}
@@ -191,6 +195,11 @@ tools:
 {{- end -}}
 
 {{/* Non-empty when the embedded server keeps JetStream files: durable mode without an external NATS. */}}
+{{/* Whether the sidecar shares worker credentials with the pod's workers: embedded NATS and workerCredentials.enabled. */}}
+{{- define "toolsidecar.workerCredentials" -}}
+{{- if and .Values.nats.embedded.workerCredentials.enabled (not .Values.nats.url) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "toolsidecar.embeddedStore" -}}
 {{- if and .Values.durability.enabled (not .Values.nats.url) -}}true{{- end -}}
 {{- end -}}

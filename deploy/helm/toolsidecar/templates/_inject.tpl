@@ -17,6 +17,16 @@ Deployment (or StatefulSet, Job...) template:
     volumes:
       {{- include "toolsidecar.volumes" $ts | nindent 8 }}
 
+A worker container of the application's own (a Go, Node or Python worker
+in the pod, on the embedded NATS server) takes the worker credentials the
+sidecar issues with two more includes, and runs as the sidecar's user:
+
+      - name: my-worker ...
+        env:
+          {{- include "toolsidecar.workerEnv" $ts | nindent 10 }}
+        volumeMounts:
+          {{- include "toolsidecar.workerVolumeMounts" $ts | nindent 10 }}
+
 initContainers and containers each render the sidecar or nothing, after
 sidecar.mode: both are included, so that switching modes changes no template.
 Point the SDK at http://127.0.0.1:<sidecar.port>.
@@ -62,6 +72,10 @@ checksum/toolsidecar-config: {{ include "toolsidecar.config" . | sha256sum }}
 - name: toolsidecar-store
   {{- toYaml .Values.nats.embedded.storeVolume | nindent 2 }}
 {{- end }}
+{{- if (include "toolsidecar.workerCredentials" .) }}
+- name: toolsidecar-workers
+  emptyDir: { medium: Memory, sizeLimit: 1Mi }
+{{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
 {{- end }}
@@ -99,7 +113,24 @@ checksum/toolsidecar-config: {{ include "toolsidecar.config" . | sha256sum }}
     {{- if (include "toolsidecar.embeddedStore" .) }}
     - { name: toolsidecar-store, mountPath: {{ .Values.nats.embedded.storeDir | quote }} }
     {{- end }}
+    {{- if (include "toolsidecar.workerCredentials" .) }}
+    - { name: toolsidecar-workers, mountPath: {{ .Values.nats.embedded.workerCredentials.mountPath | quote }} }
+    {{- end }}
     {{- with .Values.sidecar.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+{{- end -}}
+
+{{/* A worker container's environment: where the credentials file is (nothing on an external NATS). */}}
+{{- define "toolsidecar.workerEnv" -}}
+{{- if (include "toolsidecar.workerCredentials" .) -}}
+- { name: TOOLSIDECAR_WORKER_CREDENTIALS, value: {{ printf "%s/worker-credentials.json" .Values.nats.embedded.workerCredentials.mountPath | quote }} }
+{{- end -}}
+{{- end -}}
+
+{{/* A worker container's mounts: the credentials' folder, read-only (nothing on an external NATS). */}}
+{{- define "toolsidecar.workerVolumeMounts" -}}
+{{- if (include "toolsidecar.workerCredentials" .) -}}
+- { name: toolsidecar-workers, mountPath: {{ .Values.nats.embedded.workerCredentials.mountPath | quote }}, readOnly: true }
+{{- end -}}
 {{- end -}}
