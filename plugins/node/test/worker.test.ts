@@ -231,5 +231,26 @@ test("typed handlers: Handler<A> gives call.args the type A", () => {
 test("npm pack ships exactly the library, its types, README and LICENSE", () => {
   const out = execFileSync("npm", ["pack", "--dry-run", "--json", "--ignore-scripts=false"], { cwd: new URL("../..", import.meta.url), encoding: "utf8" });
   const files = (JSON.parse(out)[0].files as Array<{ path: string }>).map((f) => f.path).sort();
-  assert.deepEqual(files, ["LICENSE", "README.md", "dist/src/index.d.ts", "dist/src/index.js", "package.json"]);
+  assert.deepEqual(files, [
+    "LICENSE",
+    "README.md",
+    "dist/cjs/index.d.ts",
+    "dist/cjs/index.js",
+    "dist/cjs/package.json",
+    "dist/src/index.d.ts",
+    "dist/src/index.js",
+    "package.json",
+  ]);
+});
+
+test("the package loads by its name from ESM and from CommonJS, as the NATS client does", () => {
+  const cwd = new URL("../..", import.meta.url);
+  const esm = execFileSync("node", ["--input-type=module", "-e", "import * as w from '@toolsidecar/worker'; console.log(typeof w.serve, typeof w.tool, w.SERVICE_NAME)"], { cwd, encoding: "utf8" });
+  const cjs = execFileSync(
+    "node",
+    ["-e", "const w = require('@toolsidecar/worker'); const { z } = require('zod'); w.declaration({ name: 't', parameters: z.object({ a: z.string() }) }).then((d) => console.log(typeof w.serve, typeof w.tool, w.SERVICE_NAME, d))"],
+    { cwd, encoding: "utf8" },
+  );
+  assert.equal(esm.trim(), "function function toolsidecar-worker");
+  assert.match(cjs, /^function function toolsidecar-worker \{"description":"","parameters":\{"type":"object","properties":\{"a":\{"type":"string"\}\},"required":\["a"\]\}\}/);
 });
