@@ -19,6 +19,7 @@ import (
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
@@ -203,4 +204,40 @@ func TestPythonDeclarationCompiles(t *testing.T) {
 		tl.Validate(json.RawMessage(`{"town": "Boston"}`)) == nil {
 		t.Errorf("compiled %+v: want read_only, 10s, city required and nothing else", tl)
 	}
+}
+
+// TestDeclaringWorkerKilled: the only worker of a tool declared in code
+// (the Node example) is killed with SIGKILL. The sidecar stops serving the
+// tool at its next look, and a run that calls it then gets a not_found
+// outcome at once, submitted, its Action finalised, beside a call that
+// succeeds. RELIABILITY.md records the time to the tool's removal.
+func TestDeclaringWorkerKilled(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "get_hotel_rates", ArgsJSON: `{"city": "Oslo"}`}, {Tool: "echo", ArgsJSON: `{"x": 1}`}}},
+		{Content: "{{results}}"},
+	}}
+	env := testenv.Start(t, sc, testenv.Options{NATS: func(n *config.NATS) { n.DiscoverInterval = 100 * time.Millisecond }},
+		testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	node, _ := filepath.Abs("node/dist/examples/worker.js")
+	cmd := exec.Command("node", node)
+	cmd.Env = append(os.Environ(), "NATS_URL="+env.NATSURL, "TOOLSIDECAR_PREFIX="+testenv.Prefix,
+		"NATS_USER="+testenv.WorkerUser, "NATS_PASSWORD="+env.WorkerPassword)
+	testenv.StartProcess(t, cmd, "ready")
+	testenv.WaitDeclared(t, env.URL, map[string]string{"get_hotel_rates": "node"})
+
+	killed := time.Now()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "get_hotel_rates gone with its worker", func() bool {
+		_, listed := testenv.SourcedTools(t, env.URL)["get_hotel_rates"]
+		return !listed
+	})
+	t.Logf("the tool left the registry %v after its last worker was killed (discover_interval 100ms)", time.Since(killed).Round(time.Millisecond))
+	r := env.NewRun()
+	sum, msgs := env.DriveWhole(r, 2)
+	if len(sum.Calls) != 2 || sum.Calls[0].OK || sum.Calls[0].Attempts != 0 || !sum.Calls[1].OK {
+		t.Errorf("calls %+v: want get_hotel_rates not dispatched, echo run", sum.Calls)
+	}
+	testenv.AssertOutputs(t, msgs, `not_found`, `"x"`)
 }
