@@ -34,8 +34,10 @@ class PackageTest(unittest.TestCase):
             self.assertIn(want, files)
         self.assertFalse([f for f in files if f.startswith(("tests/", "examples/"))], files)
         self.assertIn("Name: toolsidecar-worker", pkg_info)
-        self.assertEqual(requires.split(), ["nats-py>=2.15"])
+        self.assertEqual(requires.split(), ["nats-py>=2.15", "[pydantic]", "pydantic>=2"])  # pydantic only as an extra
         self.assertIn("License: Apache-2.0", pkg_info)
+        self.assertIn("Classifier: License :: OSI Approved :: Apache Software License", pkg_info)
+        self.assertIn("Classifier: Typing :: Typed", pkg_info)
         self.assertIn("Requires-Python: >=3.10", pkg_info)
         with open(os.path.join(ROOT, "..", "..", "LICENSE")) as f:
             self.assertIn("Apache License", f.read())
