@@ -10,6 +10,7 @@ import (
 	"go/token"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -167,10 +168,44 @@ func row(b *strings.Builder, key string, p map[string]any) {
 	}
 	def := ""
 	if d, ok := p["default"]; ok {
-		def = fmt.Sprintf("`%v`", d)
+		def = "`" + asWritten(d) + "`"
 	}
 	desc, _ := p["description"].(string)
 	fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", key, typ, def, strings.ReplaceAll(desc, "|", "\\|"))
+}
+
+// asWritten renders a default as a user writes it in the file: 1048576,
+// not JSON's float 1.048576e+06; 30s as the string it is; lists and
+// mappings as JSON.
+func asWritten(v any) string {
+	switch v := v.(type) {
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case string:
+		return v
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// TestReferenceDefaultsAsWritten: every default in docs/configuration.md
+// reads as a value of the file would: no exponent, and the byte sizes of
+// the ones a user most often changes in full.
+func TestReferenceDefaultsAsWritten(t *testing.T) {
+	data, err := os.ReadFile(referenceFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exponent := regexp.MustCompile("`-?[0-9.]+e[+-][0-9]+`")
+	if m := exponent.FindAllString(string(data), -1); len(m) > 0 {
+		t.Errorf("defaults printed with an exponent: %v", m)
+	}
+	for _, want := range []string{"| `executor.max_result_bytes` | integer | `1048576` |", "| `server.max_body_bytes` | integer | `1048576` |",
+		"| `durability.max_bytes` | integer | `1073741824` |"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("%s lacks %q", referenceFile, want)
+		}
+	}
 }
 
 // TestReferenceUpToDate: docs/configuration.md is what the committed
