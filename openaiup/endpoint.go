@@ -373,6 +373,12 @@ func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out *answ
 }
 
 // writeAPIError writes an error in the API's shape.
+// WriteError writes an error as the API answers one: the route's Errors
+// for the requests no route of /v1/chat/completions serves.
+func WriteError(w http.ResponseWriter, status int, msg string) {
+	writeAPIError(w, status, msg, "invalid_request_error", "")
+}
+
 func writeAPIError(w http.ResponseWriter, status int, msg, typ, param string) {
 	var e apiError
 	e.Error.Message, e.Error.Type = tool.Truncate(msg, tool.MaxErrorMessage), typ

@@ -24,6 +24,15 @@ func apiDoc(doc map[string]any) string {
 	info := doc["info"].(map[string]any)
 	fmt.Fprintf(&b, "# HTTP API\n\nGenerated from `server/openapi.json` (served at `GET /openapi.json`) by `go test ./server -run APIDocUpToDate -update`; a test fails when it is out of date, and another drives the real server through every route and checks its answers against that description. %v\n", info["description"])
 	b.WriteString("\nThe OpenAI-compatible `POST /v1/chat/completions` (with `upstream.kind: openai`) answers as the OpenAI API does, and `/mcp` (with `server.mcp: true`) speaks the Model Context Protocol: see [applications.md](applications.md) and [tools.md](tools.md).\n")
+	for _, srv := range doc["servers"].([]any) {
+		sv := srv.(map[string]any)
+		fmt.Fprintf(&b, "\nServer: `%v`. %v\n", sv["url"], sv["description"])
+	}
+	schemes := doc["components"].(map[string]any)["securitySchemes"].(map[string]any)
+	for _, name := range slices.Sorted(maps.Keys(schemes)) {
+		sc := schemes[name].(map[string]any)
+		fmt.Fprintf(&b, "\nAuthentication `%s`: %v %v. %v\n", name, sc["type"], sc["scheme"], sc["description"])
+	}
 	paths := doc["paths"].(map[string]any)
 	for _, path := range slices.Sorted(maps.Keys(paths)) {
 		ops := paths[path].(map[string]any)

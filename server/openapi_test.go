@@ -281,3 +281,46 @@ func TestOpenAPIChatCompletionsAndMCP(t *testing.T) {
 		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
 	}
 }
+
+// TestOpenAPISecurityAsServed: the document's security is the server's:
+// with a token set, every operation that the document does not exempt
+// (security: []) answers 401 without it, and the exempt ones do not.
+func TestOpenAPISecurityAsServed(t *testing.T) {
+	var doc struct {
+		Servers []struct{ URL string }
+		Paths   map[string]map[string]struct {
+			Security *[]map[string][]string `json:"security"`
+		}
+		Components struct {
+			SecuritySchemes map[string]struct{ Type, Scheme string } `json:"securitySchemes"`
+		}
+	}
+	if err := json.Unmarshal(server.OpenAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Servers) != 1 || doc.Servers[0].URL != "http://127.0.0.1:8080" || doc.Components.SecuritySchemes["bearerToken"].Scheme != "bearer" {
+		t.Fatalf("servers %+v, schemes %+v", doc.Servers, doc.Components.SecuritySchemes)
+	}
+	srv, err := server.New(server.Config{Token: "s3cret"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exempt := 0
+	for path, ops := range doc.Paths {
+		for method, op := range ops {
+			rec := httptest.NewRecorder()
+			url := "http://127.0.0.1" + strings.NewReplacer("{run_id}", "run_1", "{action_id}", "act_1").Replace(path)
+			srv.ServeHTTP(rec, httptest.NewRequest(strings.ToUpper(method), url, strings.NewReader("{}")))
+			open := op.Security != nil && len(*op.Security) == 0
+			if open {
+				exempt++
+			}
+			if (rec.Code == http.StatusUnauthorized) == open {
+				t.Errorf("%s %s: %d without the token; the document says exempt=%v", method, path, rec.Code, open)
+			}
+		}
+	}
+	if exempt != 2 {
+		t.Errorf("%d operations exempt from the token, want /healthz and /readyz", exempt)
+	}
+}

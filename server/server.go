@@ -62,6 +62,11 @@ type Route struct {
 	// through, whose uploads are multipart); the sidecar's own routes take
 	// JSON only.
 	AnyBody bool
+	// Errors writes an error in the shape of the route's API (OpenAI's
+	// {"error": {"message", "type", ...}}, say): a request for a path
+	// under the route's that no route serves, or for a method it does not
+	// take, is answered with it. Nil: the sidecar's own {"error": "..."}.
+	Errors func(w http.ResponseWriter, status int, msg string)
 }
 
 // Config configures the server.
@@ -181,7 +186,7 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 		probes(mux, cfg.Live, s.ready, cfg.Gatherer)
 	}
 	hs := newHosts(cfg.AllowedHosts)
-	s.guarded, s.opsGuarded = hs.guard(http.HandlerFunc(s.serve)), hs.guard(s.ops)
+	s.guarded, s.opsGuarded = hs.guard(http.HandlerFunc(s.serve)), hs.guard(jsonErrors(s.ops))
 	if cfg.Pprof {
 		s.ops.HandleFunc("GET /debug/pprof/", pprof.Index)
 		s.ops.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -295,7 +300,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if _, pattern := s.mux.Handler(r); !s.anyBody[pattern] && !jsonBody(r) {
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		s.noRoute(w, r, h)
+		return
+	}
+	if !s.anyBody[pattern] && !jsonBody(r) {
 		writeError(w, http.StatusUnsupportedMediaType, "send the body as JSON, with Content-Type: application/json")
 		return
 	}
@@ -305,6 +315,74 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	// A caller's W3C trace context becomes the parent of the drive's spans.
 	r = r.WithContext(otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header)))
 	s.mux.ServeHTTP(w, r)
+}
+
+// noRoute answers a request that no route serves (h is the mux's own 404
+// or 405 answer) in JSON, in the shape of the route family the path falls
+// under: a client of an API reads every error of it the same way.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	writeErr := writeError
+	for _, rt := range s.cfg.Routes {
+		if rt.Errors != nil && underRoute(r.URL.Path, rt.Pattern) {
+			writeErr = rt.Errors
+		}
+	}
+	jsonNotFound(w, r, h, writeErr)
+}
+
+// underRoute reports a path at or under a route pattern's path.
+func underRoute(path, pattern string) bool {
+	_, p, hasMethod := strings.Cut(pattern, " ")
+	if !hasMethod {
+		p = pattern
+	}
+	p = strings.TrimSuffix(p, "/")
+	return path == p || strings.HasPrefix(path, p+"/")
+}
+
+// jsonNotFound writes, with writeErr, the status the mux's own answer h
+// would have written (404, or 405 with its Allow header) and a sentence
+// saying what is missing, instead of its text/plain line.
+func jsonNotFound(w http.ResponseWriter, r *http.Request, h http.Handler, writeErr func(http.ResponseWriter, int, string)) {
+	c := &statusOnly{header: http.Header{}}
+	h.ServeHTTP(c, r)
+	if c.status == http.StatusMethodNotAllowed {
+		allow := c.header.Get("Allow")
+		w.Header().Set("Allow", allow)
+		writeErr(w, c.status, fmt.Sprintf("method %s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow))
+		return
+	}
+	writeErr(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+}
+
+// statusOnly keeps the status and headers a handler writes, and drops its
+// body.
+type statusOnly struct {
+	header http.Header
+	status int
+}
+
+func (c *statusOnly) Header() http.Header { return c.header }
+func (c *statusOnly) WriteHeader(status int) {
+	if c.status == 0 {
+		c.status = status
+	}
+}
+func (c *statusOnly) Write(b []byte) (int, error) {
+	c.WriteHeader(http.StatusOK)
+	return len(b), nil
+}
+
+// jsonErrors serves mux, answering the requests that none of its routes
+// serve in JSON (the ops listener's).
+func jsonErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, pattern := mux.Handler(r); pattern == "" {
+			jsonNotFound(w, r, h, writeError)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // ready answers 503 unless Core is reachable and NATS connected. With

@@ -713,3 +713,60 @@ func TestPprofOnOpsOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONOnEveryUnknownPathAndMethod: a path no route serves and a method
+// a route does not take are answered in JSON, on the API and on the ops
+// listener, in the shape of the route family the path falls under (an
+// OpenAI client reads {"error": {"message", "type"}} under
+// /v1/chat/completions), with Allow on a 405; never the mux's text/plain.
+func TestJSONOnEveryUnknownPathAndMethod(t *testing.T) {
+	openAIShape := func(w http.ResponseWriter, status int, msg string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error"}})
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	srv, err := server.New(server.Config{Routes: []server.Route{{Pattern: "POST /v1/chat/completions", Handler: ok, Errors: openAIShape}}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		h                    http.Handler
+		method, path         string
+		status               int
+		allow, shape, phrase string
+	}{
+		{srv, "GET", "/nope", 404, "", "sidecar", "no route GET /nope"},
+		{srv, "POST", "/v1/nope", 404, "", "sidecar", "no route POST /v1/nope"},
+		{srv, "POST", "/v1/tools", 405, "GET, HEAD", "sidecar", "method POST is not allowed on /v1/tools"},
+		{srv, "GET", "/v1/chat/completions", 405, "POST", "openai", "method GET is not allowed on /v1/chat/completions"},
+		{srv, "POST", "/v1/chat/completions/x", 404, "", "openai", "no route POST /v1/chat/completions/x"},
+		{srv.Ops(), "GET", "/nope", 404, "", "sidecar", "no route GET /nope"},
+		{srv.Ops(), "POST", "/metrics", 405, "GET, HEAD", "sidecar", "method POST is not allowed on /metrics"},
+	} {
+		rec := httptest.NewRecorder()
+		tc.h.ServeHTTP(rec, httptest.NewRequest(tc.method, "http://127.0.0.1"+tc.path, strings.NewReader("{}")))
+		var body struct {
+			Error json.RawMessage `json:"error"`
+		}
+		name := tc.method + " " + tc.path
+		if rec.Code != tc.status || rec.Header().Get("Content-Type") != "application/json" || json.Unmarshal(rec.Body.Bytes(), &body) != nil {
+			t.Errorf("%s: %d %q %s", name, rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+			continue
+		}
+		var msg string
+		if tc.shape == "openai" {
+			var e struct{ Message, Type string }
+			json.Unmarshal(body.Error, &e)
+			msg = e.Message
+			if e.Type != "invalid_request_error" {
+				t.Errorf("%s: not in OpenAI's shape: %s", name, rec.Body)
+			}
+		} else if json.Unmarshal(body.Error, &msg) != nil {
+			t.Errorf("%s: not in the sidecar's shape: %s", name, rec.Body)
+		}
+		if !strings.HasPrefix(msg, tc.phrase) || rec.Header().Get("Allow") != tc.allow {
+			t.Errorf("%s: message %q, Allow %q", name, msg, rec.Header().Get("Allow"))
+		}
+	}
+}

@@ -565,7 +565,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo, Driven: driven,
 			Tools:                func() []tool.FunctionTool { return s.live.Load().FunctionTools() },
 			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
-		scfg.Routes = []server.Route{{Pattern: "POST /v1/chat/completions", Handler: ep, Drive: true}}
+		scfg.Routes = []server.Route{{Pattern: "POST /v1/chat/completions", Handler: ep, Drive: true, Errors: openaiup.WriteError}}
 	case s.cfg.Server.Proxy:
 		p, err := coreup.NewProxy(coreup.ProxyConfig{CoreURL: s.cfg.Core.URL, Transport: coreRT, Drive: s.exec.Drive,
 			RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Logger: s.log.With("component", "server")})
