@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -250,8 +251,8 @@ func TestNotStreamed(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(metrics), `toolsidecar_upstream_info{kind="openai"} 1`) {
-		t.Fatal("/metrics does not say the upstream is openai")
+	if !regexp.MustCompile(`toolsidecar_upstream_info\{kind="openai",url="http://127\.0\.0\.1:\d+/v1"\} 1`).Match(metrics) {
+		t.Fatal("/metrics does not say the upstream is openai, and where")
 	}
 	s.assertContract(t)
 }

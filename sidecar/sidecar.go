@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -693,7 +694,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if every := s.cfg.NATS.DiscoverInterval; every > 0 {
 		s.wg.Go(func() { s.discover(s.runCtx, every) })
 	}
-	s.log.Info("toolsidecar ready", "listen", s.Addr(), "ops_listen", s.OpsAddr(), "core", config.RedactURL(s.cfg.Core.URL), "nats", config.RedactURL(s.natsURL),
+	s.log.Info("toolsidecar ready", "listen", s.Addr(), "ops_listen", s.OpsAddr(), "upstream", s.cfg.Upstream.Kind, "upstream_url", s.upstreamURL(),
+		"nats", config.RedactURL(s.natsURL),
 		"tools", len(s.live.Load().Names()), "proxy", s.cfg.Server.Proxy, "startup_ms", time.Since(s.started).Milliseconds())
 	var err error
 	select {
@@ -837,8 +839,8 @@ func (s *Sidecar) registerInfo() {
 		Help: "Always 1; the labels say which build runs."}, []string{"version", "revision", "goversion"})
 	info.WithLabelValues(v.Version, v.Revision, v.GoVersion).Set(1)
 	upstream := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "upstream_info",
-		Help: "Always 1; kind says which upstream the runs are driven on (core, openai)."}, []string{"kind"})
-	upstream.WithLabelValues(s.cfg.Upstream.Kind).Set(1)
+		Help: "Always 1; kind says which upstream the runs are driven on (core, openai), url where (no credentials, no query)."}, []string{"kind", "url"})
+	upstream.WithLabelValues(s.cfg.Upstream.Kind, s.upstreamURL()).Set(1)
 	s.metrics.MustRegister(upstream)
 	s.metrics.MustRegister(info, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "nats_connected",
 		Help: "1 while the sidecar's NATS connection is up, else 0."}, func() float64 {
@@ -847,6 +849,25 @@ func (s *Sidecar) registerInfo() {
 		}
 		return 0
 	}))
+}
+
+// upstreamURL is where the runs are driven, as logs and metrics show it:
+// Core's URL or the OpenAI-compatible upstream's, without credentials in
+// its userinfo and without its query, where a key may be.
+func (s *Sidecar) upstreamURL() string {
+	raw := s.cfg.Core.URL
+	if s.cfg.Upstream.Kind == config.UpstreamOpenAI {
+		raw = s.cfg.Upstream.URL
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable)"
+	}
+	if u.RawQuery != "" {
+		u.RawQuery = "…"
+	}
+	u.Fragment = ""
+	return config.RedactURL(u.String())
 }
 
 // memoryJournalBytes bounds the journal of OpenAI-compatible runs without
