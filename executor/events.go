@@ -55,6 +55,9 @@ type Observer interface {
 	// RunStarted and RunDone bracket a drive.
 	RunStarted()
 	RunDone(status string, turns int)
+	// RunReplayed: a drive of a run that had already ended, answered with
+	// its state and nothing run; counted apart from the drives that ran.
+	RunReplayed(status string)
 	// CallsInFlight changes by delta.
 	CallsInFlight(delta int)
 	// DriveAttached: a drive request joined the drive of its run in
@@ -85,6 +88,7 @@ func (nopObserver) CallDone(string, string, time.Duration) {}
 func (nopObserver) BatchDone(int, time.Duration)           {}
 func (nopObserver) RunStarted()                            {}
 func (nopObserver) RunDone(string, int)                    {}
+func (nopObserver) RunReplayed(string)                     {}
 func (nopObserver) CallsInFlight(int)                      {}
 func (nopObserver) DriveAttached()                         {}
 func (nopObserver) GuardTripped()                          {}

@@ -165,6 +165,11 @@ func TestDriveFinishedRun(t *testing.T) {
 	if n := h.sim.CountRequests("POST", "/v1/completions"); n != 2 {
 		t.Errorf("%d completions requests, want the first drive's 2 only", n)
 	}
+	// The second drive ran nothing: it is a replay, not a second run.
+	m := h.env.Sidecar.Metrics()
+	if runs, replays := promtest.Value(t, m, "toolsidecar_runs_total", "status=completed"), promtest.Value(t, m, "toolsidecar_drives_replayed_total", "status=completed"); runs != 1 || replays != 1 {
+		t.Errorf("runs_total{completed} %v, drives_replayed_total{completed} %v: want 1 and 1", runs, replays)
+	}
 }
 
 // Case 6: manifests that do not decode still get an outcome.

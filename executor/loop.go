@@ -23,7 +23,10 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Upstream: e.up.Kind(), Calls: []CallResult{}}
 	emit = e.tapped(req.RunID, emit)
-	e.obs.RunStarted()
+	replayed := run.Ended() // its drive counted when it ran
+	if !replayed {
+		e.obs.RunStarted()
+	}
 	req.scope = &scope{}
 	err := e.loop(ctx, req, run, emit, log, &sum)
 	e.dispatch.report(req.scope, &sum)
@@ -37,7 +40,11 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}
-	e.obs.RunDone(sum.Status, sum.Turns)
+	if replayed {
+		e.obs.RunReplayed(sum.Status)
+	} else {
+		e.obs.RunDone(sum.Status, sum.Turns)
+	}
 	emit(Event{Type: EventDone, Turn: sum.Turns, Summary: &sum})
 	return sum, err
 }

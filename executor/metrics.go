@@ -19,6 +19,7 @@ type Metrics struct {
 	joinWait     prometheus.Histogram
 	turns        prometheus.Histogram
 	runs         *prometheus.CounterVec
+	replayed     *prometheus.CounterVec
 	runsFlight   prometheus.Gauge
 	callsFlight  prometheus.Gauge
 	attached     prometheus.Counter
@@ -53,6 +54,7 @@ func NewMetrics(reg prometheus.Registerer, known func(tool string) bool, tools [
 	m.InitTools(tools)
 	for _, st := range []string{StatusCompleted, StatusMaxTurns, StatusCancelled, StatusFailed, StatusInterrupted, StatusBudget} {
 		m.runs.WithLabelValues(st)
+		m.replayed.WithLabelValues(st)
 	}
 	for _, b := range Budgets {
 		m.budget.WithLabelValues(b)
@@ -91,6 +93,8 @@ func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets
 			Help: "Drives in progress."}),
 		callsFlight: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "calls_in_flight",
 			Help: "Calls in progress."}),
+		replayed: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "drives_replayed_total",
+			Help: "Drives of runs that had already ended, answered with their state and nothing run, by status (not in runs_total)."}, []string{"status"}),
 		attached: f.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "drives_attached_total",
 			Help: "Drive requests that joined the drive of their run in progress (one driver per run)."}),
 		guard: f.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "turn_guard_refusals_total",
@@ -169,6 +173,9 @@ func (m *Metrics) BatchDone(size int, wait time.Duration) {
 
 // RunStarted implements [Observer].
 func (m *Metrics) RunStarted() { m.runsFlight.Inc() }
+
+// RunReplayed implements [Observer].
+func (m *Metrics) RunReplayed(status string) { m.replayed.WithLabelValues(status).Inc() }
 
 // RunDone implements [Observer].
 func (m *Metrics) RunDone(status string, turns int) {
