@@ -307,10 +307,11 @@ func (t Tool) Declare(d tool.Declaration) (Tool, error) {
 		if err := json.Unmarshal(d.Parameters, &declared); err != nil {
 			return t, fmt.Errorf("parameters: %w", err)
 		}
+		own, _ := json.Marshal(t.Parameters)
 		if t.Parameters == nil {
 			t.Parameters = declared
-		} else if own := asJSON(t.Parameters); !reflect.DeepEqual(own, declared) {
-			return t, fmt.Errorf("parameters: the configuration's schema %s differs from the declared %s", clip(own), clip(declared))
+		} else if !tool.SameJSON(own, d.Parameters) {
+			return t, fmt.Errorf("parameters: the configuration's schema %s differs from the declared %s", clip(own), clip(d.Parameters))
 		}
 	}
 	if t.Description == "" {
@@ -331,18 +332,8 @@ func (t Tool) Declare(d tool.Declaration) (Tool, error) {
 	return t, nil
 }
 
-// asJSON is v as encoding/json decodes it: YAML's integers become floats,
-// so that a schema read from the file compares with one read from JSON.
-func asJSON(v map[string]any) map[string]any {
-	raw, _ := json.Marshal(v)
-	var out map[string]any
-	_ = json.Unmarshal(raw, &out)
-	return out
-}
-
 // clip renders a schema for an error message, cut to a readable length.
-func clip(v any) string {
-	raw, _ := json.Marshal(v)
+func clip(raw []byte) string {
 	if len(raw) > 160 {
 		return string(raw[:160]) + "…"
 	}

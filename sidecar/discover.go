@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
@@ -99,16 +98,7 @@ func safeToken(s, alt string) string {
 func sameDeclaration(a, b tool.Declaration) bool {
 	pa, pb := a.Parameters, b.Parameters
 	a.Parameters, b.Parameters = nil, nil
-	return reflect.DeepEqual(a, b) && jsonEqual(pa, pb)
-}
-
-// jsonEqual compares JSON documents by value.
-func jsonEqual(a, b []byte) bool {
-	if len(a) == 0 || len(b) == 0 {
-		return len(a) == len(b)
-	}
-	var x, y any
-	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
+	return reflect.DeepEqual(a, b) && tool.SameJSON(pa, pb)
 }
 
 // sameTools reports declared lists that serve the same tools.

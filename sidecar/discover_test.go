@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/wire"
 	"github.com/projectdavid/toolsidecar/worker"
 )
 
@@ -177,4 +179,52 @@ func TestDeclarationContradictingConfigFailsStart(t *testing.T) {
 		!strings.Contains(msg, `"town"`) || !strings.Contains(msg, `"city"`) {
 		t.Fatalf("start error %q: want both sources and both schemas named", msg)
 	}
+}
+
+// TestHostileDeclarationsOnALiveDaemon: a client of the bus answers every
+// $SRV.INFO with 1,500 declared tools, an answer that is not JSON, and a
+// declaration of 100 KiB. The daemon stays live and ready, serves at most
+// 1,000 declared tools, leaves the oversized one out, and a run of a
+// configured tool completes beside them with its result.
+func TestHostileDeclarationsOnALiveDaemon(t *testing.T) {
+	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "echo", ArgsJSON: `{"x": 1}`}}}, {Content: "{{results}}"}}}
+	env := testenv.Start(t, sc, testenv.Options{NATS: func(n *config.NATS) { n.DiscoverInterval = 100 * time.Millisecond }},
+		testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	nc, err := nats.Connect(env.NATSURL, nats.UserInfo(testenv.WorkerUser, env.WorkerPassword))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var eps []map[string]any
+	decl := `{"description":"flood","parameters":{"type":"object"}}`
+	for i := range 1500 {
+		name := fmt.Sprintf("flood%04d", i)
+		eps = append(eps, map[string]any{"name": name, "subject": testenv.Prefix + "." + name, "metadata": map[string]string{wire.ToolMetadataKey: decl}})
+	}
+	huge := `{"description":"` + strings.Repeat("x", 100<<10) + `"}`
+	eps = append(eps, map[string]any{"name": "huge", "subject": testenv.Prefix + ".huge", "metadata": map[string]string{wire.ToolMetadataKey: huge}})
+	flood, _ := json.Marshal(map[string]any{"type": "io.nats.micro.v1.info_response", "name": "x", "id": "HOSTILE", "endpoints": eps})
+	sub, err := nc.Subscribe("$SRV.INFO", func(m *nats.Msg) {
+		_ = m.Respond([]byte("{not json"))
+		_ = m.Respond(flood)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	poll.Until(t, "the flood discovered", func() bool { return len(testenv.SourcedTools(t, env.URL)) > 1 })
+	tools := testenv.SourcedTools(t, env.URL)
+	if _, ok := tools["huge"]; ok || len(tools) != 1001 || tools["echo"].Source != "config" {
+		t.Errorf("%d tools listed (huge listed: %v): want echo and at most 1000 declared", len(tools), ok)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(env.URL + path)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+	r := env.NewRun()
+	_, msgs := env.DriveWhole(r, 1)
+	testenv.AssertOutputs(t, msgs, `"x"`)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"time"
@@ -94,4 +95,16 @@ func ParseDeclaration(name string, data []byte) (Declaration, error) {
 func (d Declaration) TimeoutOrZero() time.Duration {
 	t, _ := time.ParseDuration(d.Timeout)
 	return t
+}
+
+// SameJSON reports JSON documents equal as values: key order and spacing
+// aside, and numbers compared as encoding/json decodes them (a schema
+// read from YAML, marshalled, compares with one a worker sent). Absent
+// documents are equal to each other only.
+func SameJSON(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	var x, y any
+	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
 }
