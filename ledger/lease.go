@@ -84,8 +84,9 @@ type Leases struct {
 	lastBeat atomic.Int64
 	gen      atomic.Uint64
 
-	mu   sync.Mutex
-	held map[string]*Lease
+	mu     sync.Mutex
+	held   map[string]*Lease
+	closed bool // Close began: a lease released later is released at once
 
 	stop  chan struct{}
 	fence chan struct{} // wakes the run keys' upkeep after the sidecar's key lapsed
@@ -202,9 +203,16 @@ func (ls *Leases) countExpired(outcome string) {
 	}
 }
 
-// Close stops renewing; the leases still held are free after the TTL.
+// Close stops renewing and waits for the leases released later; the
+// leases still held are free after the TTL. A second Close waits too.
 func (ls *Leases) Close() {
-	close(ls.stop)
+	ls.mu.Lock()
+	first := !ls.closed
+	ls.closed = true
+	ls.mu.Unlock()
+	if first {
+		close(ls.stop)
+	}
 	ls.wg.Wait()
 }
 
@@ -670,11 +678,39 @@ func (l *Lease) Publish(event []byte) { _ = l.ls.nc.Publish(l.ls.EventSubject(l.
 
 // Release gives the lease up, if it is still this sidecar's.
 func (l *Lease) Release() {
+	l.forget()
+	l.giveUp()
+}
+
+// ReleaseLater gives the lease up as Release does, off the caller's path:
+// a drive's answer does not wait for the two NATS round trips (about a
+// third of a millisecond on one machine, BENCHMARKS.md). Until they are
+// done the lease reads as held, so another sidecar's drive of the run
+// follows for that long. Close waits for them.
+func (l *Lease) ReleaseLater() {
+	l.forget()
 	l.ls.mu.Lock()
+	later := !l.ls.closed // Close has not begun waiting
+	if later {
+		l.ls.wg.Go(l.giveUp)
+	}
+	l.ls.mu.Unlock()
+	if !later {
+		l.giveUp()
+	}
+}
+
+// forget stops renewing the lease.
+func (l *Lease) forget() {
+	l.ls.mu.Lock()
+	defer l.ls.mu.Unlock()
 	if l.ls.held[l.runID] == l {
 		delete(l.ls.held, l.runID)
 	}
-	l.ls.mu.Unlock()
+}
+
+// giveUp removes the lease's key, if it is still this sidecar's revision.
+func (l *Lease) giveUp() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.released = true

@@ -83,6 +83,57 @@ func TestLeaseOneHolder(t *testing.T) {
 	lb.Release()
 }
 
+// TestLeaseReleasedLater: a lease released off the caller's path keeps
+// the order of Release (the follower gets every event, then the lease is
+// free for pod-b), stops being renewed at once, and Close waits for its
+// key to be gone; after Close it is released at once.
+func TestLeaseReleasedLater(t *testing.T) {
+	conn := server(t)
+	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
+	defer b.Close()
+	ctx := context.Background()
+	la, _, err := a.Acquire(ctx, "run_1")
+	if la == nil || err != nil {
+		t.Fatalf("pod-a: lease %v err %v", la, err)
+	}
+	var got []string
+	followed := make(chan error, 1)
+	go func() {
+		followed <- b.Follow(ctx, "run_1", func(ev []byte) bool { got = append(got, string(ev)); return false })
+	}()
+	time.Sleep(200 * time.Millisecond) // let the follower subscribe
+	for _, ev := range []string{"e1", "e2", "e3"} {
+		la.Publish([]byte(ev))
+	}
+	la.ReleaseLater()
+	a.Close() // waits for the release
+	if driven, err := b.Driven(ctx, "run_1"); driven || err != nil {
+		t.Fatalf("after pod-a's Close the run reads driven=%v (err %v), want free", driven, err)
+	}
+	select {
+	case err := <-followed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Follow did not return when the lease was released")
+	}
+	if strings.Join(got, " ") != "e1 e2 e3" {
+		t.Errorf("followed events %q, want e1 e2 e3", got)
+	}
+	lb, _, err := b.Acquire(ctx, "run_1")
+	if lb == nil || err != nil {
+		t.Fatalf("pod-b after the release: %v %v", lb, err)
+	}
+	lb.ReleaseLater()
+	b.Close()
+	c := leases(t, conn, "pod-c", 5*time.Second)
+	defer c.Close()
+	if driven, err := c.Driven(ctx, "run_1"); driven || err != nil {
+		t.Fatalf("a lease released later before Close reads driven=%v (err %v), want free", driven, err)
+	}
+}
+
 // TestLeaseExpiresWhenHolderDies: a holder that stops renewing (its
 // process died) frees the lease after the TTL and no sooner; another pod
 // then takes it, and the dead holder's next life takes its own lease back

@@ -304,13 +304,14 @@ func (ep *Endpoint) claim(ctx context.Context, j Journal, id string) (bool, erro
 	if ep.cfg.Upstream.live(id) {
 		return false, nil
 	}
+	// An ended run, the commonest in an index, is ruled out by one read.
+	if end, _, err := j.Get(ctx, endKey(id)); err != nil || end != nil {
+		return false, err
+	}
 	if ep.cfg.Driven != nil {
 		if driven, err := ep.cfg.Driven(ctx, id); err != nil || driven {
 			return false, err
 		}
-	}
-	if end, _, err := j.Get(ctx, endKey(id)); err != nil || end != nil {
-		return false, err
 	}
 	var h header
 	rev, found, err := getJSON(ctx, j, headerKey(id), &h)

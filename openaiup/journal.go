@@ -27,10 +27,11 @@ import (
 // while the first request still runs, and a finished run's key.
 //
 // The writes are ordered so that a crash anywhere resumes correctly:
-//   - a turn is journaled when its finish chunk came, before its unsafe
-//     calls are handed over (they wait for the finish chunk): a resumed run
-//     never asks a delivered turn again, and an unsafe call is never part
-//     of a turn the journal does not hold;
+//   - a turn is journaled when its finish chunk came, while its calls
+//     run; its unsafe calls (handed over at the finish chunk) start, the
+//     next turn is asked and the answer ends only once the write is over:
+//     a resumed run never asks a delivered turn again, and an unsafe call
+//     is never part of a turn the journal does not hold;
 //   - an unsafe call's start is journaled before it is sent (as Core's
 //     Action goes processing): one without it was never sent, and runs;
 //     one with it is recovered from the ledger's captured reply, or gets
@@ -41,7 +42,9 @@ import (
 //     some finds the workers' replies in the ledger, where each was
 //     captured as it came, and runs again only a call whose reply was lost
 //     (never an unsafe one: it gets the interrupted outcome);
-//   - the end comes last: a run with one answers from the journal.
+//   - the end comes last: a run with one answers from the journal. A run
+//     without the application's key then leaves its request's index, so
+//     that the next identical request reads no ended run there.
 
 // Journal stores the records of runs, with their revisions for the
 // compare-and-set that claims a run. Keys hold letters, digits, '.', '-'
@@ -376,15 +379,33 @@ const maxIndexed = 16
 // index adds runID to the runs of digest, with a compare-and-set so that
 // concurrent runs are all kept.
 func index(ctx context.Context, j Journal, digest, runID string) error {
+	return changeIndex(ctx, j, digest, runID, func(runs []string) []string {
+		runs = append(runs, runID)
+		return runs[max(0, len(runs)-maxIndexed):]
+	})
+}
+
+// unindex removes an ended run from the runs of digest: a retry of the
+// same request then reads no run that it would only find ended.
+func unindex(ctx context.Context, j Journal, digest, runID string) error {
+	return changeIndex(ctx, j, digest, runID, func(runs []string) []string {
+		return slices.DeleteFunc(runs, func(id string) bool { return id == runID })
+	})
+}
+
+// changeIndex rewrites the runs of digest with change, retrying the
+// compare-and-set while concurrent runs change them too.
+func changeIndex(ctx context.Context, j Journal, digest, runID string, change func([]string) []string) error {
 	for range 8 {
 		var ix runIndex
 		rev, found, err := getJSON(ctx, j, indexKey(digest), &ix)
 		if err != nil {
 			return err
 		}
-		ix.Runs = append(ix.Runs, runID)
-		if len(ix.Runs) > maxIndexed {
-			ix.Runs = ix.Runs[len(ix.Runs)-maxIndexed:]
+		n := len(ix.Runs)
+		ix.Runs = change(ix.Runs)
+		if len(ix.Runs) == n && !slices.Contains(ix.Runs, runID) {
+			return nil // nothing to remove
 		}
 		data, _ := json.Marshal(ix)
 		if found {
@@ -396,7 +417,7 @@ func index(ctx context.Context, j Journal, digest, runID string) error {
 			return err
 		}
 	}
-	return fmt.Errorf("openaiup: the run index of a request changed 8 times while run %s was added", runID)
+	return fmt.Errorf("openaiup: the run index of a request changed 8 times while run %s was written in it", runID)
 }
 
 // journaledOf is a call as the journal keeps it.

@@ -3,6 +3,7 @@ package openaiup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -74,10 +75,19 @@ func TestIdempotencyKeyAttaches(t *testing.T) {
 
 // A run that ended answers its Idempotency-Key from the journal, streamed or
 // not, without asking the upstream or running a tool; the key with another
-// request is refused.
+// request is refused. In durable mode the journal's writes are JetStream's
+// round trips, which the answer's last turn must not outrun.
 func TestFinishedKeyAnswersFromTheJournal(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("durable=%v", durable), func(t *testing.T) {
+			finishedKeyAnswers(t, testenv.Options{Config: func(c *config.Config) { c.Durability.Enabled = durable }})
+		})
+	}
+}
+
+func finishedKeyAnswers(t *testing.T, opts testenv.Options) {
 	var runs atomic.Int64
-	s := start(t, openaisim.Config{}, testenv.Options{}, echoTool("echo", 0, &runs))
+	s := start(t, openaisim.Config{}, opts, echoTool("echo", 0, &runs))
 	first, err := s.client.Chat.Completions.New(context.Background(), params(script(echoCalls(2), "")), withKey("done-1"))
 	if err != nil {
 		t.Fatal(err)

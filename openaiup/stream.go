@@ -381,17 +381,25 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 			r.status = executor.RunCompleted
 		}
 	}
+	// The turn is journaled while its calls run: its unsafe calls start
+	// (MarkStarted), the next turn is asked (Turn) and the answer ends
+	// (End) only once the write is over. A turn the journal could not
+	// take runs its other calls, and a retry asks for it again.
+	written := make(chan struct{})
+	p.written = written
 	r.mu.Unlock()
-	// The journal has the turn before its unsafe calls are handed over
-	// (they may start only then, MarkStarted); a turn it could not take
-	// runs its other calls, and a retry asks for it again.
-	if err := t.u.journalTurn(t.ctx, r, t.n, rec); err != nil {
-		t.u.log.Warn("journaling the turn failed: its unsafe calls will not run", "run_id", t.runID, "turn", t.n, "err", err)
-	} else {
+	go func() {
+		defer close(written)
+		// Not cancelled with the turn, which ends before the write when
+		// it made no call: a delivered turn is written (journalTimeout).
+		err := t.u.journalTurn(context.WithoutCancel(t.ctx), r, t.n, rec)
+		if err != nil {
+			t.u.log.Warn("journaling the turn failed: its unsafe calls will not run", "run_id", t.runID, "turn", t.n, "err", err)
+		}
 		r.mu.Lock()
-		p.journaled = true
+		p.journaled = err == nil
 		r.mu.Unlock()
-	}
+	}()
 	for _, c := range fresh {
 		if !yield(executor.TurnEvent{Kind: executor.TurnToolCall, Call: c}, nil) {
 			return

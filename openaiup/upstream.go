@@ -184,6 +184,9 @@ type pendingTurn struct {
 	actions   map[string]string    // the action id of each output's call, by tool_call_id
 	started   map[string]bool      // unsafe calls whose start is journaled, by tool_call_id
 	journaled bool                 // the journal holds the turn: its unsafe calls may start
+	// written is closed when the turn's journal write, begun as its
+	// stream ended, is over (nil: none was begun).
+	written chan struct{}
 	// outputsJournaled counts the outputs the journal holds.
 	outputsJournaled int
 }
@@ -239,12 +242,15 @@ func (u *Upstream) Begin(id string, key runKey, fresh bool, body map[string]json
 }
 
 // End returns how the request's run ended: as this process drove it, or
-// as the journal has it when another sidecar drove it.
+// as the journal has it when another sidecar drove it. The last turn's
+// journal write is over first: the answer is whole only once the journal
+// holds it, and the write does not outlive the request.
 func (u *Upstream) End(ctx context.Context, r *run) Result {
 	r.mu.Lock()
 	local := r.local
 	r.mu.Unlock()
 	if local {
+		_ = r.turnWritten(context.WithoutCancel(ctx)) // bounded by journalTimeout
 		// A run that stopped between turns (shut down, cut, cancelled)
 		// keeps its last outputs for the retry.
 		u.keepOutputs(ctx, r)
@@ -326,6 +332,9 @@ func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, _ <-ch
 	}
 	r, err := u.run(c.RunID)
 	if err != nil {
+		return err
+	}
+	if err := r.turnWritten(ctx); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -499,6 +508,11 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	if err != nil {
 		return nil, err
 	}
+	// The last turn's record comes before this one's, and carries the
+	// run's header the first time.
+	if err := r.turnWritten(ctx); err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
 	r.local = true
 	if p := r.pending; p != nil && !p.read {
@@ -663,6 +677,26 @@ func (r *run) apply(t turnRecord) {
 	}
 }
 
+// turnWritten waits for the journal write of the pending turn, begun
+// when its stream ended (turn.end).
+func (r *run) turnWritten(ctx context.Context) error {
+	r.mu.Lock()
+	var written chan struct{}
+	if r.pending != nil {
+		written = r.pending.written
+	}
+	r.mu.Unlock()
+	if written == nil {
+		return nil
+	}
+	select {
+	case <-written:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // journalTurn writes a delivered turn, after the run's header the first
 // time (and, for a run without the application's key, its place in the
 // index of its request). A run without the application's key whose first
@@ -731,6 +765,12 @@ func (u *Upstream) journalEnd(ctx context.Context, r *run, sum executor.Summary)
 	data, _ := json.Marshal(endRecord{Summary: sum})
 	if err := u.cfg.Journal.Put(ctx, endKey(r.id), data); err != nil {
 		u.log.Warn("journaling the run's end", "run_id", r.id, "err", err)
+		return
+	}
+	if !r.key.explicit {
+		if err := unindex(ctx, u.cfg.Journal, r.key.digest, r.id); err != nil {
+			u.log.Warn("removing an ended run from its request's index", "run_id", r.id, "err", err)
+		}
 	}
 }
 

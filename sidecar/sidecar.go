@@ -901,8 +901,14 @@ func (l runLeases) Acquire(ctx context.Context, runID string) (executor.Lease, s
 	if lease == nil {
 		return nil, holder, err
 	}
-	return lease, "", nil
+	return laterLease{lease}, "", nil
 }
+
+// laterLease is released off the drive's path (ReleaseLater): the answer
+// does not wait for it.
+type laterLease struct{ *ledger.Lease }
+
+func (l laterLease) Release() { l.ReleaseLater() }
 
 // readiness: NATS connected, and, with core.readiness_check, Core answering
 // HTTP at all.
