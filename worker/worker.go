@@ -455,25 +455,27 @@ func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.Han
 func (r *runner) run(j job) {
 	j.st.InFlight.Add(1)
 	start := time.Now()
-	err := r.call(j)
+	out, err := r.call(j)
 	j.st.HandlerTime.Add(int64(time.Since(start)))
 	j.st.InFlight.Add(-1)
 	j.st.Completed.Add(1)
 	if err != nil {
 		j.st.Errors.Add(1)
 	}
+	// After the stats: whoever has the reply reads them with the call counted.
+	r.w.respond(out)
 }
 
-// call runs one call and replies; it returns the call's error, if any.
-func (r *runner) call(j job) error {
+// call runs one call; it returns the reply (none when the sidecar stopped
+// waiting) and the call's error, if any.
+func (r *runner) call(j job) (reply, error) {
 	w := r.w
 	m := j.req
 	hdr := m.Headers()
 	to := m.Reply()
 	call, err := tool.ParseCall(j.name, m.Data())
 	if err != nil {
-		w.respond(reply{to, m.Subject(), nil, err})
-		return err
+		return reply{to, m.Subject(), nil, err}, err
 	}
 	call.Attempt, _ = strconv.Atoi(hdr.Get(tool.HeaderAttempt))
 	call.IdempotencyKey = hdr.Get(tool.HeaderIdempotencyKey)
@@ -490,10 +492,9 @@ func (r *runner) call(j job) error {
 	}
 	data, err := tool.Invoke(ctx, j.h, call, w.log)
 	if errors.Is(context.Cause(ctx), ErrCancelledBySidecar) {
-		return ErrCancelledBySidecar // the sidecar stopped waiting; nobody reads a reply
+		return reply{}, ErrCancelledBySidecar // the sidecar stopped waiting; nobody reads a reply
 	}
-	w.respond(reply{to, m.Subject(), data, err})
-	return err
+	return reply{to, m.Subject(), data, err}, err
 }
 
 // respond hands a runner's reply to the publisher.
