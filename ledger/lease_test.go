@@ -40,6 +40,30 @@ func leasesWithMetrics(t *testing.T, conn func() *nats.Conn, instance string, tt
 	return ls, reg
 }
 
+// follow follows a run's lease from ls, once subscribed; the function it
+// returns waits until the lease is free and returns the events followed.
+func follow(t *testing.T, ls *ledger.Leases, runID string) func() []string {
+	t.Helper()
+	var got []string
+	followed := make(chan error, 1)
+	go func() {
+		followed <- ls.Follow(context.Background(), runID, func(ev []byte) bool { got = append(got, string(ev)); return false })
+	}()
+	time.Sleep(200 * time.Millisecond) // let the follower subscribe
+	return func() []string {
+		t.Helper()
+		select {
+		case err := <-followed:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Follow did not return when the lease was released")
+		}
+		return got
+	}
+}
+
 // TestLeaseOneHolder: while pod-a holds a run's lease, pod-b cannot take
 // it, learns who holds it, and follows the events pod-a publishes until
 // pod-a releases the lease; pod-b then takes it.
@@ -56,24 +80,11 @@ func TestLeaseOneHolder(t *testing.T) {
 	if lb, holder, err := b.Acquire(ctx, "run_1"); lb != nil || holder != "pod-a" || err != nil {
 		t.Fatalf("pod-b while pod-a holds: lease %v holder %q err %v; want pod-a named", lb, holder, err)
 	}
-	var got []string
-	followed := make(chan error, 1)
-	go func() {
-		followed <- b.Follow(ctx, "run_1", func(ev []byte) bool { got = append(got, string(ev)); return false })
-	}()
-	time.Sleep(200 * time.Millisecond) // let the follower subscribe
+	followed := follow(t, b, "run_1")
 	la.Publish([]byte("e1"))
 	la.Publish([]byte("e2"))
 	la.Release()
-	select {
-	case err := <-followed:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Follow did not return when the lease was released")
-	}
-	if len(got) != 2 || got[0] != "e1" || got[1] != "e2" {
+	if got := followed(); len(got) != 2 || got[0] != "e1" || got[1] != "e2" {
 		t.Errorf("followed events %q, want e1 e2", got)
 	}
 	lb, _, err := b.Acquire(ctx, "run_1")
@@ -96,12 +107,7 @@ func TestLeaseReleasedLater(t *testing.T) {
 	if la == nil || err != nil {
 		t.Fatalf("pod-a: lease %v err %v", la, err)
 	}
-	var got []string
-	followed := make(chan error, 1)
-	go func() {
-		followed <- b.Follow(ctx, "run_1", func(ev []byte) bool { got = append(got, string(ev)); return false })
-	}()
-	time.Sleep(200 * time.Millisecond) // let the follower subscribe
+	followed := follow(t, b, "run_1")
 	for _, ev := range []string{"e1", "e2", "e3"} {
 		la.Publish([]byte(ev))
 	}
@@ -110,15 +116,7 @@ func TestLeaseReleasedLater(t *testing.T) {
 	if driven, err := b.Driven(ctx, "run_1"); driven || err != nil {
 		t.Fatalf("after pod-a's Close the run reads driven=%v (err %v), want free", driven, err)
 	}
-	select {
-	case err := <-followed:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Follow did not return when the lease was released")
-	}
-	if strings.Join(got, " ") != "e1 e2 e3" {
+	if got := followed(); strings.Join(got, " ") != "e1 e2 e3" {
 		t.Errorf("followed events %q, want e1 e2 e3", got)
 	}
 	lb, _, err := b.Acquire(ctx, "run_1")
