@@ -4,7 +4,7 @@ PKGS    ?= ./...
 FUZZTIME ?= 10s
 
 .PHONY: all build demo test test-go browser test-node test-python node-build openai-node vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
-	chart-lint chart-test static-build image bench soak loadgen loadgen-check
+	chart-lint chart-test static-build image workflow-lint bench soak loadgen loadgen-check
 
 all: build
 
@@ -16,7 +16,7 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet staticcheck loadgen-check static-build node-build openai-node test-python test-node chart-test browser test-go
+test: fmt-check vet staticcheck workflow-lint loadgen-check static-build node-build openai-node test-python test-node chart-test browser test-go
 
 ## test-go: the Go tests, the live view's browser test included (it fails
 ## instead of skipping when Chromium is missing).
@@ -68,6 +68,15 @@ bin/staticcheck:
 staticcheck: bin/staticcheck
 	bin/staticcheck $(PKGS)
 
+## workflow-lint: the GitHub Actions workflows, checked by a project-local
+## actionlint from the Go module proxy.
+ACTIONLINT_VERSION ?= v1.7.12
+bin/actionlint:
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+workflow-lint: bin/actionlint
+	bin/actionlint .github/workflows/*.yml
+
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -95,9 +104,10 @@ chart-lint: bin/helm
 	bin/helm lint $(APP_CHART) --strict --kube-version $(KUBE_VERSION)
 
 ## chart-test: render every mode and decode it strictly into the Kubernetes
-## API types (a Go module of its own under deploy/).
-chart-test: chart-lint
-	cd deploy && HELM=$(CURDIR)/bin/helm $(GO) test -count=1 ./...
+## API types, and build the image twice and read it back (a Go module of
+## its own under deploy/).
+chart-test: chart-lint bin/staticcheck
+	cd deploy && $(GO) vet ./... && ../bin/staticcheck ./... && HELM=$(CURDIR)/bin/helm $(GO) test -count=1 ./...
 
 ## loadgen: the load generator (a module of its own under loadgen/, for its
 ## plotting library): sidecar, Core simulator and worker as processes,
@@ -111,15 +121,17 @@ loadgen:
 loadgen-check: bin/staticcheck
 	cd loadgen && $(GO) vet ./... && ../bin/staticcheck ./...
 
-## static-build: the binary exactly as the Dockerfile builds it.
+## static-build: the static binary, built as make image builds it.
 static-build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/toolsidecar-static ./cmd/toolsidecar
 
-## image: needs a Docker engine, which these machines do not run.
+## image: the container image, built without a container engine
+## (deploy/image, go-containerregistry): an OCI image layout of linux/amd64
+## and linux/arm64 in bin/image, and the linux/amd64 image for
+## `docker load` in bin/toolsidecar-image.tar. Two builds of one commit are
+## byte-identical.
 image:
-	@docker info >/dev/null 2>&1 || { echo "make image: no Docker engine is running here (docker info failed)."; \
-		echo "Build the image where one runs: docker build -t toolsidecar:dev ."; exit 1; }
-	docker build -t toolsidecar:dev .
+	cd deploy && $(GO) run ./mkimage -out ../bin/image -docker-tar ../bin/toolsidecar-image.tar
 
 ## bench: the benchmarks of BENCHMARKS.md (not part of make test).
 bench:

@@ -23,6 +23,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
+
+	"github.com/projectdavid/toolsidecar/deploy/image"
 )
 
 const (
@@ -291,8 +293,13 @@ func TestExampleAppNative(t *testing.T) {
 	if got := strings.Join(c.Args, " "); got != "run --config /etc/toolsidecar/config.yaml --log-level info" {
 		t.Errorf("args %q", got)
 	}
-	if c.Image != "ghcr.io/projectdavid/toolsidecar:0.1.0" {
-		t.Errorf("image %q (tag defaults to appVersion)", c.Image)
+	// The image make image builds (package image) is the chart's default.
+	built, err := image.Defaults(image.Spec{Root: "../.."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Image != "ghcr.io/projectdavid/toolsidecar:0.1.0" || c.Image != built.Ref() {
+		t.Errorf("image %q (tag defaults to appVersion), want the one make image builds, %q", c.Image, built.Ref())
 	}
 	if len(c.Ports) != 1 || c.Ports[0].Name != "ops" || c.Ports[0].ContainerPort != 9090 {
 		t.Errorf("ports %+v: only the ops port leaves the pod", c.Ports)
