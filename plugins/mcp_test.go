@@ -72,6 +72,9 @@ func testMCPServer(cancelled string) *mcp.Server {
 		return text("done"), nil
 	})
 	add("hang", func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if cancelled != "" {
+			_ = os.WriteFile(cancelled, []byte("started"), 0o600)
+		}
 		<-ctx.Done()
 		if cancelled != "" {
 			_ = os.WriteFile(cancelled, []byte("cancelled"), 0o600)
@@ -190,10 +193,22 @@ func TestMCPCancellationReachesTheServer(t *testing.T) {
 	stdio, cancelled := stdioServer(t)
 	t.Cleanup(StopMCP)
 	l := local(t, mcpTool(stdio, "hang", 5*time.Second))
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	o := l.Dispatch(ctx, tool.Request{Tool: "t", Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: 5 * time.Second})
-	if o.Err == nil || (o.Err.Type != tool.Timeout && o.Err.Type != tool.Cancelled) {
+	outcome := make(chan tool.Outcome, 1)
+	go func() {
+		outcome <- l.Dispatch(ctx, tool.Request{Tool: "t", Body: []byte(manifest), ActionID: "act_1", Attempt: 1, Timeout: time.Minute})
+	}()
+	// Cancelled once the server has the call: a server slow to start (a
+	// loaded machine) would otherwise never receive the call it is to see
+	// cancelled.
+	poll.Until(t, "the server to have the call", func() bool {
+		b, _ := os.ReadFile(cancelled)
+		return string(b) == "started"
+	})
+	cancel()
+	o := <-outcome
+	if o.Err == nil || o.Err.Type != tool.Cancelled {
 		t.Fatalf("a cancelled call: %q %v", o.Data, o.Err)
 	}
 	poll.Until(t, "the server to see the cancellation", func() bool {
