@@ -250,6 +250,17 @@ func (b *Board) snapshot() []Run {
 	return out
 }
 
+// run copies one run.
+func (b *Board) run(id string) (Run, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.runs[id]
+	if !ok {
+		return Run{}, false
+	}
+	return r.copy(), true
+}
+
 // copy is a deep copy of the run, to encode outside the lock.
 func (r *Run) copy() Run {
 	c := *r

@@ -190,6 +190,10 @@ func TestOpenAPIConformance(t *testing.T) {
 		spec.check(t, "GET", p, do("GET", p, ""))
 	}
 	spec.check(t, "GET", "/readyz", do("GET", "/readyz?live=1", ""))
+	spec.check(t, "GET", "/v1/sidecar/runs", do("GET", "/v1/sidecar/runs", ""))
+	for _, id := range []string{r.RunID, "run_missing", "bad%20id"} { // 200, 404, 400
+		spec.check(t, "GET", "/v1/sidecar/runs/{run_id}", do("GET", "/v1/sidecar/runs/"+id, ""))
+	}
 
 	// With a token: 401 on the API, health still open.
 	auth := newSidecar(t, threeCalls(), "s3cret", standardTools()...)

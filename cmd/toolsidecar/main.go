@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,57 +25,12 @@ import (
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/spf13/cobra"
 )
 
 func main() {
 	demo.MaybeServeMCP() // `toolsidecar demo` starts its MCP server as this binary again
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-// setFlags collects repeated --set key=value overrides.
-type setFlags []string
-
-func (s *setFlags) String() string     { return strings.Join(*s, ",") }
-func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
-
-// command is a subcommand: its one-line summary and which flags it takes.
-type command struct {
-	name, summary string
-	config        bool // --config and --set
-	logging       bool // --log-level and --log-format
-}
-
-// The standard library's flag package serves: one FlagSet per subcommand
-// gives each its own flags and help, and the binary keeps no dependency
-// for a handful of flags.
-var commands = []command{
-	{"run", "run the sidecar daemon", true, true},
-	{"worker", "serve the exec and http tools over NATS, as a worker process", true, true},
-	{"check", "validate a configuration file and print its tools", true, false},
-	{"tools", "print the tools as Core's assistant tools array (for POST /v1/assistants)", true, false},
-	{"config", "print the effective configuration: each key, its value and its source (default, file, env, flag)", true, false},
-	{"demo", "run the whole loop on the embedded default: Core simulator, NATS, workers", false, false},
-	{"version", "print the version, VCS revision and Go version", false, false},
-	{"help", "show help for a command: toolsidecar help COMMAND", false, false},
-}
-
-func lookup(name string) (command, bool) {
-	for _, c := range commands {
-		if c.name == name {
-			return c, true
-		}
-	}
-	return command{}, false
-}
-
-// usage is the top-level help.
-func usage(w io.Writer) {
-	fmt.Fprintf(w, "toolsidecar executes the tool calls of Project David runs.\n\nUsage:\n  toolsidecar COMMAND [flags]\n\nCommands:\n")
-	for _, c := range commands {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintf(w, "\nFlags:\n  -h, --help  show this help\n  --version   print the version\n\n"+
-		"Run \"toolsidecar help COMMAND\" for a command's flags. See docs/configuration.md for the configuration.\n")
 }
 
 // invocation is a parsed command line.
@@ -87,6 +41,8 @@ type invocation struct {
 	log     *slog.Logger
 	refs    bool // check: open the files and find the programs named
 	source  bool // tools: say where each tool is defined
+	level   string
+	format  string
 }
 
 // envOr is the environment variable's value, or def.
@@ -97,123 +53,168 @@ func envOr(name, def string) string {
 	return def
 }
 
-// flagSet builds a command's flags into inv.
-func flagSet(c command, inv *invocation, stderr io.Writer) (*flag.FlagSet, func() error) {
-	fs := flag.NewFlagSet("toolsidecar "+c.name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: toolsidecar %s [flags]\n\n%s.\n", c.name, c.summary)
-		if c.config || c.logging {
-			fmt.Fprintf(stderr, "\nFlags:\n")
-			fs.PrintDefaults()
+// exitError ends a command with its exit code; its message, if any, was
+// printed already.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// usageError is a command line the command cannot take (exit 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// The command tree is cobra's: it gives each command its flags and help,
+// and generates the shell completion scripts (bash, zsh, fish, PowerShell)
+// from the tree, run ids included, as kubectl, helm and gh do. kong has
+// no completion of its own.
+func newRoot(inv *invocation, stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "toolsidecar",
+		Short: "toolsidecar executes the tool calls of Project David runs",
+		Long: "toolsidecar executes the tool calls of Project David runs.\n\n" +
+			"See docs/configuration.md for the configuration, and \"toolsidecar completion --help\" for shell completion.",
+		Version:           version.Get().String(),
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{fmt.Sprintf("%s: %v", c.CommandPath(), err)}
+	})
+	root.SetHelpCommand(&cobra.Command{
+		Use:   "help [COMMAND]",
+		Short: "show help for a command: toolsidecar help COMMAND",
+		Args:  cobra.MaximumNArgs(2),
+		ValidArgsFunction: func(c *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			var names []cobra.Completion
+			for _, sub := range c.Root().Commands() {
+				if sub.IsAvailableCommand() {
+					names = append(names, sub.Name())
+				}
+			}
+			return names, cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			target, rest, err := c.Root().Find(args)
+			if err != nil || len(rest) > 0 {
+				return usageError{fmt.Sprintf("toolsidecar: unknown command %q; run \"toolsidecar help\" for the list", strings.Join(args, " "))}
+			}
+			return target.Help()
+		},
+	})
+	for _, c := range []struct {
+		name, short     string
+		config, logging bool
+		run             func() int
+		extra           func(*cobra.Command)
+	}{
+		{"run", "run the sidecar daemon", true, true, func() int { return runLoaded(*inv, stdout, stderr) }, nil},
+		{"worker", "serve the exec and http tools over NATS, as a worker process", true, true, func() int { return runLoaded(*inv, stdout, stderr) }, nil},
+		{"check", "validate a configuration file and print its tools", true, false, func() int { return runLoaded(*inv, stdout, stderr) }, func(c *cobra.Command) {
+			c.Flags().BoolVar(&inv.refs, "references", true, "also open the files and find the programs the configuration names (false where they exist only where it runs, as in a pod)")
+		}},
+		{"tools", "print the tools as Core's assistant tools array (for POST /v1/assistants)", true, false, func() int { return runLoaded(*inv, stdout, stderr) }, func(c *cobra.Command) {
+			c.Flags().BoolVar(&inv.source, "source", false, "also say where each tool is defined (source, declared_by), as GET /v1/tools?source=1 does")
+		}},
+		{"config", "print the effective configuration: each key, its value and its source (default, file, env, flag)", true, false, func() int { return printConfig(*inv, stdout, stderr) }, nil},
+		{"demo", "run the whole loop on the embedded default: Core simulator, NATS, workers", false, false, func() int { return runDemo(stdout, stderr) }, nil},
+		{"version", "print the version, VCS revision and Go version", false, false, func() int { fmt.Fprintln(stdout, version.Get()); return 0 }, nil},
+	} {
+		cmd := &cobra.Command{
+			Use:   c.name,
+			Short: c.short,
+			Args: func(cmd *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					return nil
+				}
+				hint := ""
+				if c.config && (strings.HasSuffix(args[0], ".yaml") || strings.HasSuffix(args[0], ".yml")) {
+					hint = fmt.Sprintf(" (did you mean --config %s?)", args[0])
+				}
+				return usageError{fmt.Sprintf("toolsidecar %s: unexpected argument %q%s", c.name, args[0], hint)}
+			},
+			ValidArgsFunction: cobra.NoFileCompletions,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				inv.cmd = c.name
+				if err := inv.finish(c.logging, stderr); err != nil {
+					return usageError{fmt.Sprintf("toolsidecar %s: %v", c.name, err)}
+				}
+				if code := c.run(); code != 0 {
+					return exitError{code}
+				}
+				return nil
+			},
 		}
-	}
-	var sets setFlags
-	if c.config {
-		fs.StringVar(&inv.cfgPath, "config", "", "configuration file (YAML)")
-		fs.Var(&sets, "set", "override a key: --set core.url=http://core:9000 (repeatable)")
-	}
-	if c.name == "tools" {
-		fs.BoolVar(&inv.source, "source", false, "also say where each tool is defined (source, declared_by), as GET /v1/tools?source=1 does")
-	}
-	if c.name == "check" {
-		fs.BoolVar(&inv.refs, "references", true, "also open the files and find the programs the configuration names (false where they exist only where it runs, as in a pod)")
-	}
-	level, format := new(string), new(string)
-	if c.logging {
-		fs.StringVar(level, "log-level", envOr("TOOLSIDECAR_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLSIDECAR_LOG_LEVEL)")
-		fs.StringVar(format, "log-format", envOr("TOOLSIDECAR_LOG_FORMAT", "json"), "json or text (env TOOLSIDECAR_LOG_FORMAT)")
-	}
-	return fs, func() error {
-		inv.sets = sets
-		inv.log = slog.New(slog.DiscardHandler)
-		if !c.logging {
-			return nil
+		if c.config {
+			cmd.Flags().StringVarP(&inv.cfgPath, "config", "c", "", "configuration file (YAML)")
+			cmd.Flags().StringArrayVar(&inv.sets, "set", nil, "override a key: --set core.url=http://core:9000 (repeatable)")
+			_ = cmd.MarkFlagFilename("config", "yaml", "yml")
 		}
-		var lvl slog.Level
-		if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-			return fmt.Errorf("--log-level: %w", err)
+		if c.logging {
+			cmd.Flags().StringVar(&inv.level, "log-level", envOr("TOOLSIDECAR_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLSIDECAR_LOG_LEVEL)")
+			cmd.Flags().StringVar(&inv.format, "log-format", envOr("TOOLSIDECAR_LOG_FORMAT", "json"), "json or text (env TOOLSIDECAR_LOG_FORMAT)")
+			_ = cmd.RegisterFlagCompletionFunc("log-level", cobra.FixedCompletions([]cobra.Completion{"debug", "info", "warn", "error"}, cobra.ShellCompDirectiveNoFileComp))
+			_ = cmd.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions([]cobra.Completion{"json", "text"}, cobra.ShellCompDirectiveNoFileComp))
 		}
-		log, err := logging.New(stderr, *format, lvl)
-		if err != nil {
-			return fmt.Errorf("--log-format: %w", err)
+		if c.extra != nil {
+			c.extra(cmd)
 		}
-		inv.log = log
+		root.AddCommand(cmd)
+	}
+	root.AddCommand(runsCommand(stdout, stderr))
+	return root
+}
+
+// finish builds the logger the flags ask for.
+func (inv *invocation) finish(logs bool, stderr io.Writer) error {
+	inv.log = slog.New(slog.DiscardHandler)
+	if !logs {
 		return nil
 	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(inv.level)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log, err := logging.New(stderr, inv.format, lvl)
+	if err != nil {
+		return fmt.Errorf("--log-format: %w", err)
+	}
+	inv.log = log
+	return nil
 }
 
-// parse reads the subcommand and its flags. done means exit with code
-// (help and version exit 0; a usage error exits 2).
-func parse(args []string, stdout, stderr io.Writer) (inv invocation, code int, done bool) {
-	if len(args) == 0 {
-		usage(stdout)
-		return inv, 0, true
-	}
-	switch args[0] {
-	case "-h", "-help", "--help":
-		usage(stdout)
-		return inv, 0, true
-	case "-version", "--version", "version":
-		fmt.Fprintln(stdout, version.Get())
-		return inv, 0, true
-	case "help":
-		if len(args) == 1 {
-			usage(stdout)
-			return inv, 0, true
-		}
-		c, ok := lookup(args[1])
-		if !ok {
-			fmt.Fprintf(stderr, "toolsidecar: unknown command %q; run \"toolsidecar help\" for the list\n", args[1])
-			return inv, 2, true
-		}
-		fs, _ := flagSet(c, &inv, stdout)
-		fs.SetOutput(stdout)
-		fs.Usage()
-		return inv, 0, true
-	}
-	c, ok := lookup(args[0])
-	if !ok {
-		fmt.Fprintf(stderr, "toolsidecar: unknown command %q; run \"toolsidecar help\" for the list\n", args[0])
-		return inv, 2, true
-	}
-	inv.cmd = c.name
-	fs, finish := flagSet(c, &inv, stderr)
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return inv, 0, true
-		}
-		return inv, 2, true
-	}
-	if fs.NArg() > 0 {
-		hint := ""
-		if c.config && (strings.HasSuffix(fs.Arg(0), ".yaml") || strings.HasSuffix(fs.Arg(0), ".yml")) {
-			hint = fmt.Sprintf(" (did you mean --config %s?)", fs.Arg(0))
-		}
-		fmt.Fprintf(stderr, "toolsidecar %s: unexpected argument %q%s\n", c.name, fs.Arg(0), hint)
-		return inv, 2, true
-	}
-	if err := finish(); err != nil {
-		fmt.Fprintf(stderr, "toolsidecar %s: %v\n", c.name, err)
-		return inv, 2, true
-	}
-	return inv, 0, false
-}
-
+// run parses the command line and runs the command: exit 0, 1 when the
+// command failed, 2 for a command line it cannot take.
 func run(args []string, stdout, stderr io.Writer) int {
-	inv, code, done := parse(args, stdout, stderr)
-	if done {
-		return code
+	var inv invocation
+	root := newRoot(&inv, stdout, stderr)
+	root.SetArgs(args)
+	err := root.Execute()
+	var exit exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &exit):
+		return exit.code
 	}
-	if inv.cmd == "demo" {
-		return runDemo(stdout, stderr)
+	var usage usageError
+	if !errors.As(err, &usage) {
+		// cobra's own: an unknown command, mostly.
+		err = usageError{fmt.Sprintf("toolsidecar: %v; run \"toolsidecar help\" for the list", err)}
 	}
+	fmt.Fprintln(stderr, err)
+	return 2
+}
+
+// runLoaded loads the configuration and runs the command that needs it.
+func runLoaded(inv invocation, stdout, stderr io.Writer) int {
 	if inv.cmd == "check" && inv.cfgPath == "" {
 		fmt.Fprintln(stderr, "toolsidecar check: --config FILE is required: there is nothing to check without one")
 		return 2
-	}
-	if inv.cmd == "config" {
-		return printConfig(inv, stdout, stderr)
 	}
 	cfg, err := config.Load(inv.cfgPath, inv.sets)
 	if err != nil {

@@ -88,7 +88,8 @@ func TestCheckAndTools(t *testing.T) {
 
 // TestCLI: help lists every command and exits 0; each command has its own
 // flags; stray arguments, a missing config for check and bad log flags are
-// usage errors (exit 2) that say what to do.
+// usage errors (exit 2) that say what to do; completion scripts come for
+// bash, zsh and fish, and flags' values complete.
 func TestCLI(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -97,16 +98,23 @@ func TestCLI(t *testing.T) {
 		not  string // absent from the output
 	}{
 		{nil, 0, "Commands:", ""},
-		{[]string{"--help"}, 0, "  worker   serve the exec and http tools", ""},
+		{[]string{"--help"}, 0, "serve the exec and http tools", ""},
 		{[]string{"-h"}, 0, "toolsidecar help COMMAND", ""},
-		{[]string{"help"}, 0, "  version  print the version", ""},
+		{[]string{"help"}, 0, "print the version, VCS revision", ""},
 		{[]string{"help", "check"}, 0, "-config", "-log-format"},
 		{[]string{"help", "run"}, 0, "-log-format", ""},
 		{[]string{"help", "nope"}, 2, `unknown command "nope"`, ""},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`, ""},
 		{[]string{"check", "config.yaml"}, 2, `unexpected argument "config.yaml" (did you mean --config config.yaml?)`, ""},
 		{[]string{"check"}, 2, "--config FILE is required", ""},
-		{[]string{"tools", "--log-level", "debug"}, 2, "flag provided but not defined: -log-level", ""},
+		{[]string{"tools", "--log-level", "debug"}, 2, "toolsidecar tools: unknown flag: --log-level", ""},
+		{[]string{"runs", "show"}, 2, "give one run id", ""},
+		{[]string{"runs", "list", "-o", "yaml"}, 2, `--output "yaml" is not table or json`, ""},
+		{[]string{"runs", "list", "--url", "ftp://x"}, 2, `--url "ftp://x" is not http(s)://host:port`, ""},
+		{[]string{"completion", "bash"}, 0, "__start_toolsidecar", ""},
+		{[]string{"completion", "zsh"}, 0, "#compdef toolsidecar", ""},
+		{[]string{"completion", "fish"}, 0, "complete -c toolsidecar", ""},
+		{[]string{"__complete", "run", "--log-level", ""}, 0, "debug\ninfo\nwarn\nerror", ""},
 		{[]string{"run", "--log-format", "xml"}, 2, `--log-format: "xml" is not json or text`, ""},
 		{[]string{"run", "--log-level", "loud"}, 2, "--log-level", ""},
 		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`, ""},
