@@ -96,6 +96,43 @@ func TestPrecedence(t *testing.T) {
 	}
 }
 
+// TestProblemsBlameTheirSource: a bad value from the environment or a
+// --set is blamed on that variable or flag, not on the file's nearest
+// line, and a value that does not decode is said in the reader's terms
+// (what the key takes, and the value), wherever it comes from.
+func TestProblemsBlameTheirSource(t *testing.T) {
+	file := []byte("core:\n  url: \"http://core:9000\"\nserver:\n  ui: maybe\n")
+	env := []string{"TOOLSIDECAR_SERVER_LISTEN=garbage", "TOOLSIDECAR_EXECUTOR_MAX_TURNS=1.5"}
+	sets := []string{"core.timeout=soon", "server.max_drives=99999999999999999999", "executor.max_parallel=many"}
+	_, err := load(file, "app.yaml", env, sets)
+	var p *Problems
+	if !errors.As(err, &p) {
+		t.Fatalf("err %v, want *Problems", err)
+	}
+	want := []string{
+		`line 4: server.ui: must be true or false, got "maybe"`,
+		`TOOLSIDECAR_SERVER_LISTEN: must be host:port (127.0.0.1:8080), got "garbage"`,
+		`TOOLSIDECAR_EXECUTOR_MAX_TURNS: must be a whole number, got "1.5"`,
+		`--set core.timeout: must be a duration like 30s, 500ms or 2m, got "soon"`,
+		`--set server.max_drives: is out of range, got "99999999999999999999"`,
+		`--set executor.max_parallel: must be a whole number, got "many"`,
+	}
+	got := err.Error()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("problems lack %q:\n%s", w, got)
+		}
+	}
+	for _, leak := range []string{"strconv", "line 2", "line 1:", "cannot parse"} {
+		if strings.Contains(got, leak) {
+			t.Errorf("problems say %q:\n%s", leak, got)
+		}
+	}
+	if len(p.List) != len(want) {
+		t.Errorf("%d problems, want %d:\n%s", len(p.List), len(want), got)
+	}
+}
+
 // TestUnknownEnv: a TOOLSIDECAR_ variable that is no setting is an error,
 // each one named, with the closest setting suggested.
 func TestUnknownEnv(t *testing.T) {

@@ -41,6 +41,7 @@ var descriptions = map[string]string{
 	"Executor.MissingTool":            "MissingTool: error (an error outcome listing the tools) or fail_run. default: error",
 	"Executor.RunBudget":              "RunBudget bounds what one drive of a run may spend on tools. default: no bound",
 	"Executor.SubmitBudget":           "SubmitBudget bounds how long one outcome's writes to Core (its tool message, its Action's status) are retried through Core faults before the drive ends interrupted, keeping the outcome for the next drive. default: 2m",
+	"FieldError.Origin":               "Origin names where a value that is not the file's came from: the environment variable (TOOLSIDECAR_SERVER_LISTEN) or the flag (--set server.listen).",
 	"Lane.OnError":                    "OnError: continue (a failed call does not stop the next) or skip_rest (the calls after a failed one get an error outcome saying why, and do not run). default: continue",
 	"NATS.ConnectRetry":               "ConnectRetry is how long the first connection to an external NATS is retried, each failure logged, before the sidecar gives up. default: 30s",
 	"NATS.CredsFile":                  "Credentials for an external NATS, each from a file; at most one kind. CredsFile is a JWT credentials file; User goes with PasswordFile; TokenFile holds a token; NKeySeedFile an nkey seed.",

@@ -135,7 +135,7 @@ func loadLayers(data []byte, name string, environ, overrides []string) (Config, 
 		}
 	}
 	if len(errs) > 0 {
-		return Config{}, nil, &Problems{Source: name, List: tidy(pos.locate(errs))}
+		return Config{}, nil, &Problems{Source: name, List: tidy(blame(errs, pos, ls))}
 	}
 	return cfg, ls, nil
 }

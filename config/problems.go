@@ -18,11 +18,18 @@ type FieldError struct {
 	Key  string // dotted path as in the file: tools[0].name
 	Line int    // 0 when the value is not from the file
 	Msg  string
+	// Origin names where a value that is not the file's came from: the
+	// environment variable (TOOLSIDECAR_SERVER_LISTEN) or the flag
+	// (--set server.listen).
+	Origin string
 
 	decode bool // the value could not be decoded at all
 }
 
 func (e *FieldError) Error() string {
+	if e.Origin != "" {
+		return e.Origin + ": " + e.Msg
+	}
 	if e.Line > 0 {
 		return fmt.Sprintf("line %d: %s: %s", e.Line, e.Key, e.Msg)
 	}
@@ -136,26 +143,64 @@ func (l *lines) line(key string) int {
 // expected ...).
 var decodeField = regexp.MustCompile(`'([A-Za-z0-9_.\[\]]+)'`)
 
-// locate gives each problem its line in the file (when it has one).
-func (l *lines) locate(errs []error) []error {
+// blame gives each problem its source: the line of the file, or the
+// environment variable or flag that set the key (a value the file did not
+// give is not blamed on the file's nearest line). A value that could not
+// be decoded is said in the user's terms, with the value.
+func blame(errs []error, pos *lines, ls *layers) []error {
 	out := make([]error, 0, len(errs))
 	for _, err := range errs {
 		var fe *FieldError
-		switch {
-		case l == nil:
-		case errors.As(err, &fe):
-			if fe.Line == 0 {
-				fe.Line = l.line(fe.Key)
+		if !errors.As(err, &fe) {
+			m := decodeField.FindStringSubmatch(err.Error())
+			if m == nil {
+				out = append(out, err)
+				continue
 			}
+			msg := strings.TrimPrefix(err.Error(), "'"+m[1]+"' ")
+			fe = &FieldError{Key: m[1], Msg: plainDecode(msg, ls.k.Get(m[1])), decode: true}
+			err = fe
+		}
+		switch ls.source[fe.Key] {
+		case "env":
+			fe.Origin, fe.Line = envName(fe.Key), 0
+		case "flag":
+			fe.Origin, fe.Line = "--set "+fe.Key, 0
 		default:
-			if m := decodeField.FindStringSubmatch(err.Error()); m != nil {
-				msg := strings.TrimPrefix(err.Error(), "'"+m[1]+"' ")
-				err = &FieldError{Key: m[1], Line: l.line(m[1]), Msg: msg, decode: true}
+			if fe.Line == 0 && pos != nil {
+				fe.Line = pos.line(fe.Key)
 			}
 		}
 		out = append(out, err)
 	}
 	return out
+}
+
+// plainDecode says a decoder's complaint (strconv's, time's,
+// mapstructure's) as the configuration's reader would: what the key takes,
+// and the value it got.
+func plainDecode(msg string, value any) string {
+	got := ""
+	if value != nil {
+		got = fmt.Sprintf(", got %q", fmt.Sprint(value))
+	}
+	switch {
+	case strings.Contains(msg, "value out of range"):
+		return "is out of range" + got
+	case strings.Contains(msg, "as 'int") || strings.Contains(msg, "as 'uint") || strings.Contains(msg, "expected type 'int"):
+		return "must be a whole number" + got
+	case strings.Contains(msg, "as 'float") || strings.Contains(msg, "expected type 'float"):
+		return "must be a number" + got
+	case strings.Contains(msg, "as 'bool'") || strings.Contains(msg, "expected type 'bool'"):
+		return "must be true or false" + got
+	case strings.HasPrefix(msg, "time: invalid duration") || strings.HasPrefix(msg, "time: unknown unit"):
+		return "must be a duration like 30s, 500ms or 2m" + got
+	case strings.Contains(msg, "expected a map") || strings.Contains(msg, "expected type 'map"):
+		return "must be a mapping (key: value)" + got
+	case strings.Contains(msg, "source data must be an array or slice"):
+		return "must be a list" + got
+	}
+	return msg
 }
 
 // suggestIn suggests the key under path closest to leaf, as a full path.
