@@ -52,7 +52,7 @@ func Default() Config {
 			MaxConnections: 64, IdleTimeout: 4 * time.Second},
 		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222", WorkerCredentials: true}, ConnectRetry: 30 * time.Second,
 			DiscoverInterval: 2 * time.Second},
-		Server: Server{Listen: "127.0.0.1:8080", Proxy: true, UI: true, UIHistory: 200, ShutdownTimeout: 30 * time.Second,
+		Server: Server{Listen: "127.0.0.1:8741", Proxy: true, UI: true, UIHistory: 200, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, MaxStreams: 250, SSEKeepalive: 15 * time.Second},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
@@ -112,7 +112,7 @@ func (p *problems) hostPort(key, addr string, optional bool) {
 		return
 	}
 	if err := checkHostPort(addr); err != nil {
-		p.add(key, "must be host:port (127.0.0.1:8080), got %q: %v", addr, err)
+		p.add(key, "must be host:port (127.0.0.1:8741), got %q: %v", addr, err)
 	}
 }
 

@@ -111,7 +111,7 @@ func TestProblemsBlameTheirSource(t *testing.T) {
 	}
 	want := []string{
 		`line 4: server.ui: must be true or false, got "maybe"`,
-		`TOOLSIDECAR_SERVER_LISTEN: must be host:port (127.0.0.1:8080), got "garbage"`,
+		`TOOLSIDECAR_SERVER_LISTEN: must be host:port (127.0.0.1:8741), got "garbage"`,
 		`TOOLSIDECAR_EXECUTOR_MAX_TURNS: must be a whole number, got "1.5"`,
 		`--set core.timeout: must be a duration like 30s, 500ms or 2m, got "soon"`,
 		`--set server.max_drives: is out of range, got "99999999999999999999"`,

@@ -55,7 +55,7 @@ var descriptions = map[string]string{
 	"Server.AllowedHosts":             "AllowedHosts are the host names, beside localhost and IP addresses, that requests may name in their Host header: a page that rebinds its own DNS name to the sidecar's address is refused, token or not. \"*\" allows every name. default: [] (loopback names and addresses)",
 	"Server.AuthTokenFile":            "AuthTokenFile holds a bearer token required on every route but health. Optional.",
 	"Server.HTTP2Cleartext":           "HTTP2Cleartext also serves HTTP/2 without TLS (h2c, prior knowledge) on the API's listener, so that a client can carry many drives on one connection, at most MaxStreams at once. default: false",
-	"Server.Listen":                   "Listen address. default: 127.0.0.1:8080 (loopback)",
+	"Server.Listen":                   "Listen address. default: 127.0.0.1:8741 (loopback)",
 	"Server.MCP":                      "MCP serves the registered tools as an MCP server (streamable HTTP, stateless) on /mcp, behind the API token. Its calls run through the same dispatch and policies as a model's, and have no Core Action. default: false",
 	"Server.MaxBodyBytes":             "MaxBodyBytes bounds request bodies. default: 1 MiB",
 	"Server.MaxConnections":           "MaxConnections bounds open connections; MaxDrives bounds drives in progress (more are answered 429 with Retry-After). defaults: 1024, 512",

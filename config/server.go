@@ -4,7 +4,7 @@ import "time"
 
 // Server is the application-facing HTTP server.
 type Server struct {
-	// Listen address. default: 127.0.0.1:8080 (loopback)
+	// Listen address. default: 127.0.0.1:8741 (loopback)
 	Listen string `koanf:"listen"`
 	// OpsListen, when set, serves /healthz, /readyz and /metrics, without
 	// the API token, on a listener of their own (probes and scraping).

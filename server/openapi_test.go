@@ -302,7 +302,7 @@ func TestOpenAPISecurityAsServed(t *testing.T) {
 	if err := json.Unmarshal(server.OpenAPI, &doc); err != nil {
 		t.Fatal(err)
 	}
-	if len(doc.Servers) != 1 || doc.Servers[0].URL != "http://127.0.0.1:8080" || doc.Components.SecuritySchemes["bearerToken"].Scheme != "bearer" {
+	if len(doc.Servers) != 1 || doc.Servers[0].URL != "http://127.0.0.1:8741" || doc.Components.SecuritySchemes["bearerToken"].Scheme != "bearer" {
 		t.Fatalf("servers %+v, schemes %+v", doc.Servers, doc.Components.SecuritySchemes)
 	}
 	srv, err := server.New(server.Config{Token: "s3cret"}, nil, nil)

@@ -45,7 +45,7 @@ func runsCommand(stdout, stderr io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&f.url, "url", os.Getenv("TOOLSIDECAR_URL"), "the daemon's API, http://host:port (env TOOLSIDECAR_URL; default: --config's server.listen, else http://127.0.0.1:8080)")
+	pf.StringVar(&f.url, "url", os.Getenv("TOOLSIDECAR_URL"), "the daemon's API, http://host:port (env TOOLSIDECAR_URL; default: --config's server.listen, else http://127.0.0.1:8741)")
 	pf.StringVar(&f.tokenFile, "token-file", os.Getenv("TOOLSIDECAR_TOKEN_FILE"), "a file holding the API token (env TOOLSIDECAR_TOKEN_FILE; or the token itself in TOOLSIDECAR_TOKEN)")
 	pf.StringVarP(&f.cfgPath, "config", "c", "", "the daemon's configuration file, for its address and token file")
 	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
@@ -156,7 +156,7 @@ func (f runsFlags) client() (*runsClient, error) {
 		}
 	}
 	if rc.url == "" {
-		rc.url = "http://127.0.0.1:8080"
+		rc.url = "http://127.0.0.1:8741"
 	}
 	u, err := url.Parse(rc.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -246,7 +246,7 @@ func TestDefaultInstall(t *testing.T) {
 			len(o.deployments), len(o.services), len(o.accounts), len(o.configMaps))
 	}
 	cfg := configOf(t, o, "rel-toolsidecar-config")
-	hasAll(t, "config.yaml", cfg, `listen: "127.0.0.1:8080"`, `ops_listen: "0.0.0.0:9090"`, "readiness_check: false",
+	hasAll(t, "config.yaml", cfg, `listen: "127.0.0.1:8741"`, `ops_listen: "0.0.0.0:8742"`, "readiness_check: false",
 		`url: ""`, "name: get_flight_times", "max_parallel: 16", "max_drives: 512", "max_connections: 64", "http2_cleartext: false", "ui: true")
 	if strings.Contains(cfg, "api_key_file") {
 		t.Error("no Secret configured, yet an api_key_file is set")
@@ -301,7 +301,7 @@ func TestExampleAppNative(t *testing.T) {
 	if c.Image != "ghcr.io/projectdavid/toolsidecar:0.1.0" || c.Image != built.Ref() {
 		t.Errorf("image %q (tag defaults to appVersion), want the one make image builds, %q", c.Image, built.Ref())
 	}
-	if len(c.Ports) != 1 || c.Ports[0].Name != "ops" || c.Ports[0].ContainerPort != 9090 {
+	if len(c.Ports) != 1 || c.Ports[0].Name != "ops" || c.Ports[0].ContainerPort != 8742 {
 		t.Errorf("ports %+v: only the ops port leaves the pod", c.Ports)
 	}
 	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
@@ -352,7 +352,7 @@ func TestExampleAppNative(t *testing.T) {
 			sdk = e.Value
 		}
 	}
-	if sdk != "http://127.0.0.1:8080" {
+	if sdk != "http://127.0.0.1:8741" {
 		t.Errorf("the SDK points at %q, want the sidecar on loopback", sdk)
 	}
 }
@@ -432,8 +432,8 @@ func TestMonitoringOnOpsPort(t *testing.T) {
 	if metrics.Ports[0].Port.String() != "ops" || metrics.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "monitoring" {
 		t.Errorf("metrics rule %+v", metrics)
 	}
-	if own.Ports[0].Port.IntValue() != 8000 || len(own.From) != 0 {
-		t.Errorf("the application's own rule %+v: its port 8000, from anywhere", own)
+	if own.Ports[0].Port.IntValue() != 8080 || len(own.From) != 0 {
+		t.Errorf("the application's own rule %+v: its port 8080, from anywhere", own)
 	}
 }
 
@@ -601,7 +601,7 @@ func TestWorkersWithHPA(t *testing.T) {
 		len(c.Ports) != 1 || c.Ports[0].Name != "ops" {
 		t.Errorf("worker probes %+v %+v, ports %+v", c.LivenessProbe, c.ReadinessProbe, c.Ports)
 	}
-	hasAll(t, "worker config.yaml", configOf(t, o, "rel-toolsidecar-worker-config"), `ops_listen: "0.0.0.0:9090"`)
+	hasAll(t, "worker config.yaml", configOf(t, o, "rel-toolsidecar-worker-config"), `ops_listen: "0.0.0.0:8742"`)
 	h := o.hpas[0].Spec
 	if h.ScaleTargetRef.Name != w.Name || h.MaxReplicas != 8 || *h.MinReplicas != 2 || len(h.Metrics) != 1 {
 		t.Fatalf("hpa %+v", h)
