@@ -423,9 +423,9 @@ func (e *Executor) observeCall(ctx context.Context, c *call, start time.Time, sp
 	if !o.res.OK {
 		callLog(c.b.log, c.m).InfoContext(ctx, "call failed", "error_type", o.res.ErrorType, "err", o.res.Error, "attempts", o.res.Attempts, "duration", d)
 		span.SetStatus(codes.Error, o.res.ErrorType)
-		e.obs.CallDone(c.m.Tool, o.res.ErrorType, d)
+		e.obs.CallDone(ctx, c.m.Tool, o.res.ErrorType, d)
 	} else {
-		e.obs.CallDone(c.m.Tool, "ok", d)
+		e.obs.CallDone(ctx, c.m.Tool, "ok", d)
 	}
 	if !span.IsRecording() {
 		return

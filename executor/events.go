@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"context"
 	"encoding/json"
 	"time"
 
@@ -49,12 +50,14 @@ type Sink func(Event)
 // Observer receives measurements; metrics implement it.
 type Observer interface {
 	// CallDone: one call's outcome ("ok" or an error type) and duration.
-	CallDone(tool, outcome string, d time.Duration)
+	// ctx holds the call's span: a sampled trace's id is the
+	// measurement's exemplar.
+	CallDone(ctx context.Context, tool, outcome string, d time.Duration)
 	// BatchDone: a batch's size and its join wait, first outcome to last.
 	BatchDone(size int, joinWait time.Duration)
-	// RunStarted and RunDone bracket a drive.
+	// RunStarted and RunDone bracket a drive; ctx holds the drive's span.
 	RunStarted()
-	RunDone(status string, turns int)
+	RunDone(ctx context.Context, status string, turns int, d time.Duration)
 	// RunReplayed: a drive of a run that had already ended, answered with
 	// its state and nothing run; counted apart from the drives that ran.
 	RunReplayed(status string)
@@ -84,17 +87,17 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) CallDone(string, string, time.Duration) {}
-func (nopObserver) BatchDone(int, time.Duration)           {}
-func (nopObserver) RunStarted()                            {}
-func (nopObserver) RunDone(string, int)                    {}
-func (nopObserver) RunReplayed(string)                     {}
-func (nopObserver) CallsInFlight(int)                      {}
-func (nopObserver) DriveAttached()                         {}
-func (nopObserver) GuardTripped()                          {}
-func (nopObserver) CallRecovered()                         {}
-func (nopObserver) BudgetExceeded(string)                  {}
-func (nopObserver) CallDeduped(string)                     {}
-func (nopObserver) Hedged(string, bool)                    {}
-func (nopObserver) ApprovalWaiting(int)                    {}
-func (nopObserver) ApprovalDecided(string, time.Duration)  {}
+func (nopObserver) CallDone(context.Context, string, string, time.Duration) {}
+func (nopObserver) BatchDone(int, time.Duration)                            {}
+func (nopObserver) RunStarted()                                             {}
+func (nopObserver) RunDone(context.Context, string, int, time.Duration)     {}
+func (nopObserver) RunReplayed(string)                                      {}
+func (nopObserver) CallsInFlight(int)                                       {}
+func (nopObserver) DriveAttached()                                          {}
+func (nopObserver) GuardTripped()                                           {}
+func (nopObserver) CallRecovered()                                          {}
+func (nopObserver) BudgetExceeded(string)                                   {}
+func (nopObserver) CallDeduped(string)                                      {}
+func (nopObserver) Hedged(string, bool)                                     {}
+func (nopObserver) ApprovalWaiting(int)                                     {}
+func (nopObserver) ApprovalDecided(string, time.Duration)                   {}

@@ -179,7 +179,7 @@ func (e *Executor) failedBeforeStart(d *drive, req Request, msg string, err erro
 func (e *Executor) notBegun(ctx context.Context, req Request, msg string) Summary {
 	e.log.WarnContext(ctx, "drive failed before it began", "run_id", req.RunID, "err", msg)
 	e.obs.RunStarted()
-	e.obs.RunDone(StatusFailed, 0)
+	e.obs.RunDone(ctx, StatusFailed, 0, 0)
 	return Summary{RunID: req.RunID, Upstream: e.up.Kind(), Status: StatusFailed, Calls: []CallResult{}, Error: msg}
 }
 

@@ -20,6 +20,7 @@ import (
 // Its span is the drive's, which Drive started.
 func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Summary, error) {
 	span := trace.SpanFromContext(ctx)
+	began := time.Now()
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Upstream: e.up.Kind(), Calls: []CallResult{}}
 	emit = e.tapped(req.RunID, emit)
@@ -43,7 +44,7 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	if replayed {
 		e.obs.RunReplayed(sum.Status)
 	} else {
-		e.obs.RunDone(sum.Status, sum.Turns)
+		e.obs.RunDone(ctx, sum.Status, sum.Turns, time.Since(began))
 	}
 	emit(Event{Type: EventDone, Turn: sum.Turns, Summary: &sum})
 	return sum, err

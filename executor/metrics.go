@@ -1,10 +1,12 @@
 package executor
 
 import (
+	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectdavid/toolsidecar/approval"
 )
@@ -18,6 +20,7 @@ type Metrics struct {
 	batchSize    prometheus.Histogram
 	joinWait     prometheus.Histogram
 	turns        prometheus.Histogram
+	driveSeconds *prometheus.HistogramVec
 	runs         *prometheus.CounterVec
 	replayed     *prometheus.CounterVec
 	runsFlight   prometheus.Gauge
@@ -87,6 +90,9 @@ func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets
 			Help: "Time from a batch's first outcome to its last.", Buckets: buckets}),
 		turns: f.NewHistogram(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "run_turns",
 			Help: "Completions requests per drive.", Buckets: []float64{1, 2, 3, 4, 5, 7, 10, 15, 20}}),
+		driveSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Namespace: "toolsidecar", Name: "drive_duration_seconds",
+			Help:    "Duration of a drive that ran, by final status (tools, turns and Core's answers).",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}}, []string{"status"}),
 		runs: f.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "runs_total",
 			Help: "Drives by final status."}, []string{"status"}),
 		runsFlight: f.NewGauge(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "runs_in_flight",
@@ -159,10 +165,23 @@ func (m *Metrics) label(tool string) string {
 }
 
 // CallDone implements [Observer].
-func (m *Metrics) CallDone(tool, outcome string, d time.Duration) {
+func (m *Metrics) CallDone(ctx context.Context, tool, outcome string, d time.Duration) {
 	tool = m.label(tool)
 	m.calls.WithLabelValues(tool, outcome).Inc()
-	m.callSeconds.WithLabelValues(tool).Observe(d.Seconds())
+	observe(ctx, m.callSeconds.WithLabelValues(tool), d.Seconds())
+}
+
+// observe records v with the trace of ctx as its exemplar when that trace
+// is sampled (its spans exist to be found), so that a slow bucket in
+// OpenMetrics links to a trace of a call that fell in it.
+func observe(ctx context.Context, o prometheus.Observer, v float64) {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		if eo, ok := o.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(v, prometheus.Labels{"trace_id": sc.TraceID().String()})
+			return
+		}
+	}
+	o.Observe(v)
 }
 
 // BatchDone implements [Observer].
@@ -178,10 +197,11 @@ func (m *Metrics) RunStarted() { m.runsFlight.Inc() }
 func (m *Metrics) RunReplayed(status string) { m.replayed.WithLabelValues(status).Inc() }
 
 // RunDone implements [Observer].
-func (m *Metrics) RunDone(status string, turns int) {
+func (m *Metrics) RunDone(ctx context.Context, status string, turns int, d time.Duration) {
 	m.runsFlight.Dec()
 	m.runs.WithLabelValues(status).Inc()
 	m.turns.Observe(float64(turns))
+	observe(ctx, m.driveSeconds.WithLabelValues(status), d.Seconds())
 }
 
 // CallsInFlight implements [Observer].

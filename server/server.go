@@ -221,7 +221,9 @@ func probes(mux *http.ServeMux, live func() error, ready http.HandlerFunc, g pro
 		health(w, r)
 	})
 	mux.HandleFunc("GET /readyz", ready)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	// OpenMetrics when the scraper asks for it (Prometheus does): the
+	// call and drive histograms carry trace_id exemplars there.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 }
 
 // health answers liveness: the process serves.
