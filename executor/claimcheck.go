@@ -30,8 +30,8 @@ type memResults struct{ m *memMemo }
 const memResultsTTL = time.Hour
 
 func (r memResults) PutResult(ctx context.Context, name string, data []byte) error {
-	if len(data) > r.m.maxBytes {
-		return fmt.Errorf("a result of %d bytes exceeds the memory store's %d", len(data), r.m.maxBytes)
+	if limit := r.m.entries.MaxBytes(); len(data) > limit {
+		return fmt.Errorf("a result of %d bytes exceeds the memory store's %d", len(data), limit)
 	}
 	r.m.Remember(ctx, name, MemoEntry{Content: string(data), Expires: time.Now().Add(memResultsTTL)})
 	return nil

@@ -2,7 +2,6 @@ package executor
 
 import (
 	"bytes"
-	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/projectdavid/toolsidecar/internal/sizedcache"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -91,60 +91,28 @@ func (p *dedupe) intercept(ctx context.Context, in *callIn, next step) answer {
 // oldest are dropped beyond maxBytes of content, so that it cannot grow
 // without bound.
 type memMemo struct {
-	mu       sync.Mutex
-	maxBytes int
-	bytes    int
-	order    *list.List // of *memItem, oldest first
-	items    map[string]*list.Element
-}
-
-type memItem struct {
-	key string
-	e   MemoEntry
+	mu      sync.Mutex
+	entries *sizedcache.Cache[MemoEntry]
 }
 
 func newMemMemo(maxBytes int) *memMemo {
-	return &memMemo{maxBytes: maxBytes, order: list.New(), items: map[string]*list.Element{}}
+	return &memMemo{entries: sizedcache.New(maxBytes, func(e MemoEntry) int { return len(e.Content) })}
 }
 
 // NewMemoryMemo is a Memo in memory holding at most maxBytes of content:
-// the oldest entries, and the expired ones at the front, are dropped
-// first. Recall returns an entry until it is dropped; its reader checks
-// Expires.
+// the oldest entries, and the expired ones among them, are dropped first.
 func NewMemoryMemo(maxBytes int) Memo { return newMemMemo(maxBytes) }
 
 func (m *memMemo) Recall(_ context.Context, key string) (MemoEntry, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	el, ok := m.items[key]
-	if !ok {
-		return MemoEntry{}, false
-	}
-	return el.Value.(*memItem).e, true
+	return m.entries.Get(key)
 }
 
 func (m *memMemo) Remember(_ context.Context, key string, e MemoEntry) {
-	if len(e.Content) > m.maxBytes {
-		return
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if el, ok := m.items[key]; ok {
-		m.drop(el)
-	}
-	m.items[key] = m.order.PushBack(&memItem{key, e})
-	m.bytes += len(e.Content)
-	now := time.Now()
-	for front := m.order.Front(); front != nil && (m.bytes > m.maxBytes || now.After(front.Value.(*memItem).e.Expires)); front = m.order.Front() {
-		m.drop(front)
-	}
-}
-
-func (m *memMemo) drop(el *list.Element) {
-	it := el.Value.(*memItem)
-	m.order.Remove(el)
-	delete(m.items, it.key)
-	m.bytes -= len(it.e.Content)
+	m.entries.Put(key, e, e.Expires)
 }
 
 // argsOrEmpty is a call's arguments, {} for none.

@@ -51,8 +51,8 @@ func TestMemMemoBounded(t *testing.T) {
 		t.Errorf("newest entry %+v %v", e, ok)
 	}
 	m.Remember(ctx, "huge", MemoEntry{Content: strings.Repeat("x", 11), Expires: later})
-	if _, ok := m.Recall(ctx, "huge"); ok || m.bytes > 10 {
-		t.Errorf("an entry over the bound was kept (%d bytes held)", m.bytes)
+	if _, ok := m.Recall(ctx, "huge"); ok || m.entries.Bytes() > 10 {
+		t.Errorf("an entry over the bound was kept (%d bytes held)", m.entries.Bytes())
 	}
 	m.Remember(ctx, "old", MemoEntry{Content: "o", Expires: time.Now().Add(-time.Second)})
 	m.Remember(ctx, "d", MemoEntry{Content: "d", Expires: later})

@@ -1,7 +1,6 @@
 package openaiup
 
 import (
-	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/sizedcache"
 )
 
 // A run of an OpenAI-compatible application is journaled so that the
@@ -276,43 +276,37 @@ func actionID(runID string, turn, pos int, modelID, tool, args string) string {
 // memJournal is a Journal in memory: records live for the TTL, and the
 // oldest are dropped first once they hold more than maxBytes.
 type memJournal struct {
-	ttl      time.Duration
-	maxBytes int
+	ttl time.Duration
 
-	mu    sync.Mutex
-	items map[string]*list.Element
-	order list.List // of *memRecord, oldest first
-	bytes int
-	rev   uint64
+	mu      sync.Mutex
+	records *sizedcache.Cache[memRecord]
+	rev     uint64
 }
 
 type memRecord struct {
-	key     string
-	value   []byte
-	rev     uint64
-	expires time.Time
+	value []byte
+	rev   uint64
 }
 
 // NewMemoryJournal is a Journal in memory, for a sidecar without durable
 // mode: it serves retries that reach this process while it lives.
 func NewMemoryJournal(ttl time.Duration, maxBytes int) Journal {
-	return &memJournal{ttl: ttl, maxBytes: maxBytes, items: map[string]*list.Element{}}
+	return &memJournal{ttl: ttl, records: sizedcache.New(maxBytes, func(r memRecord) int { return len(r.value) })}
 }
 
 func (m *memJournal) Get(_ context.Context, key string) ([]byte, uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	el, ok := m.items[key]
-	if !ok || time.Now().After(el.Value.(*memRecord).expires) {
+	r, ok := m.records.Get(key)
+	if !ok {
 		return nil, 0, nil
 	}
-	r := el.Value.(*memRecord)
 	return r.value, r.rev, nil
 }
 
 func (m *memJournal) Create(_ context.Context, key string, value []byte) (uint64, error) {
-	return m.write(key, value, func(cur *memRecord) error {
-		if cur != nil {
+	return m.write(key, value, func(_ memRecord, found bool) error {
+		if found {
 			return ErrJournalExists
 		}
 		return nil
@@ -320,8 +314,8 @@ func (m *memJournal) Create(_ context.Context, key string, value []byte) (uint64
 }
 
 func (m *memJournal) Update(_ context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	return m.write(key, value, func(cur *memRecord) error {
-		if cur == nil || cur.rev != rev {
+	return m.write(key, value, func(cur memRecord, found bool) error {
+		if !found || cur.rev != rev {
 			return ErrJournalChanged
 		}
 		return nil
@@ -329,40 +323,20 @@ func (m *memJournal) Update(_ context.Context, key string, value []byte, rev uin
 }
 
 func (m *memJournal) Put(_ context.Context, key string, value []byte) error {
-	_, err := m.write(key, value, func(*memRecord) error { return nil })
+	_, err := m.write(key, value, func(memRecord, bool) error { return nil })
 	return err
 }
 
-// write stores value under key when check allows it, then drops expired
-// records and, past maxBytes, the oldest.
-func (m *memJournal) write(key string, value []byte, check func(cur *memRecord) error) (uint64, error) {
+// write stores value under key when check allows it.
+func (m *memJournal) write(key string, value []byte, check func(cur memRecord, found bool) error) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := time.Now()
-	var cur *memRecord
-	if el, ok := m.items[key]; ok && now.Before(el.Value.(*memRecord).expires) {
-		cur = el.Value.(*memRecord)
-	}
-	if err := check(cur); err != nil {
+	if err := check(m.records.Get(key)); err != nil {
 		return 0, err
 	}
-	if el, ok := m.items[key]; ok {
-		m.drop(el)
-	}
 	m.rev++
-	m.items[key] = m.order.PushBack(&memRecord{key: key, value: value, rev: m.rev, expires: now.Add(m.ttl)})
-	m.bytes += len(value)
-	for front := m.order.Front(); front != nil && (m.bytes > m.maxBytes || now.After(front.Value.(*memRecord).expires)); front = m.order.Front() {
-		m.drop(front)
-	}
+	m.records.Put(key, memRecord{value, m.rev}, time.Now().Add(m.ttl))
 	return m.rev, nil
-}
-
-func (m *memJournal) drop(el *list.Element) {
-	r := el.Value.(*memRecord)
-	m.order.Remove(el)
-	delete(m.items, r.key)
-	m.bytes -= len(r.value)
 }
 
 // runIndex lists the runs begun under one request digest (runs without the

@@ -222,7 +222,7 @@ func runLoaded(inv invocation, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if inv.cmd == "run" || inv.cmd == "worker" {
-		if limit, container, ok := memlimit.Set("/"); ok {
+		if limit, container, ok := memlimit.Set(); ok {
 			inv.log.Info("memory limit set below the container's", "limit_mib", limit>>20, "container_mib", container>>20)
 		}
 	}
