@@ -133,6 +133,20 @@ func TestProblemsBlameTheirSource(t *testing.T) {
 	}
 }
 
+// TestUITraceURL: the live view's trace link is an http(s) URL with
+// {trace_id} in it.
+func TestUITraceURL(t *testing.T) {
+	if _, err := load(nil, "", nil, []string{"server.ui_trace_url=https://grafana.example/explore?traceId={trace_id}"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"ftp://grafana.example/{trace_id}", "https://grafana.example/explore", "{trace_id}"} {
+		_, err := load(nil, "", nil, []string{"server.ui_trace_url=" + bad})
+		if err == nil || !strings.Contains(err.Error(), "--set server.ui_trace_url: must be an http(s) URL with {trace_id} in it") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
 // TestUnknownEnv: a TOOLSIDECAR_ variable that is no setting is an error,
 // each one named, with the closest setting suggested.
 func TestUnknownEnv(t *testing.T) {

@@ -69,6 +69,7 @@ var descriptions = map[string]string{
 	"Server.ShutdownTimeout":          "ShutdownTimeout bounds the drain of in-flight batches. default: 30s",
 	"Server.UI":                       "UI serves the live view of runs, batches and approvals on /ui. The page carries no data; what it shows comes from /ui/events and /v1/approvals, behind the API token. default: true",
 	"Server.UIHistory":                "UIHistory is how many finished runs the live view keeps. default: 200",
+	"Server.UITraceURL":               "UITraceURL links each run of the live view to its trace: an http(s) URL of the tracing backend in which {trace_id} is replaced by the run's trace id (https://grafana.example/explore?traceId={trace_id}). default: \"\" (no link)",
 	"Tool.Approval":                   "Approval: \"required\" holds each call of the tool until a person approves or denies it (GET /v1/approvals, POST /v1/approvals/{action_id}, or the live view), while the other calls of its batch run; a denial is the call's error outcome (denied). default: \"\" (none)",
 	"Tool.ApprovalTimeout":            "ApprovalTimeout is how long a call waits for its approval. default: 10m when approval is required",
 	"Tool.Dedupe":                     "Dedupe: \"run\" answers a call that repeats an earlier call of the same run (same tool, same arguments as canonical JSON) with that call's result, without dispatching; read_only tools only. default: \"\" (off)",

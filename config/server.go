@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"net/url"
+	"strings"
+	"time"
+)
 
 // Server is the application-facing HTTP server.
 type Server struct {
@@ -55,6 +59,11 @@ type Server struct {
 	// UIHistory is how many finished runs the live view keeps.
 	// default: 200
 	UIHistory int `koanf:"ui_history"`
+	// UITraceURL links each run of the live view to its trace: an http(s)
+	// URL of the tracing backend in which {trace_id} is replaced by the
+	// run's trace id (https://grafana.example/explore?traceId={trace_id}).
+	// default: "" (no link)
+	UITraceURL string `koanf:"ui_trace_url"`
 	// AuthTokenFile holds a bearer token required on every route but
 	// health. Optional.
 	AuthTokenFile string `koanf:"auth_token_file"`
@@ -72,6 +81,10 @@ func (s Server) validate() []error {
 	p.positive(map[string]int64{"read_header_timeout": int64(s.ReadHeaderTimeout), "read_timeout": int64(s.ReadTimeout),
 		"idle_timeout": int64(s.IdleTimeout), "max_header_bytes": int64(s.MaxHeaderBytes), "max_connections": int64(s.MaxConnections),
 		"max_drives": int64(s.MaxDrives), "max_streams": int64(s.MaxStreams), "ui_history": int64(s.UIHistory), "max_body_bytes": s.MaxBodyBytes}, numberText)
+	if u, err := url.Parse(s.UITraceURL); s.UITraceURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
+		!strings.Contains(s.UITraceURL, "{trace_id}")) {
+		p.add("ui_trace_url", "must be an http(s) URL with {trace_id} in it, got %q", s.UITraceURL)
+	}
 	if s.Pprof && s.OpsListen == "" {
 		p.add("pprof", "needs server.ops_listen: profiles are served there only")
 	}

@@ -333,4 +333,7 @@ type Summary struct {
 	Error    string       `json:"error,omitempty"`
 	// Budget is the drive's spending against its budgets, when any is set.
 	Budget *BudgetReport `json:"budget,omitempty"`
+	// TraceID is the drive's trace, when it is traced (tracing on, or a
+	// caller's traceparent followed).
+	TraceID string `json:"trace_id,omitempty"`
 }

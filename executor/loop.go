@@ -23,6 +23,9 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	began := time.Now()
 	log := e.log.With("run_id", req.RunID)
 	sum := Summary{RunID: req.RunID, Upstream: e.up.Kind(), Calls: []CallResult{}}
+	if sc := span.SpanContext(); sc.IsValid() {
+		sum.TraceID = sc.TraceID().String()
+	}
 	emit = e.tapped(req.RunID, emit)
 	replayed := run.Ended() // its drive counted when it ran
 	if !replayed {

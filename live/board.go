@@ -31,6 +31,8 @@ type Run struct {
 	Calls   int     `json:"calls"`
 	Errors  int     `json:"errors"`
 	Error   string  `json:"error,omitempty"`
+	// TraceID is the last drive's trace, when it was traced.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 // Turn is one turn of a run and its batch.
@@ -129,11 +131,19 @@ func (b *Board) Observe(runID string, ev executor.Event) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	r := b.runs[runID]
-	if r == nil || (r.Ended != 0 && ev.Type != executor.EventDone) {
-		// A new run, or a finished one driven again: it starts afresh.
-		b.forget(runID)
+	switch {
+	case r == nil:
 		r = &Run{ID: runID, Status: "running", Started: now, Turns: []*Turn{}}
 		b.runs[runID] = r
+	case r.Ended != 0 && ev.Type == executor.EventDone:
+		// A drive of a run that had ended, answered with its state and
+		// nothing run: the row keeps what the run did, and how long.
+		return
+	case r.Ended != 0:
+		// A run that stopped (interrupted, say) driven again: its row
+		// goes on, with the turns it had, from this drive's start.
+		b.forget(runID)
+		r.Status, r.Ended, r.Error, r.Started = "running", 0, "", now
 	}
 	approvals := false
 	switch ev.Type {
@@ -170,7 +180,7 @@ func (b *Board) Observe(runID string, ev executor.Event) {
 	case executor.EventDone:
 		r.Ended = now
 		if ev.Summary != nil {
-			r.Status, r.Error = ev.Summary.Status, cut(ev.Summary.Error)
+			r.Status, r.Error, r.TraceID = ev.Summary.Status, cut(ev.Summary.Error), ev.Summary.TraceID
 		}
 		b.finished = append(b.finished, runID)
 		if len(b.finished) > b.history {

@@ -64,7 +64,8 @@ func TestBoardFoldsARun(t *testing.T) {
 }
 
 // TestBoardHistory: the board keeps the runs in flight and the last
-// history finished ones; a run driven again starts afresh.
+// history finished ones; a run driven again goes on in its row, and a
+// drive that only replays an ended run's state leaves the row as it was.
 func TestBoardHistory(t *testing.T) {
 	b := NewBoard(2)
 	b.Observe("running", executor.Event{Type: executor.EventTurn, Turn: 1})
@@ -79,11 +80,15 @@ func TestBoardHistory(t *testing.T) {
 	if len(ids) != 3 || !ids["running"] || !ids["r2"] || !ids["r3"] {
 		t.Errorf("the board keeps %v, want running, r2 and r3", ids)
 	}
-	b.Observe("r2", executor.Event{Type: executor.EventTurn, Turn: 1})
-	for _, r := range b.snapshot() {
-		if r.ID == "r2" && (r.Status != "running" || r.Ended != 0) {
-			t.Errorf("r2 driven again is %+v", r)
-		}
+	r3, _ := b.run("r3")
+	time.Sleep(5 * time.Millisecond)
+	b.Observe("r3", executor.Event{Type: executor.EventDone, Summary: &executor.Summary{Status: executor.StatusCompleted}})
+	if again, _ := b.run("r3"); again.Ended != r3.Ended || again.Started != r3.Started || len(b.finished) != 2 {
+		t.Errorf("a replay of r3 changed its row: %+v, was %+v (finished %v)", again, r3, b.finished)
+	}
+	b.Observe("r2", executor.Event{Type: executor.EventTurn, Turn: 2})
+	if r, _ := b.run("r2"); r.Status != "running" || r.Ended != 0 || len(r.Turns) != 2 {
+		t.Errorf("r2 driven again is %+v, want running with turns 1 and 2", r)
 	}
 	b.Observe("r4", executor.Event{Type: executor.EventDone, Summary: &executor.Summary{Status: executor.StatusFailed}})
 	if n := len(b.snapshot()); n != 4 { // running, r2 (in flight again), r3, r4

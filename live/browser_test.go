@@ -3,6 +3,10 @@ package live_test
 import (
 	"context"
 	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,7 +74,14 @@ func TestLiveViewInABrowser(t *testing.T) {
 			{Tool: "lookup_invoice", ArgsJSON: `{"invoice": "INV-2042"}`},
 			{Tool: "notify_slack", ArgsJSON: `{"channel": "#finance"}`}}},
 		{Content: "Done: {{results}}"}}}
-	env := testenv.Start(t, sc, testenv.Options{Token: token},
+	// Traced, with the runs linked to a tracing backend.
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	t.Cleanup(collector.Close)
+	const traceID = "5b8efff798038103d269b633813fc60c"
+	env := testenv.Start(t, sc, testenv.Options{Token: token, Config: func(c *config.Config) {
+		c.Tracing.OTLPEndpoint, c.Tracing.Insecure, c.Tracing.SampleRatio = strings.TrimPrefix(collector.URL, "http://"), true, 1
+		c.Server.UITraceURL = "https://traces.example/trace/{trace_id}"
+	}},
 		testenv.Tool{Config: config.Tool{Name: "transfer_funds", SideEffects: config.Unsafe, Approval: config.ApprovalRequired},
 			Handler: testenv.Delayed(150*time.Millisecond, testenv.Echo)},
 		testenv.Tool{Config: config.Tool{Name: "lookup_invoice"}, Handler: testenv.Delayed(80*time.Millisecond, testenv.Echo)},
@@ -80,7 +91,7 @@ func TestLiveViewInABrowser(t *testing.T) {
 	r := env.NewRun()
 	done := make(chan executor.Summary, 1)
 	go func() {
-		_, s := testenv.Drive(t, env.URL, r, map[string]string{"Authorization": "Bearer " + token})
+		_, s := testenv.Drive(t, env.URL, r, map[string]string{"Authorization": "Bearer " + token, "traceparent": "00-" + traceID + "-eee19b7ec3c1b174-01"})
 		done <- s
 	}()
 
@@ -153,5 +164,56 @@ func TestLiveViewInABrowser(t *testing.T) {
 	if !strings.Contains(rows[0].Marks, "approved by ana") {
 		t.Errorf("the gated call's marks %q, want approved by ana", rows[0].Marks)
 	}
+
+	// The turn has a time axis from 0 to its span; the answer turn, which
+	// made no call, is one line; the run's start has its date and zone.
+	type view struct {
+		Ticks                  []string
+		Answer, Started, Trace string
+		AnswerRows             int
+		AnswerIsOneLine        bool
+	}
+	v, err := chromedp.Run(step, chromedp.Evaluate[view](`({
+		Ticks: [...document.querySelectorAll('.turn[data-turn="1"] .axis .tick')].map(e => e.textContent),
+		Answer: document.querySelector('.turn[data-turn="2"] h3').textContent,
+		AnswerRows: document.querySelectorAll('.turn[data-turn="2"] .row').length,
+		AnswerIsOneLine: document.querySelector('.turn[data-turn="2"]').classList.contains('answer'),
+		Started: document.querySelector('#runs tr[data-run-id="`+r.RunID+`"] td:nth-child(6)').textContent,
+		Trace: document.getElementById('detail-trace').hidden ? "" : document.getElementById('detail-trace').href})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Ticks) != 5 || v.Ticks[0] != "0 ms" || v.Ticks[4] == "0 ms" {
+		t.Errorf("turn 1's axis ticks %q, want 5 from 0 ms to the turn's span", v.Ticks)
+	}
+	if want := "https://traces.example/trace/" + traceID; v.Trace != want {
+		t.Errorf("the run's trace link %q, want %q", v.Trace, want)
+	}
+	if !v.AnswerIsOneLine || v.AnswerRows != 0 || !strings.Contains(v.Answer, "answer, no tool calls") {
+		t.Errorf("the answer turn: %q with %d rows (one line: %v)", v.Answer, v.AnswerRows, v.AnswerIsOneLine)
+	}
+	if year := fmt.Sprint(time.Now().Year()); !strings.Contains(v.Started, year) || !strings.ContainsAny(v.Started, "+-") && !strings.Contains(v.Started, "UTC") {
+		t.Errorf("the run's start reads %q, want its date (%s) and zone", v.Started, year)
+	}
+
+	// A click on a call shows its details: the error it ended with, and
+	// each step's time; a second click hides them.
+	failing := `.turn[data-turn="1"] .row.call[data-action-id="` + sum.Calls[3].ActionID + `"]`
+	detail := `.details[data-action-id="` + sum.Calls[3].ActionID + `"]`
+	if err := chromedp.Do(step, chromedp.Click(chromedp.CSS(failing)), chromedp.WaitVisible(chromedp.CSS(detail))); err != nil {
+		t.Fatalf("clicking a call: %v", err)
+	}
+	text, err := chromedp.Run(step, chromedp.Text(chromedp.CSS(detail)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"slack webhook answered 503", "final status", sum.Calls[3].ToolCallID} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the call's details %q lack %q", text, want)
+		}
+	}
 	screenshot(t, step, "live-view.png")
+	if err := chromedp.Do(step, chromedp.Click(chromedp.CSS(failing)), chromedp.WaitNotPresent(chromedp.CSS(detail))); err != nil {
+		t.Fatalf("a second click did not hide the details: %v", err)
+	}
 }

@@ -28,7 +28,10 @@ type Config struct {
 	Refresh time.Duration
 	// Keepalive is how often a quiet stream sends a comment. default: 15s
 	Keepalive time.Duration
-	Logger    *slog.Logger
+	// TraceURL links a run to its trace: {trace_id} is replaced by the
+	// run's (server.ui_trace_url). "": no link.
+	TraceURL string
+	Logger   *slog.Logger
 }
 
 // Pages serves the page, its script and its style (GET /ui, /ui/...). They
@@ -110,7 +113,11 @@ func (s *stream) run() {
 	w, stop := s.cfg.Board.watch()
 	defer stop()
 	s.pending, _ = s.approvals()
-	if !s.send("snapshot", map[string]any{"runs": s.cfg.Board.snapshot(), "approvals": s.pending, "now": time.Now().UnixMilli()}) {
+	snap := map[string]any{"runs": s.cfg.Board.snapshot(), "approvals": s.pending, "now": time.Now().UnixMilli()}
+	if s.cfg.TraceURL != "" {
+		snap["trace_url"] = s.cfg.TraceURL
+	}
+	if !s.send("snapshot", snap) {
 		return
 	}
 	refresh := time.NewTicker(s.cfg.Refresh)

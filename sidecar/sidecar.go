@@ -582,7 +582,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		}
 		runs := live.Runs(s.board)
 		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "GET /ui/events", Handler: live.Events(live.Config{Board: s.board,
-			Approvals: s.approvals, Keepalive: s.cfg.Server.SSEKeepalive, Logger: s.log.With("component", "ui")})},
+			Approvals: s.approvals, Keepalive: s.cfg.Server.SSEKeepalive, TraceURL: s.cfg.Server.UITraceURL, Logger: s.log.With("component", "ui")})},
 			// Under /v1/sidecar/, not /v1/runs/: in proxy mode that is Core's.
 			server.Route{Pattern: "GET /v1/sidecar/runs", Handler: runs}, server.Route{Pattern: "GET /v1/sidecar/runs/{run_id}", Handler: runs})
 	}

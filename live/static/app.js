@@ -3,7 +3,7 @@
 // the sidecar is put in the page with textContent, never as HTML.
 "use strict";
 
-const state = { runs: new Map(), approvals: [], selected: null, skew: 0 };
+const state = { runs: new Map(), approvals: [], selected: null, skew: 0, open: new Set() }; // open: the calls whose details are shown
 
 // The token: from #token=... once (then kept in this tab only), or typed.
 function token() {
@@ -81,6 +81,7 @@ function handle(frame) {
     state.skew = v.now - Date.now();
     state.runs = new Map(v.runs.map((r) => [r.id, r]));
     state.approvals = v.approvals;
+    state.traceURL = v.trace_url || "";
   } else if (type === "run") {
     state.runs.set(v.id, v);
   } else if (type === "approvals") {
@@ -91,7 +92,12 @@ function handle(frame) {
 
 function now() { return Date.now() + state.skew; }
 
-function fmtTime(ms) { return ms ? new Date(ms).toLocaleTimeString() : ""; }
+// fmtTime writes a time with its date and zone: a run seen the next day,
+// or from another zone, reads right.
+function fmtTime(ms) {
+  return ms ? new Date(ms).toLocaleString(undefined, { year: "numeric", month: "2-digit", day: "2-digit",
+    hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" }) : "";
+}
 function fmtDur(ms) { return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + " s"; }
 
 function render() {
@@ -199,6 +205,9 @@ function renderDetail() {
   const st = document.getElementById("detail-status");
   st.className = "status " + r.status;
   st.textContent = r.status + (r.error ? ": " + r.error : "");
+  const trace = document.getElementById("detail-trace");
+  trace.hidden = !(state.traceURL && r.trace_id);
+  if (!trace.hidden) trace.href = state.traceURL.replaceAll("{trace_id}", encodeURIComponent(r.trace_id));
   const turns = document.getElementById("turns");
   turns.replaceChildren();
   for (const t of r.turns) turns.append(renderTurn(t));
@@ -209,12 +218,18 @@ function renderDetail() {
 function renderTurn(t) {
   const box = el("div", "turn");
   box.dataset.turn = t.n;
+  if (t.calls.length === 0) {
+    box.className = "turn answer";
+    box.append(el("h3", "", "Turn " + t.n + " · the model's answer, no tool calls · " + fmtTime(t.started)));
+    return box;
+  }
   const t0 = t.started;
   let end = t0 + 1;
   for (const c of t.calls) end = Math.max(end, c.finalised || c.recorded || c.replied || now());
   const span = end - t0;
   box.append(el("h3", "", "Turn " + t.n + " · " + t.calls.length + " call" + (t.calls.length === 1 ? "" : "s") + " · " + fmtDur(span)));
   const pct = (ms) => (100 * (ms - t0) / span).toFixed(2) + "%";
+  box.append(axis(span));
   for (const c of t.calls) {
     const row = el("div", "row call");
     row.dataset.actionId = c.action_id;
@@ -248,7 +263,47 @@ function renderTurn(t) {
     if (c.claim_check) mark("claim-check");
     row.title = c.error || c.preview || "";
     row.append(marks);
+    row.onclick = () => {
+      if (state.open.has(c.action_id)) state.open.delete(c.action_id); else state.open.add(c.action_id);
+      render();
+    };
     box.append(row);
+    if (state.open.has(c.action_id)) box.append(details(c));
+  }
+  return box;
+}
+
+// axis is the turn's time scale: ticks from its start to its end.
+function axis(span) {
+  const row = el("div", "row axis");
+  row.append(el("div", "label", ""));
+  const track = el("div", "track");
+  for (const f of [0, 0.25, 0.5, 0.75, 1]) {
+    const tick = el("span", "tick", fmtDur(Math.round(span * f)));
+    tick.style.left = (100 * f) + "%";
+    track.append(tick);
+  }
+  row.append(track, el("div", "marks", ""));
+  return row;
+}
+
+// details are a call's steps and what it returned, shown on a click.
+function details(c) {
+  const box = el("div", "details");
+  box.dataset.actionId = c.action_id;
+  const at = (ms) => ms ? fmtTime(ms) + " (+" + fmtDur(ms - c.dispatched) + ")" : "—";
+  const lines = [
+    ["tool_call_id", c.tool_call_id], ["action_id", c.action_id], ["outcome", c.outcome || "running"],
+    ["dispatched", fmtTime(c.dispatched)], ["approval asked", c.approval_asked ? at(c.approval_asked) : ""],
+    ["decided", c.decided ? at(c.decided) + " " + (c.approval || "") + (c.approver ? " by " + c.approver : "") : ""],
+    ["replied", at(c.replied)], ["output recorded", at(c.recorded)], ["final status", at(c.finalised)],
+    ["attempts", String(c.attempts || 1)], ["error", c.error || ""], ["output", c.preview || ""],
+  ];
+  for (const [k, v] of lines) {
+    if (!v) continue;
+    const line = el("div", "detail");
+    line.append(el("span", "key-name", k), el("span", "value", v));
+    box.append(line);
   }
   return box;
 }
