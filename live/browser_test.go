@@ -4,9 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,11 +72,10 @@ func TestLiveViewInABrowser(t *testing.T) {
 			{Tool: "notify_slack", ArgsJSON: `{"channel": "#finance"}`}}},
 		{Content: "Done: {{results}}"}}}
 	// Traced, with the runs linked to a tracing backend.
-	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
-	t.Cleanup(collector.Close)
 	const traceID = "5b8efff798038103d269b633813fc60c"
+	traced := testenv.Traced(t)
 	env := testenv.Start(t, sc, testenv.Options{Token: token, Config: func(c *config.Config) {
-		c.Tracing.OTLPEndpoint, c.Tracing.Insecure, c.Tracing.SampleRatio = strings.TrimPrefix(collector.URL, "http://"), true, 1
+		traced(c)
 		c.Server.UITraceURL = "https://traces.example/trace/{trace_id}"
 	}},
 		testenv.Tool{Config: config.Tool{Name: "transfer_funds", SideEffects: config.Unsafe, Approval: config.ApprovalRequired},

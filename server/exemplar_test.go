@@ -4,12 +4,10 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 
@@ -19,14 +17,7 @@ import (
 // Prometheus text format, which has no exemplars, is still served to a
 // scraper that asks for nothing else.
 func TestExemplarsInOpenMetrics(t *testing.T) {
-	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/x-protobuf")
-	}))
-	t.Cleanup(collector.Close)
-	env := testenv.Start(t, threeCalls(), testenv.Options{Config: func(c *config.Config) {
-		c.Tracing.OTLPEndpoint, c.Tracing.Insecure, c.Tracing.SampleRatio = strings.TrimPrefix(collector.URL, "http://"), true, 1
-	}}, standardTools()...)
+	env := testenv.Start(t, threeCalls(), testenv.Options{Config: testenv.Traced(t)}, standardTools()...)
 	sc := &sidecar{env: env, url: env.URL}
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	r := env.NewRun()

@@ -424,6 +424,18 @@ func FreeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
+// Traced turns tracing on, every trace sampled, with spans sent to an
+// OTLP/HTTP collector that takes and drops them: for tests of what tracing
+// adds (trace ids in summaries, exemplars, links).
+func Traced(t testing.TB) func(*config.Config) {
+	t.Helper()
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	t.Cleanup(collector.Close)
+	return func(c *config.Config) {
+		c.Tracing.OTLPEndpoint, c.Tracing.Insecure, c.Tracing.SampleRatio = strings.TrimPrefix(collector.URL, "http://"), true, 1
+	}
+}
+
 // SoakReps is how many times a fault test repeats: 1 in make test, more
 // under make soak (SOAK_REPS=20).
 func SoakReps() int {
