@@ -226,13 +226,18 @@ func (p *daemonProc) start(t *testing.T) {
 	}
 	cmd := p.cmd
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	poll.Until(t, "readiness", func() bool {
+	for deadline := time.Now().Add(poll.Timeout); ; time.Sleep(10 * time.Millisecond) {
 		resp, err := http.Get(p.base + "/readyz")
 		if err == nil {
 			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
 		}
-		return err == nil && resp.StatusCode == 200
-	})
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon was not ready after %s (last: %v); its log:\n%s", poll.Timeout, err, p.stderr.String())
+		}
+	}
 }
 
 type driveResult struct {
