@@ -64,7 +64,7 @@ func TestRunIndex(t *testing.T) {
 }
 
 // A run without the application's key leaves its request's index when its
-// end is journaled; a run with the key is never in one.
+// end is journaled; the other runs of the request stay in it.
 func TestEndedRunLeavesItsIndex(t *testing.T) {
 	ctx := context.Background()
 	j := NewMemoryJournal(time.Minute, 1<<20)
