@@ -17,6 +17,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/projectdavid/toolsidecar/cmd/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/internal/logging"
@@ -25,7 +27,6 @@ import (
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
-	"github.com/spf13/cobra"
 )
 
 func main() {
@@ -74,10 +75,9 @@ func newRoot(inv *invocation, stdout, stderr io.Writer) *cobra.Command {
 		Short: "toolsidecar executes the tool calls of Project David runs",
 		Long: "toolsidecar executes the tool calls of Project David runs.\n\n" +
 			"See docs/configuration.md for the configuration, and \"toolsidecar completion --help\" for shell completion.",
-		Version:           version.Get().String(),
-		SilenceUsage:      true,
-		SilenceErrors:     true,
-		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+		Version:       version.Get().String(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetOut(stdout)
