@@ -54,7 +54,7 @@ func Default() Config {
 			DiscoverInterval: 2 * time.Second},
 		Server: Server{Listen: "127.0.0.1:8741", Proxy: true, UI: true, UIHistory: 200, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, MaxStreams: 250, SSEKeepalive: 15 * time.Second},
+			IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10, MaxConnections: 1024, MaxDrives: 512, MaxStreams: 250, SSEKeepalive: 15 * time.Second, SSEResumeGrace: 10 * time.Second},
 		Executor: Executor{MaxTurns: 10, MaxParallel: 16, MissingTool: MissingToolError,
 			MaxArgsBytes: 256 << 10, MaxResultBytes: 1 << 20, MaxErrorBytes: 1 << 10, MaxExecProcesses: 64,
 			CancelPoll: 500 * time.Millisecond, SubmitBudget: 2 * time.Minute, Lanes: map[string]Lane{},

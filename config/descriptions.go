@@ -66,6 +66,7 @@ var descriptions = map[string]string{
 	"Server.Proxy":                    "Proxy answers Core's own API on /v1/... default: true",
 	"Server.ReadHeaderTimeout":        "ReadHeaderTimeout, ReadTimeout and IdleTimeout bound a connection that stalls or idles. defaults: 10s, 30s, 120s",
 	"Server.SSEKeepalive":             "SSEKeepalive is how often an SSE drive that has nothing to say sends a comment, so that proxies and clients do not time it out. default: 15s",
+	"Server.SSEResumeGrace":           "SSEResumeGrace is how long a run driven over SSE goes on after its last stream dropped, for the client to reconnect with Last-Event-ID and read on from the event it last had. A run whose clients do not come back within it is cancelled; 0 cancels at once. default: 10s",
 	"Server.ShutdownTimeout":          "ShutdownTimeout bounds the drain of in-flight batches. default: 30s",
 	"Server.UI":                       "UI serves the live view of runs, batches and approvals on /ui. The page carries no data; what it shows comes from /ui/events and /v1/approvals, behind the API token. default: true",
 	"Server.UIHistory":                "UIHistory is how many finished runs the live view keeps. default: 200",

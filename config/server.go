@@ -40,6 +40,11 @@ type Server struct {
 	// a comment, so that proxies and clients do not time it out. default:
 	// 15s
 	SSEKeepalive time.Duration `koanf:"sse_keepalive"`
+	// SSEResumeGrace is how long a run driven over SSE goes on after its
+	// last stream dropped, for the client to reconnect with Last-Event-ID
+	// and read on from the event it last had. A run whose clients do not
+	// come back within it is cancelled; 0 cancels at once. default: 10s
+	SSEResumeGrace time.Duration `koanf:"sse_resume_grace"`
 	// Proxy answers Core's own API on /v1/... default: true
 	Proxy bool `koanf:"proxy"`
 	// MCP serves the registered tools as an MCP server (streamable HTTP,
@@ -84,6 +89,9 @@ func (s Server) validate() []error {
 	if u, err := url.Parse(s.UITraceURL); s.UITraceURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
 		!strings.Contains(s.UITraceURL, "{trace_id}")) {
 		p.add("ui_trace_url", "must be an http(s) URL with {trace_id} in it, got %q", s.UITraceURL)
+	}
+	if s.SSEResumeGrace < 0 {
+		p.add("sse_resume_grace", "must not be negative, got %s", s.SSEResumeGrace)
 	}
 	if s.Pprof && s.OpsListen == "" {
 		p.add("pprof", "needs server.ops_listen: profiles are served there only")

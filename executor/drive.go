@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -19,18 +24,28 @@ import (
 // attached to it went away.
 var ErrCallersGone = errors.New("executor: every caller of the drive went away")
 
+// maxDriveLog bounds the events a drive keeps for the callers that
+// resume (Request.ResumeAfter): a caller further behind than that misses
+// the oldest. At about a hundred bytes an event (a tool result's output is
+// the summary's too), 2048 events are some 200 KiB per drive at most.
+const maxDriveLog = 2048
+
 // drive is one run being driven, shared by the callers attached to it.
 type drive struct {
+	id     string // names this drive in its events' IDs
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed when the loop has ended; sum and err are set
 
-	mu       sync.Mutex
-	subs     map[*subscriber]struct{}
-	callers  int
-	finished bool
-	sum      Summary
-	err      error
+	mu        sync.Mutex
+	subs      map[*subscriber]struct{}
+	callers   int
+	lingering *time.Timer // cancels the drive that its last caller left, unless one comes back
+	finished  bool
+	sum       Summary
+	err       error
+	seq       uint64  // the last event's number
+	log       []Event // the latest events, numbered seq-len(log)+1 to seq
 }
 
 // subscriber is one caller's event queue. Events are queued without
@@ -97,37 +112,84 @@ func (s *subscriber) take() ([]Event, bool) {
 	return batch, s.closed
 }
 
-// emit queues an event for every attached caller.
+// emit numbers an event, keeps it for the callers that resume, and
+// queues it for every attached caller.
 func (d *drive) emit(e Event) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.seq++
+	e.ID = d.id + "-" + strconv.FormatUint(d.seq, 10)
+	if len(d.log) == maxDriveLog { // drop the oldest quarter: a copy per 512 events, not per event
+		n := copy(d.log, d.log[maxDriveLog/4:])
+		clear(d.log[n:])
+		d.log = d.log[:n]
+	}
+	d.log = append(d.log, e)
 	for s := range d.subs {
 		s.push(e)
 	}
 }
 
+// since is what a caller resuming after the event named id has not read:
+// the events after it when it is this drive's, else every event held
+// (the caller's last event was of an earlier drive of the run). Called
+// with d.mu held.
+func (d *drive) since(id string) []Event {
+	if id == "" {
+		return nil
+	}
+	first := d.seq - uint64(len(d.log)) + 1 // the number of log[0]
+	if rest, ok := strings.CutPrefix(id, d.id+"-"); ok {
+		if n, err := strconv.ParseUint(rest, 10, 64); err == nil && n >= first && n <= d.seq {
+			return slices.Clone(d.log[n+1-first:])
+		}
+	}
+	return slices.Clone(d.log)
+}
+
 // attach registers a caller; its leaving (ctx ending) counts down the
-// callers and cancels the drive when it was the last. A caller that wants
-// no events gets no subscriber (nil).
-func (d *drive) attach(ctx context.Context, events bool) (*subscriber, func()) {
+// callers and, when it was the last, cancels the drive after linger unless
+// another caller attaches meanwhile. A caller that wants no events gets
+// no subscriber (nil); one that resumes after the event resumeAfter finds
+// the events it missed queued.
+func (d *drive) attach(ctx context.Context, events bool, resumeAfter string, linger time.Duration) (*subscriber, func()) {
 	var s *subscriber
 	d.mu.Lock()
 	if events {
-		s = &subscriber{wake: make(chan struct{}, 1), closed: d.finished} // closed: attached in the instant the drive ended
+		s = &subscriber{wake: make(chan struct{}, 1), closed: d.finished, queue: d.since(resumeAfter)} // closed: attached in the instant the drive ended
 		d.subs[s] = struct{}{}
 	}
 	d.callers++
+	if d.lingering != nil {
+		d.lingering.Stop()
+		d.lingering = nil
+	}
 	d.mu.Unlock()
 	var once sync.Once
 	leave := func() {
 		once.Do(func() {
+			cause := context.Cause(ctx)
 			d.mu.Lock()
 			delete(d.subs, s)
 			d.callers--
 			last := d.callers == 0
+			if last && linger > 0 && !d.finished {
+				var t *time.Timer
+				t = time.AfterFunc(linger, func() {
+					// Under the lock, so that a caller attaching now
+					// either stops this or finds the drive cancelled.
+					// (A context's cancel takes no lock of the drive's.)
+					d.mu.Lock()
+					defer d.mu.Unlock()
+					if d.lingering == t { // no caller came back since
+						d.cancel(cause)
+					}
+				})
+				d.lingering, last = t, false
+			}
 			d.mu.Unlock()
 			if last {
-				d.cancel(context.Cause(ctx))
+				d.cancel(cause)
 			}
 		})
 	}
@@ -141,6 +203,10 @@ func (d *drive) finish(sum Summary, err error) {
 	d.sum, d.err, d.finished = sum, err, true
 	for s := range d.subs {
 		s.close()
+	}
+	if d.lingering != nil {
+		d.lingering.Stop()
+		d.lingering = nil
 	}
 	d.mu.Unlock()
 	close(d.done)
@@ -157,7 +223,7 @@ func (e *Executor) join(ctx context.Context, runID string) (d *drive, leader boo
 	// The drive keeps the leader's values (trace context) but not its
 	// cancellation: it ends when every attached caller has gone.
 	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	d = &drive{ctx: dctx, cancel: cancel, done: make(chan struct{}), subs: map[*subscriber]struct{}{}}
+	d = &drive{id: strconv.FormatUint(rand.Uint64(), 36), ctx: dctx, cancel: cancel, done: make(chan struct{}), subs: map[*subscriber]struct{}{}}
 	e.drives[runID] = d
 	return d, true
 }
@@ -213,7 +279,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 		return sum, fmt.Errorf("%w: %s", ErrConflict, sum.Error)
 	}
 	d, leader := e.join(ctx, req.RunID)
-	sub, detach := d.attach(ctx, !(leader && quiet))
+	sub, detach := d.attach(ctx, !(leader && quiet), req.ResumeAfter, req.Linger)
 	defer detach()
 	span.SetAttributes(attribute.Bool("toolsidecar.attached", !leader))
 	if leader && quiet {

@@ -30,6 +30,11 @@ const (
 
 // Event is one thing that happened during a drive.
 type Event struct {
+	// ID names the event within its drive ("<drive>-<n>", n counting
+	// from 1): a caller that lost its stream passes the last one it read
+	// as Request.ResumeAfter to get the events that followed it. Empty on
+	// the done event of a drive that never began.
+	ID   string    `json:"-"`
 	Type EventType `json:"type"`
 	Turn int       `json:"turn"`
 	Text string    `json:"text,omitempty"`

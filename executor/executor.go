@@ -254,6 +254,18 @@ type Request struct {
 	// drive carries it, and it is used nowhere else (never logged, never
 	// stored). Empty: the sidecar's own key, when one is configured.
 	CallerKey string `json:"-"`
+	// ResumeAfter is the ID of the last event this caller read of an
+	// earlier attachment to the run's drive (SSE's Last-Event-ID). When it
+	// names the drive in progress, the caller gets the events after it;
+	// when it names another drive of the run (one before a restart), every
+	// event the drive in progress still holds. Empty: the events from now
+	// on, as for any caller.
+	ResumeAfter string `json:"-"`
+	// Linger is how long the drive outlives this caller when it is the
+	// last to leave: a caller that may come back (an SSE stream, which
+	// reconnects with Last-Event-ID) keeps the run going that long. Zero:
+	// the drive is cancelled as soon as its last caller leaves.
+	Linger time.Duration `json:"-"`
 
 	leaseLost <-chan struct{} // closed when the run's lease passed to another sidecar
 	scope     *scope          // the policies' state for the drive; set by run

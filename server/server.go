@@ -16,6 +16,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/pprof"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -98,6 +99,9 @@ type Config struct {
 	// SSEKeepalive is how often a quiet SSE drive sends a comment.
 	// default: 15s
 	SSEKeepalive time.Duration
+	// SSEResumeGrace is how long a drive outlives its last SSE stream, for
+	// the client to reconnect with Last-Event-ID. 0: cancelled at once.
+	SSEResumeGrace time.Duration
 	// Pprof serves Go's profiles under /debug/pprof/ on the ops handler.
 	Pprof bool
 	// Approvals, when set, serves GET /v1/approvals and POST
@@ -471,6 +475,11 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		req.ResumeAfter = r.Header.Get("Last-Event-ID")
+		if req.ResumeAfter != "" && !eventID.MatchString(req.ResumeAfter) {
+			writeError(w, http.StatusBadRequest, "Last-Event-ID is not the id of a drive's event (<drive>-<n>)")
+			return
+		}
 		s.driveSSE(w, r, req)
 		return
 	}
@@ -480,6 +489,9 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 	sum, err := s.drv.Drive(r.Context(), req, nil)
 	writeJSON(w, driveStatus(err), sum)
 }
+
+// eventID is the form of a drive event's id (executor.Event.ID).
+var eventID = regexp.MustCompile(`^[0-9a-z]{1,13}-[0-9]{1,19}$`)
 
 // driveStatus is the HTTP status of a drive, whose summary is the body in
 // every case: 200 for a drive that ended as the run's rules say

@@ -15,8 +15,9 @@ import (
 // driveSSE streams the drive's events with go-sse: event types turn,
 // content, reasoning, tool_call, progress, approval_required,
 // approval_decided, tool_result, error and done,
-// each with a JSON payload, and a comment every SSEKeepalive while nothing
-// else is sent.
+// each with a JSON payload and an id, and a comment every SSEKeepalive
+// while nothing else is sent. A request with Last-Event-ID (checked by
+// drive) resumes after that event.
 func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.Request) {
 	sess, err := sse.Upgrade(w, r)
 	if err != nil {
@@ -37,12 +38,16 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 	_ = sess.Flush()
 	mu.Unlock()
 	sent := make(chan struct{}, 1)
+	var id string // the event's, for Last-Event-ID
 	send := func(typ string, v any) {
 		data, err := json.Marshal(v)
 		if err != nil {
 			return
 		}
 		m := &sse.Message{Type: sse.Type(typ)}
+		if id != "" {
+			m.ID = sse.ID(id)
+		}
 		m.AppendData(string(data))
 		write(m)
 		select {
@@ -54,7 +59,11 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 	var wg sync.WaitGroup
 	wg.Go(func() { keepalive(s.cfg.SSEKeepalive, sent, stop, write) })
 	defer func() { close(stop); wg.Wait() }()
+	// A stream that drops leaves the run going for the grace, so that
+	// the client reconnects and reads on where it stopped.
+	req.Linger = s.cfg.SSEResumeGrace
 	s.drv.Drive(r.Context(), req, func(e executor.Event) {
+		id = e.ID
 		switch e.Type {
 		case executor.EventContent, executor.EventReasoning, executor.EventError:
 			send(string(e.Type), map[string]any{"turn": e.Turn, "text": e.Text})

@@ -550,7 +550,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			return err
 		}
 	}
-	scfg := server.Config{Token: token, AllowedHosts: s.cfg.Server.AllowedHosts, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive,
+	scfg := server.Config{Token: token, AllowedHosts: s.cfg.Server.AllowedHosts, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive, SSEResumeGrace: s.cfg.Server.SSEResumeGrace,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), Live: s.natsLife.Err, ReadyInfo: s.readyInfo,
 		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
