@@ -30,6 +30,9 @@ type Leases interface {
 type Lease interface {
 	// Lost is closed when the lease passed to another sidecar.
 	Lost() <-chan struct{}
+	// Followed says whether another sidecar follows the run; events are
+	// published only then.
+	Followed() bool
 	// Publish sends an event to the sidecars following the run.
 	Publish(event []byte)
 	// Release gives the lease up.
@@ -159,6 +162,9 @@ func (e *Executor) runLeased(d *drive, req Request, run Run, lease Lease) (Summa
 	req.leaseLost = lease.Lost()
 	return e.run(d.ctx, req, run, func(ev Event) {
 		d.emit(ev)
+		if !lease.Followed() {
+			return // nobody to tell: no encoding, no message
+		}
 		if b, err := json.Marshal(relayed{Event: ev, Raw: ev.Raw}); err == nil {
 			lease.Publish(b)
 		}

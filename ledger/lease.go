@@ -44,9 +44,11 @@ import (
 // more than JetStream keeps up with beside a loaded sidecar.
 //
 // While it drives, the holder publishes the drive's events on
-// <prefix>.runs.<run_id>; a drive request that reaches another sidecar
-// follows them, and takes the lease over (resuming the run) when it is
-// released or its holder is gone.
+// <prefix>.runs.<run_id> once a sidecar follows them: a drive request that
+// reaches another sidecar says so on <prefix>.runs.<run_id>.follow, follows
+// the events, and takes the lease over (resuming the run) when it is
+// released or its holder is gone. Most runs have no follower, and their
+// events cost nothing in NATS (BENCHMARKS.md, "Journal cost").
 
 // DefaultLeaseTTL is how long a sidecar's leases outlive its last renewal.
 const DefaultLeaseTTL = 10 * time.Second
@@ -87,6 +89,8 @@ type Leases struct {
 	mu     sync.Mutex
 	held   map[string]*Lease
 	closed bool // Close began: a lease released later is released at once
+
+	follows *nats.Subscription // the followers' announcements, for every run
 
 	stop  chan struct{}
 	fence chan struct{} // wakes the run keys' upkeep after the sidecar's key lapsed
@@ -169,6 +173,9 @@ func OpenLeases(ctx context.Context, nc *nats.Conn, cfg LeaseConfig, log *slog.L
 	}
 	ls.regRev = rev
 	ls.lastBeat.Store(int64(sent))
+	if ls.follows, err = nc.Subscribe(ls.followSubject("*"), ls.followed); err != nil {
+		return nil, fmt.Errorf("ledger: listening for followers: %w", err)
+	}
 	if cfg.Metrics != nil {
 		ls.instrument(cfg.Metrics)
 	}
@@ -211,6 +218,7 @@ func (ls *Leases) Close() {
 	ls.closed = true
 	ls.mu.Unlock()
 	if first {
+		_ = ls.follows.Unsubscribe()
 		close(ls.stop)
 	}
 	ls.wg.Wait()
@@ -218,6 +226,21 @@ func (ls *Leases) Close() {
 
 // EventSubject is where the holder of a run's lease publishes its events.
 func (ls *Leases) EventSubject(runID string) string { return ls.prefix + ".runs." + runID }
+
+// followSubject is where a sidecar following a run says so to its holder.
+func (ls *Leases) followSubject(runID string) string { return ls.EventSubject(runID) + ".follow" }
+
+// followed marks the lease the announcement names, when this sidecar holds
+// it, as followed: its events are published from now on.
+func (ls *Leases) followed(m *nats.Msg) {
+	runID := strings.TrimSuffix(strings.TrimPrefix(m.Subject, ls.prefix+".runs."), ".follow")
+	ls.mu.Lock()
+	l := ls.held[runID]
+	ls.mu.Unlock()
+	if l != nil {
+		l.watched.Store(true)
+	}
+}
 
 // errLapsed refuses a lease while this sidecar's own key may have lapsed:
 // a run key naming it would look free to the other sidecars.
@@ -398,8 +421,13 @@ func (ls *Leases) Follow(ctx context.Context, runID string, fn func(event []byte
 	// between the check and the subscription is missed, and again every
 	// followPoll while no event comes (a holder's death publishes nothing,
 	// and a holder restarted under its instance ID frees its runs at once).
+	// Each time the holder is told again that the run is followed: a
+	// holder that took the lease since has not heard it. Events published
+	// before the holder heard it the first time are not received: a
+	// follower gets the events from about then on, and the summary.
 	every := min(ls.ttl/4, followPoll)
 	for {
+		_ = ls.nc.Publish(ls.followSubject(runID), nil)
 		if free, _ := ls.free(ctx, runID); free {
 			return nil
 		} else if ctx.Err() != nil {
@@ -573,6 +601,8 @@ type Lease struct {
 	lastWrite atomic.Int64
 	gen       atomic.Uint64
 
+	watched atomic.Bool // a sidecar follows the run
+
 	mu       sync.Mutex
 	rev      uint64
 	released bool
@@ -670,6 +700,10 @@ func (l *Lease) isLost() bool {
 // Lost is closed when the lease passed, or may have passed, to another
 // sidecar.
 func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Followed says whether a sidecar has said it follows the run: until one
+// has, Publish need not be called.
+func (l *Lease) Followed() bool { return l.watched.Load() }
 
 // Publish sends one event of the drive to the sidecars following it. Best
 // effort: a follower that misses events still gets the outcome, from Core,

@@ -66,7 +66,8 @@ func follow(t *testing.T, ls *ledger.Leases, runID string) func() []string {
 
 // TestLeaseOneHolder: while pod-a holds a run's lease, pod-b cannot take
 // it, learns who holds it, and follows the events pod-a publishes until
-// pod-a releases the lease; pod-b then takes it.
+// pod-a releases the lease; pod-b then takes it. pod-a's lease reads
+// followed once pod-b follows, and its other run's does not.
 func TestLeaseOneHolder(t *testing.T) {
 	conn := server(t)
 	a, b := leases(t, conn, "pod-a", 5*time.Second), leases(t, conn, "pod-b", 5*time.Second)
@@ -80,7 +81,19 @@ func TestLeaseOneHolder(t *testing.T) {
 	if lb, holder, err := b.Acquire(ctx, "run_1"); lb != nil || holder != "pod-a" || err != nil {
 		t.Fatalf("pod-b while pod-a holds: lease %v holder %q err %v; want pod-a named", lb, holder, err)
 	}
+	other, _, err := a.Acquire(ctx, "run_2")
+	if other == nil || err != nil {
+		t.Fatalf("pod-a, run_2: %v %v", other, err)
+	}
+	defer other.Release()
+	if la.Followed() {
+		t.Fatal("the lease reads followed before anyone follows the run")
+	}
 	followed := follow(t, b, "run_1")
+	poll.Until(t, "pod-a to hear that run_1 is followed", la.Followed)
+	if other.Followed() {
+		t.Error("run_2 reads followed: only run_1 is")
+	}
 	la.Publish([]byte("e1"))
 	la.Publish([]byte("e2"))
 	la.Release()

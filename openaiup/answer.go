@@ -3,7 +3,9 @@ package openaiup
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 
 	sse "github.com/tmaxmax/go-sse"
@@ -195,9 +197,18 @@ func (a *answer) whole(res Result, sum executor.Summary) {
 	out := outCompletion{ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
 		Choices: []outChoice{{Message: msg, FinishReason: &reason}}, Usage: res.Usage,
 		Toolsidecar: &extension{RunID: a.id, Turns: sum.Turns, Calls: sum.Calls}}
+	body, err := json.Marshal(out)
+	if err != nil {
+		a.fail(sum, fmt.Errorf("encoding the answer: %w", err))
+		return
+	}
+	body = append(body, '\n')
+	// With its length the answer is whole to the client as soon as it
+	// is sent, before the run's end is journaled (after the answer).
 	a.w.Header().Set("Content-Type", "application/json")
+	a.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	a.w.WriteHeader(http.StatusOK)
-	_ = json.NewEncoder(a.w).Encode(out)
+	_, _ = a.w.Write(body)
 }
 
 // fail reports a run that did not end with the model's answer. Before the

@@ -210,11 +210,13 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		sum, err = ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, id), nil)
 	}
-	res := up.End(r.Context(), rn)
-	if finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns) {
+	answered := finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns)
+	res := up.End(r.Context(), rn, answered)
+	if answered {
 		// The end is written once the answer is out, off the time the
-		// application waits: until it is, the journal holds every turn
-		// of the run, and a retry resumes it to the same answer.
+		// application waits (after the last turn's record and outputs,
+		// for a run without the application's key): until it is, the
+		// journal holds the run's turns, and a retry resumes it.
 		defer func() {
 			_ = http.NewResponseController(w).Flush()
 			up.journalEnd(r.Context(), rn, sum)

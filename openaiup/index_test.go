@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,5 +91,99 @@ func TestEndedRunLeavesItsIndex(t *testing.T) {
 	}
 	if end, _, _ := j.Get(ctx, endKey("chatcmpl-0")); end == nil {
 		t.Fatal("the ended run has no end record")
+	}
+}
+
+// gatedJournal holds the Put of one key until gate is closed, and lists
+// the keys in the order they were written.
+type gatedJournal struct {
+	Journal
+	key  string
+	gate chan struct{}
+
+	mu      sync.Mutex
+	written []string
+}
+
+func (g *gatedJournal) Put(ctx context.Context, key string, value []byte) error {
+	if key == g.key {
+		<-g.gate
+	}
+	err := g.Journal.Put(ctx, key, value)
+	g.mu.Lock()
+	g.written = append(g.written, key)
+	g.mu.Unlock()
+	return err
+}
+
+func (g *gatedJournal) order() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.written)
+}
+
+// A run without the application's key answers without waiting for its
+// last turn's record, still being written; its end is journaled after that
+// record, which carries the turn before's outputs (no record of their own).
+func TestKeylessAnswerLeavesItsRecordsForLater(t *testing.T) {
+	ctx := context.Background()
+	j := &gatedJournal{Journal: NewMemoryJournal(time.Minute, 1<<20), key: turnKey("chatcmpl-1", 2), gate: make(chan struct{})}
+	u, err := New(Config{URL: "http://127.0.0.1:1", Journal: j, RetryBudget: time.Second, IdleTimeout: time.Second, MaxResponseBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := u.Begin("chatcmpl-1", runKey{digest: "d"}, true, nil, nil, nil)
+	if err := u.journalTurn(ctx, r, 1, turnRecord{Calls: []journaledCall{{ActionID: "act_1", ToolCallID: "call_1", Tool: "echo"}}}); err != nil {
+		t.Fatal(err)
+	}
+	// Turn 2, the answer, is being written (as turn.end begins it), with
+	// turn 1's output riding on it.
+	p := newPendingTurn()
+	p.written = make(chan struct{})
+	r.mu.Lock()
+	r.local, r.turn, r.pending = true, 2, p
+	r.prev = &turnOutputs{n: 1, outs: map[string]string{"act_1": `{"echo":1}`}}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer func() {
+		select {
+		case <-j.gate:
+		default:
+			close(j.gate) // a failed test does not leave the write blocked
+		}
+	}()
+	wg.Go(func() {
+		defer close(p.written)
+		if err := u.journalTurn(ctx, r, 2, turnRecord{Content: "answer"}); err != nil {
+			t.Error(err)
+		}
+	})
+	ended := make(chan struct{})
+	wg.Go(func() { defer close(ended); u.End(ctx, r, true) })
+	select {
+	case <-ended:
+	case <-time.After(journalTimeout + time.Second):
+		t.Fatal("the answer waited for its last turn's record")
+	}
+	journaled := make(chan struct{})
+	wg.Go(func() {
+		defer close(journaled)
+		u.journalEnd(ctx, r, executor.Summary{Status: executor.StatusCompleted})
+	})
+	select {
+	case <-journaled: // the memory journal takes a moment: an end that did not wait is written by now
+		t.Fatal("the run's end was journaled while its last turn's record was still being written")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(j.gate)
+	<-journaled
+	want := []string{turnKey("chatcmpl-1", 1), turnKey("chatcmpl-1", 2), endKey("chatcmpl-1")}
+	if got := j.order(); !slices.Equal(got, want) {
+		t.Fatalf("records written %v, want %v: the last turn (with turn 1's outputs), then the end", got, want)
+	}
+	var rec turnRecord
+	if _, _, err := getJSON(ctx, j, turnKey("chatcmpl-1", 2), &rec); err != nil || rec.Previous["act_1"] != `{"echo":1}` {
+		t.Fatalf("turn 2's record %+v (%v), want turn 1's output in it", rec, err)
 	}
 }

@@ -242,24 +242,35 @@ func (u *Upstream) Begin(id string, key runKey, fresh bool, body map[string]json
 }
 
 // End returns how the request's run ended: as this process drove it, or
-// as the journal has it when another sidecar drove it. The last turn's
-// journal write is over first: the answer is whole only once the journal
-// holds it, and the write does not outlive the request.
-func (u *Upstream) End(ctx context.Context, r *run) Result {
+// as the journal has it when another sidecar drove it. Unless the run was
+// answered (answered: it completed or reached the turn limit) without the
+// application's key, the last turn's journal write is over first and the
+// outputs no turn record carries are kept: a run that stopped between
+// turns (shut down, cut, cancelled) leaves them for the retry, and a key's
+// retry after a crash replays the answer it had. A keyless answer does not
+// wait for them: journalEnd settles them after it, before the run's end
+// (BENCHMARKS.md, "Journal cost").
+func (u *Upstream) End(ctx context.Context, r *run, answered bool) Result {
 	r.mu.Lock()
-	local := r.local
+	local, explicit, appCalls := r.local, r.key.explicit, len(r.result.AppCalls) > 0
 	r.mu.Unlock()
 	if local {
-		_ = r.turnWritten(context.WithoutCancel(ctx)) // bounded by journalTimeout
-		// A run that stopped between turns (shut down, cut, cancelled)
-		// keeps its last outputs for the retry.
-		u.keepOutputs(ctx, r)
+		if !answered || explicit || appCalls {
+			u.settle(ctx, r)
+		}
 	} else if err := u.reload(ctx, r); err != nil {
 		u.log.Warn("reading the run from the journal", "run_id", r.id, "err", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.result
+}
+
+// settle waits for the last turn's journal write and keeps the outputs
+// that no turn record carries. The write does not outlive the request.
+func (u *Upstream) settle(ctx context.Context, r *run) {
+	_ = r.turnWritten(context.WithoutCancel(ctx)) // bounded by journalTimeout
+	u.keepOutputs(ctx, r)
 }
 
 // Release detaches a request from its run, after its answer and the
@@ -753,6 +764,12 @@ func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecor
 
 // journalEnd writes how a journaled run ended.
 func (u *Upstream) journalEnd(ctx context.Context, r *run, sum executor.Summary) {
+	r.mu.Lock()
+	local := r.local
+	r.mu.Unlock()
+	if local {
+		u.settle(ctx, r) // the turns' records before the end (done by End for a run with a key)
+	}
 	r.mu.Lock()
 	write := r.headed && !r.ended // requests attached to one run end it once
 	r.ended = true
