@@ -267,7 +267,15 @@ type Request struct {
 	// the drive is cancelled as soon as its last caller leaves.
 	Linger time.Duration `json:"-"`
 
+	// Fresh says that the run is new and that no other sidecar can name
+	// it before its upstream's first write (an OpenAI-compatible run
+	// without Idempotency-Key): in durable mode its lease is taken while
+	// its first turn streams, and the upstream waits for it (Leased)
+	// before that write.
+	Fresh bool `json:"-"`
+
 	leaseLost <-chan struct{} // closed when the run's lease passed to another sidecar
+	pending   *pendingLease   // a fresh run's lease, being taken
 	scope     *scope          // the policies' state for the drive; set by run
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -62,6 +63,9 @@ type relayed struct {
 func (e *Executor) lead(d *drive, req Request, run Run) (Summary, error) {
 	if e.leases == nil {
 		return e.run(d.ctx, req, run, d.emit)
+	}
+	if req.Fresh {
+		return e.runFresh(d, req, run)
 	}
 	// Taking the lease, or following its holder, returns before the run is
 	// driven: its frame is then not under the loop's for the run's whole
@@ -169,6 +173,85 @@ func (e *Executor) runLeased(d *drive, req Request, run Run, lease Lease) (Summa
 			lease.Publish(b)
 		}
 	})
+}
+
+// runFresh drives a fresh run (Request.Fresh) while its lease is taken:
+// the first turn streams meanwhile, and the upstream's first write that
+// lets another sidecar name the run waits for the lease (Leased). Nobody
+// can follow such a run, so its events are not published. A lease that
+// could not be taken stops the drive before its next turn, as a lost one
+// does.
+func (e *Executor) runFresh(d *drive, req Request, run Run) (Summary, error) {
+	p := &pendingLease{done: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(p.done)
+		lease, holder, err := e.acquire(d.ctx, req.RunID)
+		if err == nil && lease == nil {
+			err = fmt.Errorf("the fresh run %s is driven by sidecar %s", req.RunID, holder)
+		}
+		p.lease, p.err = lease, err
+	})
+	req.pending = p
+	sum, err := e.run(context.WithValue(d.ctx, pendingLeaseKey{}, p), req, run, d.emit)
+	wg.Wait()
+	if p.lease != nil {
+		p.lease.Release()
+	}
+	return sum, err
+}
+
+// pendingLease is the lease of a fresh run, being taken; lease and err
+// are set when done is closed.
+type pendingLease struct {
+	done  chan struct{}
+	lease Lease
+	err   error
+}
+
+type pendingLeaseKey struct{}
+
+// Leased waits until the drive whose context ctx is holds its run's lease,
+// and returns why it could not be taken. Only a fresh run's lease is taken
+// while the drive runs (Request.Fresh): an upstream calls Leased before
+// the write that lets other sidecars name the run (openaiup's first
+// journal record), so that they find it driven. For any other drive it
+// returns nil at once.
+func Leased(ctx context.Context) error {
+	p, _ := ctx.Value(pendingLeaseKey{}).(*pendingLease)
+	if p == nil {
+		return nil
+	}
+	select {
+	case <-p.done:
+		if p.err != nil {
+			return fmt.Errorf("executor: taking the run's lease: %w", p.err)
+		}
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// leaseGone says why the drive may not go on under the run's lease, if it
+// may not: the lease was lost, or a fresh run's could not be taken.
+func (r Request) leaseGone() error {
+	if leaseLost(r.leaseLost) {
+		return ErrLeaseLost
+	}
+	if p := r.pending; p != nil {
+		select {
+		case <-p.done:
+			if p.err != nil {
+				return fmt.Errorf("executor: taking the run's lease: %w", p.err)
+			}
+			if leaseLost(p.lease.Lost()) {
+				return ErrLeaseLost
+			}
+		default:
+		}
+	}
+	return nil
 }
 
 // failedBeforeStart ends a drive that could not begin.

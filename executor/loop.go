@@ -88,8 +88,8 @@ func (e *Executor) loop(ctx context.Context, req Request, run Run, emit Sink, lo
 			sum.Status, sum.Error = StatusInterrupted, "sidecar shutting down"
 			return nil
 		}
-		if leaseLost(req.leaseLost) {
-			sum.Status, sum.Error = StatusInterrupted, ErrLeaseLost.Error()
+		if err := req.leaseGone(); err != nil {
+			sum.Status, sum.Error = StatusInterrupted, err.Error()
 			return nil
 		}
 		if cause := e.runCancelled(ctx, req.RunID, fresh); cause != nil {

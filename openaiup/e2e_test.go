@@ -583,27 +583,35 @@ func TestPoliciesApply(t *testing.T) {
 	s.assertContract(t)
 }
 
-// In durable mode the outcomes of a turn that also called the
-// application's tool are kept in the ledger: the application's follow-up,
-// taken by another sidecar of the cluster, gets the whole turn back, and
-// the sidecar's tools do not run again.
-func TestParkedTurnInTheLedger(t *testing.T) {
+// clusterOf starts what the sidecars of a cluster share: a NATS server
+// with JetStream, and the simulator (whose base URL is upstream).
+func clusterOf(t *testing.T) (ns *embedded.Server, sim *openaisim.Sim, upstream string) {
+	t.Helper()
 	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", AllowAnonymous: true, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(ns.Shutdown)
-	sim := openaisim.New(openaisim.Config{})
+	sim = openaisim.New(openaisim.Config{})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
+	return ns, sim, srv.URL + "/v1"
+}
+
+// In durable mode the outcomes of a turn that also called the
+// application's tool are kept in the ledger: the application's follow-up,
+// taken by another sidecar of the cluster, gets the whole turn back, and
+// the sidecar's tools do not run again.
+func TestParkedTurnInTheLedger(t *testing.T) {
+	ns, sim, upstream := clusterOf(t)
 	// One worker serves both sidecars, from a connection of its own.
 	var runs atomic.Int64
 	echo := echoTool("echo", 0, &runs)
 	natstest.WorkerOn(t, natstest.Dial(t, ns.ClientURL()), testenv.Prefix, map[string]tool.Handler{"echo": echo.Handler})
 	echo.Handler = nil
 	onNS := testenv.Options{NATS: func(n *config.NATS) { n.URL = ns.ClientURL() }}
-	a := startOn(t, sim, srv.URL+"/v1", onNS, echo)
-	b := startOn(t, sim, srv.URL+"/v1", onNS, echo)
+	a := startOn(t, sim, upstream, onNS, echo)
+	b := startOn(t, sim, upstream, onNS, echo)
 	rounds := [][]map[string]any{{{"name": "echo", "arguments": map[string]any{"i": 0}}, {"name": "lookup", "arguments": map[string]any{"q": "x"}}}}
 	p := params(script(rounds, ""))
 	p.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "lookup"})}

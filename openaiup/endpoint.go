@@ -208,7 +208,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case req.stream:
 		sum, err = ep.stream(r.Context(), req, rn, out)
 	default:
-		sum, err = ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, id), nil)
+		sum, err = ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, rn), nil)
 	}
 	answered := finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns)
 	res := up.End(r.Context(), rn, answered)
@@ -248,8 +248,8 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.whole(res, sum)
 }
 
-func (ep *Endpoint) driveRequest(r *http.Request, req *request, id string) executor.Request {
-	dreq := executor.Request{RunID: id, Model: req.model, Traceparent: r.Header.Get("traceparent")}
+func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executor.Request {
+	dreq := executor.Request{RunID: rn.id, Model: req.model, Traceparent: r.Header.Get("traceparent"), Fresh: rn.fresh}
 	if key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && ep.cfg.ForwardAuthorization {
 		dreq.CallerKey = key
 	}
@@ -349,7 +349,7 @@ func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out *answ
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(done)
-		sum, err = ep.cfg.Drive(ctx, ep.driveRequest(out.r, req, rn.id), nil)
+		sum, err = ep.cfg.Drive(ctx, ep.driveRequest(out.r, req, rn), nil)
 	})
 	defer wg.Wait()
 	t := time.NewTicker(ep.cfg.KeepAlive)

@@ -16,7 +16,10 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // withKey sends the application's Idempotency-Key.
@@ -198,5 +201,59 @@ func TestHostileIdempotencyKeys(t *testing.T) {
 	}
 	if runs.Load() != 0 || s.sim.Requests() != 0 {
 		t.Fatalf("the tool ran %d times over %d requests, want none", runs.Load(), s.sim.Requests())
+	}
+}
+
+// Two identical requests without a key, sent to two sidecars of a cluster
+// while the first runs, are two runs: the second finds the first in its
+// request's index (its unsafe call has started, so its first record is
+// written) but driven, under the lease taken while its first turn
+// streamed, and does not take it over.
+func TestIdenticalRequestOnAnotherSidecar(t *testing.T) {
+	ns, sim, upstream := clusterOf(t)
+	var started atomic.Int64
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release()
+	pay := testenv.Tool{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe, Timeout: time.Minute}}
+	natstest.WorkerOn(t, natstest.Dial(t, ns.ClientURL()), testenv.Prefix, map[string]tool.Handler{"pay": func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		started.Add(1)
+		select {
+		case <-gate:
+			return []byte(`"paid"`), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}})
+	side := func(instance string) *stack {
+		return startOn(t, sim, upstream, testenv.Options{NATS: func(n *config.NATS) { n.URL = ns.ClientURL() },
+			Config: func(c *config.Config) { c.InstanceID = instance }}, pay)
+	}
+	a, b := side("sc-a"), side("sc-b")
+	p := params(script([][]map[string]any{{{"name": "pay", "arguments": map[string]any{"to": "x"}}}}, ""))
+	var wg sync.WaitGroup
+	var ids [2]string
+	for i, s := range []*stack{a, b} {
+		wg.Go(func() {
+			c, err := s.client.Chat.Completions.New(context.Background(), p)
+			if err != nil || c.Choices[0].Message.Content != `results: "paid"` {
+				t.Errorf("request %d: %v %+v", i, err, c)
+				return
+			}
+			ids[i] = c.ID
+		})
+		n := int64(i + 1)
+		poll.Until(t, fmt.Sprintf("%d unsafe calls to start", n), func() bool { return started.Load() == n })
+	}
+	release()
+	wg.Wait()
+	if ids[0] == "" || ids[0] == ids[1] {
+		t.Errorf("answers %q and %q: want two runs", ids[0], ids[1])
+	}
+	if n := started.Load(); n != 2 {
+		t.Errorf("the unsafe tool started %d times, want once per run", n)
+	}
+	if v := sim.Violations(); len(v) > 0 {
+		t.Fatalf("contract violations: %+v", v)
 	}
 }

@@ -115,6 +115,9 @@ type run struct {
 	// asked a turn); until then Run reads it again from the journal,
 	// which another sidecar, or this one before a crash, may have moved.
 	local bool
+	// fresh: begun under a new id by this request (no key, no run to
+	// resume): nobody can name it before its first journal record.
+	fresh bool
 	// headed: the journal holds the run's header; ended: its end.
 	headed, ended bool
 	// answering: the upstream took a turn (the application's answer may
@@ -236,7 +239,7 @@ func (u *Upstream) Begin(id string, key runKey, fresh bool, body map[string]json
 		return r
 	}
 	r := &run{id: id, key: key, body: body, base: messages, messages: messages, appTools: appTools, status: executor.RunActive,
-		created: time.Now().Unix(), users: 1, wake: make(chan struct{}), local: fresh}
+		created: time.Now().Unix(), users: 1, wake: make(chan struct{}), local: fresh, fresh: fresh}
 	u.runs[id] = r
 	return r
 }
@@ -732,6 +735,13 @@ func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecor
 	}
 	ctx, cancel := journalCtx(ctx)
 	defer cancel()
+	if !headed {
+		// A fresh run's lease is taken while its first turn streams:
+		// once the index names the run, other sidecars find it driven.
+		if err := executor.Leased(ctx); err != nil {
+			return err
+		}
+	}
 	// The records are written at once: none is read without the others
 	// being useful (a header without the turn asks for the turn again; a
 	// turn without its header is not found), and the turn's unsafe calls
