@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/projectdavid/toolsidecar/internal/simbase"
 )
 
 // Profile is the way a server streams tool calls.
@@ -71,58 +73,35 @@ type Request struct {
 	} `json:"stream_options"`
 }
 
-// Reply is what the model says: text, and calls.
-type Reply struct {
-	Content string
-	Calls   []Call
-}
+// Reply is what the model says: text, and calls (a call's Args as its
+// arguments are sent).
+type Reply = simbase.Reply
 
-// Call is a tool call the model makes. Args is sent as written (it need
-// not be JSON).
-type Call struct {
-	Name, Args string
-}
+// Call is a tool call the model makes.
+type Call = simbase.Call
 
-// Fault is what the next request gets instead of its answer.
-type Fault struct {
-	// Status, when set, is answered with Body (an API error by default)
-	// and RetryAfter.
-	Status     int
-	RetryAfter string
-	Body       string
-	// CutAfter, when set, cuts the connection after that many chunks.
-	CutAfter int
-	// ErrorAfter, when set, sends an error event ({"error": ...} with
-	// ErrorMessage) after that many chunks, then ends the stream.
-	ErrorAfter   int
-	ErrorMessage string
-	// HoldAfter, when set, stops the stream after that many chunks, calls
-	// Hit, and holds the connection open until the client goes away.
-	HoldAfter int
-	Hit       func() `json:"-"`
-}
+// Fault is what the next request gets instead of its answer: Status with
+// Body (an API error by default) and RetryAfter, a stream cut, an error
+// event ({"error": ...} with ErrorMessage) or a held stream, after that
+// many chunks.
+type Fault = simbase.Fault
 
 // Violation is a request the API would have refused, or a conversation
 // that did not replay what the model said.
-type Violation struct {
-	Code   string `json:"code"`
-	Detail string `json:"detail"`
-}
+type Violation = simbase.Violation
 
-// Sim is the simulator; it is an http.Handler.
+// Sim is the simulator; it is an http.Handler. Its Log queues the faults
+// (Inject) and keeps the contract log (Violations) and the counts
+// (Requests, Repeats).
 type Sim struct {
+	simbase.Log[Fault]
 	cfg Config
 	mux *http.ServeMux
 
-	mu         sync.Mutex
-	faults     []Fault
-	said       map[string][]said // by the hash of the conversation it answered
-	violations []Violation
-	requests   int
-	auth       []string
-	seq        int
-	finished   []time.Time
-	answered   map[string]int // finished answers, by conversation
+	mu       sync.Mutex
+	said     map[string][]said // by the hash of the conversation it answered
+	auth     []string
+	finished []time.Time
 }
 
 // said is an assistant message the model produced.
@@ -141,37 +120,13 @@ func New(cfg Config) *Sim {
 	if cfg.Model == nil {
 		cfg.Model = Scripted
 	}
-	s := &Sim{cfg: cfg, mux: http.NewServeMux(), said: map[string][]said{}, answered: map[string]int{}}
+	s := &Sim{cfg: cfg, mux: http.NewServeMux(), said: map[string][]said{}}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.completions)
-	s.mux.HandleFunc("GET /_sim/violations", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(s.Violations())
-	})
+	s.mux.HandleFunc("GET /_sim/violations", s.ServeViolations)
 	return s
 }
 
 func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
-
-// Inject queues faults, one per request to come.
-func (s *Sim) Inject(f ...Fault) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.faults = append(s.faults, f...)
-}
-
-// Violations returns the contract log.
-func (s *Sim) Violations() []Violation {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]Violation(nil), s.violations...)
-}
-
-// Requests counts the chat completion requests received.
-func (s *Sim) Requests() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.requests
-}
 
 // Finished lists when each answered turn's finish chunk was written, in
 // order.
@@ -181,33 +136,11 @@ func (s *Sim) Finished() []time.Time {
 	return append([]time.Time(nil), s.finished...)
 }
 
-// Repeats counts the conversations whose turn was answered whole (to its
-// [DONE]) more than once: turns asked again after they were delivered.
-func (s *Sim) Repeats() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, c := range s.answered {
-		if c > 1 {
-			n++
-		}
-	}
-	return n
-}
-
 // Authorizations lists the Authorization headers received, in order.
 func (s *Sim) Authorizations() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.auth...)
-}
-
-func (s *Sim) violate(code, format string, args ...any) string {
-	v := Violation{Code: code, Detail: fmt.Sprintf(format, args...)}
-	s.mu.Lock()
-	s.violations = append(s.violations, v)
-	s.mu.Unlock()
-	return v.Detail
 }
 
 // message is what the checks read of a message.
@@ -258,7 +191,7 @@ func conversationKey(msgs []json.RawMessage) string {
 func (s *Sim) check(msgs []json.RawMessage) string {
 	var refusal string
 	refuse := func(code, format string, args ...any) {
-		d := s.violate(code, format, args...)
+		d := s.Violate(code, format, args...)
 		if refusal == "" {
 			refusal = d
 		}

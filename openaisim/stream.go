@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/projectdavid/toolsidecar/internal/chunk"
 )
 
 func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
@@ -15,16 +17,9 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "could not parse the JSON body of your request: "+err.Error())
 		return
 	}
+	seq, f := s.Begin()
 	s.mu.Lock()
-	s.requests++
 	s.auth = append(s.auth, r.Header.Get("Authorization"))
-	var f *Fault
-	if len(s.faults) > 0 {
-		f = &s.faults[0]
-		s.faults = s.faults[1:]
-	}
-	s.seq++
-	seq := s.seq
 	s.mu.Unlock()
 	if f != nil && f.Status != 0 {
 		if f.RetryAfter != "" {
@@ -48,7 +43,7 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.StreamOptions != nil && !req.StreamOptions.IncludeUsage {
-		s.violate("usage_not_asked", "stream_options without include_usage")
+		s.Violate("usage_not_asked", "stream_options without include_usage")
 	}
 	reply := s.cfg.Model(req)
 	calls := make([]sentCall, len(reply.Calls))
@@ -67,11 +62,11 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	st := &streamer{w: w, id: fmt.Sprintf("chatcmpl-sim%d", seq), model: req.Model, delay: s.cfg.Delay, perChunkID: s.cfg.Profile == LiteLLM}
 	if f != nil {
-		st.cutAfter, st.fault = f.CutAfter, f
+		st.fault = f
 	}
 	st.ctx = r.Context()
 	st.send(map[string]any{"role": "assistant", "content": ""}, nil)
-	for _, piece := range pieces(reply.Content, 8) {
+	for _, piece := range chunk.Pieces(reply.Content, 8) {
 		st.send(map[string]any{"content": piece}, nil)
 	}
 	s.streamCalls(st, calls)
@@ -89,9 +84,7 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 		st.write(map[string]any{"id": st.chunkID(), "object": "chat.completion.chunk", "created": 1700000000, "model": req.Model,
 			"choices": []any{}, "usage": map[string]int64{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
 	}
-	s.mu.Lock()
-	s.answered[key]++ // delivered whole: no fault past this point
-	s.mu.Unlock()
+	s.Delivered(key) // delivered whole: no fault past this point
 	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 	st.flush()
 }
@@ -143,7 +136,7 @@ func (s *Sim) streamCalls(st *streamer, calls []sentCall) {
 		frags := make([][]string, len(calls))
 		for i, c := range calls {
 			calls1(head(i, c, true))
-			frags[i] = pieces(c.args, 5)
+			frags[i] = chunk.Pieces(c.args, 5)
 		}
 		for k := 0; ; k++ {
 			sent := false
@@ -160,7 +153,7 @@ func (s *Sim) streamCalls(st *streamer, calls []sentCall) {
 	default: // OpenAI, VLLM, LiteLLM: one call after the other
 		for i, c := range calls {
 			calls1(head(i, c, s.cfg.Profile != VLLM))
-			for _, p := range pieces(c.args, 7) {
+			for _, p := range chunk.Pieces(c.args, 7) {
 				calls1(frag(i, c, p))
 			}
 			if s.cfg.Profile == LiteLLM {
@@ -177,7 +170,6 @@ type streamer struct {
 	delay      time.Duration
 	perChunkID bool
 	n          int
-	cutAfter   int
 	fault      *Fault
 	ctx        context.Context
 }
@@ -195,23 +187,10 @@ func (st *streamer) send(delta map[string]any, finish *string) {
 }
 
 func (st *streamer) write(v any) {
-	if st.cutAfter > 0 && st.n >= st.cutAfter {
-		panic(http.ErrAbortHandler) // the connection is cut: no finish chunk, no [DONE]
-	}
-	if f := st.fault; f != nil && f.ErrorAfter > 0 && st.n >= f.ErrorAfter {
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": f.ErrorMessage, "type": "server_error", "param": nil, "code": nil}})
+	st.fault.Interrupt(st.ctx, st.n, st.flush, func() {
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": st.fault.ErrorMessage, "type": "server_error", "param": nil, "code": nil}})
 		_, _ = fmt.Fprintf(st.w, "data: %s\n\n", b)
-		st.flush()
-		panic(http.ErrAbortHandler) // the stream ends at its error event
-	}
-	if f := st.fault; f != nil && f.HoldAfter > 0 && st.n >= f.HoldAfter {
-		st.flush()
-		if f.Hit != nil {
-			f.Hit()
-		}
-		<-st.ctx.Done()
-		panic(http.ErrAbortHandler)
-	}
+	})
 	if st.delay > 0 {
 		time.Sleep(st.delay)
 	}
@@ -222,24 +201,6 @@ func (st *streamer) write(v any) {
 }
 
 func (st *streamer) flush() { _ = http.NewResponseController(st.w).Flush() }
-
-// pieces cuts s into pieces of n bytes at most, never inside a UTF-8
-// sequence.
-func pieces(s string, n int) []string {
-	var out []string
-	for len(s) > 0 {
-		k := min(n, len(s))
-		for k < len(s) && k > 0 && s[k]&0xC0 == 0x80 {
-			k--
-		}
-		if k == 0 {
-			k = len(s)
-		}
-		out = append(out, s[:k])
-		s = s[k:]
-	}
-	return out
-}
 
 func apiError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")

@@ -1,0 +1,195 @@
+package anthropicsim
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/internal/chunk"
+)
+
+func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
+	seq, f := s.Begin()
+	switch {
+	case s.cfg.APIKey != "" && r.Header.Get("X-Api-Key") != s.cfg.APIKey:
+		apiError(w, http.StatusUnauthorized, "authentication_error", "invalid x-api-key")
+		return
+	case r.Header.Get("Anthropic-Version") == "":
+		apiError(w, http.StatusBadRequest, "invalid_request_error", "anthropic-version: header is required")
+		return
+	}
+	var req Request
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		apiError(w, http.StatusBadRequest, "invalid_request_error", "could not parse the JSON body of your request: "+err.Error())
+		return
+	}
+	if f != nil && f.Status != 0 {
+		if f.RetryAfter != "" {
+			w.Header().Set("Retry-After", f.RetryAfter)
+		}
+		typ := f.Type
+		if typ == "" {
+			typ = map[int]string{http.StatusTooManyRequests: "rate_limit_error", 529: "overloaded_error"}[f.Status]
+		}
+		apiError(w, f.Status, typ, fmt.Sprintf("simulated %d", f.Status))
+		return
+	}
+	if req.MaxTokens == nil {
+		s.Violate("max_tokens_missing", "max_tokens: Field required")
+		apiError(w, http.StatusBadRequest, "invalid_request_error", "max_tokens: Field required")
+		return
+	}
+	if refusal := s.check(req); refusal != "" {
+		apiError(w, http.StatusBadRequest, "invalid_request_error", refusal)
+		return
+	}
+	reply := s.cfg.Model(req)
+	blocks := s.blocksOf(req, reply, seq)
+	key := conversationKey(req.Messages)
+	s.mu.Lock()
+	s.said[key] = append(s.said[key], blocks)
+	s.mu.Unlock()
+	stop := "end_turn"
+	if len(reply.Calls) > 0 {
+		stop = "tool_use"
+	}
+	usage := map[string]int{"input_tokens": 10 * len(req.Messages), "output_tokens": len(reply.Content)/4 + 5*len(reply.Calls) + 1}
+	id := fmt.Sprintf("msg_sim%d", seq)
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": id, "type": "message", "role": "assistant", "model": req.Model,
+			"content": blocks, "stop_reason": stop, "stop_sequence": nil, "usage": usage})
+		s.Delivered(key)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	st := &streamer{w: w, ctx: r.Context(), delay: s.cfg.Delay, fault: f}
+	st.event("message_start", map[string]any{"message": map[string]any{"id": id, "type": "message", "role": "assistant", "model": req.Model,
+		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": usage["input_tokens"], "output_tokens": 1}}})
+	for i, raw := range blocks {
+		st.block(i, raw)
+		if i == 0 {
+			st.event("ping", map[string]any{})
+		}
+	}
+	st.event("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]int{"output_tokens": usage["output_tokens"]}})
+	st.event("message_stop", map[string]any{})
+	if !st.ended {
+		s.Delivered(key)
+	}
+}
+
+// blocksOf is the assistant content the model's reply makes: a thinking
+// block first when the request turns thinking on, its text, then a
+// tool_use block per call.
+func (s *Sim) blocksOf(req Request, reply Reply, seq int) []json.RawMessage {
+	var out []json.RawMessage
+	add := func(v any) {
+		raw, _ := json.Marshal(v)
+		out = append(out, raw)
+	}
+	if req.thinking() {
+		add(map[string]any{"type": "thinking", "thinking": fmt.Sprintf("Turn %d: which tools answer this?", seq), "signature": fmt.Sprintf("c2lnLXNpbS0%d", seq)})
+	}
+	if reply.Content != "" {
+		add(map[string]any{"type": "text", "text": reply.Content})
+	}
+	for i, c := range reply.Calls {
+		input := json.RawMessage(c.Args)
+		if c.Args == "" {
+			input = json.RawMessage("{}")
+		}
+		add(map[string]any{"type": "tool_use", "id": fmt.Sprintf("toolu_sim%d_%d", seq, i), "name": c.Name, "input": input})
+	}
+	return out
+}
+
+// streamer writes one response's events.
+type streamer struct {
+	w     http.ResponseWriter
+	ctx   context.Context
+	delay time.Duration
+	fault *Fault
+	n     int
+	ended bool // EndAfter: nothing more is written
+}
+
+// block streams one content block as the API does: its start (a tool_use
+// with input {}, text and thinking empty), its deltas, its stop.
+func (st *streamer) block(i int, raw json.RawMessage) {
+	var b struct {
+		Type      string          `json:"type"`
+		Text      string          `json:"text"`
+		Thinking  string          `json:"thinking"`
+		Signature string          `json:"signature"`
+		ID        string          `json:"id"`
+		Name      string          `json:"name"`
+		Input     json.RawMessage `json:"input"`
+	}
+	_ = json.Unmarshal(raw, &b)
+	delta := func(d map[string]any) { st.event("content_block_delta", map[string]any{"index": i, "delta": d}) }
+	switch b.Type {
+	case "thinking":
+		st.event("content_block_start", map[string]any{"index": i, "content_block": map[string]any{"type": "thinking", "thinking": "", "signature": ""}})
+		for _, p := range chunk.Pieces(b.Thinking, 12) {
+			delta(map[string]any{"type": "thinking_delta", "thinking": p})
+		}
+		delta(map[string]any{"type": "signature_delta", "signature": b.Signature})
+	case "text":
+		st.event("content_block_start", map[string]any{"index": i, "content_block": map[string]any{"type": "text", "text": ""}})
+		for _, p := range chunk.Pieces(b.Text, 8) {
+			delta(map[string]any{"type": "text_delta", "text": p})
+		}
+	case "tool_use":
+		st.event("content_block_start", map[string]any{"index": i, "content_block": map[string]any{"type": "tool_use", "id": b.ID, "name": b.Name, "input": map[string]any{}}})
+		if in := string(b.Input); in == "{}" {
+			delta(map[string]any{"type": "input_json_delta", "partial_json": ""}) // a call without arguments: one empty fragment
+		} else {
+			for _, p := range chunk.Pieces(in, 7) {
+				delta(map[string]any{"type": "input_json_delta", "partial_json": p})
+			}
+		}
+	}
+	st.event("content_block_stop", map[string]any{"index": i})
+}
+
+// event writes one SSE event, named as its data's type.
+func (st *streamer) event(typ string, data map[string]any) {
+	if f := st.fault; st.ended || (f != nil && f.EndAfter > 0 && st.n >= f.EndAfter) {
+		st.ended = true
+		return // the response ends here, as if whole
+	}
+	st.fault.Interrupt(st.ctx, st.n, st.flush, func() {
+		et := cmp.Or(st.fault.ErrorType, "overloaded_error")
+		st.write("error", map[string]any{"type": "error", "error": map[string]any{"type": et, "message": "simulated " + et}})
+	})
+	if st.delay > 0 {
+		time.Sleep(st.delay)
+	}
+	st.n++
+	data["type"] = typ
+	st.write(typ, data)
+}
+
+func (st *streamer) write(typ string, data any) {
+	raw, _ := json.Marshal(data)
+	_, _ = fmt.Fprintf(st.w, "event: %s\ndata: %s\n\n", typ, raw)
+	st.flush()
+}
+
+func (st *streamer) flush() { _ = http.NewResponseController(st.w).Flush() }
+
+// apiError writes an error in the API's shape.
+func apiError(w http.ResponseWriter, status int, typ, msg string) {
+	if typ == "" {
+		typ = "api_error"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Request-Id", "req_sim")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}, "request_id": "req_sim"})
+}
