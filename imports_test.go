@@ -25,6 +25,7 @@ var rules = []struct {
 	{"openaiup", []string{module + "/core/", module + "/coreup/"}, "the OpenAI-compatible upstream is an adapter of the executor's port, beside Core's", nil},
 	{"openaisim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/internal/chunk", module + "/internal/simbase"}},
 	{"anthropicsim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/internal/chunk", module + "/internal/simbase"}},
+	{"responsesim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/internal/chunk", module + "/internal/simbase"}},
 	{"internal/chunk", []string{module + "/"}, "a leaf the simulators share, and no adapter uses", nil},
 	{"internal/simbase", []string{module + "/"}, "a leaf the simulators share, and no adapter uses", nil},
 	{"server", []string{module + "/core/"}, "the HTTP API is the sidecar's; Core's own API (proxy mode) is coreup's", nil},

@@ -16,10 +16,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
-	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/internal/simbase"
@@ -35,8 +32,9 @@ type Config struct {
 	APIKey string
 	// Delay is the wait before each streamed event.
 	Delay time.Duration
-	// Model plays the model. default: Scripted
-	Model func(Request) Reply `json:"-"`
+	// Model plays the model: text, and calls (a call's Args as its
+	// arguments are sent). default: Scripted
+	Model func(Request) simbase.Reply `json:"-"`
 }
 
 // Request is a Messages request, as the model sees it.
@@ -58,13 +56,6 @@ func (r Request) thinking() bool {
 	return r.Thinking != nil && (r.Thinking.Type == "enabled" || r.Thinking.Type == "adaptive")
 }
 
-// Reply is what the model says: text, and calls (a call's Args as its
-// arguments are sent).
-type Reply = simbase.Reply
-
-// Call is a tool call the model makes.
-type Call = simbase.Call
-
 // Fault is what the next request gets instead of its answer: Status as
 // an API error of Type (rate_limit_error for 429, overloaded_error for
 // 529, api_error otherwise by default) with RetryAfter; or, after that
@@ -73,20 +64,14 @@ type Call = simbase.Call
 // event of ErrorType (default overloaded_error), or a held stream.
 type Fault = simbase.Fault
 
-// Violation is a request the API would have refused, or a conversation
-// that did not replay what the model said.
-type Violation = simbase.Violation
-
-// Sim is the simulator; it is an http.Handler. Its Log queues the faults
+// Sim is the simulator; it is an http.Handler. Its Base queues the faults
 // (Inject) and keeps the contract log (Violations) and the counts
 // (Requests, Repeats).
 type Sim struct {
-	simbase.Log[Fault]
+	simbase.Base[Fault]
 	cfg Config
-	mux *http.ServeMux
 
-	mu   sync.Mutex
-	said map[string][][]json.RawMessage // assistant contents, by the conversation they answered
+	turns simbase.Turns // the assistant contents, by the conversation they answered
 }
 
 // New builds a simulator.
@@ -94,13 +79,10 @@ func New(cfg Config) *Sim {
 	if cfg.Model == nil {
 		cfg.Model = Scripted
 	}
-	s := &Sim{cfg: cfg, mux: http.NewServeMux(), said: map[string][][]json.RawMessage{}}
-	s.mux.HandleFunc("POST /v1/messages", s.messages)
-	s.mux.HandleFunc("GET /_sim/violations", s.ServeViolations)
+	s := &Sim{cfg: cfg, turns: simbase.Turns{Noun: "blocks", Canonical: canonical}}
+	s.Route("POST /v1/messages", s.messages)
 	return s
 }
-
-func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // message is what the checks read of a message.
 type message struct {
@@ -190,66 +172,60 @@ func conversationKey(msgs []json.RawMessage) string {
 // check applies the API's checks and the replay check to a request. It
 // returns the first refusal, which the API answers 400.
 func (s *Sim) check(req Request) string {
-	msgs := req.Messages
-	var refusal string
-	refuse := func(code, format string, args ...any) {
-		d := s.Violate(code, format, args...)
-		if refusal == "" {
-			refusal = d
-		}
-	}
-	parsed := make([]message, len(msgs))
-	for i, raw := range msgs {
-		if err := json.Unmarshal(raw, &parsed[i]); err != nil {
-			refuse("bad_message", "messages.%d: %v", i, err)
-			return refusal
-		}
-		if r := parsed[i].Role; r != "user" && r != "assistant" {
-			refuse("bad_role", "messages.%d.role: Input should be 'user' or 'assistant'", i)
-		}
-		bs, _ := parsed[i].blocks()
-		for _, b := range bs {
-			if b.Type == "text" && (b.Text == nil || *b.Text == "") {
-				refuse("empty_text", "messages: text content blocks must be non-empty")
+	return s.Check(func(refuse simbase.Refuse) {
+		msgs := req.Messages
+		parsed := make([]message, len(msgs))
+		for i, raw := range msgs {
+			if err := json.Unmarshal(raw, &parsed[i]); err != nil {
+				refuse("bad_message", "messages.%d: %v", i, err)
+				return
+			}
+			if r := parsed[i].Role; r != "user" && r != "assistant" {
+				refuse("bad_role", "messages.%d.role: Input should be 'user' or 'assistant'", i)
+			}
+			bs, _ := parsed[i].blocks()
+			for _, b := range bs {
+				if b.Type == "text" && (b.Text == nil || *b.Text == "") {
+					refuse("empty_text", "messages: text content blocks must be non-empty")
+				}
 			}
 		}
-	}
-	lastAssistant := -1
-	for i, m := range parsed {
-		if m.Role == "assistant" {
-			lastAssistant = i
+		lastAssistant := -1
+		for i, m := range parsed {
+			if m.Role == "assistant" {
+				lastAssistant = i
+			}
 		}
-	}
-	// The thinking rules first: the API refuses on them before it
-	// reads the calls and their results.
-	if lastAssistant >= 0 {
-		bs, _ := parsed[lastAssistant].blocks()
-		thought := len(bs) > 0 && (bs[0].Type == "thinking" || bs[0].Type == "redacted_thinking")
-		calls := false
-		for _, b := range bs {
-			calls = calls || b.Type == "tool_use"
+		// The thinking rules first: the API refuses on them before it
+		// reads the calls and their results.
+		if lastAssistant >= 0 {
+			bs, _ := parsed[lastAssistant].blocks()
+			thought := len(bs) > 0 && (bs[0].Type == "thinking" || bs[0].Type == "redacted_thinking")
+			calls := false
+			for _, b := range bs {
+				calls = calls || b.Type == "tool_use"
+			}
+			switch {
+			case req.thinking() && calls && !thought:
+				refuse("thinking_missing", "messages.%d.content.0.type: Expected `thinking` or `redacted_thinking`, but found `%s`. When `thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks).", lastAssistant, bs[0].Type)
+			case !req.thinking() && thought && lastAssistant == len(parsed)-1:
+				refuse("thinking_disabled", "When thinking is disabled, an `assistant` message in the final position cannot contain `thinking`.")
+			}
 		}
-		switch {
-		case req.thinking() && calls && !thought:
-			refuse("thinking_missing", "messages.%d.content.0.type: Expected `thinking` or `redacted_thinking`, but found `%s`. When `thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks).", lastAssistant, bs[0].Type)
-		case !req.thinking() && thought && lastAssistant == len(parsed)-1:
-			refuse("thinking_disabled", "When thinking is disabled, an `assistant` message in the final position cannot contain `thinking`.")
+		for i, m := range parsed {
+			if m.Role != "assistant" {
+				s.checkResults(parsed, i, refuse)
+				continue
+			}
+			s.checkReplay(msgs[:i], i, m, refuse)
 		}
-	}
-	for i, m := range parsed {
-		if m.Role != "assistant" {
-			s.checkResults(parsed, i, refuse)
-			continue
-		}
-		s.checkReplay(msgs[:i], i, m, refuse)
-	}
-	return refusal
+	})
 }
 
 // checkResults checks user message i against the assistant message before
 // it: every tool_use there answered by a tool_result at the start of i,
 // each once, and no tool_result for a call that message did not make.
-func (s *Sim) checkResults(msgs []message, i int, refuse func(code, format string, args ...any)) {
+func (s *Sim) checkResults(msgs []message, i int, refuse simbase.Refuse) {
 	bs, _ := msgs[i].blocks()
 	var calls []string
 	if i > 0 && msgs[i-1].Role == "assistant" {
@@ -301,12 +277,10 @@ func (s *Sim) checkResults(msgs []message, i int, refuse func(code, format strin
 // checkReplay compares assistant message i with what the model said after
 // the same conversation, if it said it here: block by block, thinking
 // and its signature included.
-func (s *Sim) checkReplay(before []json.RawMessage, i int, m message, refuse func(code, format string, args ...any)) {
-	s.mu.Lock()
-	answers := s.said[conversationKey(before)]
-	s.mu.Unlock()
+func (s *Sim) checkReplay(before []json.RawMessage, i int, m message, refuse simbase.Refuse) {
 	bs, raws := m.blocks()
-	if len(answers) == 0 {
+	known, why := s.turns.Replayed(conversationKey(before), raws)
+	if !known {
 		for _, b := range bs {
 			if b.Type == "tool_use" || b.Type == "thinking" {
 				refuse("unknown_turn", "messages.%d: an assistant message with %s blocks that the model never said after this conversation", i, b.Type)
@@ -315,31 +289,14 @@ func (s *Sim) checkReplay(before []json.RawMessage, i int, m message, refuse fun
 		}
 		return
 	}
-	var why string
-	for _, want := range answers {
-		if why = replayMismatch(want, raws); why == "" {
-			return
-		}
+	if why == "" {
+		return
 	}
 	if strings.Contains(why, "thinking") {
 		refuse("thinking_modified", "messages.%d: `thinking` or `redacted_thinking` blocks in the latest assistant message cannot be modified. These blocks must remain as they were in the original response. (%s)", i, why)
 		return
 	}
 	refuse("replay_changed", "messages.%d: %s", i, why)
-}
-
-// replayMismatch says how the replayed blocks differ from what the model
-// said, or "".
-func replayMismatch(want, got []json.RawMessage) string {
-	if len(got) != len(want) {
-		return fmt.Sprintf("the model said %d blocks, replayed as %d", len(want), len(got))
-	}
-	for k := range want {
-		if w, g := canonical(want[k]), canonical(got[k]); w != g {
-			return fmt.Sprintf("block %d was %s, replayed as %s", k, w, g)
-		}
-	}
-	return ""
 }
 
 func contains(ids []string, id string) bool {
@@ -358,33 +315,26 @@ func contains(ids []string, id string) bool {
 // tool_result contents of the last round, joined by " | " (an error
 // result as "error: " and its content). Any other user message gets
 // "echo: " and its text.
-func Scripted(req Request) Reply {
+func Scripted(req Request) simbase.Reply {
 	var msgs []message
 	for _, raw := range req.Messages {
 		var m message
 		_ = json.Unmarshal(raw, &m)
 		msgs = append(msgs, m)
 	}
-	var script struct {
-		Rounds [][]struct {
-			Name      string          `json:"name"`
-			Arguments json.RawMessage `json:"arguments"`
-		} `json:"rounds"`
-		Answer string `json:"answer"`
-	}
+	var script simbase.Script
 	start := -1
 	for i, m := range msgs {
-		if m.Role == "user" && json.Unmarshal([]byte(m.text()), &script) == nil && len(script.Rounds) > 0 {
-			start = i
+		if sc, ok := simbase.ParseScript(m.text()); ok && m.Role == "user" {
+			script, start = sc, i
 		}
 	}
 	if start < 0 {
 		if len(msgs) == 0 {
-			return Reply{Content: "no user message"}
+			return simbase.Reply{Content: "no user message"}
 		}
-		return Reply{Content: "echo: " + msgs[len(msgs)-1].text()}
+		return simbase.Reply{Content: "echo: " + msgs[len(msgs)-1].text()}
 	}
-	_ = json.Unmarshal([]byte(msgs[start].text()), &script)
 	round := 0
 	var results []string
 	for _, m := range msgs[start+1:] {
@@ -405,12 +355,5 @@ func Scripted(req Request) Reply {
 			results = append(results, text)
 		}
 	}
-	if round < len(script.Rounds) {
-		var r Reply
-		for _, c := range script.Rounds[round] {
-			r.Calls = append(r.Calls, Call{Name: c.Name, Args: string(c.Arguments)})
-		}
-		return r
-	}
-	return Reply{Content: script.Answer + "results: " + strings.Join(results, " | ")}
+	return script.Reply(round, results)
 }

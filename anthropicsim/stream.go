@@ -2,13 +2,13 @@ package anthropicsim
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/internal/chunk"
+	"github.com/projectdavid/toolsidecar/internal/simbase"
 )
 
 func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
@@ -26,15 +26,10 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "invalid_request_error", "could not parse the JSON body of your request: "+err.Error())
 		return
 	}
-	if f != nil && f.Status != 0 {
-		if f.RetryAfter != "" {
-			w.Header().Set("Retry-After", f.RetryAfter)
-		}
-		typ := f.Type
-		if typ == "" {
-			typ = map[int]string{http.StatusTooManyRequests: "rate_limit_error", 529: "overloaded_error"}[f.Status]
-		}
-		apiError(w, f.Status, typ, fmt.Sprintf("simulated %d", f.Status))
+	if f.Answer(w, func(w http.ResponseWriter, status int) {
+		typ := cmp.Or(f.Type, map[int]string{http.StatusTooManyRequests: "rate_limit_error", 529: "overloaded_error"}[status])
+		apiError(w, status, typ, fmt.Sprintf("simulated %d", status))
+	}) {
 		return
 	}
 	if req.MaxTokens == nil {
@@ -49,9 +44,7 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 	reply := s.cfg.Model(req)
 	blocks := s.blocksOf(req, reply, seq)
 	key := conversationKey(req.Messages)
-	s.mu.Lock()
-	s.said[key] = append(s.said[key], blocks)
-	s.mu.Unlock()
+	s.turns.Said(key, blocks)
 	stop := "end_turn"
 	if len(reply.Calls) > 0 {
 		stop = "tool_use"
@@ -67,7 +60,7 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	st := &streamer{w: w, ctx: r.Context(), delay: s.cfg.Delay, fault: f}
+	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f}, delay: s.cfg.Delay}
 	st.event("message_start", map[string]any{"message": map[string]any{"id": id, "type": "message", "role": "assistant", "model": req.Model,
 		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": usage["input_tokens"], "output_tokens": 1}}})
 	for i, raw := range blocks {
@@ -78,7 +71,7 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 	}
 	st.event("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]int{"output_tokens": usage["output_tokens"]}})
 	st.event("message_stop", map[string]any{})
-	if !st.ended {
+	if !st.Ended {
 		s.Delivered(key)
 	}
 }
@@ -86,7 +79,7 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 // blocksOf is the assistant content the model's reply makes: a thinking
 // block first when the request turns thinking on, its text, then a
 // tool_use block per call.
-func (s *Sim) blocksOf(req Request, reply Reply, seq int) []json.RawMessage {
+func (s *Sim) blocksOf(req Request, reply simbase.Reply, seq int) []json.RawMessage {
 	var out []json.RawMessage
 	add := func(v any) {
 		raw, _ := json.Marshal(v)
@@ -110,12 +103,8 @@ func (s *Sim) blocksOf(req Request, reply Reply, seq int) []json.RawMessage {
 
 // streamer writes one response's events.
 type streamer struct {
-	w     http.ResponseWriter
-	ctx   context.Context
+	simbase.Stream
 	delay time.Duration
-	fault *Fault
-	n     int
-	ended bool // EndAfter: nothing more is written
 }
 
 // block streams one content block as the API does: its start (a tool_use
@@ -159,29 +148,19 @@ func (st *streamer) block(i int, raw json.RawMessage) {
 
 // event writes one SSE event, named as its data's type.
 func (st *streamer) event(typ string, data map[string]any) {
-	if f := st.fault; st.ended || (f != nil && f.EndAfter > 0 && st.n >= f.EndAfter) {
-		st.ended = true
-		return // the response ends here, as if whole
+	if !st.Next(func() {
+		et := cmp.Or(st.Fault.ErrorType, "overloaded_error")
+		st.Send("error", map[string]any{"type": "error", "error": map[string]any{"type": et, "message": "simulated " + et}})
+	}) {
+		return
 	}
-	st.fault.Interrupt(st.ctx, st.n, st.flush, func() {
-		et := cmp.Or(st.fault.ErrorType, "overloaded_error")
-		st.write("error", map[string]any{"type": "error", "error": map[string]any{"type": et, "message": "simulated " + et}})
-	})
 	if st.delay > 0 {
 		time.Sleep(st.delay)
 	}
-	st.n++
+	st.N++
 	data["type"] = typ
-	st.write(typ, data)
+	st.Send(typ, data)
 }
-
-func (st *streamer) write(typ string, data any) {
-	raw, _ := json.Marshal(data)
-	_, _ = fmt.Fprintf(st.w, "event: %s\ndata: %s\n\n", typ, raw)
-	st.flush()
-}
-
-func (st *streamer) flush() { _ = http.NewResponseController(st.w).Flush() }
 
 // apiError writes an error in the API's shape.
 func apiError(w http.ResponseWriter, status int, typ, msg string) {

@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -90,13 +89,12 @@ type Fault = simbase.Fault
 // that did not replay what the model said.
 type Violation = simbase.Violation
 
-// Sim is the simulator; it is an http.Handler. Its Log queues the faults
+// Sim is the simulator; it is an http.Handler. Its Base queues the faults
 // (Inject) and keeps the contract log (Violations) and the counts
 // (Requests, Repeats).
 type Sim struct {
-	simbase.Log[Fault]
+	simbase.Base[Fault]
 	cfg Config
-	mux *http.ServeMux
 
 	mu       sync.Mutex
 	said     map[string][]said // by the hash of the conversation it answered
@@ -120,13 +118,10 @@ func New(cfg Config) *Sim {
 	if cfg.Model == nil {
 		cfg.Model = Scripted
 	}
-	s := &Sim{cfg: cfg, mux: http.NewServeMux(), said: map[string][]said{}}
-	s.mux.HandleFunc("POST /v1/chat/completions", s.completions)
-	s.mux.HandleFunc("GET /_sim/violations", s.ServeViolations)
+	s := &Sim{cfg: cfg, said: map[string][]said{}}
+	s.Route("POST /v1/chat/completions", s.completions)
 	return s
 }
-
-func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Finished lists when each answered turn's finish chunk was written, in
 // order.
@@ -189,64 +184,58 @@ func conversationKey(msgs []json.RawMessage) string {
 // check applies the API's checks and the replay check to a request's
 // messages. It returns the first refusal, which the API answers 400.
 func (s *Sim) check(msgs []json.RawMessage) string {
-	var refusal string
-	refuse := func(code, format string, args ...any) {
-		d := s.Violate(code, format, args...)
-		if refusal == "" {
-			refusal = d
-		}
-	}
-	parsed := make([]message, len(msgs))
-	for i, raw := range msgs {
-		if err := json.Unmarshal(raw, &parsed[i]); err != nil {
-			refuse("bad_message", "messages[%d]: %v", i, err)
-			return refusal
-		}
-	}
-	for i := 0; i < len(parsed); i++ {
-		m := parsed[i]
-		switch m.Role {
-		case "system", "developer", "user":
-		case "tool":
-			refuse("orphan_tool_message", "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'. (messages[%d])", i)
-		case "assistant":
-			s.checkReplay(msgs[:i], m, refuse)
-			if len(m.ToolCalls) == 0 {
-				continue
+	return s.Check(func(refuse simbase.Refuse) {
+		parsed := make([]message, len(msgs))
+		for i, raw := range msgs {
+			if err := json.Unmarshal(raw, &parsed[i]); err != nil {
+				refuse("bad_message", "messages[%d]: %v", i, err)
+				return
 			}
-			answered := map[string]int{}
-			j := i + 1
-			for ; j < len(parsed) && parsed[j].Role == "tool"; j++ {
-				answered[parsed[j].ToolCallID]++
-			}
-			var missing []string
-			for _, c := range m.ToolCalls {
-				switch answered[c.ID] {
-				case 0:
-					missing = append(missing, c.ID)
-				case 1:
-				default:
-					refuse("duplicate_tool_result", "Invalid parameter: Duplicate value for 'tool_call_id' of '%s'", c.ID)
+		}
+		for i := 0; i < len(parsed); i++ {
+			m := parsed[i]
+			switch m.Role {
+			case "system", "developer", "user":
+			case "tool":
+				refuse("orphan_tool_message", "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'. (messages[%d])", i)
+			case "assistant":
+				s.checkReplay(msgs[:i], m, refuse)
+				if len(m.ToolCalls) == 0 {
+					continue
 				}
-				delete(answered, c.ID)
+				answered := map[string]int{}
+				j := i + 1
+				for ; j < len(parsed) && parsed[j].Role == "tool"; j++ {
+					answered[parsed[j].ToolCallID]++
+				}
+				var missing []string
+				for _, c := range m.ToolCalls {
+					switch answered[c.ID] {
+					case 0:
+						missing = append(missing, c.ID)
+					case 1:
+					default:
+						refuse("duplicate_tool_result", "Invalid parameter: Duplicate value for 'tool_call_id' of '%s'", c.ID)
+					}
+					delete(answered, c.ID)
+				}
+				if len(missing) > 0 {
+					refuse("missing_tool_result", "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: %s", strings.Join(missing, ", "))
+				}
+				for id := range answered {
+					refuse("orphan_tool_message", "Invalid parameter: 'tool_call_id' of '%s' not found in 'tool_calls' of previous message.", id)
+				}
+				i = j - 1
+			default:
+				refuse("bad_role", "messages[%d]: unknown role %q", i, m.Role)
 			}
-			if len(missing) > 0 {
-				refuse("missing_tool_result", "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: %s", strings.Join(missing, ", "))
-			}
-			for id := range answered {
-				refuse("orphan_tool_message", "Invalid parameter: 'tool_call_id' of '%s' not found in 'tool_calls' of previous message.", id)
-			}
-			i = j - 1
-		default:
-			refuse("bad_role", "messages[%d]: unknown role %q", i, m.Role)
 		}
-	}
-	return refusal
+	})
 }
 
 // checkReplay compares an assistant message with what the model said
 // after the same conversation, if it said it here.
-func (s *Sim) checkReplay(before []json.RawMessage, m message, refuse func(code, format string, args ...any)) {
+func (s *Sim) checkReplay(before []json.RawMessage, m message, refuse simbase.Refuse) {
 	s.mu.Lock()
 	answers := s.said[conversationKey(before)]
 	s.mu.Unlock()
@@ -306,15 +295,8 @@ func Scripted(req Request) Reply {
 	if last < 0 {
 		return Reply{Content: "no user message"}
 	}
-	var script struct {
-		Rounds [][]struct {
-			Name      string          `json:"name"`
-			Arguments json.RawMessage `json:"arguments"`
-			Raw       *string         `json:"raw_arguments"`
-		} `json:"rounds"`
-		Answer string `json:"answer"`
-	}
-	if json.Unmarshal([]byte(msgs[last].text()), &script) != nil || len(script.Rounds) == 0 {
+	script, ok := simbase.ParseScript(msgs[last].text())
+	if !ok {
 		return Reply{Content: "echo: " + msgs[last].text()}
 	}
 	round := 0
@@ -328,19 +310,11 @@ func Scripted(req Request) Reply {
 			results = append(results, m.text())
 		}
 	}
-	if round < len(script.Rounds) {
-		var r Reply
-		for _, c := range script.Rounds[round] {
-			args := string(c.Arguments)
-			if c.Raw != nil {
-				args = *c.Raw
-			}
-			if args == "" {
-				args = "{}"
-			}
-			r.Calls = append(r.Calls, Call{Name: c.Name, Args: args})
+	r := script.Reply(round, results)
+	for i := range r.Calls {
+		if r.Calls[i].Args == "" {
+			r.Calls[i].Args = "{}"
 		}
-		return r
 	}
-	return Reply{Content: script.Answer + "results: " + strings.Join(results, " | ")}
+	return r
 }

@@ -21,17 +21,7 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.auth = append(s.auth, r.Header.Get("Authorization"))
 	s.mu.Unlock()
-	if f != nil && f.Status != 0 {
-		if f.RetryAfter != "" {
-			w.Header().Set("Retry-After", f.RetryAfter)
-		}
-		if f.Body != "" {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(f.Status)
-			_, _ = w.Write([]byte(f.Body))
-			return
-		}
-		apiError(w, f.Status, http.StatusText(f.Status))
+	if f.Answer(w, func(w http.ResponseWriter, status int) { apiError(w, status, http.StatusText(status)) }) {
 		return
 	}
 	if refusal := s.check(req.Messages); refusal != "" {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 )
 
@@ -20,9 +21,12 @@ type Violation struct {
 	Detail string `json:"detail"`
 }
 
-// Log is a simulator's record of its requests; F is its fault. The zero
-// Log is ready, and safe for concurrent use.
-type Log[F any] struct {
+// Base is what a simulator embeds: its routes (with GET
+// /_sim/violations), the faults queued for its requests, its contract
+// log and its counts; F is its fault. The zero Base is ready, and safe for
+// concurrent use once its routes are set.
+type Base[F any] struct {
+	mux        *http.ServeMux
 	mu         sync.Mutex
 	faults     []F
 	violations []Violation
@@ -30,8 +34,21 @@ type Log[F any] struct {
 	answered   map[string]int // turns delivered whole, by conversation
 }
 
+// Route serves pattern with h; the first route also serves the contract
+// log on GET /_sim/violations.
+func (l *Base[F]) Route(pattern string, h http.HandlerFunc) {
+	if l.mux == nil {
+		l.mux = http.NewServeMux()
+		l.mux.HandleFunc("GET /_sim/violations", l.ServeViolations)
+	}
+	l.mux.HandleFunc(pattern, h)
+}
+
+// ServeHTTP serves the routes.
+func (l *Base[F]) ServeHTTP(w http.ResponseWriter, r *http.Request) { l.mux.ServeHTTP(w, r) }
+
 // Inject queues faults, one per request to come.
-func (l *Log[F]) Inject(f ...F) {
+func (l *Base[F]) Inject(f ...F) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.faults = append(l.faults, f...)
@@ -39,7 +56,7 @@ func (l *Log[F]) Inject(f ...F) {
 
 // Begin counts a request, and returns its number (from 1) and the fault
 // queued for it, if any.
-func (l *Log[F]) Begin() (seq int, fault *F) {
+func (l *Base[F]) Begin() (seq int, fault *F) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.requests++
@@ -51,14 +68,14 @@ func (l *Log[F]) Begin() (seq int, fault *F) {
 }
 
 // Requests counts the requests received.
-func (l *Log[F]) Requests() int {
+func (l *Base[F]) Requests() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.requests
 }
 
 // Violate records a violation and returns its detail.
-func (l *Log[F]) Violate(code, format string, args ...any) string {
+func (l *Base[F]) Violate(code, format string, args ...any) string {
 	v := Violation{Code: code, Detail: fmt.Sprintf(format, args...)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -67,21 +84,21 @@ func (l *Log[F]) Violate(code, format string, args ...any) string {
 }
 
 // Violations returns the contract log.
-func (l *Log[F]) Violations() []Violation {
+func (l *Base[F]) Violations() []Violation {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]Violation(nil), l.violations...)
 }
 
 // ServeViolations answers the contract log as JSON (GET /_sim/violations).
-func (l *Log[F]) ServeViolations(w http.ResponseWriter, _ *http.Request) {
+func (l *Base[F]) ServeViolations(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(l.Violations())
 }
 
 // Delivered counts a turn answered whole after the conversation named
 // key: no fault can take it back.
-func (l *Log[F]) Delivered(key string) {
+func (l *Base[F]) Delivered(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.answered == nil {
@@ -92,7 +109,7 @@ func (l *Log[F]) Delivered(key string) {
 
 // Repeats counts the conversations whose turn was delivered whole more
 // than once: turns asked again after they were delivered.
-func (l *Log[F]) Repeats() int {
+func (l *Base[F]) Repeats() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
@@ -164,4 +181,160 @@ type Reply struct {
 // not be JSON); "" is a call without arguments.
 type Call struct {
 	Name, Args string
+}
+
+// Answer writes f's HTTP error, when it has one, and says whether it did:
+// Retry-After, then Body as the whole body or the API's own error
+// (apiError) for the status.
+func (f *Fault) Answer(w http.ResponseWriter, apiError func(w http.ResponseWriter, status int)) bool {
+	if f == nil || f.Status == 0 {
+		return false
+	}
+	if f.RetryAfter != "" {
+		w.Header().Set("Retry-After", f.RetryAfter)
+	}
+	if f.Body != "" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(f.Status)
+		_, _ = w.Write([]byte(f.Body))
+		return true
+	}
+	apiError(w, f.Status)
+	return true
+}
+
+// Stream writes one response's server-sent events, interrupted as its
+// Fault says. N counts the events written.
+type Stream struct {
+	W     http.ResponseWriter
+	Ctx   context.Context
+	Fault *Fault
+	N     int
+	Ended bool // EndAfter ended the response: nothing more is written
+}
+
+// Next says whether the next event may be written: false once EndAfter
+// has ended the response. It first cuts, errs (sendError writes the API's
+// error event) or holds the stream, as the Fault says for that event.
+func (s *Stream) Next(sendError func()) bool {
+	if f := s.Fault; s.Ended || (f != nil && f.EndAfter > 0 && s.N >= f.EndAfter) {
+		s.Ended = true
+		return false
+	}
+	s.Fault.Interrupt(s.Ctx, s.N, s.Flush, sendError)
+	return true
+}
+
+// Send writes one event with its name (an event: line) and flushes.
+func (s *Stream) Send(typ string, data any) {
+	raw, _ := json.Marshal(data)
+	_, _ = fmt.Fprintf(s.W, "event: %s\ndata: %s\n\n", typ, raw)
+	s.Flush()
+}
+
+// Flush sends what was written.
+func (s *Stream) Flush() { _ = http.NewResponseController(s.W).Flush() }
+
+// Turns keeps what a model said after each conversation, for the check
+// that a later request replays it unchanged. The zero Turns is ready, and
+// safe for concurrent use.
+type Turns struct {
+	// Noun names a turn's parts in the check's messages ("items",
+	// "blocks"); Canonical is a part as the check compares it.
+	Noun      string
+	Canonical func(json.RawMessage) string
+
+	mu   sync.Mutex
+	said map[string][][]json.RawMessage
+}
+
+// Said records a turn the model said after the conversation named conv.
+func (t *Turns) Said(conv string, turn []json.RawMessage) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.said == nil {
+		t.said = map[string][][]json.RawMessage{}
+	}
+	t.said[conv] = append(t.said[conv], turn)
+}
+
+// Replayed checks a turn replayed after the conversation named conv:
+// known is false when the model said nothing after it here; why says how
+// the turn differs from each of the turns said (the conversation may have
+// been answered more than once), "" when it is one of them.
+func (t *Turns) Replayed(conv string, turn []json.RawMessage) (known bool, why string) {
+	t.mu.Lock()
+	answers := t.said[conv]
+	t.mu.Unlock()
+	for _, want := range answers {
+		if why = t.mismatch(want, turn); why == "" {
+			return true, ""
+		}
+	}
+	return len(answers) > 0, why
+}
+
+func (t *Turns) mismatch(want, got []json.RawMessage) string {
+	if len(got) != len(want) {
+		return fmt.Sprintf("the model said %d %s, replayed as %d", len(want), t.Noun, len(got))
+	}
+	for k := range want {
+		if w, g := t.Canonical(want[k]), t.Canonical(got[k]); w != g {
+			return fmt.Sprintf("%s %d was %s, replayed as %s", strings.TrimSuffix(t.Noun, "s"), k, w, g)
+		}
+	}
+	return ""
+}
+
+// Refuse records a violation of a request being checked.
+type Refuse func(code, format string, args ...any)
+
+// Check runs a request's checks, recording each violation they find, and
+// returns the first, which the API answers 400 ("" when none).
+func (l *Base[F]) Check(checks func(refuse Refuse)) string {
+	var first string
+	checks(func(code, format string, args ...any) {
+		if d := l.Violate(code, format, args...); first == "" {
+			first = d
+		}
+	})
+	return first
+}
+
+// Script is what the simulators' scripted model follows, sent as a user
+// message's text: {"rounds": [[{"name": ..., "arguments": {...}}, ...],
+// ...], "answer": "..."} makes one turn of calls per round ("arguments"
+// as JSON, or "raw_arguments" as a string sent as it is); after the last
+// round the model answers with the text "answer", then "results: " and
+// the last round's results joined by " | ".
+type Script struct {
+	Rounds [][]struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+		Raw       *string         `json:"raw_arguments"`
+	} `json:"rounds"`
+	Answer string `json:"answer"`
+}
+
+// ParseScript reads a script from a message's text; ok is false for any
+// other text.
+func ParseScript(text string) (s Script, ok bool) {
+	return s, json.Unmarshal([]byte(text), &s) == nil && len(s.Rounds) > 0
+}
+
+// Reply is the model's turn after it made round turns of calls, the last
+// one's results being results. A call without arguments has Args "".
+func (s Script) Reply(round int, results []string) Reply {
+	if round >= len(s.Rounds) {
+		return Reply{Content: s.Answer + "results: " + strings.Join(results, " | ")}
+	}
+	var r Reply
+	for _, c := range s.Rounds[round] {
+		args := string(c.Arguments)
+		if c.Raw != nil {
+			args = *c.Raw
+		}
+		r.Calls = append(r.Calls, Call{Name: c.Name, Args: args})
+	}
+	return r
 }
