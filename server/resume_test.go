@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -153,17 +154,30 @@ func TestDroppedSSEStreamCancelsAfterGrace(t *testing.T) {
 	sc := &sidecar{env: env, url: env.URL}
 	r := env.NewRun()
 
-	bad, _ := http.NewRequest("POST", sc.url+"/v1/runs/"+r.RunID+"/drive", strings.NewReader(sc.driveBody(r)))
-	bad.Header.Set("Content-Type", "application/json")
-	bad.Header.Set("Accept", "text/event-stream")
-	bad.Header.Set("Last-Event-ID", "x\u00e9-1")
-	resp, err := http.DefaultClient.Do(bad)
-	if err != nil {
-		t.Fatal(err)
+	// Hostile ids: refused before anything is driven, quoted by no
+	// answer, and the sidecar stays ready.
+	for _, id := range []string{"x\u00e9-1", strings.Repeat("a", 5000) + "-1", "abc-" + strings.Repeat("9", 40), "abc-1\x00", "-1"} {
+		bad, _ := http.NewRequest("POST", sc.url+"/v1/runs/"+r.RunID+"/drive", strings.NewReader(sc.driveBody(r)))
+		bad.Header.Set("Content-Type", "application/json")
+		bad.Header.Set("Accept", "text/event-stream")
+		bad.Header.Set("Last-Event-ID", id)
+		resp, err := http.DefaultClient.Do(bad)
+		if err != nil {
+			continue // a header value the client itself refuses to send
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || strings.Contains(string(body), strings.Repeat("a", 200)) {
+			t.Errorf("Last-Event-ID %.20q...: %d %.100s, want a 400 that does not quote it", id, resp.StatusCode, body)
+		}
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("a malformed Last-Event-ID: %d, want 400", resp.StatusCode)
+	if ready, err := http.Get(sc.url + "/readyz"); err != nil || ready.StatusCode != http.StatusOK {
+		t.Fatalf("after hostile Last-Event-IDs the sidecar is not ready: %v", err)
+	} else {
+		ready.Body.Close()
+	}
+	if n := env.Sim.CountRequests("POST", "/v1/completions"); n != 0 {
+		t.Fatalf("%d completions requests for refused drives, want 0", n)
 	}
 
 	stream := sc.openSSE(t, r)
