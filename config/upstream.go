@@ -7,28 +7,33 @@ import (
 
 // Upstream says where the model is.
 type Upstream struct {
-	// Kind is core (Project David Core, configured under core) or openai
+	// Kind is core (Project David Core, configured under core), openai
 	// (an OpenAI-compatible Chat Completions server: OpenAI, vLLM, Ollama,
 	// llama.cpp, LiteLLM), which applications reach at the sidecar's POST
-	// /v1/chat/completions. default: core
+	// /v1/chat/completions, or anthropic (a Messages API server:
+	// Anthropic, LiteLLM, vLLM, Ollama, llama.cpp), which they reach at
+	// POST /v1/messages. default: core
 	Kind string `koanf:"kind"`
-	// URL of the OpenAI-compatible API with its version, for kind openai
-	// (https://api.openai.com/v1, http://127.0.0.1:11434/v1).
+	// URL of the model's API as its official client takes it, for kinds
+	// openai and anthropic: with its version for openai
+	// (https://api.openai.com/v1, http://127.0.0.1:11434/v1), without for
+	// anthropic (https://api.anthropic.com).
 	URL string `koanf:"url"`
-	// APIKeyFile holds the key sent upstream as a bearer token, for kind
-	// openai. Optional: TOOLSIDECAR_UPSTREAM_API_KEY is read when it is
-	// empty. Without server.auth_token_file, a caller's own bearer key is
-	// sent instead.
+	// APIKeyFile holds the key sent upstream, for kinds openai (as a
+	// bearer token) and anthropic (as x-api-key). Optional:
+	// TOOLSIDECAR_UPSTREAM_API_KEY is read when it is empty. Without
+	// server.auth_token_file, a caller's own key is sent instead.
 	APIKeyFile string `koanf:"api_key_file"`
 	// RetryBudget bounds the retries of one turn's request (429 after its
 	// Retry-After, 5xx, a failed connection, a stream cut before its
 	// finish chunk). default: 30s
 	RetryBudget time.Duration `koanf:"retry_budget"`
 	// StreamIdleTimeout bounds the silence between two events of a turn's
-	// stream, for kind openai; past it the turn is retried within
+	// stream, for kinds openai and anthropic; past it the turn is retried within
 	// retry_budget. default: 2m
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
-	// JournalTTL is how long the journal keeps a run of kind openai: a
+	// JournalTTL is how long the journal keeps a run of kind openai or
+	// anthropic: a
 	// retried request resumes its run within it, and a request with the
 	// Idempotency-Key of a run that ended gets that run's answer again.
 	// In durable mode the journal is in JetStream; otherwise in memory,
@@ -38,9 +43,14 @@ type Upstream struct {
 
 // Upstream kinds.
 const (
-	UpstreamCore   = "core"
-	UpstreamOpenAI = "openai"
+	UpstreamCore      = "core"
+	UpstreamOpenAI    = "openai"
+	UpstreamAnthropic = "anthropic"
 )
+
+// Model reports an upstream that is a model's API (openai, anthropic),
+// which applications reach through the sidecar, rather than Core.
+func (u Upstream) Model() bool { return u.Kind == UpstreamOpenAI || u.Kind == UpstreamAnthropic }
 
 // UpstreamAPIKeyEnv holds the upstream's key when no
 // upstream.api_key_file is set.
@@ -54,8 +64,12 @@ func (u Upstream) validate() []error {
 		if !httpURL(u.URL) {
 			p.add("url", "must be the http(s) URL of the API with its version (https://api.openai.com/v1), got %q", RedactURL(u.URL))
 		}
+	case UpstreamAnthropic:
+		if !httpURL(u.URL) {
+			p.add("url", "must be the http(s) URL of the API as its client takes it (https://api.anthropic.com), got %q", RedactURL(u.URL))
+		}
 	default:
-		p.add("kind", "must be core or openai, got %q", u.Kind)
+		p.add("kind", "must be core, openai or anthropic, got %q", u.Kind)
 	}
 	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "stream_idle_timeout": int64(u.StreamIdleTimeout),
 		"journal_ttl": int64(u.JournalTTL)}, durationText)

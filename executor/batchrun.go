@@ -270,14 +270,30 @@ func retryBackoff() *backoff.ExponentialBackOff {
 	return b
 }
 
+// errorOutput is the tool message the model reads for a failed call.
+type errorOutput struct {
+	Error     string `json:"error"`
+	ErrorType string `json:"error_type"`
+	Tool      string `json:"tool"`
+}
+
 // errorContent is the tool message the model reads for a failed call.
 func errorContent(name string, err *tool.Error) string {
-	b, _ := json.Marshal(struct {
-		Error     string `json:"error"`
-		ErrorType string `json:"error_type"`
-		Tool      string `json:"tool"`
-	}{err.Message, string(err.Type), name})
+	b, _ := json.Marshal(errorOutput{err.Message, string(err.Type), name})
 	return string(b)
+}
+
+// FailedOutput reports a call's output that is the executor's account of
+// its failure (errorContent), for an API that flags errors apart
+// (Messages' tool_result is_error).
+func FailedOutput(content string) bool {
+	if !strings.HasPrefix(content, `{"error":`) {
+		return false
+	}
+	var o errorOutput
+	d := json.NewDecoder(strings.NewReader(content))
+	d.DisallowUnknownFields()
+	return d.Decode(&o) == nil && o.ErrorType != "" && o.Tool != "" && !d.More()
 }
 
 // keep holds an outcome the upstream did not take, for the next drive of its run.

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // TestDedupeKey: the key ignores key order and spacing of the arguments,
@@ -58,5 +60,23 @@ func TestMemMemoBounded(t *testing.T) {
 	m.Remember(ctx, "d", MemoEntry{Content: "d", Expires: later})
 	if _, ok := m.Recall(ctx, "b"); !ok {
 		t.Error("an unexpired entry within the bound was dropped")
+	}
+}
+
+// TestFailedOutput: the executor's own account of a failure reads as
+// failed, and a tool's output that only looks like one does not.
+func TestFailedOutput(t *testing.T) {
+	own := errorContent("look", tool.NewError(tool.ToolFailed, "it broke: %s", `"quoted"`))
+	for content, want := range map[string]bool{
+		own:             true,
+		`{"error":"x"}`: false, // a tool's own error field
+		`{"error":"x","error_type":"tool_failed","tool":"look","extra":1}`: false,
+		own + " trailing": false,
+		"plain text":      false,
+		"":                false,
+	} {
+		if got := FailedOutput(content); got != want {
+			t.Errorf("FailedOutput(%q) = %v, want %v", content, got, want)
+		}
 	}
 }

@@ -3,7 +3,6 @@ package openaiup
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -13,23 +12,85 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 )
 
-// answer writes the application's answer: a chat.completion, or a stream
-// of chat.completion.chunk events that the official clients accumulate
-// (one id, the role first, one finish chunk, usage when asked, one
-// [DONE]). Its methods are called from the request's goroutine and from
-// its keep-alive ticker.
-type answer struct {
+// answerBase is what every API's answer keeps: the response, its SSE
+// session once the stream began, and what was written.
+type answerBase struct {
 	mu      sync.Mutex
 	w       http.ResponseWriter
 	r       *http.Request
+	api     api
 	sess    *sse.Session // once started
 	id      string
 	model   string
 	created int64
 	usage   bool // stream_options.include_usage
 	started bool // the stream's head is written
-	role    bool // the role went out in a delta
 	written int  // bytes of content streamed
+}
+
+func (a *answerBase) base() *answerBase { return a }
+
+// upgrade begins the stream, reporting whether this call did. a.mu is
+// held.
+func (a *answerBase) upgrade() bool {
+	if a.started {
+		return false
+	}
+	a.started = true
+	a.w.Header().Set("Cache-Control", "no-cache")
+	a.w.Header().Set("X-Accel-Buffering", "no") // no buffering proxy between
+	a.sess, _ = sse.Upgrade(a.w, a.r)           // net/http's writers can: no error
+	return true
+}
+
+// event writes one SSE event of data, named when name is set (Messages
+// names each event; Chat Completions none), or a comment.
+func (a *answerBase) event(name, data, comment string) {
+	m := &sse.Message{}
+	if comment != "" {
+		m.AppendComment(comment)
+	} else {
+		if name != "" {
+			m.Type = sse.Type(name)
+		}
+		m.AppendData(data)
+	}
+	if a.sess.Send(m) == nil {
+		_ = a.sess.Flush()
+	}
+}
+
+// keepAlive sends a comment on a stream that has begun, which clients
+// ignore, so that no proxy between closes it while tools run.
+func (a *answerBase) keepAlive() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.started {
+		a.event("", "", "keep-alive")
+	}
+}
+
+// writeJSON writes a whole JSON body, with its length: the answer is
+// whole to the client as soon as it is sent, before the run's end is
+// journaled (after the answer).
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":{"message":"encoding the answer failed","type":"toolsidecar_error"}}`)
+	}
+	body = append(body, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// chatAnswer writes a chat.completion, or a stream of
+// chat.completion.chunk events that the official clients accumulate (one
+// id, the role first, one finish chunk, usage when asked, one [DONE]).
+type chatAnswer struct {
+	*answerBase
+	role bool // the role went out in a delta
 }
 
 type outChunk struct {
@@ -86,39 +147,19 @@ type outCompletion struct {
 	Toolsidecar *extension  `json:"toolsidecar"`
 }
 
-// begin writes the stream's head, once.
-func (a *answer) begin() {
+func (a *chatAnswer) begin() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.head()
 }
 
-func (a *answer) head() {
-	if a.started {
-		return
-	}
-	a.started = true
-	a.w.Header().Set("Cache-Control", "no-cache")
-	a.w.Header().Set("X-Accel-Buffering", "no") // no buffering proxy between
-	a.sess, _ = sse.Upgrade(a.w, a.r)           // net/http's writers can: no error
-	_ = a.sess.Flush()
-}
-
-// event writes one SSE event of data, or a comment.
-func (a *answer) event(data, comment string) {
-	m := &sse.Message{}
-	if comment != "" {
-		m.AppendComment(comment)
-	} else {
-		m.AppendData(data)
-	}
-	if a.sess.Send(m) == nil {
+func (a *chatAnswer) head() {
+	if a.upgrade() {
 		_ = a.sess.Flush()
 	}
 }
 
-// content streams text the model said.
-func (a *answer) content(text string) {
+func (a *chatAnswer) content(text string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.head()
@@ -127,32 +168,22 @@ func (a *answer) content(text string) {
 }
 
 // delta puts the role on the stream's first delta.
-func (a *answer) delta(d *outDelta) *outDelta {
+func (a *chatAnswer) delta(d *outDelta) *outDelta {
 	if !a.role {
 		d.Role, a.role = "assistant", true
 	}
 	return d
 }
 
-func (a *answer) send(c outChunk) {
+func (a *chatAnswer) send(c outChunk) {
 	c.ID, c.Object, c.Created, c.Model = a.id, "chat.completion.chunk", a.created, a.model
 	data, _ := json.Marshal(c)
-	a.event(string(data), "")
-}
-
-// keepAlive sends a comment on a stream that has begun, which clients
-// ignore, so that no proxy between closes it while tools run.
-func (a *answer) keepAlive() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.started {
-		a.event("", "keep-alive")
-	}
+	a.event("", string(data), "")
 }
 
 // finish ends the stream: the application's calls if the run ends on
 // them, the finish chunk, the usage when asked, and [DONE].
-func (a *answer) finish(res Result, sum executor.Summary) {
+func (a *chatAnswer) finish(res Result, sum executor.Summary) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.head()
@@ -165,12 +196,17 @@ func (a *answer) finish(res Result, sum executor.Summary) {
 	}
 	reason := finishReason(res)
 	a.send(outChunk{Choices: []outChoice{{Delta: a.delta(&outDelta{}), FinishReason: &reason}},
-		Toolsidecar: &extension{RunID: a.id, Turns: sum.Turns, Calls: sum.Calls}})
+		Toolsidecar: extensionOf(a.id, sum)})
 	if a.usage {
 		u := res.Usage
 		a.send(outChunk{Choices: []outChoice{}, Usage: &u})
 	}
-	a.event("[DONE]", "")
+	a.event("", "[DONE]", "")
+}
+
+// extensionOf tells the application what the sidecar did.
+func extensionOf(runID string, sum executor.Summary) *extension {
+	return &extension{RunID: runID, Turns: sum.Turns, Calls: sum.Calls}
 }
 
 // finishReason is the answer's: tool_calls when the application has calls
@@ -187,28 +223,25 @@ func finishReason(res Result) string {
 }
 
 // whole writes the answer as one chat.completion.
-func (a *answer) whole(res Result, sum executor.Summary) {
+func (a *chatAnswer) whole(res Result, sum executor.Summary) {
 	content := res.Content
 	msg := &outMessage{Role: "assistant", Content: &content, ToolCalls: res.AppCalls}
 	if content == "" && len(res.AppCalls) > 0 {
 		msg.Content = nil
 	}
 	reason := finishReason(res)
-	out := outCompletion{ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
-		Choices: []outChoice{{Message: msg, FinishReason: &reason}}, Usage: res.Usage,
-		Toolsidecar: &extension{RunID: a.id, Turns: sum.Turns, Calls: sum.Calls}}
-	body, err := json.Marshal(out)
-	if err != nil {
-		a.fail(sum, fmt.Errorf("encoding the answer: %w", err))
-		return
-	}
-	body = append(body, '\n')
-	// With its length the answer is whole to the client as soon as it
-	// is sent, before the run's end is journaled (after the answer).
-	a.w.Header().Set("Content-Type", "application/json")
-	a.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	a.w.WriteHeader(http.StatusOK)
-	_, _ = a.w.Write(body)
+	writeJSON(a.w, http.StatusOK, outCompletion{ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
+		Choices: []outChoice{{Message: msg, FinishReason: &reason}}, Usage: res.Usage, Toolsidecar: extensionOf(a.id, sum)})
+}
+
+// failEvent: an error event, which the official clients raise, and
+// [DONE]. a.mu is held.
+func (a *chatAnswer) failEvent(msg, typ, code string) {
+	var e apiError
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, typ, &code
+	data, _ := json.Marshal(e)
+	a.event("", string(data), "")
+	a.event("", "[DONE]", "")
 }
 
 // fail reports a run that did not end with the model's answer. Before the
@@ -217,8 +250,9 @@ func (a *answer) whole(res Result, sum executor.Summary) {
 // failures, a 422 for the turn limit (the same request would reach it
 // again), a 503 for a sidecar that stopped (a retry resumes the run), and
 // a 500 for the sidecar's own bug guard. Once the stream has begun it is
-// an error event, which the official clients raise, and [DONE].
-func (a *answer) fail(sum executor.Summary, err error) {
+// the API's error event.
+func fail(out answerWriter, sum executor.Summary, err error) {
+	a := out.base()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	status, typ := http.StatusInternalServerError, "toolsidecar_error"
@@ -241,21 +275,14 @@ func (a *answer) fail(sum executor.Summary, err error) {
 	if msg == "" && err != nil {
 		msg = err.Error()
 	}
-	if !a.started {
-		if re != nil && json.Valid(re.Body) && re.Status < 500 {
-			a.w.Header().Set("Content-Type", "application/json")
-			a.w.WriteHeader(re.Status)
-			_, _ = a.w.Write(re.Body)
-			return
-		}
-		writeAPIError(a.w, status, msg, typ, "")
-		return
+	switch {
+	case a.started:
+		out.failEvent(msg, typ, sum.Status)
+	case re != nil && json.Valid(re.Body) && re.Status < 500:
+		a.w.Header().Set("Content-Type", "application/json")
+		a.w.WriteHeader(re.Status)
+		_, _ = a.w.Write(re.Body)
+	default:
+		a.api.writeError(a.w, status, msg, typ, "")
 	}
-	var e apiError
-	e.Error.Message, e.Error.Type = msg, typ
-	code := sum.Status
-	e.Error.Code = &code
-	data, _ := json.Marshal(e)
-	a.event(string(data), "")
-	a.event("[DONE]", "")
 }

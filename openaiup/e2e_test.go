@@ -74,9 +74,22 @@ func start(t testing.TB, simCfg openaisim.Config, opts testenv.Options, tools ..
 // simulator runs in this process, is it.
 func startOn(t testing.TB, sim *openaisim.Sim, baseURL string, opts testenv.Options, tools ...testenv.Tool) *stack {
 	t.Helper()
+	env, hc := startSidecar(t, config.UpstreamOpenAI, baseURL, opts, tools...)
+	ropts := []option.RequestOption{option.WithBaseURL(env.URL + "/v1"), option.WithAPIKey("app-key"), option.WithMaxRetries(0), option.WithHTTPClient(hc)}
+	if opts.Token != "" {
+		ropts[1] = option.WithAPIKey(opts.Token)
+	}
+	return &stack{sim: sim, env: env, client: openai.NewClient(ropts...)}
+}
+
+// startSidecar starts a sidecar with upstream.kind at baseURL, its tools
+// (an echo tool by default) served by a Go worker and live, and returns
+// it with an HTTP client for the application.
+func startSidecar(t testing.TB, kind, baseURL string, opts testenv.Options, tools ...testenv.Tool) (*testenv.Env, *http.Client) {
+	t.Helper()
 	edit := opts.Config
 	opts.Config = func(c *config.Config) {
-		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = config.UpstreamOpenAI, baseURL, 10*time.Second
+		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = kind, baseURL, 10*time.Second
 		if edit != nil {
 			edit(c)
 		}
@@ -92,11 +105,7 @@ func startOn(t testing.TB, sim *openaisim.Sim, baseURL string, opts testenv.Opti
 	testenv.WaitLive(t, env.URL, names...)
 	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	t.Cleanup(hc.CloseIdleConnections)
-	ropts := []option.RequestOption{option.WithBaseURL(env.URL + "/v1"), option.WithAPIKey("app-key"), option.WithMaxRetries(0), option.WithHTTPClient(hc)}
-	if opts.Token != "" {
-		ropts[1] = option.WithAPIKey(opts.Token)
-	}
-	return &stack{sim: sim, env: env, client: openai.NewClient(ropts...)}
+	return env, hc
 }
 
 // script is a user message that the simulator's scripted model follows.

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -48,11 +47,13 @@ type EndpointConfig struct {
 	Logger *slog.Logger
 }
 
-// Endpoint serves POST /v1/chat/completions: the application's request is
+// Endpoint serves the upstream's API to applications (POST
+// /v1/chat/completions, POST /v1/messages): the application's request is
 // a run, whose tool calls the sidecar answers turn after turn, and whose
 // answer is the model's last word, streamed or whole.
 type Endpoint struct {
 	cfg    EndpointConfig
+	api    api
 	log    *slog.Logger
 	parked *parking
 }
@@ -69,19 +70,35 @@ func NewEndpoint(cfg EndpointConfig) *Endpoint {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Endpoint{cfg: cfg, log: log.With("component", "openai"), parked: newParking(cfg.ParkedTTL, cfg.Memo)}
+	a := cfg.Upstream.api
+	return &Endpoint{cfg: cfg, api: a, log: log.With("component", a.kind()), parked: newParking(cfg.ParkedTTL, cfg.Memo)}
+}
+
+// Pattern is the route the endpoint serves: the API's own path.
+func (ep *Endpoint) Pattern() string {
+	if ep.api.kind() == kindAnthropic {
+		return "POST /v1/messages"
+	}
+	return "POST /v1/chat/completions"
+}
+
+// WriteError writes an error as the API answers one: the route's Errors,
+// for the requests the server refuses before the endpoint reads them.
+func (ep *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
+	ep.api.writeError(w, status, msg, "invalid_request_error", "")
 }
 
 // request is what the endpoint reads of the application's request; the
 // rest is passed upstream as it came.
 type request struct {
-	body     map[string]json.RawMessage
-	messages []json.RawMessage
-	stream   bool
-	usage    bool // stream_options.include_usage
-	model    string
-	appTools map[string]bool
-	key      runKey
+	body      map[string]json.RawMessage // but the conversation and the stream flags
+	canonical []byte                     // the request as asked, for its key: how it is delivered left out
+	messages  []json.RawMessage
+	stream    bool
+	usage     bool // stream_options.include_usage
+	model     string
+	appTools  map[string]bool
+	key       runKey
 }
 
 // badRequest is a request the API would refuse: a 400 in its shape (413
@@ -110,67 +127,15 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	if err := json.Unmarshal(raw, &body); err != nil || body == nil {
 		return nil, &badRequest{msg: "the request body is not a JSON object"}
 	}
-	req := &request{body: body, appTools: map[string]bool{}}
-	if err := json.Unmarshal(body["messages"], &req.messages); err != nil || len(req.messages) == 0 {
-		return nil, &badRequest{msg: "messages must be a non-empty array", param: "messages"}
-	}
-	_ = json.Unmarshal(body["model"], &req.model)
-	if raw, ok := body["n"]; ok {
-		var n int
-		if json.Unmarshal(raw, &n) != nil || n > 1 {
-			return nil, &badRequest{msg: "n > 1 is not supported: each choice would need its own tool calls", param: "n"}
-		}
-	}
-	if raw, ok := body["stream"]; ok {
-		_ = json.Unmarshal(raw, &req.stream)
-	}
-	if raw, ok := body["stream_options"]; ok && string(raw) != "null" {
-		if !req.stream {
-			return nil, &badRequest{msg: "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param: "stream_options"}
-		}
-		var so struct {
-			IncludeUsage bool `json:"include_usage"`
-		}
-		_ = json.Unmarshal(raw, &so)
-		req.usage = so.IncludeUsage
-	}
-	var tools []json.RawMessage
-	if raw, ok := body["tools"]; ok && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &tools); err != nil {
-			return nil, &badRequest{msg: "tools must be an array", param: "tools"}
-		}
+	req, err := ep.api.readRequest(body, ep.cfg.Tools())
+	if err != nil {
+		return nil, err
 	}
 	// The run's key is the request as the application asked it; whether
 	// the answer is streamed is how it is delivered, not what is asked.
-	delete(body, "stream")
-	delete(body, "stream_options")
-	canonical, _ := json.Marshal(body) // keys sorted
-	if req.key, err = keyOf(r, canonical); err != nil {
+	if req.key, err = keyOf(r, ep.api, req.canonical); err != nil {
 		return nil, err
 	}
-	own := map[string]bool{}
-	for _, t := range ep.cfg.Tools() {
-		own[t.Function.Name] = true
-	}
-	for i, raw := range tools {
-		var t tool.FunctionTool
-		if err := json.Unmarshal(raw, &t); err != nil || t.Function.Name == "" {
-			return nil, &badRequest{msg: fmt.Sprintf("tools[%d] is not a function tool", i), param: fmt.Sprintf("tools[%d]", i)}
-		}
-		if own[t.Function.Name] {
-			return nil, &badRequest{msg: fmt.Sprintf("tools[%d]: %s is a tool of the sidecar; rename the application's tool", i, tool.Excerpt(t.Function.Name)),
-				param: fmt.Sprintf("tools[%d].function.name", i)}
-		}
-		req.appTools[t.Function.Name] = true
-	}
-	for _, t := range ep.cfg.Tools() {
-		raw, _ := json.Marshal(t)
-		tools = append(tools, raw)
-	}
-	if len(tools) > 0 {
-		body["tools"], _ = json.Marshal(tools)
-	}
-	delete(body, "messages")
 	return req, nil
 }
 
@@ -179,26 +144,27 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var br *badRequest
 		errors.As(err, &br)
-		writeAPIError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
+		ep.api.writeError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
 		return
 	}
 	id, fresh, finished, err := ep.runOf(r.Context(), req.key)
 	if err != nil {
 		var br *badRequest
 		if errors.As(err, &br) {
-			writeAPIError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", "")
+			ep.api.writeError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", "")
 			return
 		}
 		ep.log.Error("reading the journal", "err", err)
-		writeAPIError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
+		ep.api.writeError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
 		return
 	}
-	messages := ep.parked.restore(r.Context(), req.messages)
+	messages := ep.parked.restore(r.Context(), ep.api, req.messages)
 	up := ep.cfg.Upstream
 	rn := up.Begin(id, req.key, fresh, req.body, messages, req.appTools)
 	defer up.Release(rn)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
-	out := &answer{w: w, r: r, id: id, model: req.model, usage: req.usage}
+	out := ep.api.newAnswer(&answerBase{w: w, r: r, api: ep.api, id: id, model: req.model, usage: req.usage})
+	ob := out.base()
 	var sum executor.Summary
 	switch {
 	case finished != nil:
@@ -224,22 +190,22 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(res.AppCalls) > 0 {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
-		ep.parked.park(ctx, res)
+		ep.parked.park(ctx, ep.api, res)
 		cancel()
 	}
 	if r.Context().Err() != nil {
 		return // the application went away: its calls were cancelled
 	}
-	out.model = cmp.Or(res.Model, out.model)
-	out.created = cmp.Or(rn.createdAt(), time.Now().Unix())
+	ob.model = cmp.Or(res.Model, ob.model)
+	ob.created = cmp.Or(rn.createdAt(), time.Now().Unix())
 	if sum.Status != executor.StatusCompleted && len(res.AppCalls) == 0 {
-		ep.log.Warn("chat completion failed", "run_id", id, "status", sum.Status, "err", sum.Error)
-		out.fail(sum, err)
+		ep.log.Warn("the run failed", "run_id", id, "status", sum.Status, "err", sum.Error)
+		fail(out, sum, err)
 		return
 	}
 	if req.stream {
 		// What another sidecar's drive said, read from the journal by End.
-		if text, _, _ := rn.follow(out.written); text != "" {
+		if text, _, _ := rn.follow(ob.written); text != "" {
 			out.content(text)
 		}
 		out.finish(res, sum)
@@ -250,8 +216,8 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executor.Request {
 	dreq := executor.Request{RunID: rn.id, Model: req.model, Traceparent: r.Header.Get("traceparent"), Fresh: rn.fresh}
-	if key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && ep.cfg.ForwardAuthorization {
-		dreq.CallerKey = key
+	if ep.cfg.ForwardAuthorization {
+		dreq.CallerKey = ep.api.callerKey(r)
 	}
 	return dreq
 }
@@ -266,7 +232,7 @@ func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executo
 func (ep *Endpoint) runOf(ctx context.Context, key runKey) (id string, fresh bool, finished *endRecord, err error) {
 	j := ep.cfg.Upstream.cfg.Journal
 	if j == nil {
-		return newRunID(key), true, nil, nil
+		return ep.newRunID(key), true, nil, nil
 	}
 	jctx, cancel := journalCtx(ctx)
 	defer cancel()
@@ -297,7 +263,7 @@ func (ep *Endpoint) runOf(ctx context.Context, key runKey) (id string, fresh boo
 			return id, false, nil, nil
 		}
 	}
-	return newRunID(key), true, nil, nil
+	return ep.newRunID(key), true, nil, nil
 }
 
 // claim takes over a run that a crash interrupted: one that did not end,
@@ -331,31 +297,31 @@ func (ep *Endpoint) claim(ctx context.Context, j Journal, id string) (bool, erro
 }
 
 // newRunID is the id of a new run: the key's, or a random one.
-func newRunID(key runKey) string {
+func (ep *Endpoint) newRunID(key runKey) string {
 	if key.explicit {
 		return key.id
 	}
-	return "chatcmpl-" + randomToken(24)
+	return ep.api.runPrefix() + randomToken(24)
 }
 
 // stream drives the run and streams its text to the application as the
 // run gives it, from its first turn's (a resumed run's earlier turns come
 // from the journal; a request attached to a run in progress gets the text
 // already given too), with SSE comments while it is quiet.
-func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out *answer) (executor.Summary, error) {
+func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out answerWriter) (executor.Summary, error) {
 	var sum executor.Summary
 	var err error
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(done)
-		sum, err = ep.cfg.Drive(ctx, ep.driveRequest(out.r, req, rn), nil)
+		sum, err = ep.cfg.Drive(ctx, ep.driveRequest(out.base().r, req, rn), nil)
 	})
 	defer wg.Wait()
 	t := time.NewTicker(ep.cfg.KeepAlive)
 	defer t.Stop()
 	for {
-		text, began, wake := rn.follow(out.written)
+		text, began, wake := rn.follow(out.base().written)
 		if text != "" {
 			out.content(text)
 		} else if began {
@@ -364,31 +330,13 @@ func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out *answ
 		select {
 		case <-done:
 			wg.Wait()
-			if text, _, _ := rn.follow(out.written); text != "" {
+			if text, _, _ := rn.follow(out.base().written); text != "" {
 				out.content(text)
 			}
 			return sum, err
 		case <-wake:
 		case <-t.C:
-			out.keepAlive()
+			out.base().keepAlive()
 		}
 	}
-}
-
-// writeAPIError writes an error in the API's shape.
-// WriteError writes an error as the API answers one: the route's Errors
-// for the requests no route of /v1/chat/completions serves.
-func WriteError(w http.ResponseWriter, status int, msg string) {
-	writeAPIError(w, status, msg, "invalid_request_error", "")
-}
-
-func writeAPIError(w http.ResponseWriter, status int, msg, typ, param string) {
-	var e apiError
-	e.Error.Message, e.Error.Type = tool.Truncate(msg, tool.MaxErrorMessage), typ
-	if param != "" {
-		e.Error.Param = &param
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(e)
 }

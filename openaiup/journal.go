@@ -245,8 +245,11 @@ const maxIdempotencyKey = 255
 // Idempotency-Key, or from a digest of the caller's identity and the whole
 // request (model, messages, tools, metadata and every setting), given as
 // canonical JSON.
-func keyOf(r *http.Request, canonical []byte) (runKey, error) {
+func keyOf(r *http.Request, a api, canonical []byte) (runKey, error) {
 	caller := []byte(r.Header.Get("Authorization"))
+	if k := r.Header.Get("X-Api-Key"); k != "" { // the Messages API's key
+		caller = fmt.Appendf(caller, "\x00x-api-key:%s", k)
+	}
 	k := runKey{digest: digestOf([]byte("request"), caller, canonical)}
 	idem := r.Header.Get("Idempotency-Key")
 	if idem == "" {
@@ -260,7 +263,7 @@ func keyOf(r *http.Request, canonical []byte) (runKey, error) {
 			return k, &badRequest{msg: "the Idempotency-Key header holds a character that is not printable ASCII"}
 		}
 	}
-	k.explicit, k.id = true, "chatcmpl-"+shortDigest([]byte("idempotency-key"), caller, []byte(idem))
+	k.explicit, k.id = true, a.runPrefix()+shortDigest([]byte("idempotency-key"), caller, []byte(idem))
 	return k, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"maps"
 	"slices"
 	"time"
 
@@ -13,8 +14,8 @@ import (
 
 // parking keeps the turns that called the application's tools as well as
 // the sidecar's: the application got only its own calls, and its next
-// request carries them with its tool messages. restore puts the turn back
-// as the model made it (every call, and the sidecar's tool messages), so
+// request carries them with its results. restore puts the turn back as
+// the model made it (every call, and the sidecar's results), so
 // that the model sees its whole turn answered. The turns are kept in a
 // Memo under each application call's id: durable mode's ledger, which any
 // sidecar of the cluster reads and which outlives a restart, or memory.
@@ -27,7 +28,7 @@ type parking struct {
 type parkedTurn struct {
 	Assistant json.RawMessage            `json:"assistant"` // with every call of the turn
 	Order     []string                   `json:"order"`     // the turn's call ids, in order
-	Tools     map[string]json.RawMessage `json:"tools"`     // the sidecar's tool messages, by call id
+	Tools     map[string]json.RawMessage `json:"tools"`     // the sidecar's results (tool messages, tool_result blocks), by call id
 	AppCalls  []string                   `json:"app_calls"` // the ids of the application's calls
 }
 
@@ -47,23 +48,17 @@ func parkKey(callID string) string {
 
 // park keeps a run's last turn (Result.Parked) under its application
 // calls' ids.
-func (p *parking) park(ctx context.Context, res Result) {
+func (p *parking) park(ctx context.Context, a api, res Result) {
 	if len(res.Parked) == 0 {
 		return
 	}
-	var a message
-	if json.Unmarshal(res.Parked[0], &a) != nil {
+	calls, err := a.callsOf(res.Parked[0])
+	if err != nil {
 		return
 	}
-	pt := parkedTurn{Assistant: res.Parked[0], Tools: map[string]json.RawMessage{}}
-	for _, c := range a.ToolCalls {
+	pt := parkedTurn{Assistant: res.Parked[0], Tools: a.splitParked(res.Parked)}
+	for _, c := range calls {
 		pt.Order = append(pt.Order, c.ID)
-	}
-	for _, raw := range res.Parked[1:] {
-		var m message
-		if json.Unmarshal(raw, &m) == nil {
-			pt.Tools[m.ToolCallID] = raw
-		}
 	}
 	for _, c := range res.AppCalls {
 		pt.AppCalls = append(pt.AppCalls, c.ID)
@@ -78,63 +73,51 @@ func (p *parking) park(ctx context.Context, res Result) {
 	}
 }
 
-// restore puts each parked turn back into an application's messages: an
-// assistant message whose calls are the application's part of a parked
-// turn becomes the whole turn, and its tool messages are joined by the
-// sidecar's, in the turn's call order.
-func (p *parking) restore(ctx context.Context, msgs []json.RawMessage) []json.RawMessage {
-	out := make([]json.RawMessage, 0, len(msgs))
-	for i := 0; i < len(msgs); i++ {
-		var m message
-		_ = json.Unmarshal(msgs[i], &m)
-		pt := p.find(ctx, m)
-		if pt == nil {
-			out = append(out, msgs[i])
+// restore puts each parked turn back into an application's messages, as
+// the API's restore places it.
+func (p *parking) restore(ctx context.Context, a api, msgs []json.RawMessage) []json.RawMessage {
+	return a.restore(msgs, func(calls []toolCall) *parkedTurn { return p.find(ctx, calls) })
+}
+
+// merge joins the application's answers to its calls (idOf reads the
+// call each answers) with the sidecar's, in the turn's call order. An
+// answer to no call of the turn, or a second one, follows them: the API
+// judges it.
+func (pt *parkedTurn) merge(app []json.RawMessage, idOf func(json.RawMessage) string) []json.RawMessage {
+	answers := maps.Clone(pt.Tools)
+	var extra []json.RawMessage
+	for _, raw := range app {
+		id := idOf(raw)
+		if _, known := answers[id]; known || !slices.Contains(pt.Order, id) {
+			extra = append(extra, raw)
 			continue
 		}
-		answers := map[string]json.RawMessage{}
-		for id, raw := range pt.Tools {
-			answers[id] = raw
-		}
-		var extra []json.RawMessage // tool messages of no call of the turn: the API judges them
-		for i+1 < len(msgs) {
-			var t message
-			if json.Unmarshal(msgs[i+1], &t) != nil || t.Role != "tool" {
-				break
-			}
-			i++
-			if _, known := answers[t.ToolCallID]; known || !slices.Contains(pt.Order, t.ToolCallID) {
-				extra = append(extra, msgs[i])
-				continue
-			}
-			answers[t.ToolCallID] = msgs[i]
-		}
-		out = append(out, pt.Assistant)
-		for _, id := range pt.Order {
-			if raw, ok := answers[id]; ok {
-				out = append(out, raw)
-			}
-		}
-		out = append(out, extra...)
+		answers[id] = raw
 	}
-	return out
+	var out []json.RawMessage
+	for _, id := range pt.Order {
+		if raw, ok := answers[id]; ok {
+			out = append(out, raw)
+		}
+	}
+	return append(out, extra...)
 }
 
 // find is the parked turn of an assistant message whose calls are exactly
 // the application's part of that turn.
-func (p *parking) find(ctx context.Context, m message) *parkedTurn {
-	if m.Role != "assistant" || len(m.ToolCalls) == 0 {
+func (p *parking) find(ctx context.Context, calls []toolCall) *parkedTurn {
+	if len(calls) == 0 {
 		return nil
 	}
-	e, ok := p.memo.Recall(ctx, parkKey(m.ToolCalls[0].ID))
+	e, ok := p.memo.Recall(ctx, parkKey(calls[0].ID))
 	if !ok || time.Now().After(e.Expires) {
 		return nil
 	}
 	var pt parkedTurn
-	if json.Unmarshal([]byte(e.Content), &pt) != nil || len(pt.AppCalls) != len(m.ToolCalls) {
+	if json.Unmarshal([]byte(e.Content), &pt) != nil || len(pt.AppCalls) != len(calls) {
 		return nil
 	}
-	for _, c := range m.ToolCalls {
+	for _, c := range calls {
 		if !slices.Contains(pt.AppCalls, c.ID) {
 			return nil
 		}

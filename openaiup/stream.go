@@ -111,6 +111,7 @@ type reading struct {
 	model    string
 	created  int64
 	failed   string // the upstream's error event
+	parser   parser
 }
 
 // Events reads the turn: text as it comes, then its calls. A stream cut
@@ -159,7 +160,7 @@ func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 // read's error when the stream ended before it. more is false when the
 // executor stopped reading.
 func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (rd *reading, err error, more bool) {
-	rd = &reading{handed: map[*partial]*executor.ToolCall{}, calls: assembler{maxArgs: t.u.cfg.MaxResponseBytes}}
+	rd = &reading{handed: map[*partial]*executor.ToolCall{}, calls: assembler{maxArgs: t.u.cfg.MaxResponseBytes}, parser: t.u.api.newParser()}
 	for _, sc := range t.sent {
 		sc.used = false
 	}
@@ -186,24 +187,24 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 		if data == "" {
 			continue
 		}
-		if strings.HasPrefix(data, "[DONE]") {
-			break
-		}
-		var c chunk
-		if err := json.Unmarshal([]byte(data), &c); err != nil {
+		pc, err := rd.parser.take(ev)
+		if err != nil {
 			if !yield(executor.TurnEvent{}, fmt.Errorf("%w: %w", executor.ErrBadFrame, err)) {
 				return rd, nil, false
 			}
 			continue
 		}
-		if len(c.Error) > 0 && string(c.Error) != "null" {
-			rd.failed = errorMessage(c.Error)
+		if pc.done {
+			break
+		}
+		if pc.failed != "" {
+			rd.failed = pc.failed
 			if !yield(executor.TurnEvent{Kind: executor.TurnError, Text: rd.failed, Raw: []byte(data)}, nil) {
 				return rd, nil, false
 			}
 			return rd, nil, true
 		}
-		if !t.take(rd, &c, []byte(data), shown, yield) {
+		if !t.take(rd, &pc, []byte(data), shown, yield) {
 			return rd, nil, false
 		}
 	}
@@ -213,40 +214,33 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 	return rd, nil, true
 }
 
-// take applies one chunk: its text goes to the executor (the part the
-// application has not been given yet, when the turn was asked for again),
-// its call fragments to the assembler.
-func (t *turn) take(rd *reading, c *chunk, raw []byte, shown string, yield func(executor.TurnEvent, error) bool) bool {
+// take applies one event's piece: its text goes to the executor (the part
+// the application has not been given yet, when the turn was asked for
+// again), its call fragments to the assembler.
+func (t *turn) take(rd *reading, pc *piece, raw []byte, shown string, yield func(executor.TurnEvent, error) bool) bool {
 	if rd.model == "" {
-		rd.model, rd.created = c.Model, c.Created
+		rd.model, rd.created = pc.model, pc.created
 	}
-	if c.Usage != nil {
-		rd.usage = *c.Usage
+	if pc.usage != nil {
+		rd.usage = *pc.usage
 	}
-	for _, ch := range c.Choices {
-		if ch.Index != 0 {
-			continue // n is 1: the endpoint refuses more
-		}
-		if s := ch.Delta.ReasoningContent; s != nil && *s != "" {
-			if !yield(executor.TurnEvent{Kind: executor.TurnReasoning, Text: *s, Raw: raw}, nil) {
+	if pc.reasoning != "" && !yield(executor.TurnEvent{Kind: executor.TurnReasoning, Text: pc.reasoning, Raw: raw}, nil) {
+		return false
+	}
+	if pc.text != "" {
+		if fresh := rd.unshown(pc.text, shown); fresh != "" {
+			t.r.say(fresh)
+			if !yield(executor.TurnEvent{Kind: executor.TurnText, Text: fresh, Raw: raw}, nil) {
 				return false
 			}
 		}
-		if s := ch.Delta.Content; s != nil && *s != "" {
-			if fresh := rd.unshown(*s, shown); fresh != "" {
-				t.r.say(fresh)
-				if !yield(executor.TurnEvent{Kind: executor.TurnText, Text: fresh, Raw: raw}, nil) {
-					return false
-				}
-			}
-		}
-		rd.calls.add(ch.Delta.ToolCalls)
-		if len(ch.Delta.ToolCalls) > 0 && !t.handReady(rd, yield) {
-			return false
-		}
-		if ch.FinishReason != nil && *ch.FinishReason != "" && rd.finish == "" {
-			rd.finish = *ch.FinishReason // the first wins (two come from some proxies)
-		}
+	}
+	rd.calls.add(pc.calls)
+	if len(pc.calls) > 0 && !t.handReady(rd, yield) {
+		return false
+	}
+	if pc.finish != "" && rd.finish == "" {
+		rd.finish = pc.finish // the first wins (two come from some proxies)
 	}
 	return true
 }
@@ -347,14 +341,13 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 		}
 	}
 	if rd.failed == "" && len(calls) > 0 {
-		p.assistant = message{Role: "assistant"}
-		if rec.Content != "" {
-			p.assistant.Content = &rec.Content
+		var err error
+		if p.assistant, err = rd.parser.assistant(rec.Content, calls); err != nil {
+			t.u.log.Error("the turn's assistant message could not be written", "run_id", t.runID, "err", err)
 		}
 		for i, c := range calls {
-			var tc toolCall
-			tc.ID, tc.Type, tc.Function.Name, tc.Function.Arguments = c.ID, "function", c.Name, c.Args
-			p.assistant.ToolCalls = append(p.assistant.ToolCalls, tc)
+			tc := c.toolCall()
+			p.order = append(p.order, tc)
 			if r.appTools[c.Name] {
 				rec.AppCalls = append(rec.AppCalls, tc)
 				continue
@@ -367,7 +360,7 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 			p.calls = append(p.calls, ec)
 			rec.Calls = append(rec.Calls, journaledOf(tc.ID, ec))
 		}
-		rec.Assistant, _ = json.Marshal(p.assistant)
+		rec.Assistant = p.assistant
 	}
 	if rd.failed != "" {
 		rec.Handed = t.handed()
@@ -377,7 +370,7 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 		r.result.AppCalls = rec.AppCalls
 		if len(p.calls) == 0 {
 			// Only the application's calls: nothing for the executor.
-			r.result.Parked, _ = p.messages(false)
+			r.result.Parked, _ = p.messages(t.u.api, false)
 			r.status = executor.RunCompleted
 		}
 	}

@@ -26,11 +26,17 @@ import (
 
 // Config configures the adapter.
 type Config struct {
-	// URL is the API's base URL, with its version: the turns are posted
-	// to URL + "/chat/completions" (https://api.openai.com/v1, say).
+	// API is the upstream's API: "openai" (Chat Completions, the default)
+	// or "anthropic" (Messages), as upstream.kind names them.
+	API string
+	// URL is the API's base URL, as its official client takes it: the
+	// turns are posted to URL + "/chat/completions" for Chat Completions
+	// (https://api.openai.com/v1, say), URL + "/v1/messages" for Messages
+	// (https://api.anthropic.com).
 	URL string
-	// APIKey is sent as "Authorization: Bearer", unless the caller's own
-	// key rides on the context (AsCaller). Never logged.
+	// APIKey is sent as the API sends its key (Authorization: Bearer;
+	// x-api-key), unless the caller's own key rides on the context
+	// (AsCaller). Never logged.
 	APIKey string
 	// Client sends the requests. default: a client of its own, no timeout
 	// (a turn is a stream; IdleTimeout bounds its silences)
@@ -55,11 +61,12 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
-// Upstream is the executor's Upstream on a Chat Completions server. It
-// keeps each run's conversation in memory: Begin starts a run, the
-// executor's turns extend it, and Result reads how it ended.
+// Upstream is the executor's Upstream on a model's API. It keeps each
+// run's conversation in memory: Begin starts a run, the executor's turns
+// extend it, and Result reads how it ended.
 type Upstream struct {
 	cfg  Config
+	api  api
 	host string // names the upstream in messages (never its credentials)
 	log  *slog.Logger
 
@@ -69,6 +76,10 @@ type Upstream struct {
 
 // New builds the adapter. No I/O.
 func New(cfg Config) (*Upstream, error) {
+	a, ok := apiOf(cfg.API)
+	if !ok {
+		return nil, fmt.Errorf("openaiup: API %q is not one of openai, anthropic", cfg.API)
+	}
 	parsed, err := url.Parse(cfg.URL)
 	if err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
 		return nil, fmt.Errorf("openaiup: url %q is not an http(s) URL", cfg.URL)
@@ -90,7 +101,7 @@ func New(cfg Config) (*Upstream, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Upstream{cfg: cfg, host: parsed.Host, log: log.With("component", "openai"), runs: map[string]*run{}}, nil
+	return &Upstream{cfg: cfg, api: a, host: parsed.Host, log: log.With("component", a.kind()), runs: map[string]*run{}}, nil
 }
 
 // run is one run being answered, for every request attached to it: the
@@ -177,8 +188,9 @@ func (r *run) follow(from int) (text string, began bool, wake <-chan struct{}) {
 // has its output. Calls are handed over while the turn streams, so their
 // outputs may come before the turn is read whole (read).
 type pendingTurn struct {
-	read      bool                 // the stream is read whole: assistant and calls are set
-	assistant message              // with every call of the turn
+	read      bool                 // the stream is read whole: assistant, order and calls are set
+	assistant json.RawMessage      // with every call of the turn, in the API's shape
+	order     []toolCall           // every call of the turn, in order
 	calls     []*executor.ToolCall // the sidecar's calls, in order
 	handed    map[string]bool      // ids of the calls handed to the executor
 	idOf      map[string]string    // the executor's id of each of the sidecar's calls, by the assistant message's id
@@ -309,8 +321,8 @@ func (u *Upstream) run(id string) (*run, error) {
 	return r, nil
 }
 
-// Kind is "openai".
-func (u *Upstream) Kind() string { return "openai" }
+// Kind is the API's upstream.kind: "openai", "anthropic".
+func (u *Upstream) Kind() string { return u.api.kind() }
 
 // Run reports a run the sidecar holds, read again from the journal while
 // this process does not drive it.
@@ -549,12 +561,12 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	if p := r.pending; p != nil {
 		if len(r.result.AppCalls) > 0 {
 			// The application's calls are answered by the application.
-			r.result.Parked, err = p.messages(false)
+			r.result.Parked, err = p.messages(u.api, false)
 			r.status = executor.RunCompleted
 			r.mu.Unlock()
 			return emptyTurn{}, err
 		}
-		msgs, err := p.messages(true)
+		msgs, err := p.messages(u.api, true)
 		if err != nil {
 			r.mu.Unlock()
 			return nil, err
@@ -567,7 +579,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	r.pending = newPendingTurn()
 	r.began = true
 	r.turn++
-	body, err := r.request()
+	body, err := u.api.turnBody(r.body, r.messages)
 	n := r.turn
 	t := &turn{u: u, r: r, n: n, ctx: ctx, body: body, runID: req.RunID}
 	for _, cc := range r.carried {
@@ -634,7 +646,8 @@ func (u *Upstream) reload(ctx context.Context, r *run) error {
 		}
 		p := newPendingTurn()
 		p.read, p.journaled = true, true
-		if err := json.Unmarshal(t.Assistant, &p.assistant); err != nil {
+		p.assistant = t.Assistant
+		if p.order, err = u.api.callsOf(t.Assistant); err != nil {
 			return fmt.Errorf("turn %d's assistant message: %w", i+1, err)
 		}
 		for _, c := range t.Calls {
@@ -650,7 +663,7 @@ func (u *Upstream) reload(ctx context.Context, r *run) error {
 		if i < len(jr.turns)-1 {
 			// An earlier turn's calls all had their outputs before the
 			// next turn was asked for.
-			msgs, err := p.messages(true)
+			msgs, err := p.messages(u.api, true)
 			if err != nil {
 				return fmt.Errorf("turn %d: %w", i+1, err)
 			}
@@ -660,7 +673,7 @@ func (u *Upstream) reload(ctx context.Context, r *run) error {
 		r.pending = p
 		r.result.AppCalls = t.AppCalls
 		if len(t.AppCalls) > 0 && len(p.calls) == 0 {
-			r.result.Parked, _ = p.messages(false)
+			r.result.Parked, _ = p.messages(u.api, false)
 			r.status = executor.RunCompleted
 		}
 	}
@@ -801,18 +814,14 @@ func (u *Upstream) journalEnd(ctx context.Context, r *run, sum executor.Summary)
 	}
 }
 
-// messages are the turn's assistant message and one tool message per
-// call, in the order of its calls. A call without an output is a bug of
-// the loop: the request would be refused (400), so it is not sent. With
-// all false, the calls that are not the sidecar's are left out (the
-// application answers them).
-func (p *pendingTurn) messages(all bool) ([]json.RawMessage, error) {
-	a, err := json.Marshal(p.assistant)
-	if err != nil {
-		return nil, err
-	}
-	out := []json.RawMessage{a}
-	for _, c := range p.assistant.ToolCalls {
+// messages are the turn as the next turn replays it: its assistant
+// message and one result per call, in the order of its calls. A call
+// without an output is a bug of the loop: the request would be refused
+// (400), so it is not sent. With all false, the calls that are not the
+// sidecar's are left out (the application answers them).
+func (p *pendingTurn) messages(a api, all bool) ([]json.RawMessage, error) {
+	var results []result
+	for _, c := range p.order {
 		id, own := p.idOf[c.ID]
 		if !own && !all {
 			continue
@@ -821,30 +830,9 @@ func (p *pendingTurn) messages(all bool) ([]json.RawMessage, error) {
 		if !ok {
 			return nil, fmt.Errorf("openaiup: call %s (%s) has no output: the next turn is not asked for", c.ID, c.Function.Name)
 		}
-		m, err := json.Marshal(message{Role: "tool", Content: &content, ToolCallID: c.ID})
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
+		results = append(results, result{ID: c.ID, Content: content})
 	}
-	return out, nil
-}
-
-// request is the body of the run's next turn: the application's fields,
-// the conversation, and a stream with usage.
-func (r *run) request() ([]byte, error) {
-	body := make(map[string]json.RawMessage, len(r.body)+3)
-	for k, v := range r.body {
-		body[k] = v
-	}
-	msgs, err := json.Marshal(r.messages)
-	if err != nil {
-		return nil, err
-	}
-	body["messages"] = msgs
-	body["stream"] = json.RawMessage("true")
-	body["stream_options"] = json.RawMessage(`{"include_usage":true}`)
-	return json.Marshal(body)
+	return a.followUp(p.assistant, results)
 }
 
 // emptyTurn is a turn with nothing in it.
@@ -865,15 +853,13 @@ func (u *Upstream) post(ctx context.Context, body []byte, budget time.Duration) 
 	}
 	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second}
 	return backoff.Retry(ctx, func() (*http.Response, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL+"/chat/completions", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL+u.api.turnPath(), bytes.NewReader(body))
 		if err != nil {
 			return nil, backoff.Permanent(err)
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "text/event-stream")
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
+		u.api.authorize(req.Header, key)
 		resp, err := u.cfg.Client.Do(req)
 		if err != nil {
 			if ctx.Err() != nil {

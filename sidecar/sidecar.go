@@ -113,7 +113,7 @@ type Sidecar struct {
 	live        *registry.Live
 	reloader    *registry.Reloader // nil without WithReload
 	exec        *executor.Executor
-	openai      *openaiup.Upstream // nil unless upstream.kind is openai
+	openai      *openaiup.Upstream // nil unless upstream.kind is openai or anthropic
 	approvals   approval.Store     // the ledger's when durable
 	board       *live.Board        // nil with server.ui false
 	srv         *server.Server
@@ -515,7 +515,7 @@ func ExecutorConfig(c config.Executor) executor.Config {
 // upstream is the side where the model is: Core, or an OpenAI-compatible
 // server that the sidecar's POST /v1/chat/completions drives.
 func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
-	if s.cfg.Upstream.Kind != config.UpstreamOpenAI {
+	if !s.cfg.Upstream.Model() {
 		return coreup.New(cc), nil
 	}
 	key, err := s.cfg.UpstreamAPIKey()
@@ -530,7 +530,7 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	} else {
 		journal = openaiup.NewMemoryJournal(s.cfg.Upstream.JournalTTL, memoryJournalBytes)
 	}
-	s.openai, err = openaiup.New(openaiup.Config{URL: s.cfg.Upstream.URL, APIKey: key, Client: client, Journal: journal,
+	s.openai, err = openaiup.New(openaiup.Config{API: s.cfg.Upstream.Kind, URL: s.cfg.Upstream.URL, APIKey: key, Client: client, Journal: journal,
 		RetryBudget: s.cfg.Upstream.RetryBudget, IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, Logger: s.log,
 		MaxResponseBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
 		Unsafe: func(name string) bool {
@@ -557,7 +557,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	case s.openai != nil:
 		var memo executor.Memo // memory, unless durable
 		if s.ledger != nil {
-			memo = ledgerMemo{s.ledger, s.log.With("component", "openai")}
+			memo = ledgerMemo{s.ledger, s.log.With("component", s.cfg.Upstream.Kind)}
 		}
 		var driven func(context.Context, string) (bool, error)
 		if s.leases != nil {
@@ -566,7 +566,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo, Driven: driven,
 			Tools:                func() []tool.FunctionTool { return s.live.Load().FunctionTools() },
 			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
-		scfg.Routes = []server.Route{{Pattern: "POST /v1/chat/completions", Handler: ep, Drive: true, Errors: openaiup.WriteError}}
+		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, Drive: true, Errors: ep.WriteError}}
 	case s.cfg.Server.Proxy:
 		p, err := coreup.NewProxy(coreup.ProxyConfig{CoreURL: s.cfg.Core.URL, Transport: coreRT, Drive: s.exec.Drive,
 			RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Logger: s.log.With("component", "server")})
@@ -859,7 +859,7 @@ func (s *Sidecar) registerInfo() {
 // its userinfo and without its query, where a key may be.
 func (s *Sidecar) upstreamURL() string {
 	raw := s.cfg.Core.URL
-	if s.cfg.Upstream.Kind == config.UpstreamOpenAI {
+	if s.cfg.Upstream.Model() {
 		raw = s.cfg.Upstream.URL
 	}
 	u, err := url.Parse(raw)

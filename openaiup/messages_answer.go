@@ -1,0 +1,142 @@
+package openaiup
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/projectdavid/toolsidecar/executor"
+)
+
+// messagesAnswer writes a Messages answer: a message, or its stream as
+// the official clients accumulate it (§12.4): one message_start, content
+// blocks with dense indexes across every turn the application does not
+// see, each started, given its deltas and stopped, one message_delta with
+// the stop reason and the usage summed over the turns, then
+// message_stop. Every event is named: anthropic-sdk-go reads no other.
+type messagesAnswer struct {
+	*answerBase
+	blocks int  // blocks begun
+	open   bool // the text block is open
+}
+
+// messagesOut is the answer's message (§8).
+type messagesOut struct {
+	ID           string            `json:"id"`
+	Type         string            `json:"type"`
+	Role         string            `json:"role"`
+	Model        string            `json:"model"`
+	Content      []json.RawMessage `json:"content"`
+	StopReason   *string           `json:"stop_reason"`
+	StopSequence *string           `json:"stop_sequence"`
+	Usage        messagesOutUsage  `json:"usage"`
+	// Toolsidecar tells the application what the sidecar did; clients
+	// ignore the field.
+	Toolsidecar *extension `json:"toolsidecar,omitempty"`
+}
+
+type messagesOutUsage struct {
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+}
+
+func usageOut(u Usage) messagesOutUsage {
+	return messagesOutUsage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens}
+}
+
+func (a *messagesAnswer) begin() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.head()
+}
+
+// head begins the stream with message_start: no content, no stop reason
+// yet, and the usage that message_delta overwrites.
+func (a *messagesAnswer) head() {
+	if !a.upgrade() {
+		return
+	}
+	a.send("message_start", map[string]any{"message": messagesOut{ID: a.id, Type: "message", Role: "assistant", Model: a.model, Content: []json.RawMessage{}}})
+}
+
+func (a *messagesAnswer) send(typ string, fields map[string]any) {
+	fields["type"] = typ
+	data, _ := json.Marshal(fields)
+	a.event(typ, string(data), "")
+}
+
+func (a *messagesAnswer) content(text string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.head()
+	a.written += len(text)
+	if !a.open {
+		a.open = true
+		a.send("content_block_start", map[string]any{"index": a.blocks, "content_block": textBlock{Type: "text", Text: ""}})
+	}
+	a.send("content_block_delta", map[string]any{"index": a.blocks, "delta": map[string]string{"type": "text_delta", "text": text}})
+}
+
+// closeText stops the text block, if one is open.
+func (a *messagesAnswer) closeText() {
+	if a.open {
+		a.open = false
+		a.send("content_block_stop", map[string]any{"index": a.blocks})
+		a.blocks++
+	}
+}
+
+// finish ends the stream: the application's calls as tool_use blocks,
+// their input in one fragment, then the stop reason and the usage.
+func (a *messagesAnswer) finish(res Result, sum executor.Summary) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.head()
+	a.closeText()
+	for _, c := range res.AppCalls {
+		a.send("content_block_start", map[string]any{"index": a.blocks,
+			"content_block": toolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage("{}")}})
+		a.send("content_block_delta", map[string]any{"index": a.blocks,
+			"delta": map[string]string{"type": "input_json_delta", "partial_json": c.Function.Arguments}})
+		a.send("content_block_stop", map[string]any{"index": a.blocks})
+		a.blocks++
+	}
+	reason := stopReason(res)
+	a.send("message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": nil},
+		"usage": usageOut(res.Usage), "toolsidecar": extensionOf(a.id, sum)})
+	a.send("message_stop", map[string]any{})
+}
+
+// stopReason is the answer's (§8.2): tool_use when the application has
+// calls to run, else the last turn's.
+func stopReason(res Result) string {
+	switch {
+	case len(res.AppCalls) > 0:
+		return "tool_use"
+	case res.FinishReason == "" || res.FinishReason == "tool_use":
+		return "end_turn"
+	}
+	return res.FinishReason
+}
+
+func (a *messagesAnswer) whole(res Result, sum executor.Summary) {
+	out := messagesOut{ID: a.id, Type: "message", Role: "assistant", Model: a.model, Content: []json.RawMessage{},
+		Usage: usageOut(res.Usage), Toolsidecar: extensionOf(a.id, sum)}
+	if res.Content != "" {
+		raw, _ := json.Marshal(textBlock{Type: "text", Text: res.Content})
+		out.Content = append(out.Content, raw)
+	}
+	for _, c := range res.AppCalls {
+		raw, _ := json.Marshal(toolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage(c.Function.Arguments)})
+		out.Content = append(out.Content, raw)
+	}
+	reason := stopReason(res)
+	out.StopReason = &reason
+	writeJSON(a.w, http.StatusOK, out)
+}
+
+// failEvent: an error event, which the official clients raise (§12.2).
+// a.mu is held.
+func (a *messagesAnswer) failEvent(msg, typ, _ string) {
+	data, _ := json.Marshal(newMessagesError(msg, typ))
+	a.event("error", string(data), "")
+}
