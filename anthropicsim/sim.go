@@ -35,6 +35,15 @@ type Config struct {
 	// Model plays the model: text, and calls (a call's Args as its
 	// arguments are sent). default: Scripted
 	Model func(Request) simbase.Reply `json:"-"`
+	// WholeCalls streams each tool_use whole in its content_block_start,
+	// with no input_json_delta, as servers that translate from another
+	// API's whole calls do (Ollama's calls, reference §13).
+	WholeCalls bool
+	// ServerTool begins every turn that calls tools with a server tool's
+	// blocks, which Anthropic runs itself: a server_tool_use (its input
+	// streamed) and its web_search_tool_result (whole in its start). A
+	// follow-up must replay them unchanged, and answer no call of theirs.
+	ServerTool bool
 }
 
 // Request is a Messages request, as the model sees it.

@@ -60,7 +60,7 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f}, delay: s.cfg.Delay}
+	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f}, delay: s.cfg.Delay, wholeCalls: s.cfg.WholeCalls}
 	st.event("message_start", map[string]any{"message": map[string]any{"id": id, "type": "message", "role": "assistant", "model": req.Model,
 		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": usage["input_tokens"], "output_tokens": 1}}})
 	for i, raw := range blocks {
@@ -91,6 +91,12 @@ func (s *Sim) blocksOf(req Request, reply simbase.Reply, seq int) []json.RawMess
 	if reply.Content != "" {
 		add(map[string]any{"type": "text", "text": reply.Content})
 	}
+	if s.cfg.ServerTool && len(reply.Calls) > 0 {
+		id := fmt.Sprintf("srvtoolu_sim%d", seq)
+		add(map[string]any{"type": "server_tool_use", "id": id, "name": "web_search", "input": map[string]any{"query": fmt.Sprintf("turn %d", seq)}})
+		add(map[string]any{"type": "web_search_tool_result", "tool_use_id": id,
+			"content": []any{map[string]any{"type": "web_search_result", "url": "https://example.com/", "title": "Example", "encrypted_content": fmt.Sprintf("ZW5jLXNpbS0%d", seq)}}})
+	}
 	for i, c := range reply.Calls {
 		input := json.RawMessage(c.Args)
 		if c.Args == "" {
@@ -104,7 +110,8 @@ func (s *Sim) blocksOf(req Request, reply simbase.Reply, seq int) []json.RawMess
 // streamer writes one response's events.
 type streamer struct {
 	simbase.Stream
-	delay time.Duration
+	delay      time.Duration
+	wholeCalls bool
 }
 
 // block streams one content block as the API does: its start (a tool_use
@@ -133,8 +140,12 @@ func (st *streamer) block(i int, raw json.RawMessage) {
 		for _, p := range chunk.Pieces(b.Text, 8) {
 			delta(map[string]any{"type": "text_delta", "text": p})
 		}
-	case "tool_use":
-		st.event("content_block_start", map[string]any{"index": i, "content_block": map[string]any{"type": "tool_use", "id": b.ID, "name": b.Name, "input": map[string]any{}}})
+	case "tool_use", "server_tool_use":
+		if st.wholeCalls && b.Type == "tool_use" {
+			st.event("content_block_start", map[string]any{"index": i, "content_block": map[string]any{"type": b.Type, "id": b.ID, "name": b.Name, "input": b.Input}})
+			break
+		}
+		st.event("content_block_start", map[string]any{"index": i, "content_block": map[string]any{"type": b.Type, "id": b.ID, "name": b.Name, "input": map[string]any{}}})
 		if in := string(b.Input); in == "{}" {
 			delta(map[string]any{"type": "input_json_delta", "partial_json": ""}) // a call without arguments: one empty fragment
 		} else {
@@ -142,6 +153,8 @@ func (st *streamer) block(i int, raw json.RawMessage) {
 				delta(map[string]any{"type": "input_json_delta", "partial_json": p})
 			}
 		}
+	default: // a block that comes whole in its start (a server tool's result)
+		st.event("content_block_start", map[string]any{"index": i, "content_block": raw})
 	}
 	st.event("content_block_stop", map[string]any{"index": i})
 }

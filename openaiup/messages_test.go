@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -86,44 +85,55 @@ func textOf(m anthropic.Message) string {
 }
 
 // A parallel batch through the Messages API, with and without thinking,
-// streamed and whole: the whole batch runs once, every call is answered
-// in call order (the thinking block replayed with its signature), the
-// answer is one message the official client accumulates, and the
-// upstream's contract log is empty.
+// streamed and whole, and through the compatible servers' ways: calls
+// sent whole in their block's start, and a server tool's blocks in the
+// turn (replayed unchanged, never answered). The whole batch runs once,
+// every call is answered in call order, the answer is one message the
+// official client accumulates, and the upstream's contract log is empty.
 func TestMessagesParallelBatch(t *testing.T) {
-	for _, thinking := range []bool{false, true} {
-		for _, streamed := range []bool{true, false} {
-			t.Run(fmt.Sprintf("thinking=%v,streamed=%v", thinking, streamed), func(t *testing.T) {
-				var runs atomic.Int64
-				s := startMessages(t, anthropicsim.Config{}, testenv.Options{}, echoTool("echo", 20*time.Millisecond, &runs))
-				p := messagesParams(thinking, userText(script(echoCalls(4), "")))
-				var got *anthropic.Message
-				var err error
-				if streamed {
-					var m anthropic.Message
-					m, err = s.accumulate(t, p)
-					got = &m
-				} else {
-					got, err = s.client.Messages.New(context.Background(), p)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				if textOf(*got) != wantEchoes(4) || got.StopReason != anthropic.StopReasonEndTurn || got.Role != "assistant" {
-					t.Fatalf("answer %q (%s), want %q, end_turn", textOf(*got), got.StopReason, wantEchoes(4))
-				}
-				if !strings.HasPrefix(got.ID, "msg_") {
-					t.Errorf("id %q, want the run's msg_ id", got.ID)
-				}
-				if runs.Load() != 4 || s.sim.Requests() != 2 {
-					t.Fatalf("the tool ran %d times in %d turns, want 4 in 2", runs.Load(), s.sim.Requests())
-				}
-				if got.Usage.InputTokens == 0 || got.Usage.OutputTokens == 0 {
-					t.Errorf("usage %+v: want the turns' counts summed", got.Usage)
-				}
-				s.assertContract(t)
-			})
-		}
+	cases := []struct {
+		name               string
+		cfg                anthropicsim.Config
+		thinking, streamed bool
+	}{
+		{"streamed", anthropicsim.Config{}, false, true},
+		{"whole", anthropicsim.Config{}, false, false},
+		{"thinking, streamed", anthropicsim.Config{}, true, true},
+		{"thinking, whole", anthropicsim.Config{}, true, false},
+		{"calls whole in their start", anthropicsim.Config{WholeCalls: true}, false, true},
+		{"a server tool's blocks, thinking", anthropicsim.Config{ServerTool: true}, true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var runs atomic.Int64
+			s := startMessages(t, tc.cfg, testenv.Options{}, echoTool("echo", 20*time.Millisecond, &runs))
+			p := messagesParams(tc.thinking, userText(script(echoCalls(4), "")))
+			var got *anthropic.Message
+			var err error
+			if tc.streamed {
+				var m anthropic.Message
+				m, err = s.accumulate(t, p)
+				got = &m
+			} else {
+				got, err = s.client.Messages.New(context.Background(), p)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if textOf(*got) != wantEchoes(4) || got.StopReason != anthropic.StopReasonEndTurn || got.Role != "assistant" {
+				t.Fatalf("answer %q (%s), want %q, end_turn", textOf(*got), got.StopReason, wantEchoes(4))
+			}
+			if !strings.HasPrefix(got.ID, "msg_") {
+				t.Errorf("id %q, want the run's msg_ id", got.ID)
+			}
+			if runs.Load() != 4 || s.sim.Requests() != 2 {
+				t.Fatalf("the tool ran %d times in %d turns, want 4 in 2", runs.Load(), s.sim.Requests())
+			}
+			if got.Usage.InputTokens != 10+30 || got.Usage.OutputTokens == 0 {
+				t.Errorf("usage %+v: want both turns' input counts summed (10, then 30)", got.Usage)
+			}
+			s.assertContract(t)
+		})
 	}
 }
 

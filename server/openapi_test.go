@@ -16,6 +16,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	sse "github.com/tmaxmax/go-sse"
 
+	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/openaisim"
@@ -261,20 +262,9 @@ func TestOpenAPIApprovals(t *testing.T) {
 // server/openapi.json.
 func TestOpenAPIChatCompletionsAndMCP(t *testing.T) {
 	spec := loadSpec(t)
-	up := httptest.NewServer(openaisim.New(openaisim.Config{}))
-	defer up.Close()
-	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{MaxBodyBytes: 4096, Config: func(c *config.Config) {
-		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = config.UpstreamOpenAI, up.URL+"/v1", 5*time.Second
-		c.Server.MCP = true
-	}}, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
-	testenv.WaitLive(t, env.URL, "echo")
-	sc := &sidecar{env: env, url: env.URL}
+	sc, body := modelSidecar(t, openaisim.New(openaisim.Config{}), config.UpstreamOpenAI, "/v1", "")
 	ctx := context.Background()
 	const chat = "/v1/chat/completions"
-	script := `{\"rounds\": [[{\"name\": \"echo\", \"arguments\": {\"q\": 1}}]], \"answer\": \"done\"}`
-	body := func(extra string) string {
-		return `{"model": "m", "messages": [{"role": "user", "content": "` + script + `"}]` + extra + `}`
-	}
 	spec.check(t, "POST", chat, sc.do(t, ctx, "POST", chat, body("")))                                       // 200 JSON
 	spec.check(t, "POST", chat, sc.do(t, ctx, "POST", chat, body(`, "stream": true`)))                       // 200 SSE
 	spec.check(t, "POST", chat, sc.do(t, ctx, "POST", chat, body(`, "n": 2`)))                               // 400
@@ -283,6 +273,41 @@ func TestOpenAPIChatCompletionsAndMCP(t *testing.T) {
 		"Accept", "application/json, text/event-stream"))
 	if t.Failed() {
 		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
+	}
+}
+
+// TestOpenAPIMessages checks the Messages endpoint (upstream.kind
+// anthropic, the simulator in process) against server/openapi.json.
+func TestOpenAPIMessages(t *testing.T) {
+	spec := loadSpec(t)
+	sc, body := modelSidecar(t, anthropicsim.New(anthropicsim.Config{}), config.UpstreamAnthropic, "", `"max_tokens": 100, `)
+	ctx := context.Background()
+	const path = "/v1/messages"
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body("")))                                       // 200 JSON
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "stream": true`)))                       // 200 SSE
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "tools": [{"name": "echo"}]`)))          // 400
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "x": "`+strings.Repeat("x", 5000)+`"`))) // 413
+	if t.Failed() {
+		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
+	}
+}
+
+// modelSidecar starts a sidecar with upstream.kind kind in front of sim
+// (its API under path), serving an echo tool, MCP and bodies up to 4 KiB;
+// body makes a request whose scripted model calls echo once, then
+// answers (head opens the request's fields, extra closes them).
+func modelSidecar(t *testing.T, sim http.Handler, kind, path, head string) (*sidecar, func(extra string) string) {
+	t.Helper()
+	up := httptest.NewServer(sim)
+	t.Cleanup(up.Close)
+	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{MaxBodyBytes: 4096, Config: func(c *config.Config) {
+		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = kind, up.URL+path, 5*time.Second
+		c.Server.MCP = true
+	}}, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	testenv.WaitLive(t, env.URL, "echo")
+	script := `{\"rounds\": [[{\"name\": \"echo\", \"arguments\": {\"q\": 1}}]], \"answer\": \"done\"}`
+	return &sidecar{env: env, url: env.URL}, func(extra string) string {
+		return `{"model": "m", ` + head + `"messages": [{"role": "user", "content": "` + script + `"}]` + extra + `}`
 	}
 }
 

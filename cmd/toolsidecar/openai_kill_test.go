@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
@@ -55,7 +58,8 @@ type openAIKill struct {
 // answer's text is the uninterrupted run's. Each point repeats
 // testenv.SoakReps() times; make soak runs 20.
 func TestOpenAISIGKILL(t *testing.T) {
-	want, _ := openAIRun(t, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	api := chatCompletions()
+	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
 	points := []openAIKill{
 		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: 4}}, block: []string{"look"},
 			until: func(looks, _ int32, held bool) bool { return held && looks == 1 }, turns: 3, looks: 2},
@@ -68,12 +72,34 @@ func TestOpenAISIGKILL(t *testing.T) {
 		{name: "SIGTERM with calls in flight", block: []string{"look", "pay"}, term: true,
 			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
 	}
+	killPoints(t, api, points, want)
+}
+
+// TestMessagesSIGKILL is TestOpenAISIGKILL through the Messages API
+// (upstream.kind anthropic, the application on anthropic-sdk-go). The
+// first turn's events differ: look's call is whole at its block's stop,
+// the fifth event.
+func TestMessagesSIGKILL(t *testing.T) {
+	api := messagesAPI()
+	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	points := []openAIKill{
+		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: 5}}, block: []string{"look"},
+			until: func(looks, _ int32, held bool) bool { return held && looks == 1 }, turns: 3, looks: 2},
+		{name: "with calls in flight", block: []string{"look", "pay"},
+			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
+		{name: "after the final turn's first byte", faults: []openaisim.Fault{{}, {HoldAfter: 3}},
+			until: func(_, _ int32, held bool) bool { return held }, turns: 3, looks: 1},
+	}
+	killPoints(t, api, points, want)
+}
+
+func killPoints(t *testing.T, api modelAPI, points []openAIKill, want string) {
 	for _, kp := range points {
 		for _, stream := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/stream=%v", kp.name, stream), func(t *testing.T) {
 				for i := range testenv.SoakReps() {
-					_, resume := openAIRun(t, kp, stream, want)
-					t.Logf("FAULT openai_sigkill/%s/stream=%v rep=%d resume_ms=%d", strings.ReplaceAll(kp.name, " ", "_"), stream, i, resume.Milliseconds())
+					_, resume := openAIRun(t, api, kp, stream, want)
+					t.Logf("FAULT %s_sigkill/%s/stream=%v rep=%d resume_ms=%d", api.kind, strings.ReplaceAll(kp.name, " ", "_"), stream, i, resume.Milliseconds())
 					if t.Failed() {
 						return
 					}
@@ -83,17 +109,97 @@ func TestOpenAISIGKILL(t *testing.T) {
 	}
 }
 
-// openAIRun runs the request once, killing and restarting the sidecar at
-// kp (unless kp.until is nil), and returns the answer's text and the time
-// from the restart to the retry's answer; with want set it checks the
-// invariants.
-func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) (string, time.Duration) {
+// modelSim is a model API's simulator, as the kill tests use it.
+type modelSim interface {
+	http.Handler
+	Inject(...openaisim.Fault)
+	Requests() int
+	Repeats() int
+	Violations() []openaisim.Violation
+}
+
+// modelAPI is a model API the kill tests run through: its simulator, the
+// upstream's config for it, and the application's request on its official
+// client (streamed with an Idempotency-Key, or whole without), whose
+// answer's text it returns.
+type modelAPI struct {
+	kind string
+	sim  func() modelSim
+	path string // the API's base path under the simulator's URL
+	ask  func(base, user string, stream bool) (string, error)
+}
+
+func chatCompletions() modelAPI {
+	return modelAPI{kind: "openai", path: "/v1", sim: func() modelSim { return openaisim.New(openaisim.Config{}) },
+		ask: func(base, user string, stream bool) (string, error) {
+			client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("app-key"), option.WithMaxRetries(0))
+			params := openai.ChatCompletionNewParams{Model: "sim-model", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(user)}}
+			if !stream {
+				c, err := client.Chat.Completions.New(context.Background(), params)
+				if err != nil {
+					return "", err
+				}
+				return c.Choices[0].Message.Content, nil
+			}
+			s := client.Chat.Completions.NewStreaming(context.Background(), params, option.WithHeader("Idempotency-Key", "app-request-1"))
+			var acc openai.ChatCompletionAccumulator
+			for s.Next() {
+				if !acc.AddChunk(s.Current()) {
+					return "", fmt.Errorf("chunk refused by openai-go's accumulator: %s", s.Current().RawJSON())
+				}
+			}
+			if err := s.Err(); err != nil {
+				return "", err
+			}
+			return acc.Choices[0].Message.Content, nil
+		}}
+}
+
+func messagesAPI() modelAPI {
+	return modelAPI{kind: "anthropic", sim: func() modelSim { return anthropicsim.New(anthropicsim.Config{}) },
+		ask: func(base, user string, stream bool) (string, error) {
+			client := anthropic.NewClient(aoption.WithBaseURL(base), aoption.WithAPIKey("app-key"), aoption.WithMaxRetries(0))
+			params := anthropic.MessageNewParams{Model: "sim-model", MaxTokens: 1024, Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(user))}}
+			var msg anthropic.Message
+			if !stream {
+				m, err := client.Messages.New(context.Background(), params)
+				if err != nil {
+					return "", err
+				}
+				msg = *m
+			} else {
+				s := client.Messages.NewStreaming(context.Background(), params, aoption.WithHeader("Idempotency-Key", "app-request-1"))
+				for s.Next() {
+					if err := msg.Accumulate(s.Current()); err != nil {
+						return "", fmt.Errorf("event refused by anthropic-sdk-go's accumulator: %w", err)
+					}
+				}
+				if err := s.Err(); err != nil {
+					return "", err
+				}
+				if msg.StopReason == "" {
+					return "", errors.New("the stream ended without its stop reason")
+				}
+			}
+			var text strings.Builder
+			for _, b := range msg.Content {
+				text.WriteString(b.Text)
+			}
+			return text.String(), nil
+		}}
+}
+
+// openAIRun runs the request once through api, killing and restarting the
+// sidecar at kp (unless kp.until is nil), and returns the answer's text
+// and the time from the restart to the retry's answer; with want set it
+// checks the invariants.
+func openAIRun(t *testing.T, api modelAPI, kp openAIKill, stream bool, want string) (string, time.Duration) {
 	t.Helper()
-	sim := openaisim.New(openaisim.Config{})
+	sim := api.sim()
 	srv := httptest.NewServer(sim)
 	defer srv.Close()
 	p := newDaemonConfig(t, srv.URL, "  - {name: look, side_effects: read_only, timeout: 10s}\n  - {name: pay, side_effects: unsafe, timeout: 10s}\n",
-		fmt.Sprintf("upstream: {kind: openai, url: %q, retry_budget: 10s}\n", srv.URL+"/v1"))
+		fmt.Sprintf("upstream: {kind: %s, url: %q, retry_budget: 10s}\n", api.kind, srv.URL+api.path))
 	p.start(t)
 	var looks, pays atomic.Int32
 	hold := make(chan struct{})
@@ -120,28 +226,7 @@ func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) (string, t
 		sim.Inject(f)
 	}
 	user := `{"rounds": [[{"name": "look", "arguments": {}}, {"name": "pay", "arguments": {}}]], "answer": "the words of a long enough answer. "}`
-	ask := func() (string, error) {
-		client := openai.NewClient(option.WithBaseURL(p.base+"/v1"), option.WithAPIKey("app-key"), option.WithMaxRetries(0))
-		params := openai.ChatCompletionNewParams{Model: "sim-model", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(user)}}
-		if !stream {
-			c, err := client.Chat.Completions.New(context.Background(), params)
-			if err != nil {
-				return "", err
-			}
-			return c.Choices[0].Message.Content, nil
-		}
-		s := client.Chat.Completions.NewStreaming(context.Background(), params, option.WithHeader("Idempotency-Key", "app-request-1"))
-		var acc openai.ChatCompletionAccumulator
-		for s.Next() {
-			if !acc.AddChunk(s.Current()) {
-				return "", fmt.Errorf("chunk refused by openai-go's accumulator: %s", s.Current().RawJSON())
-			}
-		}
-		if err := s.Err(); err != nil {
-			return "", err
-		}
-		return acc.Choices[0].Message.Content, nil
-	}
+	ask := func() (string, error) { return api.ask(p.base, user, stream) }
 	if kp.until == nil {
 		got, err := ask()
 		if err != nil {
@@ -179,7 +264,7 @@ func openAIRun(t *testing.T, kp openAIKill, stream bool, want string) (string, t
 	switch {
 	case err == nil:
 		t.Fatal("the first request was answered whole through the stop")
-	case kp.term && !stream && (!errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable):
+	case kp.term && !stream && (!errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable): // kp.term is Chat Completions' only
 		t.Fatalf("the first request's error %v, want a 503 that asks for a retry", err)
 	}
 	// Calls still running finish while the sidecar is away; their replies
