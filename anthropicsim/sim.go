@@ -34,7 +34,7 @@ type Config struct {
 	Delay time.Duration
 	// Model plays the model: text, and calls (a call's Args as its
 	// arguments are sent). default: Scripted
-	Model func(Request) simbase.Reply `json:"-"`
+	Model func(Request) Reply `json:"-"`
 	// WholeCalls streams each tool_use whole in its content_block_start,
 	// with no input_json_delta, as servers that translate from another
 	// API's whole calls do (Ollama's calls, reference §13).
@@ -72,6 +72,15 @@ func (r Request) thinking() bool {
 // (EndAfter: the official clients take it for a whole message), an error
 // event of ErrorType (default overloaded_error), or a held stream.
 type Fault = simbase.Fault
+
+// Reply is what the model says in a turn: text, then calls.
+type Reply = simbase.Reply
+
+// Call is a call the model makes; Args is sent as written.
+type Call = simbase.Call
+
+// Violation is a request the API would refuse, as the contract log keeps it.
+type Violation = simbase.Violation
 
 // Sim is the simulator; it is an http.Handler. Its Base queues the faults
 // (Inject) and keeps the contract log (Violations) and the counts

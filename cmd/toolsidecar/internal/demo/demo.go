@@ -6,7 +6,8 @@
 // prints a transcript with per-call and per-batch timings. A second part
 // runs the same batch through an OpenAI-compatible upstream (the
 // simulator of package openaisim), for an application that speaks Chat
-// Completions.
+// Completions, and a third through an Anthropic Messages upstream
+// (package anthropicsim).
 package demo
 
 import (
@@ -170,7 +171,10 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 	case len(v) > 0:
 		return s.Metrics(), ErrContract
 	}
-	return s.Metrics(), runOpenAI(ctx, out, filepath.Join(dir, "worker-password"), password)
+	if err := runOpenAI(ctx, out, filepath.Join(dir, "worker-password"), password); err != nil {
+		return s.Metrics(), err
+	}
+	return s.Metrics(), runMessages(ctx, out, filepath.Join(dir, "worker-password"), password)
 }
 
 const apiKey = "demo-key"

@@ -40,11 +40,16 @@ func TestDemo(t *testing.T) {
 		"completed after 2 turns",
 		"part 2: the same tools behind an OpenAI-compatible upstream",
 		"finish_reason [stop], [DONE] 1 time(s)",
-		"upstream contract log: 0 violations",
+		"part 3: the same tools behind an Anthropic Messages upstream",
+		"content block(s) with dense indexes (true), stop_reason end_turn, message_stop 1",
+		`- (is_error) {"error":"no seats left on UA 512"`,
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("transcript lacks %q:\n%s", want, s)
 		}
+	}
+	if n := strings.Count(s, "upstream contract log: 0 violations"); n != 2 {
+		t.Errorf("%d empty upstream contract logs, want one per model API:\n%s", n, s)
 	}
 	// The hotel search outlives its 1s timeout thanks to progress.
 	m := regexp.MustCompile(`← search_hotels\s+\S+\s+(\d+)ms attempts=1  ok`).FindStringSubmatch(s)

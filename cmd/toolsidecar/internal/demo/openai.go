@@ -13,28 +13,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/openaisim"
 )
 
-// tripModel plays the model of the demo's OpenAI-compatible upstream: the
-// first turn of Scenario (its text and its six calls), then an answer
-// quoting each tool message in order.
-func tripModel(req openaisim.Request) openaisim.Reply {
-	var results []string
-	for _, raw := range req.Messages {
-		var m struct {
-			Role    string `json:"role"`
-			Content string `json:"content"`
-		}
-		_ = json.Unmarshal(raw, &m)
-		if m.Role == "tool" {
-			results = append(results, "- "+m.Content)
-		}
-	}
+// tripReply is the demo's model on a model API: the first turn of
+// Scenario (its text and its six calls), then, once results came, an
+// answer quoting each in order.
+func tripReply(results []string) openaisim.Reply {
 	if len(results) > 0 {
-		return openaisim.Reply{Content: "Here is what I found:\n" + strings.Join(results, "\n")}
+		return openaisim.Reply{Content: "Here is what I found:\n- " + strings.Join(results, "\n- ")}
 	}
 	first := Scenario().Turns[0]
 	r := openaisim.Reply{Content: first.Content}
@@ -44,17 +34,114 @@ func tripModel(req openaisim.Request) openaisim.Reply {
 	return r
 }
 
+// tripModel plays the model of the OpenAI-compatible upstream: the
+// results are its tool messages.
+func tripModel(req openaisim.Request) openaisim.Reply {
+	var results []string
+	for _, raw := range req.Messages {
+		var m struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		}
+		_ = json.Unmarshal(raw, &m)
+		if m.Role == "tool" {
+			results = append(results, m.Content)
+		}
+	}
+	return tripReply(results)
+}
+
+// tripMessagesModel plays the model of the Messages upstream: the results
+// are the tool_result blocks of its last user message, a failed call's
+// flagged is_error.
+func tripMessagesModel(req anthropicsim.Request) anthropicsim.Reply {
+	var results []string
+	if n := len(req.Messages); n > 0 {
+		var m struct {
+			Content []struct {
+				Type    string `json:"type"`
+				Content string `json:"content"`
+				IsError bool   `json:"is_error"`
+			} `json:"content"`
+		}
+		_ = json.Unmarshal(req.Messages[n-1], &m)
+		for _, b := range m.Content {
+			switch {
+			case b.Type != "tool_result":
+			case b.IsError:
+				results = append(results, "(is_error) "+b.Content)
+			default:
+				results = append(results, b.Content)
+			}
+		}
+	}
+	return tripReply(results)
+}
+
+// modelPart is one model API the demo runs the batch through: its
+// simulator, the sidecar's endpoint, the application's request, and how
+// the answer's stream reads.
+type modelPart struct {
+	heading    string
+	kind       string
+	sim        http.Handler
+	violations func() []openaisim.Violation
+	base       string // the API's base path under the simulator
+	path       string // the sidecar's endpoint
+	body       any
+	// read reads the answer's stream, giving its text to text as it
+	// comes, and returns how it ended.
+	read func(sc *bufio.Scanner, text func(string)) (streamEnd, error)
+}
+
+// streamEnd is how an answer's stream ended.
+type streamEnd struct {
+	summary       string // what the stream's end said, for the transcript
+	whole         bool   // it ended as the API ends a finished answer
+	calls         []executor.CallResult
+	input, output int // tokens over the turns
+}
+
 // runOpenAI is the demo's second part: the same tools and workers behind
 // an OpenAI-compatible upstream (the simulator, streaming its tool calls
 // as llama.cpp does, fragments of several calls interleaved), driven by
 // an application that only speaks Chat Completions to the sidecar.
 func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string) error {
 	sim := openaisim.New(openaisim.Config{Profile: openaisim.LlamaCpp, Delay: 2 * time.Millisecond, Model: tripModel})
+	return runModel(ctx, out, passwordFile, password, modelPart{
+		heading: "part 2: the same tools behind an OpenAI-compatible upstream (a simulator streaming tool calls as llama.cpp does)",
+		kind:    config.UpstreamOpenAI, sim: sim, violations: sim.Violations, base: "/v1", path: "/v1/chat/completions",
+		body: map[string]any{"model": "llama-demo", "stream": true, "stream_options": map[string]bool{"include_usage": true},
+			"messages": []map[string]string{{"role": "user", "content": "Plan my trip to New York."}}},
+		read: readChatStream,
+	})
+}
+
+// runMessages is the demo's third part: the same batch behind an
+// Anthropic Messages upstream (the simulator, with extended thinking on:
+// the thinking block is replayed with its signature), for an application
+// that speaks the Messages API.
+func runMessages(ctx context.Context, out io.Writer, passwordFile, password string) error {
+	sim := anthropicsim.New(anthropicsim.Config{Delay: 2 * time.Millisecond, Model: tripMessagesModel})
+	return runModel(ctx, out, passwordFile, password, modelPart{
+		heading: "part 3: the same tools behind an Anthropic Messages upstream (a simulator with extended thinking on)",
+		kind:    config.UpstreamAnthropic, sim: sim, violations: sim.Violations, path: "/v1/messages",
+		body: map[string]any{"model": "claude-demo", "max_tokens": 4096, "stream": true, "thinking": map[string]any{"type": "enabled", "budget_tokens": 1024},
+			"messages": []map[string]string{{"role": "user", "content": "Plan my trip to New York."}}},
+		read: readMessagesStream,
+	})
+}
+
+// runModel serves m's simulator, starts a sidecar in front of it with the
+// demo's workers, sends the application's streamed request, and prints
+// the answer as it comes, the calls the sidecar ran, the usage and the
+// simulator's contract log.
+func runModel(ctx context.Context, out io.Writer, passwordFile, password string, m modelPart) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: m.sim, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -65,7 +152,7 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 		<-served
 	}()
 	s, err := startSidecar("http://127.0.0.1:9", passwordFile, func(c *config.Config) {
-		c.Upstream.Kind, c.Upstream.URL = config.UpstreamOpenAI, "http://"+ln.Addr().String()+"/v1"
+		c.Upstream.Kind, c.Upstream.URL = m.kind, "http://"+ln.Addr().String()+m.base
 	})
 	if err != nil {
 		return err
@@ -77,11 +164,9 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 		return err
 	}
 	defer stopWorkers()
-	url := "http://" + s.Addr() + "/v1/chat/completions"
-	fmt.Fprintf(out, "\npart 2: the same tools behind an OpenAI-compatible upstream (a simulator streaming tool calls as llama.cpp does)\n")
-	fmt.Fprintf(out, "POST %s, stream: true\n", url)
-	body, _ := json.Marshal(map[string]any{"model": "llama-demo", "stream": true, "stream_options": map[string]bool{"include_usage": true},
-		"messages": []map[string]string{{"role": "user", "content": "Plan my trip to New York."}}})
+	url := "http://" + s.Addr() + m.path
+	fmt.Fprintf(out, "\n%s\nPOST %s, stream: true\n", m.heading, url)
+	body, _ := json.Marshal(m.body)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -95,18 +180,12 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("demo: chat completion answered %d: %s", resp.StatusCode, b)
+		return fmt.Errorf("demo: %s answered %d: %s", m.path, resp.StatusCode, b)
 	}
-	var (
-		finish, ids []string
-		done        int
-		usage       map[string]int
-		calls       []executor.CallResult
-		lastText    time.Time
-	)
 	at := func() string { return fmt.Sprintf("[%7s]", ms(time.Since(t0))) }
 	// The operator approving hold_room writes beside the stream's reader.
 	var mu sync.Mutex
+	var lastText time.Time
 	printf := func(format string, a ...any) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -121,6 +200,55 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 	defer stopApprover()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
+	end, err := m.read(sc, func(text string) {
+		// Deltas that follow each other closely go on one line: a pause
+		// (the tools running) starts another.
+		mu.Lock()
+		newLine := time.Since(lastText) > 200*time.Millisecond
+		lastText = time.Now()
+		mu.Unlock()
+		if newLine {
+			printf("\n%s content: ", at())
+		}
+		printf("%s", strings.ReplaceAll(text, "\n", "\n                    "))
+	})
+	stopApprover()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\n%s stream ended: %s\n", at(), end.summary)
+	for _, c := range end.calls {
+		status := "ok"
+		if !c.OK {
+			status = c.ErrorType + ": " + firstLine(c.Error)
+		}
+		fmt.Fprintf(out, "  turn %d  %-17s %s %6dms  %s\n", c.Turn, c.Tool, c.ToolCallID, c.DurationMS, status)
+	}
+	fmt.Fprintf(out, "usage over the turns: %d input + %d output tokens\n", end.input, end.output)
+	v := m.violations()
+	fmt.Fprintf(out, "upstream contract log: %d violations\n", len(v))
+	for _, x := range v {
+		fmt.Fprintf(out, "  %s: %s\n", x.Code, x.Detail)
+	}
+	switch {
+	case len(v) > 0:
+		return ErrContract
+	case !end.whole || len(end.calls) != len(Scenario().Turns[0].Calls):
+		return fmt.Errorf("demo: the %s stream is not whole: %s, %d calls", m.kind, end.summary, len(end.calls))
+	}
+	return nil
+}
+
+// readChatStream reads chat.completion.chunk events: one id, one finish
+// chunk (stop), the usage, one [DONE].
+func readChatStream(sc *bufio.Scanner, text func(string)) (streamEnd, error) {
+	var (
+		end          streamEnd
+		finish, ids  []string
+		done         int
+		usage        map[string]int
+		sawToolsInfo bool
+	)
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
@@ -145,24 +273,15 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 			Error json.RawMessage `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			return fmt.Errorf("demo: a chunk is not JSON: %w", err)
+			return end, fmt.Errorf("demo: a chunk is not JSON: %w", err)
 		}
 		if len(c.Error) > 0 {
-			return fmt.Errorf("demo: the stream reported an error: %s", c.Error)
+			return end, fmt.Errorf("demo: the stream reported an error: %s", c.Error)
 		}
 		ids = append(ids, c.ID)
 		for _, ch := range c.Choices {
-			if text := ch.Delta.Content; text != "" {
-				// Deltas that follow each other closely go on one line:
-				// a pause (the tools running) starts another.
-				mu.Lock()
-				newLine := time.Since(lastText) > 200*time.Millisecond
-				lastText = time.Now()
-				mu.Unlock()
-				if newLine {
-					printf("\n%s content: ", at())
-				}
-				printf("%s", strings.ReplaceAll(text, "\n", "\n                    "))
+			if ch.Delta.Content != "" {
+				text(ch.Delta.Content)
 			}
 			if ch.FinishReason != nil {
 				finish = append(finish, *ch.FinishReason)
@@ -172,35 +291,78 @@ func runOpenAI(ctx context.Context, out io.Writer, passwordFile, password string
 			usage = c.Usage
 		}
 		if c.Toolsidecar != nil {
-			calls = c.Toolsidecar.Calls
+			end.calls, sawToolsInfo = c.Toolsidecar.Calls, true
 		}
 	}
-	stopApprover()
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "\n%s stream ended: %d chunks with one id (%v), finish_reason %v, [DONE] %d time(s)\n",
-		at(), len(ids), oneID(ids), finish, done)
-	for _, c := range calls {
-		status := "ok"
-		if !c.OK {
-			status = c.ErrorType + ": " + firstLine(c.Error)
+	end.summary = fmt.Sprintf("%d chunks with one id (%v), finish_reason %v, [DONE] %d time(s)", len(ids), oneID(ids), finish, done)
+	end.whole = len(finish) == 1 && finish[0] == "stop" && done == 1 && oneID(ids) && sawToolsInfo
+	end.input, end.output = usage["prompt_tokens"], usage["completion_tokens"]
+	return end, sc.Err()
+}
+
+// readMessagesStream reads the Messages API's named events: one
+// message_start, blocks with dense indexes, one message_delta with the
+// stop reason (end_turn) and the usage, then message_stop.
+func readMessagesStream(sc *bufio.Scanner, text func(string)) (streamEnd, error) {
+	var (
+		end                 streamEnd
+		events              = map[string]int{}
+		name, stop          string
+		blocks, denseBlocks int
+	)
+	for sc.Scan() {
+		line := sc.Text()
+		if n, ok := strings.CutPrefix(line, "event: "); ok {
+			name = n
+			continue
 		}
-		fmt.Fprintf(out, "  turn %d  %-17s %s %6dms  %s\n", c.Turn, c.Tool, c.ToolCallID, c.DurationMS, status)
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		events[name]++
+		var e struct {
+			Index int `json:"index"`
+			Delta struct {
+				Type       string `json:"type"`
+				Text       string `json:"text"`
+				StopReason string `json:"stop_reason"`
+			} `json:"delta"`
+			Usage struct {
+				InputTokens  int `json:"input_tokens"`
+				OutputTokens int `json:"output_tokens"`
+			} `json:"usage"`
+			Toolsidecar *struct {
+				Calls []executor.CallResult `json:"calls"`
+			} `json:"toolsidecar"`
+			Error json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &e); err != nil {
+			return end, fmt.Errorf("demo: an event is not JSON: %w", err)
+		}
+		switch name {
+		case "error":
+			return end, fmt.Errorf("demo: the stream reported an error: %s", e.Error)
+		case "content_block_start":
+			if e.Index == blocks {
+				denseBlocks++
+			}
+			blocks++
+		case "content_block_delta":
+			if e.Delta.Type == "text_delta" {
+				text(e.Delta.Text)
+			}
+		case "message_delta":
+			stop, end.input, end.output = e.Delta.StopReason, e.Usage.InputTokens, e.Usage.OutputTokens
+			if e.Toolsidecar != nil {
+				end.calls = e.Toolsidecar.Calls
+			}
+		}
 	}
-	fmt.Fprintf(out, "usage over the turns: %d prompt + %d completion tokens\n", usage["prompt_tokens"], usage["completion_tokens"])
-	v := sim.Violations()
-	fmt.Fprintf(out, "upstream contract log: %d violations\n", len(v))
-	for _, x := range v {
-		fmt.Fprintf(out, "  %s: %s\n", x.Code, x.Detail)
-	}
-	switch {
-	case len(v) > 0:
-		return ErrContract
-	case len(finish) != 1 || finish[0] != "stop" || done != 1 || !oneID(ids) || len(calls) != len(Scenario().Turns[0].Calls):
-		return fmt.Errorf("demo: the OpenAI-compatible stream is not whole: finish %v, [DONE] %d, %d calls", finish, done, len(calls))
-	}
-	return nil
+	end.summary = fmt.Sprintf("message_start %d, %d content block(s) with dense indexes (%v), stop_reason %s, message_stop %d",
+		events["message_start"], blocks, denseBlocks == blocks, stop, events["message_stop"])
+	end.whole = events["message_start"] == 1 && events["message_delta"] == 1 && events["message_stop"] == 1 && stop == "end_turn" && denseBlocks == blocks
+	return end, sc.Err()
 }
 
 func oneID(ids []string) bool {
