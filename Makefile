@@ -39,8 +39,9 @@ node-build: plugins/node/node_modules/.package-lock.json
 plugins/node/node_modules/.package-lock.json: plugins/node/package-lock.json plugins/node/package.json
 	cd plugins/node && npm ci --no-audit --no-fund
 
-## openai-node: install the official openai Node client, locked, which
-## openaiup's tests run as an application of /v1/chat/completions.
+## openai-node: install the official openai and @anthropic-ai/sdk Node
+## clients, locked, which openaiup's tests run as applications of
+## /v1/chat/completions and /v1/messages.
 openai-node: openaiup/testdata/node/node_modules/.package-lock.json
 
 openaiup/testdata/node/node_modules/.package-lock.json: openaiup/testdata/node/package-lock.json openaiup/testdata/node/package.json

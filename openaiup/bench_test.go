@@ -6,8 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
@@ -21,6 +25,40 @@ import (
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkBatch -benchtime 20x
 func BenchmarkBatch(b *testing.B) {
+	batchRuns(b, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation) {
+		var s *stack
+		violations := func() []openaisim.Violation { return s.sim.Violations() }
+		if process {
+			url, v := testenv.OpenAIProcess(b, openaisim.Config{})
+			s, violations = startOn(b, nil, url, opts, slow), v
+		} else {
+			s = start(b, openaisim.Config{}, opts, slow)
+		}
+		return s.ask(b, params(script(echoCalls(calls), ""))), violations
+	})
+}
+
+// BenchmarkMessagesBatch is BenchmarkBatch through the Anthropic Messages
+// API (upstream.kind anthropic, the application on anthropic-sdk-go).
+//
+//	go test ./openaiup -run '^$' -bench BenchmarkMessagesBatch -benchtime 20x
+func BenchmarkMessagesBatch(b *testing.B) {
+	batchRuns(b, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation) {
+		p := messagesParams(false, userText(script(echoCalls(calls), "")))
+		if !process {
+			s := startMessages(b, anthropicsim.Config{}, opts, slow)
+			return s.ask(b, p), s.sim.Violations
+		}
+		url, violations := testenv.MessagesProcess(b, anthropicsim.Config{})
+		return startMessagesOn(b, url, opts, slow).ask(b, p), violations
+	})
+}
+
+// batchRuns runs the batch benchmark of one API: start gives the
+// application's request of calls calls through a sidecar in front of the
+// API's simulator (in a process of its own with process), and what reads
+// the simulator's contract log.
+func batchRuns(b *testing.B, start func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation)) {
 	for _, process := range []bool{false, true} {
 		for _, calls := range []int{1, 16} {
 			name := fmt.Sprintf("calls=%d", calls)
@@ -28,25 +66,16 @@ func BenchmarkBatch(b *testing.B) {
 				name += "/upstream=process"
 			}
 			b.Run(name, func(b *testing.B) {
-				slow := echoTool("echo", 200*time.Millisecond, nil)
 				opts := testenv.Options{Executor: config.Executor{MaxParallel: 16}}
-				var s *stack
-				violations := func() []openaisim.Violation { return s.sim.Violations() }
-				if process {
-					url, v := testenv.OpenAIProcess(b, openaisim.Config{})
-					s, violations = startOn(b, nil, url, opts, slow), v
-				} else {
-					s = start(b, openaisim.Config{}, opts, slow)
-				}
-				p := params(script(echoCalls(calls), ""))
+				ask, violations := start(b, process, opts, echoTool("echo", 200*time.Millisecond, nil), calls)
 				took := make([]time.Duration, b.N)
 				b.ResetTimer()
 				for i := range b.N {
 					began := time.Now()
-					got, err := s.streamChat(b, p)
+					got, err := ask()
 					took[i] = time.Since(began)
-					if err != nil || got.Choices[0].Message.Content != wantEchoes(calls) {
-						b.Fatalf("run %d: %v %+v", i, err, got.Choices)
+					if err != nil || got != wantEchoes(calls) {
+						b.Fatalf("run %d: %v %q", i, err, got)
 					}
 				}
 				b.StopTimer()
@@ -79,7 +108,8 @@ func BenchmarkJournal(b *testing.B) {
 				return testenv.Options{Executor: config.Executor{MaxParallel: 16}, Config: func(c *config.Config) { c.Durability.Enabled = durable }}
 			}
 			stacks := [2]*stack{startOn(b, nil, url, opts(true), echoTool("echo", latency, nil)), startOn(b, nil, url, opts(false), echoTool("echo", latency, nil))}
-			took := alternate(b, stacks, params(script(echoCalls(16), "")), wantEchoes(16))
+			p := params(script(echoCalls(16), ""))
+			took := alternate(b, [2]ask{stacks[0].ask(b, p), stacks[1].ask(b, p)}, wantEchoes(16))
 			if v := violations(); len(v) > 0 {
 				b.Fatalf("contract violations: %v", v)
 			}
@@ -100,7 +130,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	through := startOn(b, nil, url, testenv.Options{})
 	straight := &stack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("k"), option.WithMaxRetries(0))}
 	p := params("hello")
-	took := alternate(b, [2]*stack{through, straight}, p, "echo: hello")
+	took := alternate(b, [2]ask{through.ask(b, p), straight.ask(b, p)}, "echo: hello")
 	if v := violations(); len(v) > 0 {
 		b.Fatalf("contract violations: %v", v)
 	}
@@ -108,19 +138,57 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	b.ReportMetric(via-direct, "p50-overhead-ms")
 }
 
-// alternate sends p through both stacks b.N times, each first every other
-// time, and returns each one's durations; an answer other than want fails.
-func alternate(b *testing.B, stacks [2]*stack, p openai.ChatCompletionNewParams, want string) [2][]time.Duration {
+// BenchmarkMessagesProxyOverhead is BenchmarkProxyOverhead through the
+// Anthropic Messages API.
+//
+//	go test ./openaiup -run '^$' -bench BenchmarkMessagesProxyOverhead -benchtime 200x
+func BenchmarkMessagesProxyOverhead(b *testing.B) {
+	url, violations := testenv.MessagesProcess(b, anthropicsim.Config{})
+	through := startMessagesOn(b, url, testenv.Options{})
+	straight := &messagesStack{client: anthropic.NewClient(aoption.WithBaseURL(url), aoption.WithAPIKey("k"), aoption.WithMaxRetries(0))}
+	p := messagesParams(false, userText("hello"))
+	took := alternate(b, [2]ask{through.ask(b, p), straight.ask(b, p)}, "echo: hello")
+	if v := violations(); len(v) > 0 {
+		b.Fatalf("contract violations: %v", v)
+	}
+	via, direct := report(b, took, "sidecar", "direct")
+	b.ReportMetric(via-direct, "p50-overhead-ms")
+}
+
+// ask sends one streamed request and returns the answer's text.
+type ask func() (string, error)
+
+func (s *stack) ask(b *testing.B, p openai.ChatCompletionNewParams) ask {
+	return func() (string, error) {
+		got, err := s.streamChat(b, p)
+		if err != nil {
+			return "", err
+		}
+		return got.Choices[0].Message.Content, nil
+	}
+}
+
+func (s *messagesStack) ask(b *testing.B, p anthropic.MessageNewParams) ask {
+	return func() (string, error) {
+		got, err := s.accumulate(b, p)
+		return textOf(got), err
+	}
+}
+
+// alternate sends a request with both asks b.N times, each first every
+// other time, and returns each one's durations; an answer other than want
+// fails.
+func alternate(b *testing.B, asks [2]ask, want string) [2][]time.Duration {
 	took := [2][]time.Duration{}
 	b.ResetTimer()
 	for i := range b.N {
 		for k := range 2 {
 			k = (k + i) % 2
 			began := time.Now()
-			got, err := stacks[k].streamChat(b, p)
+			got, err := asks[k]()
 			took[k] = append(took[k], time.Since(began))
-			if err != nil || got.Choices[0].Message.Content != want {
-				b.Fatalf("run %d: %v %+v", i, err, got.Choices)
+			if err != nil || got != want {
+				b.Fatalf("run %d: %v %q", i, err, got)
 			}
 		}
 	}

@@ -513,13 +513,33 @@ func TestTurnLimit(t *testing.T) {
 // finalChatCompletion() throws on a stream without a finish_reason or a
 // role, or with a call missing its id, type, name or arguments.
 func TestNodeClientAccumulates(t *testing.T) {
-	checker, _ := filepath.Abs("testdata/node/check.mjs")
-	if _, err := os.Stat(filepath.Join(filepath.Dir(checker), "node_modules", "openai")); err != nil {
-		t.Fatalf("the openai Node package is missing: make openai-node installs it (%v)", err)
-	}
 	s := start(t, openaisim.Config{Profile: openaisim.LlamaCpp}, testenv.Options{})
-	run := func(user, tools string) map[string]any {
-		out, err := exec.Command("node", checker, s.env.URL+"/v1", user, tools).Output()
+	run := nodeClient(t, "check.mjs", "openai", s.env.URL+"/v1")
+	got := run(script(echoCalls(3), "ok. "), "[]")
+	if got["content"] != "ok. "+wantEchoes(3) || got["finish_reason"] != "stop" || got["usage"] == nil {
+		t.Fatalf("the Node client accumulated %v", got)
+	}
+	rounds := [][]map[string]any{{{"name": "echo", "arguments": map[string]any{"i": 0}}, {"name": "lookup", "arguments": map[string]any{"q": "x"}}}}
+	got = run(script(rounds, ""), `[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]`)
+	calls, _ := got["tool_calls"].([]any)
+	if got["finish_reason"] != "tool_calls" || len(calls) != 1 || !strings.Contains(fmt.Sprint(calls[0]), "lookup") {
+		t.Fatalf("the Node client accumulated %v, want the application's one call", got)
+	}
+	s.assertContract(t)
+}
+
+// nodeClient is an official Node client as the application: the script
+// of testdata/node (which make openai-node installs with its package)
+// sends a user message, with the application's tools as JSON, to the
+// sidecar at baseURL and prints what it accumulated as JSON.
+func nodeClient(t *testing.T, script, pkg, baseURL string) func(user, tools string) map[string]any {
+	t.Helper()
+	checker, _ := filepath.Abs(filepath.Join("testdata/node", script))
+	if _, err := os.Stat(filepath.Join(filepath.Dir(checker), "node_modules", pkg)); err != nil {
+		t.Fatalf("the %s Node package is missing: make openai-node installs it (%v)", pkg, err)
+	}
+	return func(user, tools string) map[string]any {
+		out, err := exec.Command("node", checker, baseURL, user, tools).Output()
 		if err != nil {
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {
@@ -533,17 +553,6 @@ func TestNodeClientAccumulates(t *testing.T) {
 		}
 		return got
 	}
-	got := run(script(echoCalls(3), "ok. "), "[]")
-	if got["content"] != "ok. "+wantEchoes(3) || got["finish_reason"] != "stop" || got["usage"] == nil {
-		t.Fatalf("the Node client accumulated %v", got)
-	}
-	rounds := [][]map[string]any{{{"name": "echo", "arguments": map[string]any{"i": 0}}, {"name": "lookup", "arguments": map[string]any{"q": "x"}}}}
-	got = run(script(rounds, ""), `[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]`)
-	calls, _ := got["tool_calls"].([]any)
-	if got["finish_reason"] != "tool_calls" || len(calls) != 1 || !strings.Contains(fmt.Sprint(calls[0]), "lookup") {
-		t.Fatalf("the Node client accumulated %v, want the application's one call", got)
-	}
-	s.assertContract(t)
 }
 
 // The executor's policies apply as in the Core mode: a read-only call the

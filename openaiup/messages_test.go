@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -33,9 +34,17 @@ func startMessages(t testing.TB, simCfg anthropicsim.Config, opts testenv.Option
 	sim := anthropicsim.New(simCfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	env, hc := startSidecar(t, config.UpstreamAnthropic, srv.URL, opts, tools...)
+	s := startMessagesOn(t, srv.URL, opts, tools...)
+	s.sim = sim
+	return s
+}
+
+// startMessagesOn is startMessages against the upstream at baseURL.
+func startMessagesOn(t testing.TB, baseURL string, opts testenv.Options, tools ...testenv.Tool) *messagesStack {
+	t.Helper()
+	env, hc := startSidecar(t, config.UpstreamAnthropic, baseURL, opts, tools...)
 	client := anthropic.NewClient(option.WithBaseURL(env.URL), option.WithAPIKey("app-key"), option.WithMaxRetries(0), option.WithHTTPClient(hc))
-	return &messagesStack{sim: sim, env: env, client: client}
+	return &messagesStack{env: env, client: client}
 }
 
 func (s *messagesStack) assertContract(t *testing.T) {
@@ -262,4 +271,25 @@ func TestMessagesFaults(t *testing.T) {
 			t.Fatalf("%v, want the stream to end with the upstream's error", err)
 		}
 	})
+}
+
+// The official Node client (@anthropic-ai/sdk) takes the sidecar's
+// stream, with thinking on, plain and when the answer ends on the
+// application's own call: finalMessage() throws on an event before
+// message_start, a delta of a block that did not start, or a stream
+// without message_stop.
+func TestMessagesNodeClientAccumulates(t *testing.T) {
+	s := startMessages(t, anthropicsim.Config{}, testenv.Options{})
+	run := nodeClient(t, "check-messages.mjs", "@anthropic-ai/sdk", s.env.URL)
+	got := run(script(echoCalls(3), "ok. "), "[]")
+	if got["text"] != "ok. "+wantEchoes(3) || got["stop_reason"] != "end_turn" || got["usage"] == nil {
+		t.Fatalf("the Node client accumulated %v", got)
+	}
+	rounds := [][]map[string]any{{{"name": "echo", "arguments": map[string]any{"i": 0}}, {"name": "lookup", "arguments": map[string]any{"q": "x"}}}}
+	got = run(script(rounds, ""), `[{"name":"lookup","input_schema":{"type":"object"}}]`)
+	uses, _ := got["tool_uses"].([]any)
+	if got["stop_reason"] != "tool_use" || len(uses) != 1 || !strings.Contains(fmt.Sprint(uses[0]), "lookup") || !strings.Contains(fmt.Sprint(uses[0]), "q:x") {
+		t.Fatalf("the Node client accumulated %v, want the application's one call with its input", got)
+	}
+	s.assertContract(t)
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/openaisim"
@@ -22,12 +23,14 @@ import (
 // The environment variables that carry a simulator's configuration to the
 // process that serves it.
 const (
-	envCoreProcess   = "TSC_TEST_CORESIM"
-	envOpenAIProcess = "TSC_TEST_OPENAISIM"
+	envCoreProcess     = "TSC_TEST_CORESIM"
+	envOpenAIProcess   = "TSC_TEST_OPENAISIM"
+	envMessagesProcess = "TSC_TEST_ANTHROPICSIM"
 )
 
 // MaybeServe serves a simulator and exits when this process was started
-// by [CoreProcess] or [OpenAIProcess]; call it first in TestMain.
+// by [CoreProcess], [OpenAIProcess] or [MessagesProcess]; call it first in
+// TestMain.
 func MaybeServe() {
 	var url string
 	var stop func()
@@ -41,6 +44,11 @@ func MaybeServe() {
 		var cfg openaisim.Config
 		exitOn(json.Unmarshal([]byte(os.Getenv(envOpenAIProcess)), &cfg))
 		srv := httptest.NewServer(openaisim.New(cfg))
+		url, stop = srv.URL, srv.Close
+	case os.Getenv(envMessagesProcess) != "":
+		var cfg anthropicsim.Config
+		exitOn(json.Unmarshal([]byte(os.Getenv(envMessagesProcess)), &cfg))
+		srv := httptest.NewServer(anthropicsim.New(cfg))
 		url, stop = srv.URL, srv.Close
 	default:
 		return
@@ -129,4 +137,14 @@ func OpenAIProcess(t testing.TB, cfg openaisim.Config) (baseURL string, violatio
 	url, stop := serveApart(t, envOpenAIProcess, cfg)
 	t.Cleanup(stop)
 	return url + "/v1", func() []openaisim.Violation { return violationsAt[openaisim.Violation](t, url) }
+}
+
+// MessagesProcess serves an Anthropic Messages simulator of cfg (its
+// scripted model) in a process of its own, as [OpenAIProcess] does. It
+// returns the API's base URL (without /v1, as the official clients take
+// it) and what reads the contract log.
+func MessagesProcess(t testing.TB, cfg anthropicsim.Config) (baseURL string, violations func() []anthropicsim.Violation) {
+	url, stop := serveApart(t, envMessagesProcess, cfg)
+	t.Cleanup(stop)
+	return url, func() []anthropicsim.Violation { return violationsAt[anthropicsim.Violation](t, url) }
 }
