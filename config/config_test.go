@@ -238,7 +238,7 @@ func TestBoundsAndUnits(t *testing.T) {
 		"executor: {submit_budget: 0s}\n":            "executor.submit_budget: must be positive",
 		"tools: [{name: a, max_duration: -1s}]\n":    "tools[0].max_duration: must not be negative",
 		"core: {url: notaurl}\n":                     "core.url: must be an http(s) URL",
-		"upstream: {kind: gemini}\n":                 "upstream.kind: must be core, openai or anthropic",
+		"upstream: {kind: gemini}\n":                 "upstream.kind: must be core, openai, anthropic or responses",
 		"upstream: {kind: anthropic}\n":              "upstream.url: must be the http(s) URL of the API as its client takes it",
 		"upstream: {kind: openai}\n":                 "upstream.url: must be the http(s) URL",
 		"upstream: {retry_budget: 0s}\n":             "upstream.retry_budget: must be positive",

@@ -10,17 +10,19 @@ type Upstream struct {
 	// Kind is core (Project David Core, configured under core), openai
 	// (an OpenAI-compatible Chat Completions server: OpenAI, vLLM, Ollama,
 	// llama.cpp, LiteLLM), which applications reach at the sidecar's POST
-	// /v1/chat/completions, or anthropic (a Messages API server:
-	// Anthropic, LiteLLM, vLLM, Ollama, llama.cpp), which they reach at
-	// POST /v1/messages. default: core
+	// /v1/chat/completions, responses (an OpenAI Responses API server:
+	// OpenAI, vLLM, Ollama, llama.cpp, LiteLLM), which they reach at POST
+	// /v1/responses, or anthropic (a Messages API server: Anthropic,
+	// LiteLLM, vLLM, Ollama, llama.cpp), which they reach at POST
+	// /v1/messages. default: core
 	Kind string `koanf:"kind"`
 	// URL of the model's API as its official client takes it, for kinds
-	// openai and anthropic: with its version for openai
-	// (https://api.openai.com/v1, http://127.0.0.1:11434/v1), without for
-	// anthropic (https://api.anthropic.com).
+	// openai, responses and anthropic: with its version for openai and
+	// responses (https://api.openai.com/v1, http://127.0.0.1:11434/v1),
+	// without for anthropic (https://api.anthropic.com).
 	URL string `koanf:"url"`
-	// APIKeyFile holds the key sent upstream, for kinds openai (as a
-	// bearer token) and anthropic (as x-api-key). Optional:
+	// APIKeyFile holds the key sent upstream, for kinds openai and
+	// responses (as a bearer token) and anthropic (as x-api-key). Optional:
 	// TOOLSIDECAR_UPSTREAM_API_KEY is read when it is empty. Without
 	// server.auth_token_file, a caller's own key is sent instead.
 	APIKeyFile string `koanf:"api_key_file"`
@@ -29,11 +31,11 @@ type Upstream struct {
 	// finish chunk). default: 30s
 	RetryBudget time.Duration `koanf:"retry_budget"`
 	// StreamIdleTimeout bounds the silence between two events of a turn's
-	// stream, for kinds openai and anthropic; past it the turn is retried within
+	// stream, for kinds openai, responses and anthropic; past it the turn is retried within
 	// retry_budget. default: 2m
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
-	// JournalTTL is how long the journal keeps a run of kind openai or
-	// anthropic: a
+	// JournalTTL is how long the journal keeps a run of a model's API
+	// (kinds openai, responses, anthropic): a
 	// retried request resumes its run within it, and a request with the
 	// Idempotency-Key of a run that ended gets that run's answer again.
 	// In durable mode the journal is in JetStream; otherwise in memory,
@@ -46,11 +48,15 @@ const (
 	UpstreamCore      = "core"
 	UpstreamOpenAI    = "openai"
 	UpstreamAnthropic = "anthropic"
+	UpstreamResponses = "responses"
 )
 
-// Model reports an upstream that is a model's API (openai, anthropic),
-// which applications reach through the sidecar, rather than Core.
-func (u Upstream) Model() bool { return u.Kind == UpstreamOpenAI || u.Kind == UpstreamAnthropic }
+// Model reports an upstream that is a model's API (openai, anthropic,
+// responses), which applications reach through the sidecar, rather than
+// Core.
+func (u Upstream) Model() bool {
+	return u.Kind == UpstreamOpenAI || u.Kind == UpstreamAnthropic || u.Kind == UpstreamResponses
+}
 
 // UpstreamAPIKeyEnv holds the upstream's key when no
 // upstream.api_key_file is set.
@@ -60,7 +66,7 @@ func (u Upstream) validate() []error {
 	p := problems{prefix: "upstream"}
 	switch u.Kind {
 	case UpstreamCore:
-	case UpstreamOpenAI:
+	case UpstreamOpenAI, UpstreamResponses:
 		if !httpURL(u.URL) {
 			p.add("url", "must be the http(s) URL of the API with its version (https://api.openai.com/v1), got %q", RedactURL(u.URL))
 		}
@@ -69,7 +75,7 @@ func (u Upstream) validate() []error {
 			p.add("url", "must be the http(s) URL of the API as its client takes it (https://api.anthropic.com), got %q", RedactURL(u.URL))
 		}
 	default:
-		p.add("kind", "must be core, openai or anthropic, got %q", u.Kind)
+		p.add("kind", "must be core, openai, anthropic or responses, got %q", u.Kind)
 	}
 	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "stream_idle_timeout": int64(u.StreamIdleTimeout),
 		"journal_ttl": int64(u.JournalTTL)}, durationText)

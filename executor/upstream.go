@@ -15,7 +15,7 @@ import (
 // David Core to it; another upstream (an OpenAI-compatible server) is
 // another adapter. Each method waits for its answer.
 type Upstream interface {
-	// Kind names the upstream: "core", "openai", "anthropic".
+	// Kind names the upstream: "core", "openai", "responses", "anthropic".
 	Kind() string
 	// Run reads a run, with the caller's identity when ctx carries one
 	// (AsCaller): a run the caller may not read is an error.

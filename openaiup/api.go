@@ -11,7 +11,8 @@ import (
 )
 
 // api is what differs between the model APIs the sidecar serves (Chat
-// Completions, chat.go; Anthropic Messages, messages.go): the wire of the
+// Completions, chat.go; Anthropic Messages, messages.go; OpenAI
+// Responses, responses.go): the wire of the
 // application's request, of a turn and its stream, of the follow-up, and
 // of the answer. Everything else (the run, its key and journal, the
 // calls handed over as their arguments are whole, the retries, parking)
@@ -43,8 +44,8 @@ type api interface {
 	// message, unchanged, and the results given, in call order.
 	followUp(assistant json.RawMessage, results []result) ([]json.RawMessage, error)
 	// splitParked reads a parked turn's follow-up (Result.Parked) back
-	// into its results, by call id.
-	splitParked(parked []json.RawMessage) map[string]json.RawMessage
+	// into its assistant message and its results, by call id.
+	splitParked(parked []json.RawMessage) (assistant json.RawMessage, results map[string]json.RawMessage)
 	// restore puts each parked turn back into an application's
 	// conversation (parking.restore).
 	restore(msgs []json.RawMessage, find func(appCalls []toolCall) *parkedTurn) []json.RawMessage
@@ -112,6 +113,8 @@ func apiOf(kind string) (api, bool) {
 		return chatAPI{}, true
 	case kindAnthropic:
 		return messagesAPI{}, true
+	case kindResponses:
+		return responsesAPI{}, true
 	}
 	return nil, false
 }
@@ -120,4 +123,5 @@ func apiOf(kind string) (api, bool) {
 const (
 	kindOpenAI    = "openai"
 	kindAnthropic = "anthropic"
+	kindResponses = "responses"
 )

@@ -87,6 +87,9 @@ func (a *assembler) add(ds []toolCallDelta) {
 		if cur.name == "" {
 			cur.name = d.Function.Name
 		}
+		if d.whole && cur.lost == "" {
+			cur.args.Reset()
+		}
 		switch {
 		case cur.lost != "":
 		case a.maxArgs > 0 && cur.args.Len()+len(args) > a.maxArgs:

@@ -33,7 +33,7 @@ func (chatAPI) callerKey(r *http.Request) string {
 }
 
 func (chatAPI) readRequest(body map[string]json.RawMessage, own []tool.FunctionTool) (*request, error) {
-	req, tools, err := readShared(body)
+	req, tools, err := readShared(body, "messages")
 	if err != nil {
 		return nil, err
 	}
@@ -72,12 +72,12 @@ func (chatAPI) readRequest(body map[string]json.RawMessage, own []tool.FunctionT
 }
 
 // readShared reads what a request has in every API: the conversation
-// (messages), the model, whether it is streamed (which is then left out
-// of the body: every turn is) and the application's tools.
-func readShared(body map[string]json.RawMessage) (*request, []json.RawMessage, error) {
-	req := &request{body: body, appTools: map[string]bool{}}
-	if err := json.Unmarshal(body["messages"], &req.messages); err != nil || len(req.messages) == 0 {
-		return nil, nil, &badRequest{msg: "messages must be a non-empty array", param: "messages"}
+// (under field), the model, whether it is streamed (which is then left
+// out of the body: every turn is) and the application's tools.
+func readShared(body map[string]json.RawMessage, field string) (*request, []json.RawMessage, error) {
+	req := &request{body: body, appTools: map[string]bool{}, field: field}
+	if err := json.Unmarshal(body[field], &req.messages); err != nil || len(req.messages) == 0 {
+		return nil, nil, &badRequest{msg: field + " must be a non-empty array", param: field}
 	}
 	_ = json.Unmarshal(body["model"], &req.model)
 	if raw, ok := body["stream"]; ok {
@@ -109,17 +109,17 @@ func (req *request) addTools(tools []json.RawMessage, names []string, own []tool
 	if tools = append(tools, ownRaw...); len(tools) > 0 {
 		req.body["tools"], _ = json.Marshal(tools)
 	}
-	delete(req.body, "messages")
+	delete(req.body, req.field)
 	return nil
 }
 
 func (chatAPI) turnBody(body map[string]json.RawMessage, conv []json.RawMessage) ([]byte, error) {
-	return streamedTurn(body, conv, map[string]json.RawMessage{"stream_options": json.RawMessage(`{"include_usage":true}`)})
+	return streamedTurn(body, "messages", conv, map[string]json.RawMessage{"stream_options": json.RawMessage(`{"include_usage":true}`)})
 }
 
-// streamedTurn is a turn's body in both APIs: the application's fields,
-// the conversation as messages, stream on, and the API's extra fields.
-func streamedTurn(body map[string]json.RawMessage, conv []json.RawMessage, extra map[string]json.RawMessage) ([]byte, error) {
+// streamedTurn is a turn's body in every API: the application's fields,
+// the conversation under field, stream on, and the API's extra fields.
+func streamedTurn(body map[string]json.RawMessage, field string, conv []json.RawMessage, extra map[string]json.RawMessage) ([]byte, error) {
 	out := make(map[string]json.RawMessage, len(body)+2+len(extra))
 	maps.Copy(out, body)
 	maps.Copy(out, extra)
@@ -127,7 +127,7 @@ func streamedTurn(body map[string]json.RawMessage, conv []json.RawMessage, extra
 	if err != nil {
 		return nil, err
 	}
-	out["messages"] = msgs
+	out[field] = msgs
 	out["stream"] = json.RawMessage("true")
 	return json.Marshal(out)
 }
@@ -207,7 +207,7 @@ func (chatAPI) followUp(assistant json.RawMessage, results []result) ([]json.Raw
 	return out, nil
 }
 
-func (chatAPI) splitParked(parked []json.RawMessage) map[string]json.RawMessage {
+func (chatAPI) splitParked(parked []json.RawMessage) (json.RawMessage, map[string]json.RawMessage) {
 	out := map[string]json.RawMessage{}
 	for _, raw := range parked[1:] {
 		var m message
@@ -215,7 +215,7 @@ func (chatAPI) splitParked(parked []json.RawMessage) map[string]json.RawMessage 
 			out[m.ToolCallID] = raw
 		}
 	}
-	return out
+	return parked[0], out
 }
 
 // restore: an assistant message whose calls are the application's part

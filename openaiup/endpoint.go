@@ -76,8 +76,11 @@ func NewEndpoint(cfg EndpointConfig) *Endpoint {
 
 // Pattern is the route the endpoint serves: the API's own path.
 func (ep *Endpoint) Pattern() string {
-	if ep.api.kind() == kindAnthropic {
+	switch ep.api.kind() {
+	case kindAnthropic:
 		return "POST /v1/messages"
+	case kindResponses:
+		return "POST /v1/responses"
 	}
 	return "POST /v1/chat/completions"
 }
@@ -93,6 +96,7 @@ func (ep *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
 type request struct {
 	body      map[string]json.RawMessage // but the conversation and the stream flags
 	canonical []byte                     // the request as asked, for its key: how it is delivered left out
+	field     string                     // the conversation's: messages, input
 	messages  []json.RawMessage
 	stream    bool
 	usage     bool // stream_options.include_usage

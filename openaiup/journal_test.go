@@ -253,7 +253,5 @@ func TestIdenticalRequestOnAnotherSidecar(t *testing.T) {
 	if n := started.Load(); n != 2 {
 		t.Errorf("the unsafe tool started %d times, want once per run", n)
 	}
-	if v := sim.Violations(); len(v) > 0 {
-		t.Fatalf("contract violations: %+v", v)
-	}
+	assertClean(t, sim.Violations())
 }

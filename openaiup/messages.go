@@ -52,7 +52,7 @@ type ownTool struct {
 }
 
 func (messagesAPI) readRequest(body map[string]json.RawMessage, own []tool.FunctionTool) (*request, error) {
-	req, tools, err := readShared(body)
+	req, tools, err := readShared(body, "messages")
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,7 @@ func (messagesAPI) readRequest(body map[string]json.RawMessage, own []tool.Funct
 }
 
 func (messagesAPI) turnBody(body map[string]json.RawMessage, conv []json.RawMessage) ([]byte, error) {
-	return streamedTurn(body, conv, nil)
+	return streamedTurn(body, "messages", conv, nil)
 }
 
 func (messagesAPI) newParser() parser { return &messagesParser{} }
@@ -444,10 +444,10 @@ func (messagesAPI) followUp(assistant json.RawMessage, results []result) ([]json
 	return append(out, raw), err
 }
 
-func (messagesAPI) splitParked(parked []json.RawMessage) map[string]json.RawMessage {
+func (messagesAPI) splitParked(parked []json.RawMessage) (json.RawMessage, map[string]json.RawMessage) {
 	out := map[string]json.RawMessage{}
 	if len(parked) < 2 {
-		return out
+		return parked[0], out
 	}
 	_, blocks := messageOf(parked[1])
 	for _, raw := range blocks {
@@ -455,7 +455,7 @@ func (messagesAPI) splitParked(parked []json.RawMessage) map[string]json.RawMess
 			out[b.ToolUseID] = raw
 		}
 	}
-	return out
+	return parked[0], out
 }
 
 // restore (§9.4): an assistant message whose tool_use blocks are the

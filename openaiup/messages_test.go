@@ -49,9 +49,7 @@ func startMessagesOn(t testing.TB, baseURL string, opts testenv.Options, tools .
 
 func (s *messagesStack) assertContract(t *testing.T) {
 	t.Helper()
-	if v := s.sim.Violations(); len(v) > 0 {
-		t.Fatalf("the upstream's contract log has %d violations: %+v", len(v), v)
-	}
+	assertClean(t, s.sim.Violations())
 }
 
 func messagesParams(thinking bool, msgs ...anthropic.MessageParam) anthropic.MessageNewParams {

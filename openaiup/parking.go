@@ -52,11 +52,12 @@ func (p *parking) park(ctx context.Context, a api, res Result) {
 	if len(res.Parked) == 0 {
 		return
 	}
-	calls, err := a.callsOf(res.Parked[0])
+	assistant, results := a.splitParked(res.Parked)
+	calls, err := a.callsOf(assistant)
 	if err != nil {
 		return
 	}
-	pt := parkedTurn{Assistant: res.Parked[0], Tools: a.splitParked(res.Parked)}
+	pt := parkedTurn{Assistant: assistant, Tools: results}
 	for _, c := range calls {
 		pt.Order = append(pt.Order, c.ID)
 	}

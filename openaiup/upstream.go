@@ -26,13 +26,14 @@ import (
 
 // Config configures the adapter.
 type Config struct {
-	// API is the upstream's API: "openai" (Chat Completions, the default)
-	// or "anthropic" (Messages), as upstream.kind names them.
+	// API is the upstream's API: "openai" (Chat Completions, the default),
+	// "responses" (OpenAI Responses) or "anthropic" (Messages), as
+	// upstream.kind names them.
 	API string
 	// URL is the API's base URL, as its official client takes it: the
 	// turns are posted to URL + "/chat/completions" for Chat Completions
-	// (https://api.openai.com/v1, say), URL + "/v1/messages" for Messages
-	// (https://api.anthropic.com).
+	// (https://api.openai.com/v1, say), URL + "/responses" for Responses,
+	// URL + "/v1/messages" for Messages (https://api.anthropic.com).
 	URL string
 	// APIKey is sent as the API sends its key (Authorization: Bearer;
 	// x-api-key), unless the caller's own key rides on the context
@@ -78,7 +79,7 @@ type Upstream struct {
 func New(cfg Config) (*Upstream, error) {
 	a, ok := apiOf(cfg.API)
 	if !ok {
-		return nil, fmt.Errorf("openaiup: API %q is not one of openai, anthropic", cfg.API)
+		return nil, fmt.Errorf("openaiup: API %q is not one of openai, responses, anthropic", cfg.API)
 	}
 	parsed, err := url.Parse(cfg.URL)
 	if err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {

@@ -53,6 +53,10 @@ type toolCallDelta struct {
 		// of its streams (vllm #9693): nothing to add.
 		Arguments *string `json:"arguments"`
 	} `json:"function"`
+	// whole: Arguments are the call's whole arguments, which replace the
+	// fragments read (the Responses API's *.done events, authoritative
+	// where a server dropped fragments: LiteLLM #20711).
+	whole bool
 }
 
 // Usage is a completion's token counts.

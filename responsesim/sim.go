@@ -27,8 +27,24 @@ import (
 type Config struct {
 	// Model plays the model: text, and calls (a call's Args as its
 	// arguments are sent). default: Scripted
-	Model func(Request) simbase.Reply `json:"-"`
+	Model func(Request) Reply `json:"-"`
+	// DroppedDeltas streams only the first argument delta of each call,
+	// then its .done event with the whole arguments, as LiteLLM's bridge
+	// did when it keyed deltas by call_id (litellm #20711, reference §6.1).
+	DroppedDeltas bool
+	// NoItemIDs sends function_call items without their item id, as
+	// llama.cpp's server did before PR #24882 (§6.1).
+	NoItemIDs bool
 }
+
+// Reply is what the model says in a turn: text, then calls.
+type Reply = simbase.Reply
+
+// Call is a call the model makes; Args is sent as written.
+type Call = simbase.Call
+
+// Violation is a request the API would refuse, as the contract log keeps it.
+type Violation = simbase.Violation
 
 // Request is a Responses request, as the model sees it: Items is the
 // whole conversation (the chained responses' items, then the input).

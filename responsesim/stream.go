@@ -28,7 +28,7 @@ func (s *Sim) responses(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, refusal)
 		return
 	}
-	output := itemsOf(req, s.cfg.Model(req), seq)
+	output := itemsOf(req, s.cfg.Model(req), seq, s.cfg.NoItemIDs)
 	conv := key(req.Items)
 	id := fmt.Sprintf("resp_sim%d", seq)
 	s.turns.Said(conv, output)
@@ -50,7 +50,7 @@ func (s *Sim) responses(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f}}
+	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f}, droppedDeltas: s.cfg.DroppedDeltas}
 	begun := map[string]any{}
 	for k, v := range resp {
 		begun[k] = v
@@ -78,7 +78,7 @@ func nilIfEmpty(s string) any {
 // when the request asks for reasoning (its encrypted_content when the
 // request includes it), a message with the text, then a function_call
 // item per call.
-func itemsOf(req Request, reply simbase.Reply, seq int) []json.RawMessage {
+func itemsOf(req Request, reply simbase.Reply, seq int, noIDs bool) []json.RawMessage {
 	var out []json.RawMessage
 	add := func(v any) {
 		raw, _ := json.Marshal(v)
@@ -100,14 +100,21 @@ func itemsOf(req Request, reply simbase.Reply, seq int) []json.RawMessage {
 		if args == "" {
 			args = "{}"
 		}
-		add(map[string]any{"type": "function_call", "id": fmt.Sprintf("fc_sim%d_%d", seq, i), "call_id": fmt.Sprintf("call_sim%d_%d", seq, i),
-			"name": c.Name, "arguments": args, "status": "completed"})
+		fc := map[string]any{"type": "function_call", "id": fmt.Sprintf("fc_sim%d_%d", seq, i), "call_id": fmt.Sprintf("call_sim%d_%d", seq, i),
+			"name": c.Name, "arguments": args, "status": "completed"}
+		if noIDs {
+			delete(fc, "id")
+		}
+		add(fc)
 	}
 	return out
 }
 
 // streamer writes one response's events, numbered from 0.
-type streamer struct{ simbase.Stream }
+type streamer struct {
+	simbase.Stream
+	droppedDeltas bool
+}
 
 // item streams one output item: added, its content as deltas, done.
 func (st *streamer) item(i int, raw json.RawMessage) {
@@ -139,7 +146,10 @@ func (st *streamer) item(i int, raw json.RawMessage) {
 			"part": map[string]any{"type": "output_text", "text": text, "annotations": []any{}}})
 	case "function_call":
 		args, _ := it["arguments"].(string)
-		for _, p := range chunk.Pieces(args, 7) {
+		for k, p := range chunk.Pieces(args, 7) {
+			if k > 0 && st.droppedDeltas {
+				break
+			}
 			st.event("response.function_call_arguments.delta", map[string]any{"item_id": id, "output_index": i, "delta": p})
 		}
 		st.event("response.function_call_arguments.done", map[string]any{"item_id": id, "output_index": i, "name": it["name"], "arguments": args})

@@ -20,6 +20,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/responsesim"
 	"github.com/projectdavid/toolsidecar/server"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
@@ -286,6 +287,24 @@ func TestOpenAPIMessages(t *testing.T) {
 	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body("")))                                       // 200 JSON
 	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "stream": true`)))                       // 200 SSE
 	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "tools": [{"name": "echo"}]`)))          // 400
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "x": "`+strings.Repeat("x", 5000)+`"`))) // 413
+	if t.Failed() {
+		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
+	}
+}
+
+// TestOpenAPIResponses checks the Responses endpoint (upstream.kind
+// responses, the simulator in process) against server/openapi.json.
+func TestOpenAPIResponses(t *testing.T) {
+	spec := loadSpec(t)
+	sc, _ := modelSidecar(t, responsesim.New(responsesim.Config{}), config.UpstreamResponses, "/v1", "")
+	ctx := context.Background()
+	const path = "/v1/responses"
+	script := `{\"rounds\": [[{\"name\": \"echo\", \"arguments\": {\"q\": 1}}]], \"answer\": \"done\"}`
+	body := func(extra string) string { return `{"model": "m", "input": "` + script + `"` + extra + `}` }
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body("")))                                       // 200 JSON
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "stream": true`)))                       // 200 SSE
+	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "previous_response_id": "resp_1"`)))     // 400
 	spec.check(t, "POST", path, sc.do(t, ctx, "POST", path, body(`, "x": "`+strings.Repeat("x", 5000)+`"`))) // 413
 	if t.Failed() {
 		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")

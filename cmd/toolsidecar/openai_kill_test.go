@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -18,9 +19,11 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/responsesim"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -60,37 +63,47 @@ type openAIKill struct {
 func TestOpenAISIGKILL(t *testing.T) {
 	api := chatCompletions()
 	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
-	points := []openAIKill{
-		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: 4}}, block: []string{"look"},
-			until: func(looks, _ int32, held bool) bool { return held && looks == 1 }, turns: 3, looks: 2},
-		{name: "with calls in flight", block: []string{"look", "pay"},
+	points := append(sharedPoints(4, 2),
+		openAIKill{name: "between outputs", block: []string{"pay"},
 			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
-		{name: "between outputs", block: []string{"pay"},
-			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
-		{name: "after the final turn's first byte", faults: []openaisim.Fault{{}, {HoldAfter: 2}},
-			until: func(_, _ int32, held bool) bool { return held }, turns: 3, looks: 1},
-		{name: "SIGTERM with calls in flight", block: []string{"look", "pay"}, term: true,
-			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
-	}
+		openAIKill{name: "SIGTERM with calls in flight", block: []string{"look", "pay"}, term: true,
+			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1})
 	killPoints(t, api, points, want)
 }
 
 // TestMessagesSIGKILL is TestOpenAISIGKILL through the Messages API
 // (upstream.kind anthropic, the application on anthropic-sdk-go). The
-// first turn's events differ: look's call is whole at its block's stop,
-// the fifth event.
+// events differ: look's call is whole at its block's stop, the fifth
+// event of the first turn; the final turn's first text is its third.
 func TestMessagesSIGKILL(t *testing.T) {
 	api := messagesAPI()
 	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
-	points := []openAIKill{
-		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: 5}}, block: []string{"look"},
+	killPoints(t, api, sharedPoints(5, 3), want)
+}
+
+// TestResponsesSIGKILL is TestOpenAISIGKILL through the Responses API
+// (upstream.kind responses, the application on openai-go's Responses
+// client and its accumulator); the final turn's first text is its fifth
+// event.
+func TestResponsesSIGKILL(t *testing.T) {
+	api := responsesAPI()
+	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	killPoints(t, api, sharedPoints(4, 5), want)
+}
+
+// sharedPoints are the kill points every model API is tried at: in the
+// first turn's stream once look's call is whole (its streamHold-th event),
+// with both calls in flight, and after the final turn's first byte (its
+// finalHold-th event).
+func sharedPoints(streamHold, finalHold int) []openAIKill {
+	return []openAIKill{
+		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: streamHold}}, block: []string{"look"},
 			until: func(looks, _ int32, held bool) bool { return held && looks == 1 }, turns: 3, looks: 2},
 		{name: "with calls in flight", block: []string{"look", "pay"},
 			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
-		{name: "after the final turn's first byte", faults: []openaisim.Fault{{}, {HoldAfter: 3}},
+		{name: "after the final turn's first byte", faults: []openaisim.Fault{{}, {HoldAfter: finalHold}},
 			until: func(_, _ int32, held bool) bool { return held }, turns: 3, looks: 1},
 	}
-	killPoints(t, api, points, want)
 }
 
 func killPoints(t *testing.T, api modelAPI, points []openAIKill, want string) {
@@ -186,6 +199,40 @@ func messagesAPI() modelAPI {
 				text.WriteString(b.Text)
 			}
 			return text.String(), nil
+		}}
+}
+
+func responsesAPI() modelAPI {
+	return modelAPI{kind: "responses", path: "/v1", sim: func() modelSim { return responsesim.New(responsesim.Config{}) },
+		ask: func(base, user string, stream bool) (string, error) {
+			client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("app-key"), option.WithMaxRetries(0))
+			params := responses.ResponseNewParams{Model: "sim-model", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(user)}}
+			if !stream {
+				r, err := client.Responses.New(context.Background(), params)
+				if err != nil {
+					return "", err
+				}
+				return r.OutputText(), nil
+			}
+			s := client.Responses.NewStreaming(context.Background(), params, option.WithHeader("Idempotency-Key", "app-request-1"))
+			var acc responses.ResponseAccumulator
+			for s.Next() {
+				var ev responses.ResponsesServerEventUnion
+				if err := json.Unmarshal([]byte(s.Current().RawJSON()), &ev); err != nil {
+					return "", err
+				}
+				if err := acc.AddEvent(ev); err != nil {
+					return "", fmt.Errorf("event refused by openai-go's Responses accumulator: %w", err)
+				}
+			}
+			if err := s.Err(); err != nil {
+				return "", err
+			}
+			r, err := acc.ReconstructedResponse()
+			if err != nil {
+				return "", err
+			}
+			return r.OutputText(), nil
 		}}
 }
 

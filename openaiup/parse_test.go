@@ -116,3 +116,47 @@ func TestMessagesParserFaults(t *testing.T) {
 		t.Fatalf("error event: %+v %v", pc, err)
 	}
 }
+
+// parseResponses reads a Responses stream, one event's data per string,
+// as the turn does, and returns the calls as made whole, the finish and
+// the errors.
+func parseResponses(t *testing.T, events ...string) (calls []assembled, finish string, errs []error, p parser) {
+	t.Helper()
+	p = responsesAPI{}.newParser()
+	a := assembler{}
+	for _, data := range events {
+		pc, err := p.take(sse.Event{Data: data})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		a.add(pc.calls)
+		if pc.finish != "" {
+			finish = pc.finish
+		}
+	}
+	return a.done(), finish, errs, p
+}
+
+// An incomplete response (max_output_tokens) ends the turn with its
+// reason, and a call cut short has arguments that are not whole, so it
+// is not run; events the sidecar does not read (a built-in tool's) pass;
+// an item added twice, or a delta of no function call, is a bad frame.
+func TestResponsesParserIncompleteAndFaults(t *testing.T) {
+	calls, finish, errs, _ := parseResponses(t,
+		`{"type":"response.output_item.added","output_index":0,"item":{"type":"web_search_call","id":"ws_1","status":"in_progress"}}`,
+		`{"type":"response.web_search_call.searching","output_index":0,"item_id":"ws_1"}`,
+		`{"type":"response.output_item.done","output_index":0,"item":{"type":"web_search_call","id":"ws_1","status":"completed"}}`,
+		`{"type":"response.output_item.added","output_index":1,"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"f","arguments":""}}`,
+		`{"type":"response.function_call_arguments.delta","output_index":1,"delta":"{\"x\":"}`,
+		`{"type":"response.output_item.added","output_index":1,"item":{"type":"message"}}`,
+		`{"type":"response.function_call_arguments.delta","output_index":0,"delta":"1"}`,
+		`{"type":"response.incomplete","response":{"output":[],"incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":3,"output_tokens":16,"total_tokens":19}}}`,
+	)
+	if len(errs) != 2 || !strings.Contains(errs[0].Error(), "added twice") || !strings.Contains(errs[1].Error(), "no function call") {
+		t.Fatalf("errors %v: want an item added twice and a delta of no function call", errs)
+	}
+	if finish != "max_output_tokens" || len(calls) != 1 || calls[0].Problem == "" || calls[0].ID != "call_1" {
+		t.Fatalf("finish %q, calls %+v: want max_output_tokens and call_1 not runnable", finish, calls)
+	}
+}
