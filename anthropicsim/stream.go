@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/projectdavid/toolsidecar/internal/chunk"
 	"github.com/projectdavid/toolsidecar/internal/simbase"
@@ -60,7 +59,7 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f}, delay: s.cfg.Delay, wholeCalls: s.cfg.WholeCalls}
+	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f, Delay: s.cfg.Delay}, wholeCalls: s.cfg.WholeCalls}
 	st.event("message_start", map[string]any{"message": map[string]any{"id": id, "type": "message", "role": "assistant", "model": req.Model,
 		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": usage["input_tokens"], "output_tokens": 1}}})
 	for i, raw := range blocks {
@@ -110,7 +109,6 @@ func (s *Sim) blocksOf(req Request, reply simbase.Reply, seq int) []json.RawMess
 // streamer writes one response's events.
 type streamer struct {
 	simbase.Stream
-	delay      time.Duration
 	wholeCalls bool
 }
 
@@ -166,9 +164,6 @@ func (st *streamer) event(typ string, data map[string]any) {
 		st.Send("error", map[string]any{"type": "error", "error": map[string]any{"type": et, "message": "simulated " + et}})
 	}) {
 		return
-	}
-	if st.delay > 0 {
-		time.Sleep(st.delay)
 	}
 	st.N++
 	data["type"] = typ

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/projectdavid/toolsidecar/internal/simbase"
 )
@@ -28,6 +29,8 @@ type Config struct {
 	// Model plays the model: text, and calls (a call's Args as its
 	// arguments are sent). default: Scripted
 	Model func(Request) Reply `json:"-"`
+	// Delay is the wait before each streamed event.
+	Delay time.Duration
 	// DroppedDeltas streams only the first argument delta of each call,
 	// then its .done event with the whole arguments, as LiteLLM's bridge
 	// did when it keyed deltas by call_id (litellm #20711, reference §6.1).

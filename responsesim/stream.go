@@ -50,7 +50,7 @@ func (s *Sim) responses(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f}, droppedDeltas: s.cfg.DroppedDeltas}
+	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f, Delay: s.cfg.Delay}, droppedDeltas: s.cfg.DroppedDeltas}
 	begun := map[string]any{}
 	for k, v := range resp {
 		begun[k] = v

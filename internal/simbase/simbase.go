@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Violation is a request the API would have refused, or a conversation
@@ -210,7 +211,8 @@ type Stream struct {
 	Ctx   context.Context
 	Fault *Fault
 	N     int
-	Ended bool // EndAfter ended the response: nothing more is written
+	Ended bool          // EndAfter ended the response: nothing more is written
+	Delay time.Duration // the wait before each event, as a model's pace
 }
 
 // Next says whether the next event may be written: false once EndAfter
@@ -222,6 +224,9 @@ func (s *Stream) Next(sendError func()) bool {
 		return false
 	}
 	s.Fault.Interrupt(s.Ctx, s.N, s.Flush, sendError)
+	if s.Delay > 0 {
+		time.Sleep(s.Delay)
+	}
 	return true
 }
 

@@ -6,8 +6,9 @@
 // prints a transcript with per-call and per-batch timings. A second part
 // runs the same batch through an OpenAI-compatible upstream (the
 // simulator of package openaisim), for an application that speaks Chat
-// Completions, and a third through an Anthropic Messages upstream
-// (package anthropicsim).
+// Completions, a third through an Anthropic Messages upstream (package
+// anthropicsim) and a fourth through an OpenAI Responses upstream
+// (package responsesim).
 package demo
 
 import (
@@ -174,7 +175,10 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 	if err := runOpenAI(ctx, out, filepath.Join(dir, "worker-password"), password); err != nil {
 		return s.Metrics(), err
 	}
-	return s.Metrics(), runMessages(ctx, out, filepath.Join(dir, "worker-password"), password)
+	if err := runMessages(ctx, out, filepath.Join(dir, "worker-password"), password); err != nil {
+		return s.Metrics(), err
+	}
+	return s.Metrics(), runResponses(ctx, out, filepath.Join(dir, "worker-password"), password)
 }
 
 const apiKey = "demo-key"

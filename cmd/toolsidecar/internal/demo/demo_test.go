@@ -43,12 +43,15 @@ func TestDemo(t *testing.T) {
 		"part 3: the same tools behind an Anthropic Messages upstream",
 		"content block(s) with dense indexes (true), stop_reason end_turn, message_stop 1",
 		`- (is_error) {"error":"no seats left on UA 512"`,
+		"part 4: the same tools behind an OpenAI Responses upstream",
+		"sequence_numbers in order (true), response.created 1,",
+		"at dense indexes (true), response.completed (status completed)",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("transcript lacks %q:\n%s", want, s)
 		}
 	}
-	if n := strings.Count(s, "upstream contract log: 0 violations"); n != 2 {
+	if n := strings.Count(s, "upstream contract log: 0 violations"); n != 3 {
 		t.Errorf("%d empty upstream contract logs, want one per model API:\n%s", n, s)
 	}
 	// The hotel search outlives its 1s timeout thanks to progress.

@@ -17,6 +17,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/responsesim"
 )
 
 // tripReply is the demo's model on a model API: the first turn of
@@ -34,21 +35,32 @@ func tripReply(results []string) openaisim.Reply {
 	return r
 }
 
-// tripModel plays the model of the OpenAI-compatible upstream: the
-// results are its tool messages.
-func tripModel(req openaisim.Request) openaisim.Reply {
+// tripModel plays the model of the OpenAI-compatible upstream.
+func tripModel(req openaisim.Request) openaisim.Reply { return tripReply(toolResults(req.Messages)) }
+
+// tripResponsesModel plays the model of the Responses upstream.
+func tripResponsesModel(req responsesim.Request) responsesim.Reply {
+	return tripReply(toolResults(req.Items))
+}
+
+// toolResults is the results in a conversation: the content of its tool
+// messages (Chat Completions) or the output of its function_call_output
+// items (Responses).
+func toolResults(conversation []json.RawMessage) []string {
 	var results []string
-	for _, raw := range req.Messages {
+	for _, raw := range conversation {
 		var m struct {
-			Role    string `json:"role"`
-			Content string `json:"content"`
+			Role, Type, Content, Output string
 		}
 		_ = json.Unmarshal(raw, &m)
-		if m.Role == "tool" {
+		switch {
+		case m.Role == "tool":
 			results = append(results, m.Content)
+		case m.Type == "function_call_output":
+			results = append(results, m.Output)
 		}
 	}
-	return tripReply(results)
+	return results
 }
 
 // tripMessagesModel plays the model of the Messages upstream: the results
@@ -102,6 +114,25 @@ type streamEnd struct {
 	input, output int // tokens over the turns
 }
 
+// answerEnd is what ends a Messages or Responses answer: the usage
+// summed over the turns and the sidecar's calls.
+type answerEnd struct {
+	Usage struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+	} `json:"usage"`
+	Toolsidecar *struct {
+		Calls []executor.CallResult `json:"calls"`
+	} `json:"toolsidecar"`
+}
+
+func (a answerEnd) into(end *streamEnd) {
+	end.input, end.output = a.Usage.InputTokens, a.Usage.OutputTokens
+	if a.Toolsidecar != nil {
+		end.calls = a.Toolsidecar.Calls
+	}
+}
+
 // runOpenAI is the demo's second part: the same tools and workers behind
 // an OpenAI-compatible upstream (the simulator, streaming its tool calls
 // as llama.cpp does, fragments of several calls interleaved), driven by
@@ -129,6 +160,21 @@ func runMessages(ctx context.Context, out io.Writer, passwordFile, password stri
 		body: map[string]any{"model": "claude-demo", "max_tokens": 4096, "stream": true, "thinking": map[string]any{"type": "enabled", "budget_tokens": 1024},
 			"messages": []map[string]string{{"role": "user", "content": "Plan my trip to New York."}}},
 		read: readMessagesStream,
+	})
+}
+
+// runResponses is the demo's fourth part: the same batch behind an
+// OpenAI Responses upstream (the simulator, with reasoning on: the
+// reasoning item is replayed with its encrypted content), for an
+// application that speaks the Responses API.
+func runResponses(ctx context.Context, out io.Writer, passwordFile, password string) error {
+	sim := responsesim.New(responsesim.Config{Delay: 2 * time.Millisecond, Model: tripResponsesModel})
+	return runModel(ctx, out, passwordFile, password, modelPart{
+		heading: "part 4: the same tools behind an OpenAI Responses upstream (a simulator with reasoning on)",
+		kind:    config.UpstreamResponses, sim: sim, violations: sim.Violations, base: "/v1", path: "/v1/responses",
+		body: map[string]any{"model": "gpt-demo", "stream": true, "reasoning": map[string]string{"effort": "low"},
+			"input": "Plan my trip to New York."},
+		read: readResponsesStream,
 	})
 }
 
@@ -328,13 +374,7 @@ func readMessagesStream(sc *bufio.Scanner, text func(string)) (streamEnd, error)
 				Text       string `json:"text"`
 				StopReason string `json:"stop_reason"`
 			} `json:"delta"`
-			Usage struct {
-				InputTokens  int `json:"input_tokens"`
-				OutputTokens int `json:"output_tokens"`
-			} `json:"usage"`
-			Toolsidecar *struct {
-				Calls []executor.CallResult `json:"calls"`
-			} `json:"toolsidecar"`
+			answerEnd
 			Error json.RawMessage `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(data), &e); err != nil {
@@ -353,15 +393,66 @@ func readMessagesStream(sc *bufio.Scanner, text func(string)) (streamEnd, error)
 				text(e.Delta.Text)
 			}
 		case "message_delta":
-			stop, end.input, end.output = e.Delta.StopReason, e.Usage.InputTokens, e.Usage.OutputTokens
-			if e.Toolsidecar != nil {
-				end.calls = e.Toolsidecar.Calls
-			}
+			stop = e.Delta.StopReason
+			e.answerEnd.into(&end)
 		}
 	}
 	end.summary = fmt.Sprintf("message_start %d, %d content block(s) with dense indexes (%v), stop_reason %s, message_stop %d",
 		events["message_start"], blocks, denseBlocks == blocks, stop, events["message_stop"])
 	end.whole = events["message_start"] == 1 && events["message_delta"] == 1 && events["message_stop"] == 1 && stop == "end_turn" && denseBlocks == blocks
+	return end, sc.Err()
+}
+
+// readResponsesStream reads the Responses API's events: sequence_numbers
+// rising by one from 0, one response.created, output items added at
+// dense output_indexes, and one response.completed, last, whose response
+// has the usage.
+func readResponsesStream(sc *bufio.Scanner, text func(string)) (streamEnd, error) {
+	var (
+		end              streamEnd
+		events           = map[string]int{}
+		seq, items       int
+		inOrder, dense   = true, true
+		status, terminal string
+	)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var e struct {
+			Type           string `json:"type"`
+			SequenceNumber int    `json:"sequence_number"`
+			OutputIndex    int    `json:"output_index"`
+			Delta          string `json:"delta"`
+			Response       struct {
+				Status string `json:"status"`
+				answerEnd
+			} `json:"response"`
+			Error json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &e); err != nil {
+			return end, fmt.Errorf("demo: an event is not JSON: %w", err)
+		}
+		events[e.Type]++
+		inOrder = inOrder && e.SequenceNumber == seq && terminal == ""
+		seq++
+		switch e.Type {
+		case "error", "response.failed":
+			return end, fmt.Errorf("demo: the stream reported an error: %s", data)
+		case "response.output_item.added":
+			dense = dense && e.OutputIndex == items
+			items++
+		case "response.output_text.delta":
+			text(e.Delta)
+		case "response.completed", "response.incomplete":
+			terminal, status = e.Type, e.Response.Status
+			e.Response.answerEnd.into(&end)
+		}
+	}
+	end.summary = fmt.Sprintf("%d events with sequence_numbers in order (%v), response.created %d, %d output item(s) at dense indexes (%v), %s (status %s)",
+		seq, inOrder, events["response.created"], items, dense, terminal, status)
+	end.whole = inOrder && dense && events["response.created"] == 1 && terminal == "response.completed" && status == "completed"
 	return end, sc.Err()
 }
 
