@@ -10,10 +10,12 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/responsesim"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 
@@ -51,6 +53,23 @@ func BenchmarkMessagesBatch(b *testing.B) {
 		}
 		url, violations := testenv.MessagesProcess(b, anthropicsim.Config{})
 		return startMessagesOn(b, url, opts, slow).ask(b, p), violations
+	})
+}
+
+// BenchmarkResponsesBatch is BenchmarkBatch through the OpenAI Responses
+// API (upstream.kind responses, the application on openai-go's Responses
+// client and its accumulator).
+//
+//	go test ./openaiup -run '^$' -bench BenchmarkResponsesBatch -benchtime 20x
+func BenchmarkResponsesBatch(b *testing.B) {
+	batchRuns(b, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation) {
+		p := responsesParams(script(echoCalls(calls), ""), false)
+		if !process {
+			s := startResponses(b, responsesim.Config{}, opts, slow)
+			return s.ask(b, p), s.sim.Violations
+		}
+		url, violations := testenv.ResponsesProcess(b, responsesim.Config{})
+		return startResponsesOn(b, url, opts, slow).ask(b, p), violations
 	})
 }
 
@@ -155,6 +174,23 @@ func BenchmarkMessagesProxyOverhead(b *testing.B) {
 	b.ReportMetric(via-direct, "p50-overhead-ms")
 }
 
+// BenchmarkResponsesProxyOverhead is BenchmarkProxyOverhead through the
+// OpenAI Responses API.
+//
+//	go test ./openaiup -run '^$' -bench BenchmarkResponsesProxyOverhead -benchtime 200x
+func BenchmarkResponsesProxyOverhead(b *testing.B) {
+	url, violations := testenv.ResponsesProcess(b, responsesim.Config{})
+	through := startResponsesOn(b, url, testenv.Options{})
+	straight := &responsesStack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("k"), option.WithMaxRetries(0))}
+	p := responsesParams("hello", false)
+	took := alternate(b, [2]ask{through.ask(b, p), straight.ask(b, p)}, "echo: hello")
+	if v := violations(); len(v) > 0 {
+		b.Fatalf("contract violations: %v", v)
+	}
+	via, direct := report(b, took, "sidecar", "direct")
+	b.ReportMetric(via-direct, "p50-overhead-ms")
+}
+
 // ask sends one streamed request and returns the answer's text.
 type ask func() (string, error)
 
@@ -172,6 +208,16 @@ func (s *messagesStack) ask(b *testing.B, p anthropic.MessageNewParams) ask {
 	return func() (string, error) {
 		got, err := s.accumulate(b, p)
 		return textOf(got), err
+	}
+}
+
+func (s *responsesStack) ask(b *testing.B, p responses.ResponseNewParams) ask {
+	return func() (string, error) {
+		got, err := s.accumulate(b, p)
+		if err != nil {
+			return "", err
+		}
+		return got.OutputText(), nil
 	}
 }
 

@@ -37,9 +37,17 @@ func startResponses(t testing.TB, simCfg responsesim.Config, opts testenv.Option
 	sim := responsesim.New(simCfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	env, hc := startSidecar(t, config.UpstreamResponses, srv.URL+"/v1", opts, tools...)
+	s := startResponsesOn(t, srv.URL+"/v1", opts, tools...)
+	s.sim = sim
+	return s
+}
+
+// startResponsesOn is startResponses against the upstream at baseURL.
+func startResponsesOn(t testing.TB, baseURL string, opts testenv.Options, tools ...testenv.Tool) *responsesStack {
+	t.Helper()
+	env, hc := startSidecar(t, config.UpstreamResponses, baseURL, opts, tools...)
 	client := openai.NewClient(option.WithBaseURL(env.URL+"/v1"), option.WithAPIKey("app-key"), option.WithMaxRetries(0), option.WithHTTPClient(hc))
-	return &responsesStack{sim: sim, env: env, client: client}
+	return &responsesStack{env: env, client: client}
 }
 
 func (s *responsesStack) assertContract(t *testing.T) {

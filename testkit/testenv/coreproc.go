@@ -18,38 +18,36 @@ import (
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/responsesim"
 )
 
 // The environment variables that carry a simulator's configuration to the
 // process that serves it.
 const (
-	envCoreProcess     = "TSC_TEST_CORESIM"
-	envOpenAIProcess   = "TSC_TEST_OPENAISIM"
-	envMessagesProcess = "TSC_TEST_ANTHROPICSIM"
+	envCoreProcess      = "TSC_TEST_CORESIM"
+	envOpenAIProcess    = "TSC_TEST_OPENAISIM"
+	envMessagesProcess  = "TSC_TEST_ANTHROPICSIM"
+	envResponsesProcess = "TSC_TEST_RESPONSESIM"
 )
 
 // MaybeServe serves a simulator and exits when this process was started
-// by [CoreProcess], [OpenAIProcess] or [MessagesProcess]; call it first in
-// TestMain.
+// by [CoreProcess], [OpenAIProcess], [MessagesProcess] or
+// [ResponsesProcess]; call it first in TestMain.
 func MaybeServe() {
 	var url string
 	var stop func()
-	switch spec := os.Getenv(envCoreProcess); {
-	case spec != "":
+	switch {
+	case os.Getenv(envCoreProcess) != "":
 		var cfg coresim.Config
-		exitOn(json.Unmarshal([]byte(spec), &cfg))
+		exitOn(json.Unmarshal([]byte(os.Getenv(envCoreProcess)), &cfg))
 		_, srv := coresim.NewServer(cfg)
 		url, stop = srv.URL, srv.Close
 	case os.Getenv(envOpenAIProcess) != "":
-		var cfg openaisim.Config
-		exitOn(json.Unmarshal([]byte(os.Getenv(envOpenAIProcess)), &cfg))
-		srv := httptest.NewServer(openaisim.New(cfg))
-		url, stop = srv.URL, srv.Close
+		url, stop = serveSim(envOpenAIProcess, openaisim.New)
 	case os.Getenv(envMessagesProcess) != "":
-		var cfg anthropicsim.Config
-		exitOn(json.Unmarshal([]byte(os.Getenv(envMessagesProcess)), &cfg))
-		srv := httptest.NewServer(anthropicsim.New(cfg))
-		url, stop = srv.URL, srv.Close
+		url, stop = serveSim(envMessagesProcess, anthropicsim.New)
+	case os.Getenv(envResponsesProcess) != "":
+		url, stop = serveSim(envResponsesProcess, responsesim.New)
 	default:
 		return
 	}
@@ -57,6 +55,15 @@ func MaybeServe() {
 	_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes it
 	stop()
 	os.Exit(0)
+}
+
+// serveSim serves the simulator that newSim makes of the configuration in
+// the environment variable env.
+func serveSim[C any, S http.Handler](env string, newSim func(C) S) (url string, stop func()) {
+	var cfg C
+	exitOn(json.Unmarshal([]byte(os.Getenv(env)), &cfg))
+	srv := httptest.NewServer(newSim(cfg))
+	return srv.URL, srv.Close
 }
 
 func exitOn(err error) {
@@ -147,4 +154,13 @@ func MessagesProcess(t testing.TB, cfg anthropicsim.Config) (baseURL string, vio
 	url, stop := serveApart(t, envMessagesProcess, cfg)
 	t.Cleanup(stop)
 	return url, func() []anthropicsim.Violation { return violationsAt[anthropicsim.Violation](t, url) }
+}
+
+// ResponsesProcess serves an OpenAI Responses simulator of cfg (its
+// scripted model) in a process of its own, as [OpenAIProcess] does. It
+// returns the API's base URL (with /v1) and what reads the contract log.
+func ResponsesProcess(t testing.TB, cfg responsesim.Config) (baseURL string, violations func() []responsesim.Violation) {
+	url, stop := serveApart(t, envResponsesProcess, cfg)
+	t.Cleanup(stop)
+	return url + "/v1", func() []responsesim.Violation { return violationsAt[responsesim.Violation](t, url) }
 }
