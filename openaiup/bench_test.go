@@ -1,7 +1,13 @@
 package openaiup_test
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -22,21 +28,21 @@ import (
 // BenchmarkBatch streams chat completions whose first turn calls a tool
 // that takes 200 ms, once or 16 times, then answers: the 16 calls run as
 // one parallel batch, so a run of 16 should take about as long as a run
-// of one. upstream=process serves the simulator from a process of its
-// own, as a model server is; each run fails on any contract violation.
+// of one. The application (openai-go, its accumulator checking every
+// chunk) runs in a process of its own, as applications do, so that its
+// decoding and its garbage are not the sidecar's; upstream=process serves
+// the simulator from a process of its own too, as a model server is. Each
+// run fails on a wrong answer or any contract violation.
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkBatch -benchtime 20x
 func BenchmarkBatch(b *testing.B) {
-	batchRuns(b, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation) {
-		var s *stack
-		violations := func() []openaisim.Violation { return s.sim.Violations() }
-		if process {
-			url, v := testenv.OpenAIProcess(b, openaisim.Config{})
-			s, violations = startOn(b, nil, url, opts, slow), v
-		} else {
-			s = start(b, openaisim.Config{}, opts, slow)
+	batchRuns(b, apiChat, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool) (string, func() []openaisim.Violation) {
+		if !process {
+			s := start(b, openaisim.Config{}, opts, slow)
+			return s.env.URL + "/v1", s.sim.Violations
 		}
-		return s.ask(b, params(script(echoCalls(calls), ""))), violations
+		url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
+		return startOn(b, nil, url, opts, slow).env.URL + "/v1", violations
 	})
 }
 
@@ -45,14 +51,13 @@ func BenchmarkBatch(b *testing.B) {
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkMessagesBatch -benchtime 20x
 func BenchmarkMessagesBatch(b *testing.B) {
-	batchRuns(b, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation) {
-		p := messagesParams(false, userText(script(echoCalls(calls), "")))
+	batchRuns(b, apiMessages, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool) (string, func() []openaisim.Violation) {
 		if !process {
 			s := startMessages(b, anthropicsim.Config{}, opts, slow)
-			return s.ask(b, p), s.sim.Violations
+			return s.env.URL, s.sim.Violations
 		}
 		url, violations := testenv.MessagesProcess(b, anthropicsim.Config{})
-		return startMessagesOn(b, url, opts, slow).ask(b, p), violations
+		return startMessagesOn(b, url, opts, slow).env.URL, violations
 	})
 }
 
@@ -62,22 +67,22 @@ func BenchmarkMessagesBatch(b *testing.B) {
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkResponsesBatch -benchtime 20x
 func BenchmarkResponsesBatch(b *testing.B) {
-	batchRuns(b, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation) {
-		p := responsesParams(script(echoCalls(calls), ""), false)
+	batchRuns(b, apiResponses, func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool) (string, func() []openaisim.Violation) {
 		if !process {
 			s := startResponses(b, responsesim.Config{}, opts, slow)
-			return s.ask(b, p), s.sim.Violations
+			return s.env.URL + "/v1", s.sim.Violations
 		}
 		url, violations := testenv.ResponsesProcess(b, responsesim.Config{})
-		return startResponsesOn(b, url, opts, slow).ask(b, p), violations
+		return startResponsesOn(b, url, opts, slow).env.URL + "/v1", violations
 	})
 }
 
-// batchRuns runs the batch benchmark of one API: start gives the
-// application's request of calls calls through a sidecar in front of the
-// API's simulator (in a process of its own with process), and what reads
-// the simulator's contract log.
-func batchRuns(b *testing.B, start func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool, calls int) (ask, func() []openaisim.Violation)) {
+// batchRuns runs the batch benchmark of one API: start starts a sidecar
+// in front of the API's simulator (in a process of its own with process)
+// and returns the sidecar's base URL, as the API's client takes it, and
+// what reads the simulator's contract log; the application sends it b.N requests of 1 or 16 calls from a
+// process of its own.
+func batchRuns(b *testing.B, api string, start func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool) (string, func() []openaisim.Violation)) {
 	for _, process := range []bool{false, true} {
 		for _, calls := range []int{1, 16} {
 			name := fmt.Sprintf("calls=%d", calls)
@@ -86,35 +91,174 @@ func batchRuns(b *testing.B, start func(b *testing.B, process bool, opts testenv
 			}
 			b.Run(name, func(b *testing.B) {
 				opts := testenv.Options{Executor: config.Executor{MaxParallel: 16}}
-				ask, violations := start(b, process, opts, echoTool("echo", 200*time.Millisecond, nil), calls)
-				took := make([]time.Duration, b.N)
-				b.ResetTimer()
-				for i := range b.N {
-					began := time.Now()
-					got, err := ask()
-					took[i] = time.Since(began)
-					if err != nil || got != wantEchoes(calls) {
-						b.Fatalf("run %d: %v %q", i, err, got)
-					}
-				}
-				b.StopTimer()
+				url, violations := start(b, process, opts, echoTool("echo", 200*time.Millisecond, nil))
+				took := applicationProcess(b, application{API: api, URLs: []string{url}, User: script(echoCalls(calls), ""), Want: wantEchoes(calls), Runs: b.N})[0]
 				if v := violations(); len(v) > 0 {
 					b.Fatalf("contract violations: %v", v)
 				}
-				slices.Sort(took)
+				wire, decoded := durations(took)
 				b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/run")
-				b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(took[len(took)-1].Microseconds())/1000, "max-ms")
+				p := percentiles(wire)
+				b.ReportMetric(p[0], "p50-ms")
+				b.ReportMetric(p[1], "max-ms")
+				// How often a drive stalls, batch or single call alike.
+				slow := 0
+				for _, d := range wire {
+					if float64(d.Microseconds())/1000 > 1.10*p[0] {
+						slow++
+					}
+				}
+				b.ReportMetric(float64(slow), "drives>1.10xp50")
+				p = percentiles(decoded)
+				b.ReportMetric(p[0], "decoded-p50-ms")
+				b.ReportMetric(p[1], "decoded-max-ms")
 			})
 		}
 	}
+}
+
+// The APIs an application of the batch benchmarks speaks.
+const (
+	apiChat      = "chat"
+	apiMessages  = "messages"
+	apiResponses = "responses"
+)
+
+// envApplication carries an application's spec to the process that runs
+// it.
+const envApplication = "TSC_TEST_APPLICATION"
+
+// application is what a benchmark's application process does: Runs
+// rounds of streamed requests of the user message User, through the
+// official client of API, one to each base URL of URLs (as the client
+// takes it), the first one every other round; every answer must be Want.
+type application struct {
+	API        string
+	URLs       []string
+	User, Want string
+	Runs       int
+}
+
+// applicationProcess runs app in a process of its own (the test binary
+// again, whose TestMain calls [maybeApplication]) and returns how long
+// each of its requests took, by URL. The benchmark's timer runs while the
+// requests do.
+func applicationProcess(b *testing.B, app application) [][]took {
+	b.Helper()
+	cmd, stdin, stdout := testenv.Again(b, envApplication, app)
+	defer func() { // at once on a failure; gone already after the last run
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() {
+		b.Fatal("the application's process did not start")
+	}
+	b.ResetTimer()
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		b.Fatal(err)
+	}
+	took, n := make([][]took, len(app.URLs)), 0
+	for ; lines.Scan(); n++ {
+		var line drive
+		if err := json.Unmarshal(lines.Bytes(), &line); err != nil {
+			b.Fatalf("the application's process wrote %q: %v", lines.Text(), err)
+		}
+		if line.Err != "" {
+			b.Fatalf("request %d: %s", n, line.Err)
+		}
+		took[line.URL] = append(took[line.URL], line.took)
+	}
+	b.StopTimer()
+	if n != app.Runs*len(app.URLs) {
+		b.Fatalf("the application's process ended after %d requests of %d", n, app.Runs*len(app.URLs))
+	}
+	return took
+}
+
+// drive is a line of the application process's output: one request, to
+// app.URLs[URL].
+type drive struct {
+	took
+	URL int
+	Err string `json:",omitempty"`
+}
+
+// maybeApplication runs the application of the spec in the environment
+// and exits, when this process was started by [applicationProcess]: it
+// says it is ready, waits for a line on stdin, then sends its requests
+// and writes a [drive] line for each; a wrong answer ends it.
+func maybeApplication() {
+	spec := os.Getenv(envApplication)
+	if spec == "" {
+		return
+	}
+	var app application
+	if err := json.Unmarshal([]byte(spec), &app); err != nil {
+		fmt.Fprintln(os.Stderr, "application process:", err)
+		os.Exit(2)
+	}
+	asks := make([]ask, len(app.URLs))
+	for k, url := range app.URLs {
+		asks[k] = app.ask(url)
+	}
+	out := json.NewEncoder(os.Stdout)
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		os.Exit(2)
+	}
+	for i := range app.Runs {
+		for k := range asks {
+			k = (k + i) % len(asks)
+			got, t, err := asks[k]()
+			d := drive{took: t, URL: k}
+			if err != nil || got != app.Want {
+				d.Err = fmt.Sprintf("%v %q", err, got)
+			}
+			_ = out.Encode(d)
+			if d.Err != "" {
+				os.Exit(1)
+			}
+		}
+	}
+	os.Exit(0)
+}
+
+// ask is the application's request to the API at url.
+func (app application) ask(url string) ask {
+	tb := processTB{}
+	switch app.API {
+	case apiMessages:
+		s := &messagesStack{client: anthropic.NewClient(aoption.WithBaseURL(url), aoption.WithAPIKey("app-key"), aoption.WithMaxRetries(0))}
+		return s.ask(tb, messagesParams(false, userText(app.User)))
+	case apiResponses:
+		s := &responsesStack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("app-key"), option.WithMaxRetries(0))}
+		return s.ask(tb, responsesParams(app.User, false))
+	}
+	s := &stack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("app-key"), option.WithMaxRetries(0))}
+	return s.ask(tb, params(app.User))
+}
+
+// processTB is the testing.TB of the application's process, which runs
+// no test: the clients' checks fail through Fatal and Fatalf, which end
+// the process with the failure, which the benchmark reads. It has no
+// other method (the embedded TB is nil).
+type processTB struct{ testing.TB }
+
+func (processTB) Helper() {}
+
+func (processTB) Fatal(args ...any) { processTB{}.Fatalf("%s", fmt.Sprint(args...)) }
+
+func (processTB) Fatalf(format string, args ...any) {
+	_ = json.NewEncoder(os.Stdout).Encode(drive{Err: fmt.Sprintf(format, args...)})
+	os.Exit(1)
 }
 
 // BenchmarkJournal measures what journaling costs a run: a streamed chat
 // completion whose first turn calls a tool 16 times, through a sidecar in
 // durable mode (the journal in JetStream) and one without (the journal in
 // memory), alternated request by request against one simulator in a
-// process of its own. With tool=0s the tool returns at once, so the
+// process of its own, by an application in a process of its own. With tool=0s the tool returns at once, so the
 // journal's writes (and the ledger's and the lease's) are the whole
 // difference; tool=50ms is a fast real tool.
 //
@@ -126,14 +270,13 @@ func BenchmarkJournal(b *testing.B) {
 			opts := func(durable bool) testenv.Options {
 				return testenv.Options{Executor: config.Executor{MaxParallel: 16}, Config: func(c *config.Config) { c.Durability.Enabled = durable }}
 			}
-			stacks := [2]*stack{startOn(b, nil, url, opts(true), echoTool("echo", latency, nil)), startOn(b, nil, url, opts(false), echoTool("echo", latency, nil))}
-			p := params(script(echoCalls(16), ""))
-			took := alternate(b, [2]ask{stacks[0].ask(b, p), stacks[1].ask(b, p)}, wantEchoes(16))
+			durable, memory := startOn(b, nil, url, opts(true), echoTool("echo", latency, nil)), startOn(b, nil, url, opts(false), echoTool("echo", latency, nil))
+			took := alternate(b, apiChat, [2]string{durable.env.URL + "/v1", memory.env.URL + "/v1"}, script(echoCalls(16), ""), wantEchoes(16))
 			if v := violations(); len(v) > 0 {
 				b.Fatalf("contract violations: %v", v)
 			}
-			durable, memory := report(b, took, "durable", "memory")
-			b.ReportMetric(durable/memory, "p50-ratio")
+			d, m := report(b, took, "durable", "memory")
+			b.ReportMetric(d/m, "p50-ratio")
 		})
 	}
 }
@@ -141,15 +284,14 @@ func BenchmarkJournal(b *testing.B) {
 // BenchmarkProxyOverhead measures what the sidecar adds to a turn without
 // tool calls: the same streamed request sent through the sidecar (durable
 // mode, no Idempotency-Key) and straight to the simulator, which serves
-// from a process of its own, alternated request by request.
+// from a process of its own, alternated request by request by an
+// application in a process of its own.
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkProxyOverhead -benchtime 200x
 func BenchmarkProxyOverhead(b *testing.B) {
 	url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
 	through := startOn(b, nil, url, testenv.Options{})
-	straight := &stack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("k"), option.WithMaxRetries(0))}
-	p := params("hello")
-	took := alternate(b, [2]ask{through.ask(b, p), straight.ask(b, p)}, "echo: hello")
+	took := alternate(b, apiChat, [2]string{through.env.URL + "/v1", url}, "hello", "echo: hello")
 	if v := violations(); len(v) > 0 {
 		b.Fatalf("contract violations: %v", v)
 	}
@@ -164,9 +306,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 func BenchmarkMessagesProxyOverhead(b *testing.B) {
 	url, violations := testenv.MessagesProcess(b, anthropicsim.Config{})
 	through := startMessagesOn(b, url, testenv.Options{})
-	straight := &messagesStack{client: anthropic.NewClient(aoption.WithBaseURL(url), aoption.WithAPIKey("k"), aoption.WithMaxRetries(0))}
-	p := messagesParams(false, userText("hello"))
-	took := alternate(b, [2]ask{through.ask(b, p), straight.ask(b, p)}, "echo: hello")
+	took := alternate(b, apiMessages, [2]string{through.env.URL, url}, "hello", "echo: hello")
 	if v := violations(); len(v) > 0 {
 		b.Fatalf("contract violations: %v", v)
 	}
@@ -181,9 +321,7 @@ func BenchmarkMessagesProxyOverhead(b *testing.B) {
 func BenchmarkResponsesProxyOverhead(b *testing.B) {
 	url, violations := testenv.ResponsesProcess(b, responsesim.Config{})
 	through := startResponsesOn(b, url, testenv.Options{})
-	straight := &responsesStack{client: openai.NewClient(option.WithBaseURL(url), option.WithAPIKey("k"), option.WithMaxRetries(0))}
-	p := responsesParams("hello", false)
-	took := alternate(b, [2]ask{through.ask(b, p), straight.ask(b, p)}, "echo: hello")
+	took := alternate(b, apiResponses, [2]string{through.env.URL + "/v1", url}, "hello", "echo: hello")
 	if v := violations(); len(v) > 0 {
 		b.Fatalf("contract violations: %v", v)
 	}
@@ -191,55 +329,100 @@ func BenchmarkResponsesProxyOverhead(b *testing.B) {
 	b.ReportMetric(via-direct, "p50-overhead-ms")
 }
 
-// ask sends one streamed request and returns the answer's text.
-type ask func() (string, error)
+// ask sends one streamed request through the application's official
+// client and returns the answer's text and how long it took.
+type ask func() (string, took, error)
 
-func (s *stack) ask(b *testing.B, p openai.ChatCompletionNewParams) ask {
-	return func() (string, error) {
-		got, err := s.streamChat(b, p)
+// took is how long a request took: until the answer's last byte reached
+// the application (wire: what the sidecar and the upstream take), and
+// until the official client had decoded and accumulated every event
+// (decoded: the application's own work added). The two differ by the
+// client's decoding, which is not the sidecar's: openai-go decodes each
+// Responses event twice (once for its stream, once for its accumulator),
+// through reflection, 0.3 to 1.2 ms an event on this machine.
+type took struct{ Wire, Decoded time.Duration }
+
+// middleware is the shape of openai-go's and anthropic-sdk-go's
+// option.Middleware, which are both this type.
+type middleware = func(*http.Request, func(*http.Request) (*http.Response, error)) (*http.Response, error)
+
+// timed makes an ask of send, which sends one request through its
+// client with the middleware given.
+func timed(send func(middleware) (string, error)) ask {
+	return func() (string, took, error) {
+		var arrived time.Time
+		began := time.Now()
+		text, err := send(wireEnd(&arrived))
+		return text, took{Wire: arrived.Sub(began), Decoded: time.Since(began)}, err
+	}
+}
+
+// wireEnd reads each answer's body to its end as it arrives, before the
+// client decodes any of it, and sets *at to when its last byte came; the
+// client then decodes the body from memory.
+func wireEnd(at *time.Time) middleware {
+	return func(req *http.Request, next func(*http.Request) (*http.Response, error)) (*http.Response, error) {
+		resp, err := next(req)
+		if err != nil {
+			return resp, err
+		}
+		body, err := io.ReadAll(resp.Body)
+		*at = time.Now()
+		_ = resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		return resp, nil
+	}
+}
+
+func (s *stack) ask(b testing.TB, p openai.ChatCompletionNewParams) ask {
+	return timed(func(mw middleware) (string, error) {
+		got, err := s.streamChat(b, p, option.WithMiddleware(mw))
 		if err != nil {
 			return "", err
 		}
 		return got.Choices[0].Message.Content, nil
-	}
+	})
 }
 
-func (s *messagesStack) ask(b *testing.B, p anthropic.MessageNewParams) ask {
-	return func() (string, error) {
-		got, err := s.accumulate(b, p)
+func (s *messagesStack) ask(b testing.TB, p anthropic.MessageNewParams) ask {
+	return timed(func(mw middleware) (string, error) {
+		got, err := s.accumulate(b, p, aoption.WithMiddleware(mw))
 		return textOf(got), err
-	}
+	})
 }
 
-func (s *responsesStack) ask(b *testing.B, p responses.ResponseNewParams) ask {
-	return func() (string, error) {
-		got, err := s.accumulate(b, p)
+func (s *responsesStack) ask(b testing.TB, p responses.ResponseNewParams) ask {
+	return timed(func(mw middleware) (string, error) {
+		got, err := s.accumulate(b, p, option.WithMiddleware(mw))
 		if err != nil {
 			return "", err
 		}
 		return got.OutputText(), nil
-	}
+	})
 }
 
-// alternate sends a request with both asks b.N times, each first every
-// other time, and returns each one's durations; an answer other than want
-// fails.
-func alternate(b *testing.B, asks [2]ask, want string) [2][]time.Duration {
-	took := [2][]time.Duration{}
-	b.ResetTimer()
-	for i := range b.N {
-		for k := range 2 {
-			k = (k + i) % 2
-			began := time.Now()
-			got, err := asks[k]()
-			took[k] = append(took[k], time.Since(began))
-			if err != nil || got != want {
-				b.Fatalf("run %d: %v %q", i, err, got)
-			}
-		}
+// alternate runs the application of api in a process of its own, which
+// sends user to both base URLs b.N times, each first every other time,
+// and returns each one's durations to the answer's last byte; an answer
+// other than want fails.
+func alternate(b *testing.B, api string, urls [2]string, user, want string) [2][]time.Duration {
+	took := applicationProcess(b, application{API: api, URLs: urls[:], User: user, Want: want, Runs: b.N})
+	var wire [2][]time.Duration
+	for k := range wire {
+		wire[k], _ = durations(took[k])
 	}
-	b.StopTimer()
-	return took
+	return wire
+}
+
+// durations are the wire and decoded durations of took.
+func durations(took []took) (wire, decoded []time.Duration) {
+	for _, t := range took {
+		wire, decoded = append(wire, t.Wire), append(decoded, t.Decoded)
+	}
+	return wire, decoded
 }
 
 // report records the median and the slowest of each stack's durations

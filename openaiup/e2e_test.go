@@ -34,6 +34,7 @@ import (
 
 func TestMain(m *testing.M) {
 	testenv.MaybeServe() // a benchmark's upstream in a process of its own
+	maybeApplication()   // a benchmark's application in a process of its own
 	goleak.VerifyTestMain(m)
 }
 
@@ -134,10 +135,10 @@ func wantEchoes(n int) string {
 
 // streamChat runs a streamed request through openai-go's accumulator,
 // which refuses a chunk with another id and checks the stream's shape.
-func (s *stack) streamChat(t testing.TB, params openai.ChatCompletionNewParams) (openai.ChatCompletion, error) {
+func (s *stack) streamChat(t testing.TB, params openai.ChatCompletionNewParams, opts ...option.RequestOption) (openai.ChatCompletion, error) {
 	t.Helper()
 	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-	stream := s.client.Chat.Completions.NewStreaming(context.Background(), params)
+	stream := s.client.Chat.Completions.NewStreaming(context.Background(), params, opts...)
 	var acc openai.ChatCompletionAccumulator
 	chunks := 0
 	for stream.Next() {

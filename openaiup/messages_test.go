@@ -66,9 +66,9 @@ func userText(text string) anthropic.MessageParam {
 
 // accumulateMessage streams a request through anthropic-sdk-go's
 // accumulator, which refuses blocks out of order or with gaps.
-func (s *messagesStack) accumulate(t testing.TB, p anthropic.MessageNewParams) (anthropic.Message, error) {
+func (s *messagesStack) accumulate(t testing.TB, p anthropic.MessageNewParams, opts ...option.RequestOption) (anthropic.Message, error) {
 	t.Helper()
-	st := s.client.Messages.NewStreaming(context.Background(), p)
+	st := s.client.Messages.NewStreaming(context.Background(), p, opts...)
 	var msg anthropic.Message
 	events := 0
 	for st.Next() {

@@ -58,9 +58,9 @@ func (s *responsesStack) assertContract(t *testing.T) {
 // accumulate streams a request through openai-go's Responses
 // accumulator, which refuses an event out of its place (an item's delta
 // before the item, an event after the terminal one).
-func (s *responsesStack) accumulate(t testing.TB, p responses.ResponseNewParams) (*responses.Response, error) {
+func (s *responsesStack) accumulate(t testing.TB, p responses.ResponseNewParams, opts ...option.RequestOption) (*responses.Response, error) {
 	t.Helper()
-	st := s.client.Responses.NewStreaming(context.Background(), p)
+	st := s.client.Responses.NewStreaming(context.Background(), p, opts...)
 	var acc responses.ResponseAccumulator
 	seq := int64(-1)
 	for st.Next() {

@@ -77,18 +77,7 @@ func exitOn(err error) {
 // TestMain calls [MaybeServe], which prints the simulator's URL and serves
 // until stop closes its stdin.
 func serveApart(t testing.TB, env string, spec any) (url string, stop func()) {
-	data, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env+"="+string(data))
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, stdout := Again(t, env, spec)
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		t.Fatalf("the simulator's process did not start: %v", err)
@@ -97,6 +86,26 @@ func serveApart(t testing.TB, env string, spec any) (url string, stop func()) {
 		stdin.Close()
 		_ = cmd.Wait()
 	}
+}
+
+// Again starts the test binary again, running no test, with the
+// environment variable env set to spec in JSON: its TestMain sees it and
+// plays the part spec describes, talking over stdin and stdout.
+func Again(t testing.TB, env string, spec any) (cmd *exec.Cmd, stdin io.WriteCloser, stdout io.ReadCloser) {
+	t.Helper()
+	data, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"="+string(data))
+	cmd.Stderr = os.Stderr
+	stdin, _ = cmd.StdinPipe()
+	stdout, _ = cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, stdin, stdout
 }
 
 // violationsAt reads a simulator's contract log over HTTP.
