@@ -25,7 +25,10 @@ type answerBase struct {
 	created int64
 	usage   bool // stream_options.include_usage
 	started bool // the stream's head is written
-	written int  // bytes of content streamed
+	// unflushed: written since the last flush (at the end of the call
+	// that holds mu)
+	unflushed bool
+	written   int // bytes of content streamed
 }
 
 func (a *answerBase) base() *answerBase { return a }
@@ -44,7 +47,8 @@ func (a *answerBase) upgrade() bool {
 }
 
 // event writes one SSE event of data, named when name is set (Messages
-// names each event; Chat Completions none), or a comment.
+// names each event; Chat Completions none), or a comment; a.unlock
+// flushes it. a.mu is held.
 func (a *answerBase) event(name, data, comment string) {
 	m := &sse.Message{}
 	if comment != "" {
@@ -56,15 +60,27 @@ func (a *answerBase) event(name, data, comment string) {
 		m.AppendData(data)
 	}
 	if a.sess.Send(m) == nil {
+		a.unflushed = true
+	}
+}
+
+// unlock sends what the call wrote in one flush and releases a.mu: the
+// events of one moment (the stream's head, an item's opening with its
+// first delta, the end) reach the application together, not one write
+// and one wake-up each.
+func (a *answerBase) unlock() {
+	if a.unflushed {
+		a.unflushed = false
 		_ = a.sess.Flush()
 	}
+	a.mu.Unlock()
 }
 
 // keepAlive sends a comment on a stream that has begun, which clients
 // ignore, so that no proxy between closes it while tools run.
 func (a *answerBase) keepAlive() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if a.started {
 		a.event("", "", "keep-alive")
 	}
@@ -149,19 +165,19 @@ type outCompletion struct {
 
 func (a *chatAnswer) begin() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 }
 
 func (a *chatAnswer) head() {
 	if a.upgrade() {
-		_ = a.sess.Flush()
+		a.unflushed = true // the head alone, so that the client sees the 200 at once
 	}
 }
 
 func (a *chatAnswer) content(text string) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 	a.written += len(text)
 	a.send(outChunk{Choices: []outChoice{{Delta: a.delta(&outDelta{Content: &text})}}})
@@ -185,7 +201,7 @@ func (a *chatAnswer) send(c outChunk) {
 // them, the finish chunk, the usage when asked, and [DONE].
 func (a *chatAnswer) finish(res Result, sum executor.Summary) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 	if len(res.AppCalls) > 0 {
 		calls := make([]toolCallChunk, len(res.AppCalls))
@@ -254,7 +270,7 @@ func (a *chatAnswer) failEvent(msg, typ, code string) {
 func fail(out answerWriter, sum executor.Summary, err error) {
 	a := out.base()
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	status, typ := http.StatusInternalServerError, "toolsidecar_error"
 	var re *RefusedError
 	switch {

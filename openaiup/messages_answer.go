@@ -45,7 +45,7 @@ func usageOut(u Usage) messagesOutUsage {
 
 func (a *messagesAnswer) begin() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 }
 
@@ -66,7 +66,7 @@ func (a *messagesAnswer) send(typ string, fields map[string]any) {
 
 func (a *messagesAnswer) content(text string) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 	a.written += len(text)
 	if !a.open {
@@ -89,7 +89,7 @@ func (a *messagesAnswer) closeText() {
 // their input in one fragment, then the stop reason and the usage.
 func (a *messagesAnswer) finish(res Result, sum executor.Summary) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 	a.closeText()
 	for _, c := range res.AppCalls {

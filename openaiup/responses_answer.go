@@ -100,7 +100,7 @@ func (a *responsesAnswer) response(res *Result, sum executor.Summary) responseOu
 
 func (a *responsesAnswer) begin() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 }
 
@@ -125,7 +125,7 @@ func (a *responsesAnswer) messageID() string { return "msg_" + strings.TrimPrefi
 
 func (a *responsesAnswer) content(text string) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 	a.written += len(text)
 	at := len(a.items)
@@ -166,7 +166,7 @@ func callItem(c ToolCall, status string) functionCallItem {
 // arguments in one delta, done; then the terminal event.
 func (a *responsesAnswer) finish(res Result, sum executor.Summary) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.head()
 	a.closeMessage()
 	for _, c := range res.AppCalls {
