@@ -80,8 +80,8 @@ func BenchmarkResponsesBatch(b *testing.B) {
 // batchRuns runs the batch benchmark of one API: start starts a sidecar
 // in front of the API's simulator (in a process of its own with process)
 // and returns the sidecar's base URL, as the API's client takes it, and
-// what reads the simulator's contract log; the application sends it b.N requests of 1 or 16 calls from a
-// process of its own.
+// what reads the simulator's contract log; the application sends it b.N
+// requests of 1 or 16 calls from a process of its own.
 func batchRuns(b *testing.B, api string, start func(b *testing.B, process bool, opts testenv.Options, slow testenv.Tool) (string, func() []openaisim.Violation)) {
 	for _, process := range []bool{false, true} {
 		for _, calls := range []int{1, 16} {
@@ -258,9 +258,10 @@ func (processTB) Fatalf(format string, args ...any) {
 // completion whose first turn calls a tool 16 times, through a sidecar in
 // durable mode (the journal in JetStream) and one without (the journal in
 // memory), alternated request by request against one simulator in a
-// process of its own, by an application in a process of its own. With tool=0s the tool returns at once, so the
-// journal's writes (and the ledger's and the lease's) are the whole
-// difference; tool=50ms is a fast real tool.
+// process of its own, by an application in a process of its own. With
+// tool=0s the tool returns at once, so the journal's writes (and the
+// ledger's and the lease's) are the whole difference; tool=50ms is a fast
+// real tool.
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkJournal -benchtime 100x
 func BenchmarkJournal(b *testing.B) {
