@@ -86,6 +86,26 @@ func (a *answerBase) keepAlive() {
 	}
 }
 
+// eventJSON is an event's JSON: its type (and, when seq is not negative,
+// its sequence_number) first, then the members of body, a struct encoded
+// as an object. Each event is a struct of its own, so that no event pays
+// for a map's boxing and sorted keys: the Responses and Messages streams
+// send several per turn. typ is one of the APIs' event names, plain
+// ASCII, which strconv quotes as JSON does.
+func eventJSON(typ string, seq int, body []byte) string {
+	b := make([]byte, 0, len(body)+len(typ)+40)
+	b = strconv.AppendQuote(append(b, `{"type":`...), typ)
+	if seq >= 0 {
+		b = strconv.AppendInt(append(b, `,"sequence_number":`...), int64(seq), 10)
+	}
+	if len(body) > 2 { // not {}
+		b = append(append(b, ','), body[1:]...)
+	} else {
+		b = append(b, '}')
+	}
+	return string(b)
+}
+
 // writeJSON writes a whole JSON body, with its length: the answer is
 // whole to the client as soon as it is sent, before the run's end is
 // journaled (after the answer).

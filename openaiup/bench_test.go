@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -132,11 +133,15 @@ const envApplication = "TSC_TEST_APPLICATION"
 // rounds of streamed requests of the user message User, through the
 // official client of API, one to each base URL of URLs (as the client
 // takes it), the first one every other round; every answer must be Want.
+// After each request it collects its garbage, so that collecting what the
+// client's decoding left does not overlap the next request, in any arm,
+// then waits Pause.
 type application struct {
 	API        string
 	URLs       []string
 	User, Want string
 	Runs       int
+	Pause      time.Duration
 }
 
 // applicationProcess runs app in a process of its own (the test binary
@@ -219,6 +224,8 @@ func maybeApplication() {
 			if d.Err != "" {
 				os.Exit(1)
 			}
+			runtime.GC()
+			time.Sleep(app.Pause)
 		}
 	}
 	os.Exit(0)
@@ -272,7 +279,7 @@ func BenchmarkJournal(b *testing.B) {
 				return testenv.Options{Executor: config.Executor{MaxParallel: 16}, Config: func(c *config.Config) { c.Durability.Enabled = durable }}
 			}
 			durable, memory := startOn(b, nil, url, opts(true), echoTool("echo", latency, nil)), startOn(b, nil, url, opts(false), echoTool("echo", latency, nil))
-			took := alternate(b, apiChat, [2]string{durable.env.URL + "/v1", memory.env.URL + "/v1"}, script(echoCalls(16), ""), wantEchoes(16))
+			took := alternate(b, apiChat, [2]string{durable.env.URL + "/v1", memory.env.URL + "/v1"}, script(echoCalls(16), ""), wantEchoes(16), 0)
 			if v := violations(); len(v) > 0 {
 				b.Fatalf("contract violations: %v", v)
 			}
@@ -286,18 +293,15 @@ func BenchmarkJournal(b *testing.B) {
 // tool calls: the same streamed request sent through the sidecar (durable
 // mode, no Idempotency-Key) and straight to the simulator, which serves
 // from a process of its own, alternated request by request by an
-// application in a process of its own.
+// application in a process of its own. The application waits pause
+// between requests: on this machine a sidecar that idled for a few
+// milliseconds takes longer to wake than a busy one (BENCHMARKS.md).
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkProxyOverhead -benchtime 200x
 func BenchmarkProxyOverhead(b *testing.B) {
 	url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
 	through := startOn(b, nil, url, testenv.Options{})
-	took := alternate(b, apiChat, [2]string{through.env.URL + "/v1", url}, "hello", "echo: hello")
-	if v := violations(); len(v) > 0 {
-		b.Fatalf("contract violations: %v", v)
-	}
-	via, direct := report(b, took, "sidecar", "direct")
-	b.ReportMetric(via-direct, "p50-overhead-ms")
+	proxyOverhead(b, apiChat, [2]string{through.env.URL + "/v1", url}, violations)
 }
 
 // BenchmarkMessagesProxyOverhead is BenchmarkProxyOverhead through the
@@ -307,12 +311,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 func BenchmarkMessagesProxyOverhead(b *testing.B) {
 	url, violations := testenv.MessagesProcess(b, anthropicsim.Config{})
 	through := startMessagesOn(b, url, testenv.Options{})
-	took := alternate(b, apiMessages, [2]string{through.env.URL, url}, "hello", "echo: hello")
-	if v := violations(); len(v) > 0 {
-		b.Fatalf("contract violations: %v", v)
-	}
-	via, direct := report(b, took, "sidecar", "direct")
-	b.ReportMetric(via-direct, "p50-overhead-ms")
+	proxyOverhead(b, apiMessages, [2]string{through.env.URL, url}, violations)
 }
 
 // BenchmarkResponsesProxyOverhead is BenchmarkProxyOverhead through the
@@ -322,12 +321,23 @@ func BenchmarkMessagesProxyOverhead(b *testing.B) {
 func BenchmarkResponsesProxyOverhead(b *testing.B) {
 	url, violations := testenv.ResponsesProcess(b, responsesim.Config{})
 	through := startResponsesOn(b, url, testenv.Options{})
-	took := alternate(b, apiResponses, [2]string{through.env.URL + "/v1", url}, "hello", "echo: hello")
-	if v := violations(); len(v) > 0 {
-		b.Fatalf("contract violations: %v", v)
+	proxyOverhead(b, apiResponses, [2]string{through.env.URL + "/v1", url}, violations)
+}
+
+// proxyOverhead alternates requests through the sidecar (urls[0]) and
+// straight to the simulator (urls[1]), whose contract log must stay
+// empty, with no pause between them and with one of 5 ms.
+func proxyOverhead[V any](b *testing.B, api string, urls [2]string, violations func() []V) {
+	for _, pause := range []time.Duration{0, 5 * time.Millisecond} {
+		b.Run(fmt.Sprintf("pause=%v", pause), func(b *testing.B) {
+			took := alternate(b, api, urls, "hello", "echo: hello", pause)
+			if v := violations(); len(v) > 0 {
+				b.Fatalf("contract violations: %v", v)
+			}
+			via, direct := report(b, took, "sidecar", "direct")
+			b.ReportMetric(via-direct, "p50-overhead-ms")
+		})
 	}
-	via, direct := report(b, took, "sidecar", "direct")
-	b.ReportMetric(via-direct, "p50-overhead-ms")
 }
 
 // ask sends one streamed request through the application's official
@@ -407,10 +417,10 @@ func (s *responsesStack) ask(b testing.TB, p responses.ResponseNewParams) ask {
 
 // alternate runs the application of api in a process of its own, which
 // sends user to both base URLs b.N times, each first every other time,
-// and returns each one's durations to the answer's last byte; an answer
-// other than want fails.
-func alternate(b *testing.B, api string, urls [2]string, user, want string) [2][]time.Duration {
-	took := applicationProcess(b, application{API: api, URLs: urls[:], User: user, Want: want, Runs: b.N})
+// waiting pause after each, and returns each one's durations to the
+// answer's last byte; an answer other than want fails.
+func alternate(b *testing.B, api string, urls [2]string, user, want string, pause time.Duration) [2][]time.Duration {
+	took := applicationProcess(b, application{API: api, URLs: urls[:], User: user, Want: want, Runs: b.N, Pause: pause})
 	var wire [2][]time.Duration
 	for k := range wire {
 		wire[k], _ = durations(took[k])

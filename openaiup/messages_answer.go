@@ -55,14 +55,49 @@ func (a *messagesAnswer) head() {
 	if !a.upgrade() {
 		return
 	}
-	a.send("message_start", map[string]any{"message": messagesOut{ID: a.id, Type: "message", Role: "assistant", Model: a.model, Content: []json.RawMessage{}}})
+	a.send("message_start", messageStartEvent{messagesOut{ID: a.id, Type: "message", Role: "assistant", Model: a.model, Content: []json.RawMessage{}}})
 }
 
-func (a *messagesAnswer) send(typ string, fields map[string]any) {
-	fields["type"] = typ
-	data, _ := json.Marshal(fields)
-	a.event(typ, string(data), "")
+// send sends an event: body's members after its type.
+func (a *messagesAnswer) send(typ string, body any) {
+	raw, _ := json.Marshal(body) // the events' structs: no error
+	a.event(typ, eventJSON(typ, -1, raw), "")
 }
+
+// The answer's events (§12.1), each without its type, which send puts
+// first.
+type (
+	messageStartEvent struct {
+		Message messagesOut `json:"message"`
+	}
+	blockStartEvent struct {
+		Index        int `json:"index"`
+		ContentBlock any `json:"content_block"`
+	}
+	blockDeltaEvent struct {
+		Index int `json:"index"`
+		Delta any `json:"delta"`
+	}
+	textDelta struct {
+		Type string `json:"type"` // text_delta
+		Text string `json:"text"`
+	}
+	inputJSONDelta struct {
+		Type        string `json:"type"` // input_json_delta
+		PartialJSON string `json:"partial_json"`
+	}
+	blockStopEvent struct {
+		Index int `json:"index"`
+	}
+	messageDeltaEvent struct {
+		Delta struct {
+			StopReason   string  `json:"stop_reason"`
+			StopSequence *string `json:"stop_sequence"`
+		} `json:"delta"`
+		Usage       messagesOutUsage `json:"usage"`
+		Toolsidecar *extension       `json:"toolsidecar,omitempty"`
+	}
+)
 
 func (a *messagesAnswer) content(text string) {
 	a.mu.Lock()
@@ -71,16 +106,16 @@ func (a *messagesAnswer) content(text string) {
 	a.written += len(text)
 	if !a.open {
 		a.open = true
-		a.send("content_block_start", map[string]any{"index": a.blocks, "content_block": textBlock{Type: "text", Text: ""}})
+		a.send("content_block_start", blockStartEvent{a.blocks, textBlock{Type: "text", Text: ""}})
 	}
-	a.send("content_block_delta", map[string]any{"index": a.blocks, "delta": map[string]string{"type": "text_delta", "text": text}})
+	a.send("content_block_delta", blockDeltaEvent{a.blocks, textDelta{"text_delta", text}})
 }
 
 // closeText stops the text block, if one is open.
 func (a *messagesAnswer) closeText() {
 	if a.open {
 		a.open = false
-		a.send("content_block_stop", map[string]any{"index": a.blocks})
+		a.send("content_block_stop", blockStopEvent{a.blocks})
 		a.blocks++
 	}
 }
@@ -93,17 +128,15 @@ func (a *messagesAnswer) finish(res Result, sum executor.Summary) {
 	a.head()
 	a.closeText()
 	for _, c := range res.AppCalls {
-		a.send("content_block_start", map[string]any{"index": a.blocks,
-			"content_block": toolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage("{}")}})
-		a.send("content_block_delta", map[string]any{"index": a.blocks,
-			"delta": map[string]string{"type": "input_json_delta", "partial_json": c.Function.Arguments}})
-		a.send("content_block_stop", map[string]any{"index": a.blocks})
+		a.send("content_block_start", blockStartEvent{a.blocks, toolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage("{}")}})
+		a.send("content_block_delta", blockDeltaEvent{a.blocks, inputJSONDelta{"input_json_delta", c.Function.Arguments}})
+		a.send("content_block_stop", blockStopEvent{a.blocks})
 		a.blocks++
 	}
-	reason := stopReason(res)
-	a.send("message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": nil},
-		"usage": usageOut(res.Usage), "toolsidecar": extensionOf(a.id, sum)})
-	a.send("message_stop", map[string]any{})
+	end := messageDeltaEvent{Usage: usageOut(res.Usage), Toolsidecar: extensionOf(a.id, sum)}
+	end.Delta.StopReason = stopReason(res)
+	a.send("message_delta", end)
+	a.send("message_stop", struct{}{})
 }
 
 // stopReason is the answer's (§8.2): tool_use when the application has

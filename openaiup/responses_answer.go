@@ -108,20 +108,76 @@ func (a *responsesAnswer) head() {
 	if !a.upgrade() {
 		return
 	}
-	r := a.response(nil, executor.Summary{})
-	a.send("response.created", map[string]any{"response": r})
-	a.send("response.in_progress", map[string]any{"response": r})
+	// One body for both events: encoded once.
+	body, _ := json.Marshal(lifecycleEvent{a.response(nil, executor.Summary{})})
+	a.sendRaw("response.created", body)
+	a.sendRaw("response.in_progress", body)
 }
 
-func (a *responsesAnswer) send(typ string, fields map[string]any) {
-	fields["type"], fields["sequence_number"] = typ, a.seq
-	a.seq++
-	data, _ := json.Marshal(fields)
-	a.event(typ, string(data), "")
+// send sends an event: body's members after its type and sequence_number.
+func (a *responsesAnswer) send(typ string, body any) {
+	raw, _ := json.Marshal(body) // the events' structs: no error
+	a.sendRaw(typ, raw)
 }
+
+// sendRaw sends an event whose body is encoded already.
+func (a *responsesAnswer) sendRaw(typ string, body []byte) {
+	a.event(typ, eventJSON(typ, a.seq, body), "")
+	a.seq++
+}
+
+// The answer's events (§4), each without its type and sequence_number,
+// which send puts first.
+type (
+	// lifecycleEvent: response.created, .in_progress, .completed,
+	// .incomplete.
+	lifecycleEvent struct {
+		Response responseOut `json:"response"`
+	}
+	itemEvent struct {
+		OutputIndex int `json:"output_index"`
+		Item        any `json:"item"`
+	}
+	// contentAt is where a message's part is.
+	contentAt struct {
+		ItemID       string `json:"item_id"`
+		OutputIndex  int    `json:"output_index"`
+		ContentIndex int    `json:"content_index"`
+	}
+	partEvent struct {
+		contentAt
+		Part outputText `json:"part"`
+	}
+	textDeltaEvent struct {
+		contentAt
+		Delta    string `json:"delta"`
+		Logprobs []any  `json:"logprobs"`
+	}
+	textDoneEvent struct {
+		contentAt
+		Text     string `json:"text"`
+		Logprobs []any  `json:"logprobs"`
+	}
+	argumentsDeltaEvent struct {
+		ItemID      string `json:"item_id"`
+		OutputIndex int    `json:"output_index"`
+		Delta       string `json:"delta"`
+	}
+	argumentsDoneEvent struct {
+		ItemID      string `json:"item_id"`
+		OutputIndex int    `json:"output_index"`
+		Name        string `json:"name"`
+		Arguments   string `json:"arguments"`
+	}
+)
 
 // messageID is the answer's message item's id.
 func (a *responsesAnswer) messageID() string { return "msg_" + strings.TrimPrefix(a.id, "resp_") }
+
+// part is where the message's one text part is, the message at index at.
+func (a *responsesAnswer) part(at int) contentAt {
+	return contentAt{ItemID: a.messageID(), OutputIndex: at}
+}
 
 func (a *responsesAnswer) content(text string) {
 	a.mu.Lock()
@@ -131,13 +187,12 @@ func (a *responsesAnswer) content(text string) {
 	at := len(a.items)
 	if !a.open {
 		a.open = true
-		a.send("response.output_item.added", map[string]any{"output_index": at,
-			"item": messageItem{Type: "message", ID: a.messageID(), Status: "in_progress", Role: "assistant", Content: []outputText{}}})
-		a.send("response.content_part.added", map[string]any{"item_id": a.messageID(), "output_index": at, "content_index": 0,
-			"part": outputText{Type: "output_text", Annotations: []any{}}})
+		a.send("response.output_item.added", itemEvent{at,
+			messageItem{Type: "message", ID: a.messageID(), Status: "in_progress", Role: "assistant", Content: []outputText{}}})
+		a.send("response.content_part.added", partEvent{a.part(at), outputText{Type: "output_text", Annotations: []any{}}})
 	}
 	a.text.WriteString(text)
-	a.send("response.output_text.delta", map[string]any{"item_id": a.messageID(), "output_index": at, "content_index": 0, "delta": text, "logprobs": []any{}})
+	a.send("response.output_text.delta", textDeltaEvent{a.part(at), text, []any{}})
 }
 
 // closeMessage ends the message item, if one is open.
@@ -148,10 +203,10 @@ func (a *responsesAnswer) closeMessage() {
 	a.open = false
 	at, text := len(a.items), a.text.String()
 	part := outputText{Type: "output_text", Text: text, Annotations: []any{}}
-	a.send("response.output_text.done", map[string]any{"item_id": a.messageID(), "output_index": at, "content_index": 0, "text": text, "logprobs": []any{}})
-	a.send("response.content_part.done", map[string]any{"item_id": a.messageID(), "output_index": at, "content_index": 0, "part": part})
+	a.send("response.output_text.done", textDoneEvent{a.part(at), text, []any{}})
+	a.send("response.content_part.done", partEvent{a.part(at), part})
 	item := messageItem{Type: "message", ID: a.messageID(), Status: "completed", Role: "assistant", Content: []outputText{part}}
-	a.send("response.output_item.done", map[string]any{"output_index": at, "item": item})
+	a.send("response.output_item.done", itemEvent{at, item})
 	raw, _ := json.Marshal(item)
 	a.items = append(a.items, raw)
 }
@@ -173,10 +228,10 @@ func (a *responsesAnswer) finish(res Result, sum executor.Summary) {
 		at, item := len(a.items), callItem(c, "completed")
 		added := item
 		added.Arguments, added.Status = "", "in_progress"
-		a.send("response.output_item.added", map[string]any{"output_index": at, "item": added})
-		a.send("response.function_call_arguments.delta", map[string]any{"item_id": item.ID, "output_index": at, "delta": item.Arguments})
-		a.send("response.function_call_arguments.done", map[string]any{"item_id": item.ID, "output_index": at, "name": item.Name, "arguments": item.Arguments})
-		a.send("response.output_item.done", map[string]any{"output_index": at, "item": item})
+		a.send("response.output_item.added", itemEvent{at, added})
+		a.send("response.function_call_arguments.delta", argumentsDeltaEvent{item.ID, at, item.Arguments})
+		a.send("response.function_call_arguments.done", argumentsDoneEvent{item.ID, at, item.Name, item.Arguments})
+		a.send("response.output_item.done", itemEvent{at, item})
 		raw, _ := json.Marshal(item)
 		a.items = append(a.items, raw)
 	}
@@ -185,7 +240,7 @@ func (a *responsesAnswer) finish(res Result, sum executor.Summary) {
 	if r.Status == "incomplete" {
 		terminal = "response.incomplete"
 	}
-	a.send(terminal, map[string]any{"response": r})
+	a.send(terminal, lifecycleEvent{r})
 }
 
 func (a *responsesAnswer) whole(res Result, sum executor.Summary) {
@@ -204,5 +259,7 @@ func (a *responsesAnswer) whole(res Result, sum executor.Summary) {
 // failEvent: an error event nested under "error", which every official
 // client stops on (§4.3). a.mu is held.
 func (a *responsesAnswer) failEvent(msg, typ, code string) {
-	a.send("error", map[string]any{"error": map[string]any{"type": typ, "code": code, "message": msg, "param": nil}})
+	var e apiError
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, typ, &code
+	a.send("error", e)
 }
