@@ -139,6 +139,7 @@ func (s *stack) streamChat(t testing.TB, params openai.ChatCompletionNewParams, 
 	t.Helper()
 	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 	stream := s.client.Chat.Completions.NewStreaming(context.Background(), params, opts...)
+	defer func() { _ = stream.Close() }() // on every way out, as an application does
 	var acc openai.ChatCompletionAccumulator
 	chunks := 0
 	for stream.Next() {

@@ -69,6 +69,7 @@ func userText(text string) anthropic.MessageParam {
 func (s *messagesStack) accumulate(t testing.TB, p anthropic.MessageNewParams, opts ...option.RequestOption) (anthropic.Message, error) {
 	t.Helper()
 	st := s.client.Messages.NewStreaming(context.Background(), p, opts...)
+	defer func() { _ = st.Close() }() // anthropic-sdk-go does not close a stream an error event ends
 	var msg anthropic.Message
 	events := 0
 	for st.Next() {

@@ -61,6 +61,7 @@ func (s *responsesStack) assertContract(t *testing.T) {
 func (s *responsesStack) accumulate(t testing.TB, p responses.ResponseNewParams, opts ...option.RequestOption) (*responses.Response, error) {
 	t.Helper()
 	st := s.client.Responses.NewStreaming(context.Background(), p, opts...)
+	defer func() { _ = st.Close() }() // on every way out, as an application does
 	var acc responses.ResponseAccumulator
 	seq := int64(-1)
 	for st.Next() {
