@@ -36,6 +36,11 @@ type api interface {
 	// turnBody is a turn's request: the application's fields, the
 	// conversation, streamed.
 	turnBody(body map[string]json.RawMessage, conv []json.RawMessage) ([]byte, error)
+	// eventBound is the longest event of a turn's stream that is read
+	// whole, given frame, the bound of an event that carries one call
+	// (Config.MaxResponseBytes): frame, or a turn's bound where one event
+	// can carry a turn's every call.
+	eventBound(frame int) int
 	// newParser reads one attempt at a turn's stream.
 	newParser() parser
 	// callsOf lists an assistant message's calls, in order.
@@ -54,6 +59,11 @@ type api interface {
 	// writeError writes an error in the API's shape.
 	writeError(w http.ResponseWriter, status int, msg, typ, param string)
 }
+
+// turnCalls sizes a turn's bound: an event that can carry every call of
+// a turn is read whole up to turnCalls events' bounds (9.2 MiB at the
+// defaults, 16 calls at executor.max_args_bytes).
+const turnCalls = 16
 
 // parser reads one attempt at a turn's stream, event after event.
 type parser interface {

@@ -21,6 +21,10 @@ func (chatAPI) kind() string      { return kindOpenAI }
 func (chatAPI) turnPath() string  { return "/chat/completions" }
 func (chatAPI) runPrefix() string { return "chatcmpl-" }
 
+// A Chat Completions chunk carries fragments, or whole calls: Ollama
+// sends every call of a turn in one chunk. Its bound is a turn's.
+func (chatAPI) eventBound(frame int) int { return turnCalls * frame }
+
 func (chatAPI) authorize(h http.Header, key string) {
 	if key != "" {
 		h.Set("Authorization", "Bearer "+key)

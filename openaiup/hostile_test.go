@@ -50,8 +50,8 @@ func (m *toolMessages) model(req openaisim.Request) openaisim.Reply {
 // saying why, instead of being taken for a cut stream and asked for again.
 // The sidecar stays ready either way.
 func TestHostileUpstream(t *testing.T) {
-	big := `{"blob": "` + strings.Repeat("z", 300<<10) + `"}`   // over executor.max_args_bytes
-	huge := `{"blob": "` + strings.Repeat("z", 1200<<10) + `"}` // over the stream's bound
+	big := `{"blob": "` + strings.Repeat("z", 300<<10) + `"}` // over executor.max_args_bytes
+	huge := `{"blob": "` + strings.Repeat("z", 10<<20) + `"}` // over the bound of a chunk that carries a turn's calls
 	t.Run("arguments past the bound", func(t *testing.T) {
 		var runs atomic.Int64
 		m := &toolMessages{calls: []openaisim.Call{{Name: "echo", Args: `{"i": 0}`}, {Name: "echo", Args: big}, {Name: "echo", Args: `{"i": 2}`}}}

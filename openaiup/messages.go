@@ -27,6 +27,9 @@ func (messagesAPI) kind() string      { return kindAnthropic }
 func (messagesAPI) turnPath() string  { return "/v1/messages" }
 func (messagesAPI) runPrefix() string { return "msg_" }
 
+// Messages events carry fragments of one content block.
+func (messagesAPI) eventBound(frame int) int { return frame }
+
 func (messagesAPI) authorize(h http.Header, key string) {
 	h.Set("Anthropic-Version", anthropicVersion)
 	if key != "" {

@@ -27,6 +27,11 @@ func (responsesAPI) kind() string      { return kindResponses }
 func (responsesAPI) turnPath() string  { return "/responses" }
 func (responsesAPI) runPrefix() string { return "resp_" }
 
+// A Responses stream's lifecycle events carry the whole response (§4.3):
+// the terminal one repeats every item of the turn, and each one echoes
+// the request's instructions and tools. Their bound is a turn's.
+func (responsesAPI) eventBound(frame int) int { return turnCalls * frame }
+
 // The key and the errors are OpenAI's, as in Chat Completions.
 func (responsesAPI) authorize(h http.Header, key string) { chatAPI{}.authorize(h, key) }
 func (responsesAPI) callerKey(r *http.Request) string    { return chatAPI{}.callerKey(r) }

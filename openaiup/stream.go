@@ -76,8 +76,9 @@ func (t *turn) connect() error {
 	}
 	a := &attempt{ctx: ctx, cancel: cancel, close: resp.Body.Close}
 	a.idle = time.AfterFunc(t.u.cfg.IdleTimeout, func() { cancel(ErrIdle) })
-	body := frames.NewReader(resp.Body, frames.Events, t.u.cfg.MaxResponseBytes, oversizedEvent)
-	a.events = sse.Read(body, &sse.ReadConfig{MaxEventSize: t.u.cfg.MaxResponseBytes + 1<<10})
+	bound := t.u.api.eventBound(t.u.cfg.MaxResponseBytes)
+	body := frames.NewReader(resp.Body, frames.Events, bound, oversizedEvent)
+	a.events = sse.Read(body, &sse.ReadConfig{MaxEventSize: bound + 1<<10})
 	t.stream = a
 	return nil
 }
@@ -178,7 +179,7 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 			// Its calls, if it held any, cannot be known, so they cannot be
 			// answered: the run fails saying so (asking again would bring
 			// the same event). The calls handed over already are joined.
-			err := fmt.Errorf("the upstream sent an event of %s bytes, over the limit of %d; what it held is lost", data, t.u.cfg.MaxResponseBytes)
+			err := fmt.Errorf("the upstream sent an event of %s bytes, over the limit of %d; what it held is lost", data, t.u.api.eventBound(t.u.cfg.MaxResponseBytes))
 			if !yield(executor.TurnEvent{}, &executor.LostCallError{Err: err}) {
 				return rd, nil, false
 			}

@@ -49,7 +49,8 @@ type Config struct {
 	// IdleTimeout bounds the silence between a stream's events.
 	IdleTimeout time.Duration
 	// MaxResponseBytes bounds one event of a stream while it is read (a
-	// longer one fails the run, saying so), the arguments of one call as
+	// longer one fails the run, saying so; an event that can carry every
+	// call of a turn, turnCalls times it), the arguments of one call as
 	// their fragments arrive (past it they are not kept, and the call gets
 	// an invalid_args outcome), and an error body.
 	MaxResponseBytes int
