@@ -48,6 +48,8 @@ type Config struct {
 
 // Request is a Messages request, as the model sees it.
 type Request struct {
+	// Betas is the request's anthropic-beta header (§7.1).
+	Betas     string            `json:"-"`
 	Model     string            `json:"model"`
 	MaxTokens *int              `json:"max_tokens"`
 	Messages  []json.RawMessage `json:"messages"`

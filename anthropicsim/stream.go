@@ -25,6 +25,7 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "invalid_request_error", "could not parse the JSON body of your request: "+err.Error())
 		return
 	}
+	req.Betas = r.Header.Get("Anthropic-Beta")
 	if f.Answer(w, func(w http.ResponseWriter, status int) {
 		typ := cmp.Or(f.Type, map[int]string{http.StatusTooManyRequests: "rate_limit_error", 529: "overloaded_error"}[status])
 		apiError(w, status, typ, fmt.Sprintf("simulated %d", status))

@@ -29,6 +29,9 @@ type api interface {
 	callerKey(r *http.Request) string
 	// runPrefix begins the ids of runs, which the answer carries as its id.
 	runPrefix() string
+	// forwarded names the application's request headers that every turn
+	// of its run carries upstream as they came (checked by forwardedOf).
+	forwarded() []string
 	// readRequest reads the application's request: the conversation, the
 	// stream flags, the application's tools, and the rest of the body,
 	// with the sidecar's tools added in the API's shape.

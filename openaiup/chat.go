@@ -17,9 +17,10 @@ import (
 // OpenAI, vLLM, Ollama, llama.cpp and LiteLLM serve.
 type chatAPI struct{}
 
-func (chatAPI) kind() string      { return kindOpenAI }
-func (chatAPI) turnPath() string  { return "/chat/completions" }
-func (chatAPI) runPrefix() string { return "chatcmpl-" }
+func (chatAPI) kind() string        { return kindOpenAI }
+func (chatAPI) turnPath() string    { return "/chat/completions" }
+func (chatAPI) runPrefix() string   { return "chatcmpl-" }
+func (chatAPI) forwarded() []string { return nil }
 
 // A Chat Completions chunk carries fragments, or whole calls: Ollama
 // sends every call of a turn in one chunk. Its bound is a turn's.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -103,6 +104,7 @@ type request struct {
 	model     string
 	appTools  map[string]bool
 	key       runKey
+	headers   http.Header // the API's forwarded headers the application sent
 }
 
 // badRequest is a request the API would refuse: a 400 in its shape (413
@@ -135,6 +137,9 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	if err != nil {
 		return nil, err
 	}
+	if req.headers, err = forwardedOf(r.Header, ep.api.forwarded()); err != nil {
+		return nil, err
+	}
 	// The run's key is the request as the application asked it; whether
 	// the answer is streamed is how it is delivered, not what is asked.
 	if req.key, err = keyOf(r, ep.api, req.canonical); err != nil {
@@ -164,7 +169,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	messages := ep.parked.restore(r.Context(), ep.api, req.messages)
 	up := ep.cfg.Upstream
-	rn := up.Begin(id, req.key, fresh, req.body, messages, req.appTools)
+	rn := up.Begin(id, fresh, req, messages)
 	defer up.Release(rn)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
 	out := ep.api.newAnswer(&answerBase{w: w, r: r, api: ep.api, id: id, model: req.model, usage: req.usage})
@@ -343,4 +348,36 @@ func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out answe
 			out.base().keepAlive()
 		}
 	}
+}
+
+// maxForwarded bounds a forwarded header's value: a list of feature
+// names, which the upstream reads, not a place for a body.
+const maxForwarded = 1 << 10
+
+// forwardedOf are the headers of names that h carries, each one's values
+// joined as one list. A value is a comma-separated list of names: letters,
+// digits, '.', '_', '-' and spaces, at most maxForwarded bytes.
+func forwardedOf(h http.Header, names []string) (http.Header, error) {
+	var out http.Header
+	for _, name := range names {
+		values := h.Values(name)
+		if len(values) == 0 {
+			continue
+		}
+		v := strings.Join(values, ",")
+		if len(v) > maxForwarded || strings.TrimFunc(v, featureChar) != "" {
+			return nil, &badRequest{msg: fmt.Sprintf("%s: the header must be a comma-separated list of feature names, at most %d bytes", strings.ToLower(name), maxForwarded)}
+		}
+		if out == nil {
+			out = http.Header{}
+		}
+		out.Set(name, v)
+	}
+	return out, nil
+}
+
+// featureChar reports a character of a forwarded feature list.
+func featureChar(c rune) bool {
+	return c < utf8.RuneSelf && (c == ',' || c == ' ' || c == '.' || c == '_' || c == '-' ||
+		('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || ('0' <= c && c <= '9'))
 }

@@ -27,6 +27,11 @@ func (messagesAPI) kind() string      { return kindAnthropic }
 func (messagesAPI) turnPath() string  { return "/v1/messages" }
 func (messagesAPI) runPrefix() string { return "msg_" }
 
+// The beta features the application asked for (§7.1): interleaved
+// thinking, a longer context, and others, which change what the API
+// takes and gives; every turn asks for the same.
+func (messagesAPI) forwarded() []string { return []string{"Anthropic-Beta"} }
+
 // Messages events carry fragments of one content block.
 func (messagesAPI) eventBound(frame int) int { return frame }
 

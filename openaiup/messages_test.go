@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -289,6 +290,53 @@ func TestMessagesNodeClientAccumulates(t *testing.T) {
 	uses, _ := got["tool_uses"].([]any)
 	if got["stop_reason"] != "tool_use" || len(uses) != 1 || !strings.Contains(fmt.Sprint(uses[0]), "lookup") || !strings.Contains(fmt.Sprint(uses[0]), "q:x") {
 		t.Fatalf("the Node client accumulated %v, want the application's one call with its input", got)
+	}
+	s.assertContract(t)
+}
+
+// The application's anthropic-beta header (§7.1) goes upstream on every
+// turn of its run, as it came; a run without one sends none; a value that
+// is no list of feature names is a 400 in the API's shape, and nothing
+// goes upstream.
+func TestMessagesForwardsBetaHeader(t *testing.T) {
+	const betas = "interleaved-thinking-2025-05-14, context-1m-2025-08-07"
+	var mu sync.Mutex
+	var seen []string
+	model := func(r anthropicsim.Request) anthropicsim.Reply {
+		mu.Lock()
+		seen = append(seen, r.Betas)
+		mu.Unlock()
+		return anthropicsim.Scripted(r)
+	}
+	s := startMessages(t, anthropicsim.Config{Model: model}, testenv.Options{})
+	user := userText(script(echoCalls(2), ""))
+	for _, header := range []string{betas, ""} {
+		seen = nil
+		var opts []option.RequestOption
+		if header != "" {
+			opts = append(opts, option.WithHeader("anthropic-beta", header))
+		}
+		got, err := s.accumulate(t, messagesParams(false, user), opts...)
+		if err != nil || textOf(got) != wantEchoes(2) {
+			t.Fatalf("answer %q, %v", textOf(got), err)
+		}
+		mu.Lock()
+		if len(seen) != 2 || seen[0] != header || seen[1] != header {
+			t.Errorf("the turns carried anthropic-beta %q, want %q on both", seen, header)
+		}
+		mu.Unlock()
+	}
+	before := s.sim.Requests()
+	for _, bad := range []string{"a;b=c", strings.Repeat("x", 1025)} {
+		_, err := s.client.Messages.New(context.Background(), messagesParams(false, user), option.WithHeader("anthropic-beta", bad))
+		var apiErr *anthropic.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(err.Error(), "invalid_request_error") ||
+			!strings.Contains(err.Error(), "anthropic-beta") {
+			t.Errorf("anthropic-beta %.20q: err %v, want a 400 invalid_request_error naming the header", bad, err)
+		}
+	}
+	if n := s.sim.Requests(); n != before {
+		t.Errorf("%d requests went upstream for refused headers", n-before)
 	}
 	s.assertContract(t)
 }

@@ -23,9 +23,10 @@ import (
 // section numbers below are that note's.
 type responsesAPI struct{}
 
-func (responsesAPI) kind() string      { return kindResponses }
-func (responsesAPI) turnPath() string  { return "/responses" }
-func (responsesAPI) runPrefix() string { return "resp_" }
+func (responsesAPI) kind() string        { return kindResponses }
+func (responsesAPI) turnPath() string    { return "/responses" }
+func (responsesAPI) runPrefix() string   { return "resp_" }
+func (responsesAPI) forwarded() []string { return nil }
 
 // A Responses stream's lifecycle events carry the whole response (§4.3):
 // the terminal one repeats every item of the turn, and each one echoes

@@ -69,7 +69,7 @@ func (t *turn) connect() error {
 		t.until = now.Add(t.u.cfg.RetryBudget)
 	}
 	ctx, cancel := context.WithCancelCause(t.ctx)
-	resp, err := t.u.post(ctx, t.body, t.until.Sub(now))
+	resp, err := t.u.post(ctx, t.body, t.r.headers, t.until.Sub(now))
 	if err != nil {
 		cancel(err)
 		return err

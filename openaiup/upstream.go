@@ -114,6 +114,7 @@ type run struct {
 	key      runKey
 	mu       sync.Mutex
 	body     map[string]json.RawMessage // the request's fields but messages and stream
+	headers  http.Header                // forwarded on every turn
 	base     []json.RawMessage          // the request's messages
 	messages []json.RawMessage
 	appTools map[string]bool // tools the application declared: their calls are its own
@@ -238,12 +239,12 @@ type Result struct {
 type ToolCall = toolCall
 
 // Begin attaches a request to its run: the run in progress under id, or
-// a new one with the request's conversation, the rest of the request
-// (model, tools, sampling) and the tools the application declared, whose
-// calls it runs itself. fresh says that no journal can hold the run yet
-// (a new id of its own): it is not read there. Each Begin is paired with
-// an End.
-func (u *Upstream) Begin(id string, key runKey, fresh bool, body map[string]json.RawMessage, messages []json.RawMessage, appTools map[string]bool) *run {
+// a new one with the request's conversation (messages, restored), the
+// rest of the request (model, tools, sampling), the tools the application
+// declared, whose calls it runs itself, and the headers its turns
+// forward. fresh says that no journal can hold the run yet (a new id of
+// its own): it is not read there. Each Begin is paired with an End.
+func (u *Upstream) Begin(id string, fresh bool, req *request, messages []json.RawMessage) *run {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if r, ok := u.runs[id]; ok {
@@ -252,8 +253,8 @@ func (u *Upstream) Begin(id string, key runKey, fresh bool, body map[string]json
 		r.mu.Unlock()
 		return r
 	}
-	r := &run{id: id, key: key, body: body, base: messages, messages: messages, appTools: appTools, status: executor.RunActive,
-		created: time.Now().Unix(), users: 1, wake: make(chan struct{}), local: fresh, fresh: fresh}
+	r := &run{id: id, key: req.key, body: req.body, headers: req.headers, base: messages, messages: messages, appTools: req.appTools,
+		status: executor.RunActive, created: time.Now().Unix(), users: 1, wake: make(chan struct{}), local: fresh, fresh: fresh}
 	u.runs[id] = r
 	return r
 }
@@ -848,7 +849,7 @@ func (emptyTurn) Close() {}
 // post sends a turn's request, retrying 429s (after their Retry-After),
 // 5xx and failed connections within the retry budget. Any other refusal
 // is an *executor.UpstreamError with the upstream's status and message.
-func (u *Upstream) post(ctx context.Context, body []byte, budget time.Duration) (*http.Response, error) {
+func (u *Upstream) post(ctx context.Context, body []byte, headers http.Header, budget time.Duration) (*http.Response, error) {
 	key := u.Caller(ctx)
 	if key == "" {
 		key = u.cfg.APIKey
@@ -858,6 +859,9 @@ func (u *Upstream) post(ctx context.Context, body []byte, budget time.Duration) 
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL+u.api.turnPath(), bytes.NewReader(body))
 		if err != nil {
 			return nil, backoff.Permanent(err)
+		}
+		for name, v := range headers {
+			req.Header[name] = v
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "text/event-stream")
