@@ -49,7 +49,10 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 	if len(reply.Calls) > 0 {
 		stop = "tool_use"
 	}
-	usage := map[string]int{"input_tokens": 10 * len(req.Messages), "output_tokens": len(reply.Content)/4 + 5*len(reply.Calls) + 1}
+	// A prompt cache that grows with the conversation: written the first
+	// turn, read after.
+	usage := map[string]int{"input_tokens": 10 * len(req.Messages), "output_tokens": len(reply.Content)/4 + 5*len(reply.Calls) + 1,
+		"cache_creation_input_tokens": cacheWrite(len(req.Messages)), "cache_read_input_tokens": 100 * (len(req.Messages) - 1)}
 	id := fmt.Sprintf("msg_sim%d", seq)
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
@@ -62,7 +65,8 @@ func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	st := &streamer{Stream: simbase.Stream{W: w, Ctx: r.Context(), Fault: f, Delay: s.cfg.Delay}, wholeCalls: s.cfg.WholeCalls}
 	st.event("message_start", map[string]any{"message": map[string]any{"id": id, "type": "message", "role": "assistant", "model": req.Model,
-		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": usage["input_tokens"], "output_tokens": 1}}})
+		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": usage["input_tokens"], "output_tokens": 1,
+			"cache_creation_input_tokens": usage["cache_creation_input_tokens"], "cache_read_input_tokens": usage["cache_read_input_tokens"]}}})
 	for i, raw := range blocks {
 		st.block(i, raw)
 		if i == 0 {
@@ -180,4 +184,13 @@ func apiError(w http.ResponseWriter, status int, typ, msg string) {
 	w.Header().Set("Request-Id", "req_sim")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}, "request_id": "req_sim"})
+}
+
+// cacheWrite is the prompt cache written by a request of n messages: the
+// whole first message, once.
+func cacheWrite(n int) int {
+	if n == 1 {
+		return 100
+	}
+	return 0
 }

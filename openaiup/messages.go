@@ -145,8 +145,10 @@ type streamEvent struct {
 // messagesUsage is a Messages usage: each count present overwrites the
 // turn's (§10.5).
 type messagesUsage struct {
-	InputTokens  *int64 `json:"input_tokens"`
-	OutputTokens *int64 `json:"output_tokens"`
+	InputTokens              *int64 `json:"input_tokens"`
+	OutputTokens             *int64 `json:"output_tokens"`
+	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
 }
 
 func (u *Usage) overwrite(m *messagesUsage) {
@@ -158,6 +160,12 @@ func (u *Usage) overwrite(m *messagesUsage) {
 	}
 	if m.OutputTokens != nil {
 		u.CompletionTokens = *m.OutputTokens
+	}
+	if m.CacheCreationInputTokens != nil {
+		u.CacheCreationTokens = *m.CacheCreationInputTokens
+	}
+	if m.CacheReadInputTokens != nil {
+		u.CacheReadTokens = *m.CacheReadInputTokens
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 }

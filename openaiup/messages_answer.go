@@ -34,13 +34,18 @@ type messagesOut struct {
 	Toolsidecar *extension `json:"toolsidecar,omitempty"`
 }
 
+// messagesOutUsage is the answer's usage, summed over the turns: the
+// cache's counts beside input_tokens, as the API gives them (§8).
 type messagesOutUsage struct {
-	InputTokens  int64 `json:"input_tokens"`
-	OutputTokens int64 `json:"output_tokens"`
+	InputTokens              int64 `json:"input_tokens"`
+	OutputTokens             int64 `json:"output_tokens"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 }
 
 func usageOut(u Usage) messagesOutUsage {
-	return messagesOutUsage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens}
+	return messagesOutUsage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens,
+		CacheCreationInputTokens: u.CacheCreationTokens, CacheReadInputTokens: u.CacheReadTokens}
 }
 
 func (a *messagesAnswer) begin() {

@@ -141,6 +141,10 @@ func TestMessagesParallelBatch(t *testing.T) {
 			if got.Usage.InputTokens != 10+30 || got.Usage.OutputTokens == 0 {
 				t.Errorf("usage %+v: want both turns' input counts summed (10, then 30)", got.Usage)
 			}
+			if got.Usage.CacheCreationInputTokens != 100 || got.Usage.CacheReadInputTokens != 200 {
+				t.Errorf("cache usage written %d, read %d: want the turns' counts summed (100 written, then 200 read)",
+					got.Usage.CacheCreationInputTokens, got.Usage.CacheReadInputTokens)
+			}
 			s.assertContract(t)
 		})
 	}

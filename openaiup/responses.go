@@ -156,7 +156,10 @@ type apiErrorBody struct {
 }
 
 type responsesUsage struct {
-	InputTokens  int64 `json:"input_tokens"`
+	InputTokens        int64 `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
 	OutputTokens int64 `json:"output_tokens"`
 	TotalTokens  int64 `json:"total_tokens"`
 }
@@ -246,7 +249,8 @@ func (p *responsesParser) take(ev sse.Event) (piece, error) {
 		}
 		p.final = e.Response.Output
 		if u := e.Response.Usage; u != nil {
-			p.usage = Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens}
+			p.usage = Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens,
+				CacheReadTokens: u.InputTokensDetails.CachedTokens}
 		}
 		usage := p.usage
 		return piece{finish: finish, usage: &usage, model: e.Response.Model}, nil

@@ -44,11 +44,11 @@ type responseOut struct {
 }
 
 type responsesUsageOut struct {
-	InputTokens         int64          `json:"input_tokens"`
-	InputTokensDetails  map[string]int `json:"input_tokens_details"`
-	OutputTokens        int64          `json:"output_tokens"`
-	OutputTokensDetails map[string]int `json:"output_tokens_details"`
-	TotalTokens         int64          `json:"total_tokens"`
+	InputTokens         int64            `json:"input_tokens"`
+	InputTokensDetails  map[string]int64 `json:"input_tokens_details"`
+	OutputTokens        int64            `json:"output_tokens"`
+	OutputTokensDetails map[string]int64 `json:"output_tokens_details"`
+	TotalTokens         int64            `json:"total_tokens"`
 }
 
 // outputText is a message's text part.
@@ -92,8 +92,8 @@ func (a *responsesAnswer) response(res *Result, sum executor.Summary) responseOu
 	if reason := res.FinishReason; len(res.AppCalls) == 0 && reason != "" && reason != "completed" && reason != "tool_calls" {
 		out.Status, out.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 	}
-	out.Usage = &responsesUsageOut{InputTokens: res.Usage.PromptTokens, InputTokensDetails: map[string]int{"cached_tokens": 0},
-		OutputTokens: res.Usage.CompletionTokens, OutputTokensDetails: map[string]int{"reasoning_tokens": 0}, TotalTokens: res.Usage.TotalTokens}
+	out.Usage = &responsesUsageOut{InputTokens: res.Usage.PromptTokens, InputTokensDetails: map[string]int64{"cached_tokens": res.Usage.CacheReadTokens},
+		OutputTokens: res.Usage.CompletionTokens, OutputTokensDetails: map[string]int64{"reasoning_tokens": 0}, TotalTokens: res.Usage.TotalTokens}
 	out.Toolsidecar = extensionOf(a.id, sum)
 	return out
 }

@@ -138,6 +138,11 @@ func TestResponsesParallelBatch(t *testing.T) {
 			if got.Usage.InputTokens == 0 || got.Usage.OutputTokens == 0 || got.Usage.TotalTokens != got.Usage.InputTokens+got.Usage.OutputTokens {
 				t.Errorf("usage %+v: want the turns' counts summed", got.Usage)
 			}
+			// The simulator counts 10 input tokens an item and caches all but
+			// the last item of each turn's input: two turns, 20 uncached.
+			if cached := got.Usage.InputTokensDetails.CachedTokens; cached != got.Usage.InputTokens-20 {
+				t.Errorf("cached tokens %d of %d input: want the turns' cached counts summed", cached, got.Usage.InputTokens)
+			}
 			s.assertContract(t)
 		})
 	}

@@ -64,6 +64,10 @@ type Usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	// The Messages API's prompt cache (§8), counted apart from its
+	// input_tokens; the other APIs' answers leave them out.
+	CacheCreationTokens int64 `json:"cache_creation_input_tokens,omitempty"`
+	CacheReadTokens     int64 `json:"cache_read_input_tokens,omitempty"`
 }
 
 func (u *Usage) add(o *Usage) {
@@ -73,6 +77,8 @@ func (u *Usage) add(o *Usage) {
 	u.PromptTokens += o.PromptTokens
 	u.CompletionTokens += o.CompletionTokens
 	u.TotalTokens += o.TotalTokens
+	u.CacheCreationTokens += o.CacheCreationTokens
+	u.CacheReadTokens += o.CacheReadTokens
 }
 
 // message is a conversation message as the sidecar writes it.

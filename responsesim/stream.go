@@ -40,7 +40,7 @@ func (s *Sim) responses(w http.ResponseWriter, r *http.Request) {
 	resp := map[string]any{"id": id, "object": "response", "created_at": 1700000000, "status": "completed", "model": req.Model,
 		"output": output, "error": nil, "incomplete_details": nil, "instructions": req.Instructions, "parallel_tool_calls": true,
 		"tool_choice": "auto", "tools": []any{}, "store": req.stores(), "previous_response_id": nilIfEmpty(req.PreviousResponseID),
-		"usage": map[string]any{"input_tokens": 10 * len(req.Items), "input_tokens_details": map[string]int{"cached_tokens": 0},
+		"usage": map[string]any{"input_tokens": 10 * len(req.Items), "input_tokens_details": map[string]int{"cached_tokens": 10 * (len(req.Items) - 1)}, // all but the last item cached
 			"output_tokens": 5 * len(output), "output_tokens_details": map[string]int{"reasoning_tokens": 0}, "total_tokens": 10*len(req.Items) + 5*len(output)}}
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
