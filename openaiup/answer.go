@@ -135,7 +135,7 @@ type outChunk struct {
 	Created int64       `json:"created"`
 	Model   string      `json:"model"`
 	Choices []outChoice `json:"choices"`
-	Usage   *Usage      `json:"usage,omitempty"`
+	Usage   *chatUsage  `json:"usage,omitempty"`
 	// Toolsidecar tells the application what the sidecar did: the run's
 	// id, its turns and each call's outcome. Clients ignore the field.
 	Toolsidecar *extension `json:"toolsidecar,omitempty"`
@@ -179,7 +179,7 @@ type outCompletion struct {
 	Created     int64       `json:"created"`
 	Model       string      `json:"model"`
 	Choices     []outChoice `json:"choices"`
-	Usage       Usage       `json:"usage"`
+	Usage       *chatUsage  `json:"usage"`
 	Toolsidecar *extension  `json:"toolsidecar"`
 }
 
@@ -234,8 +234,7 @@ func (a *chatAnswer) finish(res Result, sum executor.Summary) {
 	a.send(outChunk{Choices: []outChoice{{Delta: a.delta(&outDelta{}), FinishReason: &reason}},
 		Toolsidecar: extensionOf(a.id, sum)})
 	if a.usage {
-		u := res.Usage
-		a.send(outChunk{Choices: []outChoice{}, Usage: &u})
+		a.send(outChunk{Choices: []outChoice{}, Usage: chatUsageOf(res.Usage)})
 	}
 	a.event("", "[DONE]", "")
 }
@@ -267,7 +266,7 @@ func (a *chatAnswer) whole(res Result, sum executor.Summary) {
 	}
 	reason := finishReason(res)
 	writeJSON(a.w, http.StatusOK, outCompletion{ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
-		Choices: []outChoice{{Message: msg, FinishReason: &reason}}, Usage: res.Usage, Toolsidecar: extensionOf(a.id, sum)})
+		Choices: []outChoice{{Message: msg, FinishReason: &reason}}, Usage: chatUsageOf(res.Usage), Toolsidecar: extensionOf(a.id, sum)})
 }
 
 // failEvent: an error event, which the official clients raise, and

@@ -151,7 +151,7 @@ func (chatParser) take(ev sse.Event) (piece, error) {
 	if err := json.Unmarshal([]byte(ev.Data), &c); err != nil {
 		return piece{}, err
 	}
-	p := piece{model: c.Model, created: c.Created, usage: c.Usage}
+	p := piece{model: c.Model, created: c.Created, usage: c.Usage.usage()}
 	if len(c.Error) > 0 && string(c.Error) != "null" {
 		p.failed = errorMessage(c.Error)
 		return p, nil

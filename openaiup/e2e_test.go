@@ -205,6 +205,11 @@ func TestParallelBatchEveryProfile(t *testing.T) {
 			if got.Usage.TotalTokens == 0 || got.Usage.PromptTokens != 10+10*(2+int64(tc.n)) {
 				t.Fatalf("usage %+v: want both turns' (prompt 10 then %d)", got.Usage, 10*(2+tc.n))
 			}
+			// The simulator caches all but the last message of each turn's
+			// prompt (10 tokens a message): two turns, 20 uncached.
+			if cached := got.Usage.PromptTokensDetails.CachedTokens; cached != got.Usage.PromptTokens-20 {
+				t.Errorf("cached tokens %d of a prompt of %d: want the turns' cached counts summed", cached, got.Usage.PromptTokens)
+			}
 			if s.sim.Requests() != 2 {
 				t.Fatalf("%d requests upstream, want 2 turns", s.sim.Requests())
 			}

@@ -22,7 +22,7 @@ type chunk struct {
 	Model   string          `json:"model"`
 	Created int64           `json:"created"`
 	Choices []choiceDelta   `json:"choices"`
-	Usage   *Usage          `json:"usage"`
+	Usage   *chatUsage      `json:"usage"`
 	Error   json.RawMessage `json:"error"`
 }
 
@@ -64,10 +64,45 @@ type Usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
-	// The Messages API's prompt cache (§8), counted apart from its
-	// input_tokens; the other APIs' answers leave them out.
+	// The prompt cache: tokens written to it (Messages, counted apart
+	// from its input_tokens, §8) and read from it (Messages, counted
+	// apart; Chat Completions and Responses, a part of the prompt's).
 	CacheCreationTokens int64 `json:"cache_creation_input_tokens,omitempty"`
 	CacheReadTokens     int64 `json:"cache_read_input_tokens,omitempty"`
+}
+
+// chatUsage is a Chat Completions usage on the wire: the counts, and the
+// prompt's cached part.
+type chatUsage struct {
+	PromptTokens        int64                `json:"prompt_tokens"`
+	CompletionTokens    int64                `json:"completion_tokens"`
+	TotalTokens         int64                `json:"total_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptTokensDetails struct {
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+// usage is c as the sidecar counts it.
+func (c *chatUsage) usage() *Usage {
+	if c == nil {
+		return nil
+	}
+	u := &Usage{PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, TotalTokens: c.TotalTokens}
+	if d := c.PromptTokensDetails; d != nil {
+		u.CacheReadTokens = d.CachedTokens
+	}
+	return u
+}
+
+// chatUsageOf is u on the wire of Chat Completions.
+func chatUsageOf(u Usage) *chatUsage {
+	c := &chatUsage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+	if u.CacheReadTokens > 0 {
+		c.PromptTokensDetails = &promptTokensDetails{CachedTokens: u.CacheReadTokens}
+	}
+	return c
 }
 
 func (u *Usage) add(o *Usage) {

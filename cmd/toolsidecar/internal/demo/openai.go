@@ -114,6 +114,13 @@ type streamEnd struct {
 	input, output int // tokens over the turns
 }
 
+// chatUsage is what the demo reads of a Chat Completions usage (which
+// also has objects of details, as OpenAI's does).
+type chatUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
 // answerEnd is what ends a Messages or Responses answer: the usage
 // summed over the turns and the sidecar's calls.
 type answerEnd struct {
@@ -292,7 +299,7 @@ func readChatStream(sc *bufio.Scanner, text func(string)) (streamEnd, error) {
 		end          streamEnd
 		finish, ids  []string
 		done         int
-		usage        map[string]int
+		usage        chatUsage
 		sawToolsInfo bool
 	)
 	for sc.Scan() {
@@ -312,7 +319,7 @@ func readChatStream(sc *bufio.Scanner, text func(string)) (streamEnd, error) {
 				} `json:"delta"`
 				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
-			Usage       map[string]int `json:"usage"`
+			Usage       *chatUsage `json:"usage"`
 			Toolsidecar *struct {
 				Calls []executor.CallResult `json:"calls"`
 			} `json:"toolsidecar"`
@@ -334,7 +341,7 @@ func readChatStream(sc *bufio.Scanner, text func(string)) (streamEnd, error) {
 			}
 		}
 		if c.Usage != nil {
-			usage = c.Usage
+			usage = *c.Usage
 		}
 		if c.Toolsidecar != nil {
 			end.calls, sawToolsInfo = c.Toolsidecar.Calls, true
@@ -342,7 +349,7 @@ func readChatStream(sc *bufio.Scanner, text func(string)) (streamEnd, error) {
 	}
 	end.summary = fmt.Sprintf("%d chunks with one id (%v), finish_reason %v, [DONE] %d time(s)", len(ids), oneID(ids), finish, done)
 	end.whole = len(finish) == 1 && finish[0] == "stop" && done == 1 && oneID(ids) && sawToolsInfo
-	end.input, end.output = usage["prompt_tokens"], usage["completion_tokens"]
+	end.input, end.output = usage.PromptTokens, usage.CompletionTokens
 	return end, sc.Err()
 }
 
