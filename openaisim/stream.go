@@ -73,7 +73,8 @@ func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {
 		completion := int64(len(reply.Content)/4 + 5*len(calls) + 1)
 		st.write(map[string]any{"id": st.chunkID(), "object": "chat.completion.chunk", "created": 1700000000, "model": req.Model,
 			"choices": []any{}, "usage": map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-				"prompt_tokens_details": map[string]int64{"cached_tokens": prompt - 10}}}) // all but the last message cached
+				"prompt_tokens_details":     map[string]int64{"cached_tokens": prompt - 10}, // all but the last message cached
+				"completion_tokens_details": map[string]int64{"reasoning_tokens": 2}}})
 	}
 	s.Delivered(key) // delivered whole: no fault past this point
 	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")

@@ -210,6 +210,10 @@ func TestParallelBatchEveryProfile(t *testing.T) {
 			if cached := got.Usage.PromptTokensDetails.CachedTokens; cached != got.Usage.PromptTokens-20 {
 				t.Errorf("cached tokens %d of a prompt of %d: want the turns' cached counts summed", cached, got.Usage.PromptTokens)
 			}
+			// It reasons for 2 tokens a turn.
+			if r := got.Usage.CompletionTokensDetails.ReasoningTokens; r != 2*2 {
+				t.Errorf("reasoning tokens %d: want the two turns' 2 summed", r)
+			}
 			if s.sim.Requests() != 2 {
 				t.Fatalf("%d requests upstream, want 2 turns", s.sim.Requests())
 			}

@@ -160,8 +160,11 @@ type responsesUsage struct {
 	InputTokensDetails struct {
 		CachedTokens int64 `json:"cached_tokens"`
 	} `json:"input_tokens_details"`
-	OutputTokens int64 `json:"output_tokens"`
-	TotalTokens  int64 `json:"total_tokens"`
+	OutputTokens        int64 `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int64 `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int64 `json:"total_tokens"`
 }
 
 // itemHead is what the parser reads of an output item.
@@ -250,7 +253,7 @@ func (p *responsesParser) take(ev sse.Event) (piece, error) {
 		p.final = e.Response.Output
 		if u := e.Response.Usage; u != nil {
 			p.usage = Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens,
-				CacheReadTokens: u.InputTokensDetails.CachedTokens}
+				CacheReadTokens: u.InputTokensDetails.CachedTokens, ReasoningTokens: u.OutputTokensDetails.ReasoningTokens}
 		}
 		usage := p.usage
 		return piece{finish: finish, usage: &usage, model: e.Response.Model}, nil

@@ -93,7 +93,7 @@ func (a *responsesAnswer) response(res *Result, sum executor.Summary) responseOu
 		out.Status, out.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 	}
 	out.Usage = &responsesUsageOut{InputTokens: res.Usage.PromptTokens, InputTokensDetails: map[string]int64{"cached_tokens": res.Usage.CacheReadTokens},
-		OutputTokens: res.Usage.CompletionTokens, OutputTokensDetails: map[string]int64{"reasoning_tokens": 0}, TotalTokens: res.Usage.TotalTokens}
+		OutputTokens: res.Usage.CompletionTokens, OutputTokensDetails: map[string]int64{"reasoning_tokens": res.Usage.ReasoningTokens}, TotalTokens: res.Usage.TotalTokens}
 	out.Toolsidecar = extensionOf(a.id, sum)
 	return out
 }

@@ -143,6 +143,10 @@ func TestResponsesParallelBatch(t *testing.T) {
 			if cached := got.Usage.InputTokensDetails.CachedTokens; cached != got.Usage.InputTokens-20 {
 				t.Errorf("cached tokens %d of %d input: want the turns' cached counts summed", cached, got.Usage.InputTokens)
 			}
+			// It reasons for 3 tokens a turn when asked to.
+			if r, want := got.Usage.OutputTokensDetails.ReasoningTokens, map[bool]int64{true: 2 * 3}[tc.reasons]; r != want {
+				t.Errorf("reasoning tokens %d: want %d, the two turns' summed", r, want)
+			}
 			s.assertContract(t)
 		})
 	}

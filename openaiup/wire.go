@@ -69,19 +69,27 @@ type Usage struct {
 	// apart; Chat Completions and Responses, a part of the prompt's).
 	CacheCreationTokens int64 `json:"cache_creation_input_tokens,omitempty"`
 	CacheReadTokens     int64 `json:"cache_read_input_tokens,omitempty"`
+	// ReasoningTokens are the completion's reasoning part (Chat
+	// Completions, Responses).
+	ReasoningTokens int64 `json:"reasoning_tokens,omitempty"`
 }
 
-// chatUsage is a Chat Completions usage on the wire: the counts, and the
-// prompt's cached part.
+// chatUsage is a Chat Completions usage on the wire: the counts, the
+// prompt's cached part and the completion's reasoning part.
 type chatUsage struct {
-	PromptTokens        int64                `json:"prompt_tokens"`
-	CompletionTokens    int64                `json:"completion_tokens"`
-	TotalTokens         int64                `json:"total_tokens"`
-	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details,omitempty"`
+	PromptTokens            int64                    `json:"prompt_tokens"`
+	CompletionTokens        int64                    `json:"completion_tokens"`
+	TotalTokens             int64                    `json:"total_tokens"`
+	PromptTokensDetails     *promptTokensDetails     `json:"prompt_tokens_details,omitempty"`
+	CompletionTokensDetails *completionTokensDetails `json:"completion_tokens_details,omitempty"`
 }
 
 type promptTokensDetails struct {
 	CachedTokens int64 `json:"cached_tokens"`
+}
+
+type completionTokensDetails struct {
+	ReasoningTokens int64 `json:"reasoning_tokens"`
 }
 
 // usage is c as the sidecar counts it.
@@ -93,6 +101,9 @@ func (c *chatUsage) usage() *Usage {
 	if d := c.PromptTokensDetails; d != nil {
 		u.CacheReadTokens = d.CachedTokens
 	}
+	if d := c.CompletionTokensDetails; d != nil {
+		u.ReasoningTokens = d.ReasoningTokens
+	}
 	return u
 }
 
@@ -101,6 +112,9 @@ func chatUsageOf(u Usage) *chatUsage {
 	c := &chatUsage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
 	if u.CacheReadTokens > 0 {
 		c.PromptTokensDetails = &promptTokensDetails{CachedTokens: u.CacheReadTokens}
+	}
+	if u.ReasoningTokens > 0 {
+		c.CompletionTokensDetails = &completionTokensDetails{ReasoningTokens: u.ReasoningTokens}
 	}
 	return c
 }
@@ -114,6 +128,7 @@ func (u *Usage) add(o *Usage) {
 	u.TotalTokens += o.TotalTokens
 	u.CacheCreationTokens += o.CacheCreationTokens
 	u.CacheReadTokens += o.CacheReadTokens
+	u.ReasoningTokens += o.ReasoningTokens
 }
 
 // message is a conversation message as the sidecar writes it.

@@ -41,7 +41,7 @@ func (s *Sim) responses(w http.ResponseWriter, r *http.Request) {
 		"output": output, "error": nil, "incomplete_details": nil, "instructions": req.Instructions, "parallel_tool_calls": true,
 		"tool_choice": "auto", "tools": []any{}, "store": req.stores(), "previous_response_id": nilIfEmpty(req.PreviousResponseID),
 		"usage": map[string]any{"input_tokens": 10 * len(req.Items), "input_tokens_details": map[string]int{"cached_tokens": 10 * (len(req.Items) - 1)}, // all but the last item cached
-			"output_tokens": 5 * len(output), "output_tokens_details": map[string]int{"reasoning_tokens": 0}, "total_tokens": 10*len(req.Items) + 5*len(output)}}
+			"output_tokens": 5 * len(output), "output_tokens_details": map[string]int{"reasoning_tokens": reasoningTokens(req)}, "total_tokens": 10*len(req.Items) + 5*len(output)}}
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(resp)
@@ -176,4 +176,13 @@ func apiError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": "input", "code": nil}})
+}
+
+// reasoningTokens is the output's reasoning part: 3 tokens when the
+// request asks for reasoning.
+func reasoningTokens(req Request) int {
+	if req.reasons() {
+		return 3
+	}
+	return 0
 }
