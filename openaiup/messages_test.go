@@ -300,8 +300,8 @@ func TestMessagesNodeClientAccumulates(t *testing.T) {
 
 // The application's anthropic-beta header (§7.1) goes upstream on every
 // turn of its run, as it came; a run without one sends none; a value that
-// is no list of feature names is a 400 in the API's shape, and nothing
-// goes upstream.
+// is no list of feature names is a 400 in the API's shape, nothing goes
+// upstream, and the sidecar stays ready.
 func TestMessagesForwardsBetaHeader(t *testing.T) {
 	const betas = "interleaved-thinking-2025-05-14, context-1m-2025-08-07"
 	var mu sync.Mutex
@@ -342,5 +342,6 @@ func TestMessagesForwardsBetaHeader(t *testing.T) {
 	if n := s.sim.Requests(); n != before {
 		t.Errorf("%d requests went upstream for refused headers", n-before)
 	}
+	testenv.WaitLive(t, s.env.URL, "echo") // the refusals left the sidecar ready
 	s.assertContract(t)
 }
