@@ -149,7 +149,7 @@ SOAK_SEEDS ?= 100
 SOAK_TESTS := TestSIGKILLMidBatch|TestOpenAISIGKILL|TestNATSOutageMidBatch|TestWorkerSIGKILL|TestClusterNodeLoss|TestLeaseHolderKilled
 soak:
 	PROPERTY_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 60m -run 'TestInvariantUnderLoadAndFaults|TestOpenAIInvariantUnderFaults' ./executor ./openaiup
-	SOAK_REPS=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh
+	MATRIX=all SOAK_REPS=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run '$(SOAK_TESTS)' ./cmd/toolsidecar ./sidecar | tee soak.log | sh scripts/soak-summary.sh
 
 ## fuzz: run every fuzz target for FUZZTIME (CI runs only their seeds);
 ## fuzz-long runs each for at least 10^6 executions (RELIABILITY.md).

@@ -182,7 +182,7 @@ func (c *call) dispatch(ctx context.Context) tool.Outcome {
 // responders or a retryable worker error is tried again, but an unsafe
 // tool is never resent once a worker may have received it.
 func (c *call) attempts(ctx context.Context, res *CallResult) tool.Outcome {
-	var d Dispatcher = kindRoute{c.def}
+	var d Dispatcher = kindRoute{c.def, c.e.recoverer, c.b.log}
 	if c.def.Route == registry.Builtin {
 		d = builtin{c.e}
 	}
@@ -208,11 +208,36 @@ func (c *call) attempts(ctx context.Context, res *CallResult) tool.Outcome {
 	}
 }
 
-// kindRoute sends an attempt through the tool's route kind.
-type kindRoute struct{ def *registry.Tool }
+// kindRoute sends an attempt through the tool's route kind. In durable
+// mode an attempt that runs in the sidecar's process (a tool with a
+// handler: exec, http, mcp) is recorded in the ledger before it runs and
+// its outcome stored as it ends, as the NATS client records an attempt it
+// sends and the ledger captures the worker's reply: one crash rule for
+// every route (docs/durable-mode.md).
+type kindRoute struct {
+	def    *registry.Tool
+	ledger Recoverer // nil when not durable
+	log    *slog.Logger
+}
 
 func (k kindRoute) Dispatch(ctx context.Context, req tool.Request) tool.Outcome {
-	return k.def.Kind.Dispatch(ctx, k.def, req)
+	if k.ledger == nil || k.def.Handler == nil { // a call that leaves the process is recorded by its transport
+		return k.def.Kind.Dispatch(ctx, k.def, req)
+	}
+	reply, err := k.ledger.Running(ctx, req, req.RunID)
+	if err != nil {
+		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "the call was not run: the ledger could not record it: %v", err)}
+	}
+	out := k.def.Kind.Dispatch(ctx, k.def, req)
+	// Stored even when the call was cancelled meanwhile: the effect is
+	// known, and a later drive must not run it again.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), intendTimeout)
+	defer cancel()
+	if err := k.ledger.Ran(sctx, req, req.RunID, reply, out); err != nil {
+		k.log.Warn("storing the outcome of a call in the ledger; should the sidecar stop before it is recorded upstream, "+
+			"the call runs again, or is interrupted if unsafe", "action_id", tool.Excerpt(req.ActionID), "tool", req.Tool, "err", err)
+	}
+	return out
 }
 
 // startMark is the record that a call of a tool that is not unsafe

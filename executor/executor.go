@@ -43,6 +43,13 @@ type Recoverer interface {
 	// Intend records that an unsafe call is about to be marked processing
 	// and sent, so that a recovery can tell "never sent" from "unknown".
 	Intend(ctx context.Context, actionID, runID, tool string) error
+	// Running records an attempt of a call that runs in the sidecar's
+	// process before it starts, as the NATS client records one it sends;
+	// Ran stores its outcome under the reply subject Running returned, as
+	// a worker's reply is captured. An unsafe attempt that Running could
+	// not record does not run.
+	Running(ctx context.Context, req tool.Request, runID string) (reply string, err error)
+	Ran(ctx context.Context, req tool.Request, runID, reply string, out tool.Outcome) error
 }
 
 // WithRecoverer consults r, when a drive finishes calls left open, before

@@ -14,6 +14,8 @@ package ledger
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -77,6 +79,10 @@ type Entry struct {
 	Dispatched time.Time `json:"dispatched"`
 	// Deadline is when the attempt's timeout ends if no progress came.
 	Deadline time.Time `json:"deadline"`
+	// InProcess: the attempt ran in the sidecar's own process (routes
+	// exec, http, mcp), whose outcome only that process could store: a
+	// restarted sidecar does not wait for it.
+	InProcess bool `json:"in_process,omitempty"`
 }
 
 // ErrNoJetStream: the NATS server offers no JetStream.
@@ -199,12 +205,61 @@ func (l *Ledger) Inbox() string { return l.cfg.Prefix + ".replies." + l.cfg.Inst
 // call merely runs again on the next drive, as such tools may. This keeps
 // durable mode's cost per call low (BENCHMARKS.md).
 func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply string) error {
+	return l.record(ctx, req, runID, reply, false)
+}
+
+// Running records an attempt of a call that runs in the sidecar's own
+// process (routes exec, http, mcp) before it starts, as Dispatched does
+// for one sent to a worker, and returns the reply subject under which
+// [Ledger.Ran] stores its outcome. The crash rule is then one for every
+// route: a recorded unsafe attempt without a stored outcome has an unknown
+// effect, and a stored outcome is the call's outcome.
+func (l *Ledger) Running(ctx context.Context, req tool.Request, runID string) (reply string, err error) {
+	var tok [16]byte
+	_, _ = rand.Read(tok[:])
+	reply = l.Inbox() + "." + base64.RawURLEncoding.EncodeToString(tok[:])
+	return reply, l.record(ctx, req, runID, reply, true)
+}
+
+// Ran stores the outcome of an attempt that [Ledger.Running] recorded on
+// its reply subject, where Recover finds it as it finds a worker's
+// captured reply. An unsafe call's outcome is stored before Ran returns;
+// another's is published without waiting (should it be lost, the call
+// merely runs again). An outcome that never reached the tool is not
+// stored: for an unsafe call the record goes back to "about to be sent",
+// so that a recovery may still run it.
+func (l *Ledger) Ran(ctx context.Context, req tool.Request, runID, reply string, out tool.Outcome) error {
+	if !out.Sent {
+		if !req.Unsafe {
+			return nil
+		}
+		return l.Intend(ctx, req.ActionID, runID, req.Tool)
+	}
+	m := &nats.Msg{Subject: reply, Data: out.Data}
+	if out.Err != nil {
+		m = wire.ErrorMsg(reply, out.Err)
+	}
+	var err error
+	if req.Unsafe {
+		_, err = l.js.PublishMsg(ctx, m)
+	} else {
+		_, err = l.js.PublishMsgAsync(m)
+	}
+	if err != nil {
+		return fmt.Errorf("ledger: storing the outcome of %s: %w", tool.Excerpt(req.ActionID), err)
+	}
+	return nil
+}
+
+// record writes the ledger entry of an attempt: acknowledged for an unsafe
+// tool, published without waiting for another's.
+func (l *Ledger) record(ctx context.Context, req tool.Request, runID, reply string, inProcess bool) error {
 	if err := tool.CheckID("action_id", req.ActionID); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	now := time.Now().UTC()
 	e := Entry{RunID: runID, Tool: req.Tool, Attempt: req.Attempt, Reply: reply, Instance: l.cfg.Instance, Dispatched: now,
-		Deadline: now.Add(req.TimeoutOrDefault())}
+		Deadline: now.Add(req.TimeoutOrDefault()), InProcess: inProcess}
 	data, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -294,6 +349,11 @@ func (l *Ledger) lookup(ctx context.Context, actionID string) (out tool.Outcome,
 	}
 	if e.Reply == "" { // intended, never dispatched
 		return out, false, time.Time{}, fmt.Errorf("ledger: %s was never dispatched: %w", actionID, tool.ErrNeverSent)
+	}
+	if e.InProcess {
+		// Only the process that ran the attempt could store its outcome:
+		// no later reply is waited for.
+		e.Deadline = time.Time{}
 	}
 	m, found, err := l.Reply(ctx, e.Reply)
 	if err != nil || !found {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,6 +99,62 @@ func TestRecover(t *testing.T) {
 	l.Dispatched(ctx, req3, "run_1", l.Inbox()+".tok3")
 	if _, ok, err := l.Recover(ctx, "act_3", true); ok || err != nil {
 		t.Errorf("no reply by the deadline: ok %v err %v", ok, err)
+	}
+}
+
+// TestInProcessRecover: an attempt that runs in the sidecar's process is
+// recorded as one sent to a worker is, and its outcome stored as a
+// worker's reply is captured. Recorded without an outcome, its effect is
+// unknown (not "never sent") and nothing is waited for, since only the
+// process that ran it could store one; an outcome, success or error, is
+// found; an attempt that never reached its tool goes back to "never sent"
+// for an unsafe tool.
+func TestInProcessRecover(t *testing.T) {
+	l, _ := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	running := func(action string, unsafe bool) (tool.Request, string) {
+		t.Helper()
+		req := tool.Request{Tool: "pay", ActionID: action, Attempt: 1, Timeout: time.Hour, Unsafe: unsafe}
+		if err := l.Intend(ctx, action, "run_1", "pay"); err != nil {
+			t.Fatal(err)
+		}
+		reply, err := l.Running(ctx, req, "run_1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(reply, l.Inbox()+".") {
+			t.Fatalf("reply subject %q is outside the sidecar's inbox %q", reply, l.Inbox())
+		}
+		return req, reply
+	}
+	// Running, no outcome: unknown, and not awaited (an await would run
+	// into ctx's deadline, an hour short of the attempt's).
+	running("act_crashed", true)
+	if _, ok, err := l.Recover(ctx, "act_crashed", true); ok || err != nil {
+		t.Fatalf("an in-process attempt without outcome: ok %v err %v, want unknown", ok, err)
+	}
+	req, reply := running("act_ok", true)
+	if err := l.Ran(ctx, req, "run_1", reply, tool.Outcome{Sent: true, Data: []byte(`"paid"`)}); err != nil {
+		t.Fatal(err)
+	}
+	if out, ok, err := l.Recover(ctx, "act_ok", true); !ok || err != nil || string(out.Data) != `"paid"` {
+		t.Fatalf("stored success: %+v ok %v err %v", out, ok, err)
+	}
+	req, reply = running("act_failed", false)
+	if err := l.Ran(ctx, req, "run_1", reply, tool.Outcome{Sent: true, Err: tool.NewError(tool.ToolFailed, "card\ndeclined")}); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the unacknowledged outcome to be stored", func() bool {
+		out, ok, _ := l.Recover(ctx, "act_failed", false)
+		return ok && out.Err != nil && out.Err.Type == tool.ToolFailed && out.Err.Message == "card declined"
+	})
+	req, reply = running("act_unsent", true)
+	if err := l.Ran(ctx, req, "run_1", reply, tool.Outcome{Err: tool.NewError(tool.Cancelled, "cancelled before it ran")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := l.Recover(ctx, "act_unsent", true); ok || !errors.Is(err, tool.ErrNeverSent) {
+		t.Fatalf("an unsafe attempt that never reached its tool: ok %v err %v, want ErrNeverSent", ok, err)
 	}
 }
 

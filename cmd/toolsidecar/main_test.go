@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +26,7 @@ import (
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
@@ -33,6 +36,7 @@ import (
 // TestMain lets the test binary act as the toolsidecar process for the
 // subprocess tests.
 func TestMain(m *testing.M) {
+	matrix.Main()
 	if os.Getenv("TSC_TEST_DAEMON") == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
@@ -238,6 +242,46 @@ func (p *daemonProc) start(t *testing.T) {
 			t.Fatalf("the daemon was not ready after %s (last: %v); its log:\n%s", poll.Timeout, err, p.stderr.String())
 		}
 	}
+}
+
+// callsDone is how many calls of the named tool the daemon has seen end
+// (toolsidecar_calls_total): their outcome is known to it, and, in durable
+// mode, on its way to the ledger.
+func (p *daemonProc) callsDone(t *testing.T, name string) int {
+	t.Helper()
+	resp, err := http.Get(p.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		if strings.HasPrefix(line, "toolsidecar_calls_total{") && strings.Contains(line, `tool="`+name+`"`) {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			n += int(v)
+		}
+	}
+	return n
+}
+
+// settled waits until every execution of the named tools that returned
+// has ended its call in the daemon, and a little more, so that a kill
+// that follows finds the outcomes stored (an outcome written into the
+// socket of a process that dies is lost: the read-only call then runs
+// again, as it may, and the unsafe one is interrupted).
+func (p *daemonProc) settled(t *testing.T, tools *matrix.Served, names ...string) {
+	t.Helper()
+	poll.Until(t, "the tools that returned to end their calls", func() bool {
+		for _, name := range names {
+			if int(tools.Done(name)) > p.callsDone(t, name) {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(50 * time.Millisecond)
 }
 
 type driveResult struct {
@@ -450,46 +494,59 @@ type killPoint struct {
 }
 
 // TestSIGKILLMidBatch: the sidecar is killed with SIGKILL at several points
-// of a batch, started again, and asked to drive the run again. In durable
-// mode (the default) nothing is lost and nothing runs twice: each tool ran
-// once, its real result is the output (a reply that came while the sidecar
-// was away was captured by JetStream; a call that never left is run now;
-// an output already in Core is not posted again). Without durability the
-// read-only call runs again and the unsafe one, not run a second time,
-// gets an "interrupted" outcome. Either way the run completes with exactly
-// one output per call, every Action finalised, and an empty contract log.
-// Each point repeats testenv.SoakReps() times; make soak runs 20.
+// of a batch, started again, and asked to drive the run again, with the
+// tools on every route kind (make test runs a sample, make soak all). In
+// durable mode (the default) nothing is lost and nothing runs twice: each
+// tool ran once, its real result is the output (a reply that came while
+// the sidecar was away was captured by JetStream; an outcome known before
+// the kill was stored in the ledger, whatever the route; a call that never
+// left is run now; an output already in Core is not posted again). A call
+// in flight in the sidecar's own process (exec, http, mcp) dies with it:
+// the read-only call runs again and the unsafe one, not run a second
+// time, gets an "interrupted" outcome, as every call does without
+// durability. Either way the run completes with exactly one output per
+// call, every Action finalised, and an empty contract log. Each cell
+// repeats testenv.SoakReps() times; make soak runs 20.
 func TestSIGKILLMidBatch(t *testing.T) {
 	park := func(method, path string, store bool, times int) *coresim.Fault {
 		return &coresim.Fault{Method: method, Path: path, Store: store, Delay: time.Minute, Times: times}
 	}
-	for _, tc := range []struct {
-		kill      killPoint
-		extra     string
-		looks     int32
-		payOutput string
+	for i, tc := range []struct {
+		kill  killPoint
+		extra string
+		// inFlight: the kill comes while the tools run, so a call in the
+		// sidecar's process loses its reply; lost: every reply is lost
+		// (no durability).
+		inFlight, lost bool
 	}{
-		{killPoint{name: "before dispatch", fault: park("PUT", "/v1/actions/", true, 2), hits: 2}, "", 1, `"pay done"`},
-		{killPoint{name: "during the tool"}, "", 1, `"pay done"`},
-		{killPoint{name: "after the reply", fault: park("POST", "/v1/messages/tools", false, 2), hits: 1}, "", 1, `"pay done"`},
-		{killPoint{name: "between output and action", fault: park("PUT", "/v1/actions/", false, 2), hits: 1, afterStart: true}, "", 1, `"pay done"`},
-		{killPoint{name: "during the tool, not durable"}, "durability: {enabled: false}\n", 2, `"error_type":"interrupted"`},
+		{kill: killPoint{name: "before dispatch", fault: park("PUT", "/v1/actions/", true, 2), hits: 2}},
+		{kill: killPoint{name: "during the tool"}, inFlight: true},
+		{kill: killPoint{name: "after the reply", fault: park("POST", "/v1/messages/tools", false, 2), hits: 1}},
+		{kill: killPoint{name: "between output and action", fault: park("PUT", "/v1/actions/", false, 2), hits: 1, afterStart: true}},
+		{kill: killPoint{name: "during the tool, not durable"}, extra: "durability: {enabled: false}\n", inFlight: true, lost: true},
 	} {
-		t.Run(tc.kill.name, func(t *testing.T) {
-			for i := range testenv.SoakReps() {
-				resume := sigkillMidBatch(t, tc.kill, tc.extra, tc.looks, tc.payOutput)
-				t.Logf("FAULT sigkill/%s rep=%d resume_ms=%d", strings.ReplaceAll(tc.kill.name, " ", "_"), i, resume.Milliseconds())
-				if t.Failed() {
-					return
+		for _, route := range matrix.Routes(i) {
+			t.Run(tc.kill.name+"/route="+route, func(t *testing.T) {
+				lost := tc.lost || (tc.inFlight && matrix.InProcess(route))
+				looks, pay := int32(1), `"pay done"`
+				if lost {
+					looks, pay = 2, `"error_type":"interrupted"`
 				}
-			}
-		})
+				for i := range testenv.SoakReps() {
+					resume := sigkillMidBatch(t, tc.kill, route, tc.extra, looks, pay)
+					t.Logf("FAULT sigkill/%s/route=%s rep=%d resume_ms=%d", strings.ReplaceAll(tc.kill.name, " ", "_"), route, i, resume.Milliseconds())
+					if t.Failed() {
+						return
+					}
+				}
+			})
+		}
 	}
 }
 
-// sigkillMidBatch runs one kill at kp and returns the time from the
-// restart to the run's completion.
-func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, wantPay string) time.Duration {
+// sigkillMidBatch runs one kill at kp, with the tools on route, and
+// returns the time from the restart to the run's completion.
+func sigkillMidBatch(t *testing.T, kp killPoint, route, extra string, wantLooks int32, wantPay string) time.Duration {
 	t.Helper()
 	sc := coresim.Scenario{Turns: []coresim.Turn{
 		{Calls: []coresim.Call{{Tool: "look", ArgsJSON: `{}`}, {Tool: "pay", ArgsJSON: `{}`}}},
@@ -497,25 +554,15 @@ func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, 
 	}}
 	sim, srv := coresim.NewServer(coresim.Config{APIKey: "k", Scenario: sc})
 	defer srv.Close()
-	p := newDaemonConfig(t, srv.URL, "  - {name: look, side_effects: read_only, timeout: 10s}\n  - {name: pay, side_effects: unsafe, timeout: 10s}\n", extra)
+	// The first execution of each tool waits for the test.
+	tools := matrix.Serve(t, route, matrix.Tool{Name: "look", SideEffects: "read_only", Block: true},
+		matrix.Tool{Name: "pay", SideEffects: "unsafe", Block: true})
+	p := newDaemonConfig(t, srv.URL, tools.Config("10s"), extra)
 	p.start(t)
-	var looks, pays atomic.Int32
-	hold := make(chan struct{})
-	release := sync.OnceFunc(func() { close(hold) })
-	defer release()
-	block := func(n *atomic.Int32) tool.Handler {
-		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
-			if n.Add(1) == 1 {
-				select { // the first execution waits for the test
-				case <-hold:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			}
-			return []byte(`"` + c.Tool + ` done"`), nil
-		}
+	var nc *nats.Conn
+	if hs := tools.Handlers(); hs != nil {
+		nc = startWorker(t, p.natsURL, hs)
 	}
-	nc := startWorker(t, p.natsURL, map[string]tool.Handler{"look": block(&looks), "pay": block(&pays)})
 	hits := make(chan struct{}, 4)
 	arm := func() {
 		f := *kp.fault
@@ -528,15 +575,13 @@ func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, 
 	run, msgID := newRun(t, srv.URL)
 	first := p.drive(run, msgID)
 	if kp.fault == nil || kp.afterStart {
-		poll.Until(t, "both calls to run", func() bool { return looks.Load() == 1 && pays.Load() == 1 })
+		poll.Until(t, "both calls to run", func() bool { return tools.Count("look") == 1 && tools.Count("pay") == 1 })
 	}
 	if kp.fault != nil {
 		if kp.afterStart {
 			arm()
-			release()
-		} else {
-			release() // the tools must not be what holds the sidecar
 		}
+		tools.Release() // the tools must not be what holds the sidecar
 		for range kp.hits {
 			select {
 			case <-hits:
@@ -544,12 +589,20 @@ func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, 
 				t.Fatalf("the sidecar never reached %q\n%s", kp.name, p.stderr.String())
 			}
 		}
-		// The replies of calls that returned have reached the server (a
-		// reply written into the socket of a server that dies is lost:
-		// then the unsafe call is interrupted, as RELIABILITY.md says).
-		time.Sleep(50 * time.Millisecond)
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
+		// The calls that ran have returned, and their outcomes have
+		// reached the server (a reply written into the socket of a server
+		// that dies is lost: then the unsafe call is interrupted, as
+		// RELIABILITY.md says).
+		// At every parked point the read-only call has been sent (beside
+		// its processing mark, at the earliest).
+		poll.Until(t, "the tools that ran to return", func() bool {
+			return tools.Done("look") == 1 && tools.Count("look") == 1 && tools.Done("pay") == tools.Count("pay")
+		})
+		p.settled(t, tools, "look", "pay")
+		if nc != nil {
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if err := p.cmd.Process.Kill(); err != nil {
@@ -559,25 +612,27 @@ func sigkillMidBatch(t *testing.T, kp killPoint, extra string, wantLooks int32, 
 	if res := <-first; res.err == nil {
 		t.Fatalf("the first drive survived SIGKILL: %+v", res.sum)
 	}
-	release() // calls still running finish while the sidecar is away; their replies wait in the worker's buffer
+	tools.Release() // calls still running finish while the sidecar is away; a worker's replies wait in its buffer
 	sim.ClearFaults()
 
 	restarted := time.Now()
 	p.start(t)
-	testenv.WaitLive(t, p.base, "look", "pay") // the worker reconnected
-	if err := nc.Flush(); err != nil {         // the buffered replies have reached the server
-		t.Fatal(err)
+	if nc != nil {
+		testenv.WaitLive(t, p.base, "look", "pay") // the worker reconnected
+		if err := nc.Flush(); err != nil {         // the buffered replies have reached the server
+			t.Fatal(err)
+		}
 	}
 	res := <-p.drive(run, msgID)
 	resume := time.Since(restarted)
 	if res.err != nil || res.sum.Status != executor.StatusCompleted {
 		t.Fatalf("second drive %+v %v\n%s", res.sum, res.err, p.stderr.String())
 	}
-	if pays.Load() != 1 {
-		t.Errorf("the unsafe tool ran %d times, want 1", pays.Load())
+	if n := tools.Count("pay"); n != 1 {
+		t.Errorf("the unsafe tool ran %d times, want 1", n)
 	}
-	if looks.Load() != wantLooks {
-		t.Errorf("the read-only tool ran %d times, want %d", looks.Load(), wantLooks)
+	if n := tools.Count("look"); n != wantLooks {
+		t.Errorf("the read-only tool ran %d times, want %d", n, wantLooks)
 	}
 	testenv.AssertWholeBatches(t, sim, testenv.Run{RunID: run.ID, ThreadID: run.ThreadID}, 2)
 	if msgs := sim.ToolMessages(run.ThreadID); !strings.Contains(msgs[1].Content, wantPay) {

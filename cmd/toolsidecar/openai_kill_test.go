@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
@@ -24,9 +24,9 @@ import (
 	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
-	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // openAIKill is where in an OpenAI-compatible run of a read-only call
@@ -45,6 +45,11 @@ type openAIKill struct {
 	// often the read-only tool runs.
 	turns int
 	looks int32
+	// inFlight names the calls of a delivered turn in flight at the kill:
+	// on a route that runs them in the sidecar's process their replies die
+	// with it, so the read-only call runs once more and the unsafe one is
+	// interrupted.
+	inFlight []string
 	// term stops the sidecar with SIGTERM (the tools finish within the
 	// shutdown timeout) instead of SIGKILL.
 	term bool
@@ -54,18 +59,20 @@ type openAIKill struct {
 // OpenAI-compatible run (during the first turn's stream, with calls in
 // flight, between outputs, after the final turn's first byte), started
 // again, and the application (openai-go, streamed with Idempotency-Key, or
-// whole without a key) sends its request again. The retry resumes the run
-// from the journal: the unsafe tool ran once, the read-only one once (twice
-// only when the kill came before its turn was delivered), no delivered turn
-// was asked again, every tool_call_id was answered once upstream, and the
-// answer's text is the uninterrupted run's. Each point repeats
-// testenv.SoakReps() times; make soak runs 20.
+// whole without a key) sends its request again, with the tools on every
+// route kind (make test runs a sample, make soak all). The retry resumes
+// the run from the journal: the unsafe tool ran once, the read-only one
+// once (twice only when the kill came before its turn was delivered, or
+// while it ran in the sidecar's process), no delivered turn was asked
+// again, every tool_call_id was answered once upstream, and the answer's
+// text is the uninterrupted run's. Each cell repeats testenv.SoakReps()
+// times; make soak runs 20.
 func TestOpenAISIGKILL(t *testing.T) {
 	api := chatCompletions()
-	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, matrix.NATS, false, "")
 	points := append(sharedPoints(4, 2),
 		openAIKill{name: "between outputs", block: []string{"pay"},
-			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
+			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1, inFlight: []string{"pay"}},
 		openAIKill{name: "SIGTERM with calls in flight", block: []string{"look", "pay"}, term: true,
 			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1})
 	killPoints(t, api, points, want)
@@ -77,7 +84,7 @@ func TestOpenAISIGKILL(t *testing.T) {
 // event of the first turn; the final turn's first text is its third.
 func TestMessagesSIGKILL(t *testing.T) {
 	api := messagesAPI()
-	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, matrix.NATS, false, "")
 	killPoints(t, api, sharedPoints(5, 3), want)
 }
 
@@ -87,7 +94,7 @@ func TestMessagesSIGKILL(t *testing.T) {
 // event.
 func TestResponsesSIGKILL(t *testing.T) {
 	api := responsesAPI()
-	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, false, "")
+	want, _ := openAIRun(t, api, openAIKill{name: "uninterrupted", turns: 2, looks: 1}, matrix.NATS, false, "")
 	killPoints(t, api, sharedPoints(4, 5), want)
 }
 
@@ -100,24 +107,26 @@ func sharedPoints(streamHold, finalHold int) []openAIKill {
 		{name: "during the stream", faults: []openaisim.Fault{{HoldAfter: streamHold}}, block: []string{"look"},
 			until: func(looks, _ int32, held bool) bool { return held && looks == 1 }, turns: 3, looks: 2},
 		{name: "with calls in flight", block: []string{"look", "pay"},
-			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1},
+			until: func(looks, pays int32, _ bool) bool { return looks == 1 && pays == 1 }, turns: 2, looks: 1, inFlight: []string{"look", "pay"}},
 		{name: "after the final turn's first byte", faults: []openaisim.Fault{{}, {HoldAfter: finalHold}},
 			until: func(_, _ int32, held bool) bool { return held }, turns: 3, looks: 1},
 	}
 }
 
 func killPoints(t *testing.T, api modelAPI, points []openAIKill, want string) {
-	for _, kp := range points {
-		for _, stream := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/stream=%v", kp.name, stream), func(t *testing.T) {
-				for i := range testenv.SoakReps() {
-					_, resume := openAIRun(t, api, kp, stream, want)
-					t.Logf("FAULT %s_sigkill/%s/stream=%v rep=%d resume_ms=%d", api.kind, strings.ReplaceAll(kp.name, " ", "_"), stream, i, resume.Milliseconds())
-					if t.Failed() {
-						return
+	for i, kp := range points {
+		for j, stream := range []bool{true, false} {
+			for _, route := range matrix.Routes(2*i + j) {
+				t.Run(fmt.Sprintf("%s/stream=%v/route=%s", kp.name, stream, route), func(t *testing.T) {
+					for i := range testenv.SoakReps() {
+						_, resume := openAIRun(t, api, kp, route, stream, want)
+						t.Logf("FAULT %s_sigkill/%s/stream=%v/route=%s rep=%d resume_ms=%d", api.kind, strings.ReplaceAll(kp.name, " ", "_"), stream, route, i, resume.Milliseconds())
+						if t.Failed() {
+							return
+						}
 					}
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -236,35 +245,24 @@ func responsesAPI() modelAPI {
 		}}
 }
 
-// openAIRun runs the request once through api, killing and restarting the
-// sidecar at kp (unless kp.until is nil), and returns the answer's text
-// and the time from the restart to the retry's answer; with want set it
-// checks the invariants.
-func openAIRun(t *testing.T, api modelAPI, kp openAIKill, stream bool, want string) (string, time.Duration) {
+// openAIRun runs the request once through api, with the tools on route,
+// killing and restarting the sidecar at kp (unless kp.until is nil), and
+// returns the answer's text and the time from the restart to the retry's
+// answer; with want set it checks the invariants.
+func openAIRun(t *testing.T, api modelAPI, kp openAIKill, route string, stream bool, want string) (string, time.Duration) {
 	t.Helper()
 	sim := api.sim()
 	srv := httptest.NewServer(sim)
 	defer srv.Close()
-	p := newDaemonConfig(t, srv.URL, "  - {name: look, side_effects: read_only, timeout: 10s}\n  - {name: pay, side_effects: unsafe, timeout: 10s}\n",
+	tools := matrix.Serve(t, route, matrix.Tool{Name: "look", SideEffects: "read_only", Block: slices.Contains(kp.block, "look")},
+		matrix.Tool{Name: "pay", SideEffects: "unsafe", Block: slices.Contains(kp.block, "pay")})
+	p := newDaemonConfig(t, srv.URL, tools.Config("10s"),
 		fmt.Sprintf("upstream: {kind: %s, url: %q, retry_budget: 10s}\n", api.kind, srv.URL+api.path))
 	p.start(t)
-	var looks, pays atomic.Int32
-	hold := make(chan struct{})
-	release := sync.OnceFunc(func() { close(hold) })
-	defer release()
-	handler := func(n *atomic.Int32, blocked bool) tool.Handler {
-		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
-			if n.Add(1) == 1 && blocked {
-				select {
-				case <-hold:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			}
-			return []byte(`"` + c.Tool + ` done"`), nil
-		}
+	var nc *nats.Conn
+	if hs := tools.Handlers(); hs != nil {
+		nc = startWorker(t, p.natsURL, hs)
 	}
-	nc := startWorker(t, p.natsURL, map[string]tool.Handler{"look": handler(&looks, slices.Contains(kp.block, "look")), "pay": handler(&pays, slices.Contains(kp.block, "pay"))})
 	var held atomic.Bool
 	for _, f := range kp.faults {
 		if f.HoldAfter > 0 {
@@ -286,13 +284,19 @@ func openAIRun(t *testing.T, api modelAPI, kp openAIKill, stream bool, want stri
 		_, err := ask()
 		first <- err
 	}()
-	poll.Until(t, kp.name, func() bool { return kp.until(looks.Load(), pays.Load(), held.Load()) })
-	// The replies of calls that returned have reached the server, and the
-	// sidecar has them (a reply written into the socket of a server that
-	// dies is lost: the read-only call then runs again, as it may).
-	time.Sleep(50 * time.Millisecond)
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
+	poll.Until(t, kp.name, func() bool { return kp.until(tools.Count("look"), tools.Count("pay"), held.Load()) })
+	// The calls that are not held have returned, their replies have
+	// reached the server, and the sidecar has them (a reply written into
+	// the socket of a server that dies is lost: the read-only call then
+	// runs again, as it may).
+	poll.Until(t, "the tools that are not held to return", func() bool {
+		return slices.Contains(kp.block, "look") || tools.Done("look") == tools.Count("look")
+	})
+	p.settled(t, tools, "look", "pay")
+	if nc != nil {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if kp.term {
 		// The batch finishes and is journaled; no further turn is asked,
@@ -301,7 +305,7 @@ func openAIRun(t *testing.T, api modelAPI, kp openAIKill, stream bool, want stri
 			t.Fatal(err)
 		}
 		time.Sleep(100 * time.Millisecond)
-		release()
+		tools.Release()
 	} else if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -319,24 +323,39 @@ func openAIRun(t *testing.T, api modelAPI, kp openAIKill, stream bool, want stri
 	// server go: a reply written into the socket of a server that just
 	// died is lost (in 1 of 300 runs before this wait), and pay would be
 	// interrupted, as it is in production when a reply is lost.
-	poll.Until(t, "the worker to see the server gone", func() bool { return !nc.IsConnected() })
-	release()
+	if nc != nil {
+		poll.Until(t, "the worker to see the server gone", func() bool { return !nc.IsConnected() })
+	}
+	tools.Release()
 	restarted := time.Now()
 	p.start(t)
-	testenv.WaitLive(t, p.base, "look", "pay")
-	if err := nc.Flush(); err != nil { // the buffered replies have reached the server
-		t.Fatal(err)
+	if nc != nil {
+		testenv.WaitLive(t, p.base, "look", "pay")
+		if err := nc.Flush(); err != nil { // the buffered replies have reached the server
+			t.Fatal(err)
+		}
 	}
 	got, err := ask()
 	resume := time.Since(restarted)
 	if err != nil {
 		t.Fatalf("the retry: %v\n%s", err, p.stderr.String())
 	}
-	if got != want {
+	lost := func(name string) bool { return tools.InProcess() && slices.Contains(kp.inFlight, name) }
+	switch {
+	case lost("pay"):
+		// The answer reads the results: pay's is the interrupted outcome.
+		if !strings.Contains(got, "interrupted") || !strings.Contains(got, "look done") || strings.Contains(got, "pay done") {
+			t.Errorf("the retry's answer %q, want look's result and pay interrupted", got)
+		}
+	case got != want:
 		t.Errorf("the retry's answer %q, want the uninterrupted run's %q", got, want)
 	}
-	if pays.Load() != 1 || looks.Load() != kp.looks {
-		t.Errorf("pay ran %d times and look %d, want 1 and %d", pays.Load(), looks.Load(), kp.looks)
+	wantLooks := kp.looks
+	if lost("look") {
+		wantLooks++
+	}
+	if pays, looks := tools.Count("pay"), tools.Count("look"); pays != 1 || looks != wantLooks {
+		t.Errorf("pay ran %d times and look %d, want 1 and %d", pays, looks, wantLooks)
 	}
 	if n := sim.Requests(); n != kp.turns {
 		t.Errorf("%d turn requests upstream, want %d", n, kp.turns)
