@@ -28,6 +28,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/tool"
 	"golang.org/x/net/http/httpproxy"
 )
 
@@ -523,6 +524,9 @@ func (r *retryPolicy) again(err error) bool {
 }
 
 func (c *Client) once(ctx context.Context, method, path, endpoint string, body []byte, out any) error {
+	if err := checkPath(path); err != nil {
+		return fmt.Errorf("core: %s %s: %w", method, endpoint, err)
+	}
 	withdraw, _ := ctx.Value(withdrawKey{}).(<-chan struct{})
 	c.queued.Add(1)
 	select {
@@ -629,6 +633,30 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 // connection; it was never sent.
 var ErrWithdrawn = errors.New("withdrawn before it was sent")
 
+// ErrInvalidID: a request whose path would hold an id that is not an id
+// (tool.CheckID); nothing is sent.
+var ErrInvalidID = errors.New("an id in the path is not an id, so nothing was sent")
+
+// Addressable reports whether id can name a resource in a path of Core's
+// API (tool.CheckID): a client leaves an Action whose id is not an id as
+// it is, and posts its tool message without a tool_id.
+func Addressable(id string) bool { return tool.CheckID("id", id) == nil }
+
+// checkPath refuses a path with a segment that is not an id. The ids in
+// the client's paths come from callers, from Core's own answers and from
+// the model's stream: one that is not an id (a 100,000-character
+// action_id, say) never reaches Core as a path, nor a log or an error
+// message whole. An id that needs escaping is not an id either.
+func checkPath(path string) error {
+	p, _, _ := strings.Cut(path, "?")
+	for seg := range strings.SplitSeq(strings.TrimPrefix(p, "/"), "/") {
+		if err := tool.CheckID("a path segment", seg); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidID, err)
+		}
+	}
+	return nil
+}
+
 // withdrawKey is the context key of a write's withdrawal.
 type withdrawKey struct{}
 
@@ -687,7 +715,7 @@ func (c *Client) httpError(req *http.Request, resp *http.Response) *HTTPError {
 // retryable decides whether a failed call may be sent again. A request that
 // never reached Core (connection refused) is always safe to resend.
 func retryable(err error, idempotent bool) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrInvalidID) {
 		return false
 	}
 	if neverSent(err) {

@@ -83,6 +83,38 @@ func TestRetryGivesUp(t *testing.T) {
 	}
 }
 
+// TestIDsThatAreNotIDsAreNotSent: an id that is not an id (100,000
+// characters, a '/' or '.', a byte that needs escaping) never becomes a
+// path: each request is refused before it is sent, with ErrInvalidID, not
+// retried, and its error quotes no more than an excerpt of the id.
+func TestIDsThatAreNotIDsAreNotSent(t *testing.T) {
+	var count atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { count.Add(1) }))
+	defer srv.Close()
+	c, _ := New(Config{URL: srv.URL, Retries: 3})
+	ctx := context.Background()
+	for _, id := range []string{strings.Repeat("a", 100_000), "act/../runs", "act.x", "act%2F", "act x", ""} {
+		errs := []error{
+			c.WriteAction(ctx, id, ActionUpdate{Status: ActionCompleted}),
+			func() error { _, err := c.GetAction(ctx, id); return err }(),
+			func() error { _, err := c.GetRun(ctx, id); return err }(),
+			func() error { _, err := c.CancelRun(ctx, id); return err }(),
+			func() error { _, err := c.ListMessages(ctx, id, 10); return err }(),
+		}
+		for i, err := range errs {
+			if !errors.Is(err, ErrInvalidID) || len(err.Error()) > 512 {
+				t.Errorf("request %d with id %.40q: %.600v, want ErrInvalidID with a short message", i, id, err)
+			}
+		}
+	}
+	if n := count.Load(); n != 0 {
+		t.Errorf("Core received %d requests", n)
+	}
+	if _, err := c.GetRun(ctx, "run_ok-1"); err != nil && errors.Is(err, ErrInvalidID) || count.Load() != 1 {
+		t.Errorf("a sound id: %v, %d requests", err, count.Load())
+	}
+}
+
 func TestPostRetriedWhenNeverDelivered(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL

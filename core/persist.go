@@ -168,8 +168,8 @@ func (c *Client) persist(ctx context.Context, endpoint string, landed func(conte
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrWithdrawn) {
-			return err // never sent: nothing to retry
+		if errors.Is(err, ErrWithdrawn) || errors.Is(err, ErrInvalidID) {
+			return err // never sent, and never will be: nothing to retry
 		}
 		// Once an attempt has left, the write is no longer withdrawn: its
 		// effect may be in Core already.

@@ -251,7 +251,7 @@ func (s *Sim) checkOutput(in core.ToolOutput) {
 		s.violate(ViolationUnknownToolCallID, runID, in.ToolCallID, "no manifest carried this tool_call_id")
 		return
 	}
-	if a != byCall {
+	if a != byCall && (in.ToolID != "" || core.Addressable(byCall.ID)) { // an Action that cannot be addressed is not named
 		s.violate(ViolationToolIDMismatch, byCall.RunID, in.ToolCallID, fmt.Sprintf("tool_id %q, want action %q", in.ToolID, byCall.ID))
 	}
 	byCall.outputs++

@@ -302,7 +302,9 @@ func (s *Sim) endRunLocked(r *run) {
 	r.ended = true
 	for _, b := range r.batches {
 		for _, a := range b {
-			if a.Status == core.ActionPending || a.Status == core.ActionProcessing {
+			// An Action whose id is not an id (a hostile Core's) cannot be
+			// addressed: a client leaves it as it is.
+			if (a.Status == core.ActionPending || a.Status == core.ActionProcessing) && core.Addressable(a.ID) {
 				s.violate(ViolationActionNotFinalised, r.ID, a.ToolCallID, "action "+a.ID+" is "+a.Status)
 			}
 		}

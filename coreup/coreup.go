@@ -16,6 +16,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // Upstream is Core as the executor's upstream.
@@ -157,10 +158,17 @@ func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, withdr
 	return budget(err)
 }
 
-// RecordOutput posts the call's tool message, exactly once.
+// RecordOutput posts the call's tool message, exactly once. An action_id
+// that is not an id is not echoed to Core: the message goes without its
+// tool_id (optional in Core), so that the model still reads the call's
+// error beside its tool_call_id.
 func (u *Upstream) RecordOutput(ctx context.Context, req executor.Request, c *executor.ToolCall, content string) error {
+	toolID := c.ActionID
+	if tool.CheckID("action_id", toolID) != nil {
+		toolID = ""
+	}
 	_, err := u.c.RecordToolOutput(ctx, core.ToolOutput{
-		Content: content, ThreadID: req.ThreadID, AssistantID: req.AssistantID, ToolID: c.ActionID, ToolCallID: c.ToolCallID,
+		Content: content, ThreadID: req.ThreadID, AssistantID: req.AssistantID, ToolID: toolID, ToolCallID: c.ToolCallID,
 	})
 	return budget(err)
 }

@@ -80,7 +80,7 @@ func (e *Executor) newBatch(tctx context.Context, req Request, n int, emit Sink,
 // add starts the call of one tool call read from a turn, at once.
 func (br *batchRun) add(m *ToolCall) {
 	if br.seen[m.ActionID] {
-		br.log.Warn("duplicate tool call ignored", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+		callLog(br.log, m).Warn("duplicate tool call ignored")
 		return
 	}
 	br.seen[m.ActionID] = true
@@ -211,12 +211,20 @@ var noSpan = trace.SpanFromContext(context.Background())
 // which most calls never do: a logger made for each call as it started
 // was held for as long as the call ran.
 func callLog(log *slog.Logger, m *ToolCall) *slog.Logger {
-	return log.With("action_id", m.ActionID, "tool_call_id", m.ToolCallID, "tool", m.Tool)
+	return log.With("action_id", shown(m.ActionID, tool.MaxIDBytes), "tool_call_id", shown(m.ToolCallID, tool.MaxCallIDBytes),
+		"tool", shown(m.Tool, tool.MaxCallIDBytes))
 }
+
+// shown is an id of a call, or a tool's name, as the log, the events and
+// the summary show it: whole when it is within limit, cut otherwise. Ids
+// that are not ids are answered with an error outcome, which quotes them
+// no further.
+func shown(id string, limit int) string { return tool.Truncate(id, limit) }
 
 // newOutcome is the outcome of a call, yet to be settled.
 func newOutcome(turn int, m *ToolCall) *outcome {
-	return &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: m.ToolCallID, ActionID: m.ActionID, Tool: m.Tool}, leaves: toRecord}
+	return &outcome{m: m, res: CallResult{Turn: turn, ToolCallID: shown(m.ToolCallID, tool.MaxCallIDBytes),
+		ActionID: shown(m.ActionID, tool.MaxIDBytes), Tool: shown(m.Tool, tool.MaxCallIDBytes)}, leaves: toRecord}
 }
 
 // settle turns a reply into the call's outcome: the tool message, the

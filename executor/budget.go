@@ -85,7 +85,7 @@ func (p *budgets) admit(in *callIn) *tool.Error {
 	err, which := p.take(p.of(in.Drive), in.Tool)
 	if err != nil {
 		p.e.obs.BudgetExceeded(which)
-		in.Log.Info("call refused by a budget", "action_id", in.ActionID, "tool", in.ToolCall.Tool, "budget", which)
+		callLog(in.Log, in.ToolCall).Info("call refused by a budget", "budget", which)
 	}
 	return err
 }

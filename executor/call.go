@@ -370,8 +370,16 @@ func (c *call) finalise(ctx context.Context) {
 }
 
 // finalStatus records the final status with a summary of the result.
+// An Action whose id is not an id cannot be addressed: it is left as the
+// upstream has it (the call's output, its error, is recorded all the
+// same), and the run goes on.
 func (c *call) finalStatus(ctx context.Context) error {
 	o := c.o
+	if tool.CheckID("action_id", c.m.ActionID) != nil {
+		callLog(c.b.log, c.m).Warn("the call's action_id is not an id: its Action is left as the upstream has it")
+		o.res.Submitted = true // all of the outcome that can reach the upstream has
+		return nil
+	}
 	result := map[string]any{"ok": o.res.OK, "attempts": o.res.Attempts, "duration_ms": o.res.DurationMS, "bytes": len(o.content)}
 	if !o.res.OK {
 		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error

@@ -321,7 +321,8 @@ type CallResult struct {
 	// Output is the content submitted as the tool message.
 	Output string `json:"-"`
 	// Submitted reports that the tool message and the Action's final
-	// status reached the upstream.
+	// status reached the upstream; for a call whose action_id is not an
+	// id, the tool message alone (its Action cannot be addressed).
 	Submitted bool `json:"submitted"`
 	// ClaimCheck is the handle under which the call's large result was
 	// stored; the model read a preview (read_tool_result reads the rest).

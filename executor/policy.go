@@ -97,7 +97,8 @@ type callIn struct {
 
 // ref names the call in the events before its outcome.
 func (in *callIn) ref() *CallResult {
-	return &CallResult{Turn: in.Turn, ToolCallID: in.ToolCallID, ActionID: in.ActionID, Tool: in.ToolCall.Tool, Lane: in.Res.Lane}
+	return &CallResult{Turn: in.Turn, ToolCallID: shown(in.ToolCallID, tool.MaxCallIDBytes), ActionID: shown(in.ActionID, tool.MaxIDBytes),
+		Tool: shown(in.ToolCall.Tool, tool.MaxCallIDBytes), Lane: in.Res.Lane}
 }
 
 // scope holds each policy's state for a drive or a batch, made on first

@@ -48,17 +48,17 @@ func (br *batchRun) addOpen(ctx context.Context) {
 		c := &call{e: e, b: br, m: m, in: callIn{Found: true}, started: oc.Started}
 		switch kept := e.takeKept(m.ActionID); {
 		case kept != nil:
-			br.log.Info("submitting a kept outcome", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+			callLog(br.log, m).Info("submitting a kept outcome")
 			kept.res.Turn = br.n
 			if oc.Recorded {
 				kept.leaves = outputRecorded
 			}
 			c.known = kept
 		case oc.Recorded:
-			br.log.Info("output already recorded; finalising the call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+			callLog(br.log, m).Info("output already recorded; finalising the call")
 			c.known = e.alreadyRecorded(br.n, m)
 		default:
-			br.log.Info("finishing an open call", "action_id", m.ActionID, "tool_call_id", m.ToolCallID, "started", oc.Started)
+			callLog(br.log, m).Info("finishing an open call", "started", oc.Started)
 		}
 		br.start(c)
 	}
@@ -77,16 +77,16 @@ func (e *Executor) recovered(ctx context.Context, br *batchRun, m *ToolCall, def
 	await := def != nil && def.Unsafe()
 	reply, ok, err := e.recoverer.Recover(ctx, m.ActionID, await)
 	if errors.Is(err, tool.ErrNeverSent) {
-		br.log.Info("the call was never sent: running it", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+		callLog(br.log, m).Info("the call was never sent: running it")
 		return nil, true
 	}
 	if err != nil {
-		br.log.Warn("reading the ledger", "action_id", m.ActionID, "err", err)
+		callLog(br.log, m).Warn("reading the ledger", "err", err)
 	}
 	if !ok {
 		return nil, false
 	}
-	br.log.Info("the call's reply outlived its sidecar: submitting it", "action_id", m.ActionID, "tool_call_id", m.ToolCallID)
+	callLog(br.log, m).Info("the call's reply outlived its sidecar: submitting it")
 	e.obs.CallRecovered()
 	o = newOutcome(br.n, m)
 	o.res.Attempts = 1

@@ -27,17 +27,21 @@ import (
 // exceeds the server's control line, and the server closes the connection.
 var long = strings.Repeat("a", 5000)
 
-// TestHostileIDsFromCore: Core's manifests carry an action_id of 5,000
+// TestHostileIDsFromCore: Core's manifests carry an action_id of 100,000
 // characters, one with '.' and '*', and a tool_call_id of 5,000. Each of
-// those calls gets its own invalid_args outcome, submitted with its
-// tool_call_id and finalised; its sibling runs; no such id reaches NATS, so
-// the sidecar stays ready and drives the next run. Before, the long id
-// became the ledger's KV subject, the server closed the connection for
-// good and every later drive failed.
+// those calls gets its own invalid_args outcome, which the model reads
+// beside its tool_call_id; its sibling runs; the run completes. No such id
+// reaches NATS or a URL path: an Action whose id is not an id is left as
+// Core has it (docs/applications.md), and the sidecar stays ready and
+// drives the next run. The answer quotes no id whole. Before, the long id
+// became the ledger's KV subject and cut the sidecar off from NATS for
+// good; later, it became the path of PUT /v1/actions/, whose 404 failed
+// the whole run with 502, in an answer of 201 KB.
 func TestHostileIDsFromCore(t *testing.T) {
+	huge := strings.Repeat("a", 100_000)
 	sc := coresim.Scenario{Turns: []coresim.Turn{
 		{Calls: []coresim.Call{
-			{Tool: "echo", ArgsJSON: `{"q": 1}`, ActionID: "act_" + long},
+			{Tool: "echo", ArgsJSON: `{"q": 1}`, ActionID: "act_" + huge},
 			{Tool: "echo", ArgsJSON: `{"q": 2}`, ActionID: "act.x.*"},
 			{Tool: "echo", ArgsJSON: `{"q": 3}`, ID: "call_" + long},
 			{Tool: "echo", ArgsJSON: `{"q": 4}`},
@@ -46,23 +50,53 @@ func TestHostileIDsFromCore(t *testing.T) {
 	}}
 	env := testenv.New(t, sc, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
 	r := env.NewRun()
-	sum, msgs := env.DriveWhole(r, 4)
-	if sum.Status != executor.StatusCompleted {
-		t.Fatalf("summary %+v", sum)
+	_, raw := testenv.DriveRaw(t, env.URL, r, nil)
+	if len(raw) > 64<<10 {
+		t.Errorf("the drive's answer is %d bytes: it quotes the ids", len(raw))
+	}
+	var sum executor.Summary
+	if err := json.Unmarshal(raw, &sum); err != nil || sum.Status != executor.StatusCompleted || len(sum.Calls) != 4 {
+		t.Fatalf("summary %+v %v", sum, err)
 	}
 	for i, c := range sum.Calls[:3] {
-		if c.OK || c.ErrorType != string(tool.InvalidArgs) || !c.Submitted {
-			t.Errorf("call %d: %+v, want a submitted invalid_args outcome", i, c)
+		if c.OK || c.ErrorType != string(tool.InvalidArgs) {
+			t.Errorf("call %d: %+v, want an invalid_args outcome", i, c)
 		}
 		if len(c.Error) > 512 {
 			t.Errorf("call %d's error quotes %d bytes of the id", i, len(c.Error))
 		}
 	}
-	if c := sum.Calls[3]; !c.OK {
+	for i, c := range sum.Calls {
+		if !c.Submitted {
+			t.Errorf("call %d's outcome was not submitted", i)
+		}
+	}
+	// The calls with a bad action_id have their Action left as Core has
+	// it; the others are finalised.
+	for _, a := range env.Sim.Actions(r.RunID) {
+		if final := a.Status == "completed" || a.Status == "failed"; final == (tool.CheckID("id", a.ID) != nil) {
+			t.Errorf("Action %s is %s", tool.Excerpt(a.ID), a.Status)
+		}
+	}
+	if c := sum.Calls[3]; !c.OK || !c.Submitted {
 		t.Errorf("the sibling with sound ids: %+v", c)
+	}
+	msgs := env.Sim.ToolMessages(r.ThreadID)
+	if len(msgs) != 4 {
+		t.Fatalf("%d tool messages, want one per call", len(msgs))
+	}
+	for i, m := range msgs[:2] {
+		if m.ToolID != "" || !strings.Contains(m.Content, "action_id") {
+			t.Errorf("tool message %d: tool_id %s, content %s: want no tool_id and the call's error", i, tool.Excerpt(m.ToolID), tool.Excerpt(m.Content))
+		}
 	}
 	if !strings.Contains(msgs[2].Content, "tool_call_id must be 1 to 256 characters") {
 		t.Errorf("the model read %s", msgs[2].Content)
+	}
+	for _, req := range env.Sim.Requests() {
+		if len(req.Path) > 200 {
+			t.Errorf("Core was sent %s %s", req.Method, tool.Excerpt(req.Path))
+		}
 	}
 	assertReady(t, env.URL)
 	r2 := env.NewRun() // the next run is driven as usual
