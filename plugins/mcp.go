@@ -70,12 +70,12 @@ func (k *mcpKind) Import(ctx context.Context, entry config.Tool, settings map[st
 	if err != nil {
 		return nil, err
 	}
-	cs, err := mcpServers.get(s).sessionFor(ctx)
+	session, err := mcpServers.get(s).sessionFor(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("MCP server %s: %w", mcpServers.get(s).describe(), err)
 	}
 	var out []config.Tool
-	for t, err := range cs.Tools(ctx, nil) {
+	for t, err := range session.cs.Tools(ctx, nil) {
 		if err != nil {
 			return nil, fmt.Errorf("tools/list: %w", err)
 		}
@@ -202,33 +202,31 @@ const (
 )
 
 // mcpServer is one MCP server and the session with it, started again
-// (after a backoff) when it ends.
+// (after a backoff) when it ends, and at once when it is replaced
+// (mcpsession.go).
 type mcpServer struct {
 	pool *mcpPool
 	s    MCPSettings
 
 	mu       sync.Mutex
-	session  *mcp.ClientSession
-	ended    chan struct{} // closed when session ended
-	started  time.Time
+	live     *mcpSession // nil once it ended or was replaced
 	backoff  time.Duration
 	retryAt  time.Time
 	closed   bool
 	progress sync.Map // progress token → the call's Progress
 }
 
-// sessionFor returns the live session, starting one if there is none and
-// the server's backoff has passed.
-func (m *mcpServer) sessionFor(ctx context.Context) (*mcp.ClientSession, error) {
+// sessionFor returns the live session, once its check (if one runs) has
+// found it sound, starting one if there is none and the server's backoff
+// has passed. Only the wait for the check ends with ctx.
+func (m *mcpServer) sessionFor(ctx context.Context) (*mcpSession, error) {
+	if err := m.checked(ctx); err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.session != nil {
-		select {
-		case <-m.ended:
-			m.session = nil
-		default:
-			return m.session, nil
-		}
+	if m.live != nil {
+		return m.live, nil
 	}
 	if m.closed {
 		return nil, errors.New("the sidecar is shutting down")
@@ -255,20 +253,29 @@ func (m *mcpServer) sessionFor(ctx context.Context) (*mcp.ClientSession, error) 
 		m.fail()
 		return nil, fmt.Errorf("starting the session: %w", err)
 	}
-	m.session, m.ended, m.started = cs, make(chan struct{}), time.Now()
-	ended := m.ended
-	m.pool.wg.Go(func() {
-		_ = cs.Wait()
-		m.mu.Lock()
-		if time.Since(m.started) < mcpStable {
+	m.live = newMCPSession(cs, t)
+	live := m.live
+	m.pool.wg.Go(func() { m.watch(live) })
+	m.pool.wg.Go(func() { m.checker(live) })
+	return live, nil
+}
+
+// watch waits for the end of session s. A session that ended of itself
+// (its server exited, or broke the protocol) delays the next start; one
+// that was replaced does not.
+func (m *mcpServer) watch(s *mcpSession) {
+	_ = s.cs.Wait()
+	m.mu.Lock()
+	if m.live == s {
+		m.live = nil
+		if time.Since(s.started) < mcpStable {
 			m.fail() // a server that keeps dying is started again ever more slowly
 		} else {
 			m.backoff = 0
 		}
-		m.mu.Unlock()
-		close(ended)
-	})
-	return cs, nil
+	}
+	m.mu.Unlock()
+	close(s.ended)
 }
 
 // fail pushes the next start back by the backoff, doubled. m.mu is held.
@@ -323,32 +330,46 @@ func (t mcpHTTP) RoundTrip(r *http.Request) (*http.Response, error) {
 func (m *mcpServer) close() {
 	m.mu.Lock()
 	m.closed = true
-	cs := m.session
+	s := m.live
 	m.mu.Unlock()
-	if cs != nil {
-		_ = cs.Close()
+	if s != nil {
+		_ = s.cs.Close()
 	}
 }
 
 // call runs one tools/call. Its progress notifications restart the call's
 // timeout; its cancellation is sent to the server (the SDK's
 // notifications/cancelled). A result with isError is a tool_error; an
-// empty one, or the session ending during the call, a worker_crash.
+// empty one, or the session ending during the call, a worker_crash. A call
+// that ends with ctx has its session checked (mcpsession.go).
 func (m *mcpServer) call(ctx context.Context, name string, c *tool.Call, maxBytes int) ([]byte, error) {
-	cs, err := m.sessionFor(ctx)
-	if err != nil {
+	s, err := m.sessionFor(ctx)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, err // tool.Invoke says timeout or cancelled
+	case err != nil:
 		return nil, tool.NewError(tool.WorkerCrash, "MCP server %s: %v", m.describe(), err)
 	}
+	// Asked here too for a call stuck past ctx, writing to a server that
+	// reads nothing: the check ends the session, and so the call.
+	defer context.AfterFunc(ctx, s.check)()
 	token := c.ActionID + "#" + fmt.Sprint(c.Attempt) + "#" + fmt.Sprint(time.Now().UnixNano())
 	m.progress.Store(token, c.Progress)
 	defer m.progress.Delete(token)
 	params := &mcp.CallToolParams{Name: name, Arguments: json.RawMessage(c.Args)}
 	params.SetProgressToken(token)
-	res, err := cs.CallTool(ctx, params)
+	res, err := s.cs.CallTool(ctx, params)
 	var refusal *jsonrpc.Error
 	switch {
 	case err != nil && ctx.Err() != nil:
+		s.check()       // before the call returns: the next call waits for the verdict
 		return nil, err // tool.Invoke says timeout or cancelled
+	case err != nil && s.replaced.Load():
+		// Another call's answer wedged the session, which was replaced
+		// under this call: its answer, queued behind, is lost. It ends as
+		// on the wedged session, at its own timeout, not as a crash.
+		<-ctx.Done()
+		return nil, ctx.Err()
 	case errors.As(err, &refusal) && refusal.Code == codeTooLarge:
 		return nil, tool.NewError(tool.ToolFailed, "MCP server %s: the result of tools/call %q exceeds mcp.max_result_bytes (%d): %s",
 			m.describe(), name, maxBytes, refusal.Message)

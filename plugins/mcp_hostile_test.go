@@ -18,13 +18,13 @@ import (
 )
 
 // httpServerProcess starts the test's MCP server over streamable HTTP in a
-// process of its own (its results are not this process's memory), and
-// returns its settings.
-func httpServerProcess(t *testing.T) map[string]any {
+// process of its own (its results are not this process's memory), with
+// env beside its own environment, and returns its settings.
+func httpServerProcess(t *testing.T, env ...string) map[string]any {
 	t.Helper()
 	urlFile := filepath.Join(t.TempDir(), "url")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envMCPHTTP+"="+urlFile)
+	cmd.Env = append(append(os.Environ(), envMCPHTTP+"="+urlFile), env...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -98,21 +98,30 @@ func testMCPServer(cancelled string) *mcp.Server {
 // serveMCPIfAsked serves testMCPServer over stdio and exits, when this
 // process was started as an MCP server by a test.
 func serveMCPIfAsked() {
+	if file, ok := os.LookupEnv(envMCPDrip); ok {
+		serveDripping(file)
+	}
 	if urlFile, ok := os.LookupEnv(envMCPHTTP); ok {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			os.Exit(2)
-		}
 		srv := testMCPServer("")
-		_ = os.WriteFile(urlFile, []byte("http://"+ln.Addr().String()), 0o600)
-		_ = http.Serve(ln, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
-		os.Exit(0)
+		serveHTTP(urlFile, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
 	}
 	cancelled, ok := os.LookupEnv(envMCPServer)
 	if !ok {
 		return
 	}
 	_ = testMCPServer(cancelled).Run(context.Background(), &mcp.StdioTransport{})
+	os.Exit(0)
+}
+
+// serveHTTP serves h on a port of its own, writes its URL into urlFile, and
+// exits.
+func serveHTTP(urlFile string, h http.Handler) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		os.Exit(2)
+	}
+	_ = os.WriteFile(urlFile, []byte("http://"+ln.Addr().String()), 0o600)
+	_ = http.Serve(ln, h)
 	os.Exit(0)
 }
 
