@@ -175,6 +175,13 @@ func (c *call) dispatch(ctx context.Context) tool.Outcome {
 	// 4. Attempts, until success, a final error or the retry budget.
 	reply := c.attempts(ctx, &c.o.res)
 	c.mark.close() // no mark starts after the attempts, and a waiting one is withdrawn
+	if c.def.Unsafe() && reply.Sent && reply.Err != nil && reply.Err.Type == tool.Cancelled {
+		// The call left before the drive was cancelled (the application
+		// went away, or the run was cancelled): its effect is unknown, and
+		// who left does not change what the model is told.
+		reply.Err = tool.NewError(tool.Interrupted, "the call of unsafe tool %q was sent, then abandoned before it answered, so its effect is unknown; "+
+			"check its effect before you call it again", c.m.Tool)
+	}
 	return reply
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -273,6 +274,12 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 		sink(Event{Type: EventDone, Summary: &sum})
 		return sum, fmt.Errorf("executor: reading run %s: %w", req.RunID, err)
 	}
+	if run.Owner != "" && run.Owner != req.Caller {
+		// Nothing of the run is told: not its state, not its events.
+		sum := e.notBegun(ctx, req, ErrNotOwner.Error())
+		sink(Event{Type: EventDone, Summary: &sum})
+		return sum, &UpstreamError{Status: http.StatusForbidden, Err: ErrNotOwner}
+	}
 	if (run.ThreadID != "" && run.ThreadID != req.ThreadID) || (run.AssistantID != "" && run.AssistantID != req.AssistantID) {
 		sum := e.notBegun(ctx, req, fmt.Sprintf("the run belongs to thread %s and assistant %s, not to those of the request", run.ThreadID, run.AssistantID))
 		sink(Event{Type: EventDone, Summary: &sum})
@@ -281,6 +288,7 @@ func (e *Executor) Drive(ctx context.Context, req Request, sink Sink) (Summary, 
 	d, leader := e.join(ctx, req.RunID)
 	sub, detach := d.attach(ctx, !(leader && quiet), req.ResumeAfter, req.Linger)
 	defer detach()
+	sink(Event{Type: EventAccepted})
 	span.SetAttributes(attribute.Bool("toolsidecar.attached", !leader))
 	if leader && quiet {
 		// Nothing to deliver while the loop runs, so no second goroutine:

@@ -13,6 +13,11 @@ type EventType string
 
 // The events a drive emits, in the order they happen.
 const (
+	// EventAccepted goes to a caller's own sink, first, once the drive
+	// took it (the run read, its owner checked, the caller leading or
+	// attached); a drive refused before ends with EventDone alone. Never
+	// published to followers nor to the live view.
+	EventAccepted   EventType = "accepted"
 	EventTurn       EventType = "turn"        // a turn starts
 	EventContent    EventType = "content"     // model text
 	EventReasoning  EventType = "reasoning"   // model reasoning

@@ -12,6 +12,8 @@ package executor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -261,6 +263,11 @@ type Request struct {
 	// drive carries it, and it is used nowhere else (never logged, never
 	// stored). Empty: the sidecar's own key, when one is configured.
 	CallerKey string `json:"-"`
+	// Caller is who asks: the digest of the credentials the request
+	// carries ([CallerOf]). A run whose upstream names its owner (the
+	// model APIs' runs, which the sidecar holds) is driven, attached to,
+	// resumed and read only by that caller.
+	Caller string `json:"-"`
 	// ResumeAfter is the ID of the last event this caller read of an
 	// earlier attachment to the run's drive (SSE's Last-Event-ID). When it
 	// names the drive in progress, the caller gets the events after it;
@@ -285,6 +292,18 @@ type Request struct {
 	pending   *pendingLease   // a fresh run's lease, being taken
 	scope     *scope          // the policies' state for the drive; set by run
 }
+
+// CallerOf is the identity of a caller, from the credentials its request
+// carries (an Authorization header, an X-Api-Key header): a digest, so
+// that no key is kept. Requests without either are one caller.
+func CallerOf(authorization, apiKey string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s", len(authorization), authorization, len(apiKey), apiKey)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// ErrNotOwner: the run was begun by another caller; nothing is driven.
+var ErrNotOwner = errors.New("executor: the run belongs to another caller")
 
 // ErrInvalidRequest: a drive request whose ids are not ids (tool.CheckID);
 // nothing is driven.

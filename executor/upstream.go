@@ -110,6 +110,10 @@ type Run struct {
 	// NeverStarted: no turn of the run ever began, so it has no call to
 	// finish.
 	NeverStarted bool
+	// Owner is the caller that began the run (Request.Caller), where the
+	// upstream does not check ownership itself (Core does, with the
+	// caller's key): only that caller may drive it.
+	Owner string
 }
 
 // Run statuses.

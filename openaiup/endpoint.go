@@ -104,6 +104,7 @@ type request struct {
 	model     string
 	appTools  map[string]bool
 	key       runKey
+	owner     string      // who asks (executor.CallerOf): the run's owner
 	headers   http.Header // the API's forwarded headers the application sent
 }
 
@@ -145,6 +146,7 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	if req.key, err = keyOf(r, ep.api, req.canonical); err != nil {
 		return nil, err
 	}
+	req.owner = executor.CallerOf(r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"))
 	return req, nil
 }
 
@@ -156,7 +158,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ep.api.writeError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
 		return
 	}
-	id, fresh, finished, err := ep.runOf(r.Context(), req.key)
+	ref, err := ep.runOf(r.Context(), req.key)
 	if err != nil {
 		var br *badRequest
 		if errors.As(err, &br) {
@@ -169,10 +171,12 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	messages := ep.parked.restore(r.Context(), ep.api, req.messages)
 	up := ep.cfg.Upstream
-	rn := up.Begin(id, fresh, req, messages)
+	id, finished := ref.id, ref.finished
+	rn := up.Begin(ref, req, messages)
 	defer up.Release(rn)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
-	out := ep.api.newAnswer(&answerBase{w: w, r: r, api: ep.api, id: id, model: req.model, usage: req.usage})
+	// A resumed run's answer keeps the time the run began.
+	out := ep.api.newAnswer(&answerBase{w: w, r: r, api: ep.api, id: id, model: req.model, usage: req.usage, created: rn.createdAt()})
 	ob := out.base()
 	var sum executor.Summary
 	switch {
@@ -206,7 +210,6 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return // the application went away: its calls were cancelled
 	}
 	ob.model = cmp.Or(res.Model, ob.model)
-	ob.created = cmp.Or(rn.createdAt(), time.Now().Unix())
 	if sum.Status != executor.StatusCompleted && len(res.AppCalls) == 0 {
 		ep.log.Warn("the run failed", "run_id", id, "status", sum.Status, "err", sum.Error)
 		fail(out, sum, err)
@@ -224,11 +227,21 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executor.Request {
-	dreq := executor.Request{RunID: rn.id, Model: req.model, Traceparent: r.Header.Get("traceparent"), Fresh: rn.fresh}
+	dreq := executor.Request{RunID: rn.id, Model: req.model, Traceparent: r.Header.Get("traceparent"), Fresh: rn.fresh, Caller: req.owner}
 	if ep.cfg.ForwardAuthorization {
 		dreq.CallerKey = ep.api.callerKey(r)
 	}
 	return dreq
+}
+
+// runRef is the run a request drives: its id; fresh: begun under a new
+// id, which no journal holds; finished: how it ended, when it did; created:
+// when it began, as its journal header says (0 for a run not begun).
+type runRef struct {
+	id       string
+	fresh    bool
+	finished *endRecord
+	created  int64
 }
 
 // runOf names the run a request drives. With the application's
@@ -237,72 +250,75 @@ func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executo
 // answered from the journal (finished). Without it, the request resumes a
 // run of the same caller and request that a crash interrupted, if one
 // exists and it wins the claim on it; otherwise it starts a run of its own
-// (fresh: under a new id, which no journal holds).
-func (ep *Endpoint) runOf(ctx context.Context, key runKey) (id string, fresh bool, finished *endRecord, err error) {
+// (fresh).
+func (ep *Endpoint) runOf(ctx context.Context, key runKey) (runRef, error) {
 	j := ep.cfg.Upstream.cfg.Journal
 	if j == nil {
-		return ep.newRunID(key), true, nil, nil
+		return runRef{id: ep.newRunID(key), fresh: true}, nil
 	}
 	jctx, cancel := journalCtx(ctx)
 	defer cancel()
 	if key.explicit {
 		var h header
 		if _, found, err := getJSON(jctx, j, headerKey(key.id), &h); err != nil || !found {
-			return key.id, false, nil, err
+			return runRef{id: key.id}, err
 		}
 		if h.Request != key.digest {
-			return "", false, nil, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
+			return runRef{}, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
 				status: http.StatusUnprocessableEntity}
 		}
+		ref := runRef{id: key.id, created: h.Created}
 		var end endRecord
 		if _, ok, err := getJSON(jctx, j, endKey(key.id), &end); err != nil || !ok {
-			return key.id, false, nil, err
+			return ref, err
 		}
-		return key.id, false, &end, nil
+		ref.finished = &end
+		return ref, nil
 	}
 	var ix runIndex
 	if _, _, err := getJSON(jctx, j, indexKey(key.digest), &ix); err != nil {
-		return "", false, nil, err
+		return runRef{}, err
 	}
 	for _, id := range slices.Backward(ix.Runs) {
-		if ok, err := ep.claim(jctx, j, id); err != nil {
-			return "", false, nil, err
+		if h, ok, err := ep.claim(jctx, j, id); err != nil {
+			return runRef{}, err
 		} else if ok {
 			ep.log.Info("resuming a run that a crash interrupted", "run_id", id)
-			return id, false, nil, nil
+			return runRef{id: id, created: h.Created}, nil
 		}
 	}
-	return ep.newRunID(key), true, nil, nil
+	return runRef{id: ep.newRunID(key), fresh: true}, nil
 }
 
 // claim takes over a run that a crash interrupted: one that did not end,
-// that no sidecar drives, and whose header this request updated first.
-func (ep *Endpoint) claim(ctx context.Context, j Journal, id string) (bool, error) {
+// that no sidecar drives, and whose header this request updated first. It
+// returns the run's header.
+func (ep *Endpoint) claim(ctx context.Context, j Journal, id string) (header, bool, error) {
+	var h header
 	if ep.cfg.Upstream.live(id) {
-		return false, nil
+		return h, false, nil
 	}
 	// An ended run, the commonest in an index, is ruled out by one read.
 	if end, _, err := j.Get(ctx, endKey(id)); err != nil || end != nil {
-		return false, err
+		return h, false, err
 	}
 	if ep.cfg.Driven != nil {
 		if driven, err := ep.cfg.Driven(ctx, id); err != nil || driven {
-			return false, err
+			return h, false, err
 		}
 	}
-	var h header
 	rev, found, err := getJSON(ctx, j, headerKey(id), &h)
 	if err != nil || !found {
-		return false, err
+		return h, false, err
 	}
 	h.Claims++
 	data, _ := json.Marshal(h)
 	if _, err := j.Update(ctx, headerKey(id), data, rev); errors.Is(err, ErrJournalChanged) {
-		return false, nil
+		return h, false, nil
 	} else if err != nil {
-		return false, err
+		return h, false, err
 	}
-	return true, nil
+	return h, true, nil
 }
 
 // newRunID is the id of a new run: the key's, or a random one.

@@ -76,7 +76,7 @@ func TestEndedRunLeavesItsIndex(t *testing.T) {
 	key := runKey{digest: "d"}
 	var runs []*run
 	for i := range 2 {
-		r := u.Begin(fmt.Sprintf("chatcmpl-%d", i), true, &request{key: key}, nil)
+		r := u.Begin(runRef{id: fmt.Sprintf("chatcmpl-%d", i), fresh: true}, &request{key: key}, nil)
 		if err := u.journalTurn(ctx, r, 1, turnRecord{Calls: []journaledCall{{ActionID: "a", ToolCallID: "call_1", Tool: "echo"}}}); err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +132,7 @@ func TestKeylessAnswerLeavesItsRecordsForLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := u.Begin("chatcmpl-1", true, &request{key: runKey{digest: "d"}}, nil)
+	r := u.Begin(runRef{id: "chatcmpl-1", fresh: true}, &request{key: runKey{digest: "d"}}, nil)
 	if err := u.journalTurn(ctx, r, 1, turnRecord{Calls: []journaledCall{{ActionID: "act_1", ToolCallID: "call_1", Tool: "echo"}}}); err != nil {
 		t.Fatal(err)
 	}

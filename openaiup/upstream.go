@@ -2,6 +2,7 @@ package openaiup
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -112,6 +113,7 @@ func New(cfg Config) (*Upstream, error) {
 type run struct {
 	id       string
 	key      runKey
+	owner    string // the credentials that began it (executor.CallerOf)
 	mu       sync.Mutex
 	body     map[string]json.RawMessage // the request's fields but messages and stream
 	headers  http.Header                // forwarded on every turn
@@ -244,17 +246,18 @@ type ToolCall = toolCall
 // declared, whose calls it runs itself, and the headers its turns
 // forward. fresh says that no journal can hold the run yet (a new id of
 // its own): it is not read there. Each Begin is paired with an End.
-func (u *Upstream) Begin(id string, fresh bool, req *request, messages []json.RawMessage) *run {
+func (u *Upstream) Begin(ref runRef, req *request, messages []json.RawMessage) *run {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	id, fresh := ref.id, ref.fresh
 	if r, ok := u.runs[id]; ok {
 		r.mu.Lock()
 		r.users++
 		r.mu.Unlock()
 		return r
 	}
-	r := &run{id: id, key: req.key, body: req.body, headers: req.headers, base: messages, messages: messages, appTools: req.appTools,
-		status: executor.RunActive, created: time.Now().Unix(), users: 1, wake: make(chan struct{}), local: fresh, fresh: fresh}
+	r := &run{id: id, key: req.key, owner: req.owner, body: req.body, headers: req.headers, base: messages, messages: messages, appTools: req.appTools,
+		status: executor.RunActive, created: cmp.Or(ref.created, time.Now().Unix()), users: 1, wake: make(chan struct{}), local: fresh, fresh: fresh}
 	u.runs[id] = r
 	return r
 }
@@ -344,7 +347,7 @@ func (u *Upstream) Run(ctx context.Context, id string) (executor.Run, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return executor.Run{ID: id, Status: r.status, UpstreamStatus: r.status, NeverStarted: !r.began}, nil
+	return executor.Run{ID: id, Status: r.status, UpstreamStatus: r.status, NeverStarted: !r.began, Owner: r.owner}, nil
 }
 
 // RecentRuns: the upstream has no runs of its own to list.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"encoding/json"
 	"net/http"
 	"sync"
@@ -19,24 +20,34 @@ import (
 // while nothing else is sent. A request with Last-Event-ID (checked by
 // drive) resumes after that event.
 func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.Request) {
-	sess, err := sse.Upgrade(w, r)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
+	var (
+		mu   sync.Mutex // the keepalive and the events write to one session
+		sess *sse.Session
+	)
+	// The stream begins once the drive has taken this caller (its owner
+	// checked): a drive refused before answers with its status (403 for
+	// another caller's run, 404, 400) and its summary, as JSON.
+	upgrade := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if sess == nil {
+			var err error
+			if sess, err = sse.Upgrade(w, r); err != nil {
+				return false
+			}
+			// Answer at once: a caller that attaches to a drive in
+			// progress may wait a while for its first event.
+			_ = sess.Flush()
+		}
+		return true
 	}
-	var mu sync.Mutex // the keepalive and the events write to one session
 	write := func(m *sse.Message) {
 		mu.Lock()
 		defer mu.Unlock()
-		if sess.Send(m) == nil {
+		if sess != nil && sess.Send(m) == nil {
 			_ = sess.Flush()
 		}
 	}
-	// Answer at once: a caller that attaches to a drive in progress may
-	// wait a while for its first event.
-	mu.Lock()
-	_ = sess.Flush()
-	mu.Unlock()
 	sent := make(chan struct{}, 1)
 	var id string // the event's, for Last-Event-ID
 	send := func(typ string, v any) {
@@ -57,14 +68,18 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() { keepalive(s.cfg.SSEKeepalive, sent, stop, write) })
 	defer func() { close(stop); wg.Wait() }()
 	// A stream that drops leaves the run going for the grace, so that
 	// the client reconnects and reads on where it stopped.
 	req.Linger = s.cfg.SSEResumeGrace
-	s.drv.Drive(r.Context(), req, func(e executor.Event) {
+	var refused *executor.Summary
+	sum, err := s.drv.Drive(r.Context(), req, func(e executor.Event) {
 		id = e.ID
 		switch e.Type {
+		case executor.EventAccepted:
+			if upgrade() {
+				wg.Go(func() { keepalive(s.cfg.SSEKeepalive, sent, stop, write) })
+			}
 		case executor.EventContent, executor.EventReasoning, executor.EventError:
 			send(string(e.Type), map[string]any{"turn": e.Turn, "text": e.Text})
 		case executor.EventToolCall, executor.EventProgress:
@@ -82,9 +97,22 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 		case executor.EventTurn:
 			send("turn", map[string]int{"turn": e.Turn})
 		case executor.EventDone:
+			mu.Lock()
+			begun := sess != nil
+			mu.Unlock()
+			if !begun {
+				refused = e.Summary
+				return
+			}
 			send("done", e.Summary)
 		}
 	})
+	mu.Lock()
+	begun := sess != nil
+	mu.Unlock()
+	if !begun {
+		writeJSON(w, driveStatus(err), cmp.Or(refused, &sum))
+	}
 }
 
 // callRef names a call in the tool_call and progress events.
