@@ -14,11 +14,13 @@ import (
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func TestMain(m *testing.M) {
+	matrix.Main()        // a tool of route exec or mcp, which a sidecar started
 	testenv.MaybeServe() // a benchmark's Core in a process of its own
 	goleak.VerifyTestMain(m)
 }

@@ -3,11 +3,11 @@ package executor_test
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -16,8 +16,8 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
-	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // TestInvariantUnderLoadAndFaults is the product's promise, checked on
@@ -27,7 +27,8 @@ import (
 // answers random requests with a 5xx (before or after taking effect),
 // drops them (before or after), delays them, or holds a write for longer
 // than core.timeout before applying it. Several runs of two tool turns of
-// random width (1 to 16, random tools and latencies) are driven at once,
+// random width (1 to 16, random tools and latencies, each tool on a route
+// drawn at random from every kind) are driven at once,
 // each driven again until it completes, as an application would. Then,
 // for every Action: exactly one output, outputs in call order, processing
 // (if any) before the output, the final status last and none left open
@@ -68,37 +69,27 @@ var propertyTools = []string{"ro", "idem", "unsafe"}
 
 func checkInvariant(t *testing.T, seed uint64, runs int) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	// Each call's latency is drawn with it, in its arguments, which the
+	// test kit's tools wait.
+	maxLatency := 1 + rng.IntN(40)
 	batch := func() []coresim.Call {
 		calls := make([]coresim.Call, 1+rng.IntN(16))
 		for i := range calls {
-			calls[i] = coresim.Call{Tool: propertyTools[rng.IntN(len(propertyTools))], ArgsJSON: fmt.Sprintf(`{"q": "%d"}`, rng.IntN(1000))}
+			calls[i] = coresim.Call{Tool: propertyTools[rng.IntN(len(propertyTools))], ArgsJSON: fmt.Sprintf(`{"q": "%d", "ms": %d}`, rng.IntN(1000), rng.IntN(maxLatency))}
 		}
 		return calls
 	}
 	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: batch()}, {Calls: batch()}, {Content: "done: {{results}}"}}}
 
-	// Each call's latency is drawn from its Action: random, yet the same
-	// for every attempt of the call.
-	maxLatency := time.Duration(1+rng.IntN(40)) * time.Millisecond
-	var mu sync.Mutex
-	runsOf := map[string]int{} // unsafe executions by Action
-	handler := func(unsafe bool) tool.Handler {
-		return func(ctx context.Context, c *tool.Call) ([]byte, error) {
-			if unsafe {
-				mu.Lock()
-				runsOf[c.ActionID]++
-				mu.Unlock()
-			}
-			h := fnv.New64a()
-			h.Write([]byte(c.ActionID))
-			select {
-			case <-time.After(time.Duration(h.Sum64() % uint64(maxLatency))):
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return []byte(`{"ok": true}`), nil
-		}
-	}
+	// Each tool is served on a route drawn at random from every kind; the
+	// unsafe one from those whose tool is told its call's action_id (an
+	// MCP server is not), by which it counts its runs.
+	route := func(kinds []string) string { return kinds[rng.IntN(len(kinds))] }
+	ro := matrix.Serve(t, route(matrix.AllRoutes), matrix.Tool{Name: "ro", SideEffects: config.ReadOnly})
+	idem := matrix.Serve(t, route(matrix.AllRoutes), matrix.Tool{Name: "idem", SideEffects: config.Idempotent})
+	unsafe := matrix.Serve(t, route([]string{matrix.NATS, matrix.Exec, matrix.HTTP}), matrix.Tool{Name: "unsafe", SideEffects: config.Unsafe})
+	tools := slices.Concat(ro.EnvTools(30*time.Second), idem.EnvTools(30*time.Second), unsafe.EnvTools(30*time.Second))
+	tools[0].Config.Retries, tools[1].Config.Retries = 2, 2
 	keepAlive := time.Duration(5+rng.IntN(100)) * time.Millisecond
 	env := testenv.Start(t, sc, testenv.Options{
 		CoreTimeout: 150 * time.Millisecond,
@@ -109,16 +100,13 @@ func checkInvariant(t *testing.T, seed uint64, runs int) {
 		},
 		// Only the sidecar meets the faults, not the application's set-up.
 		ServeCore: testenv.CoreApart(t, func(srv *httptest.Server) { srv.Config.IdleTimeout = keepAlive }),
-	},
-		testenv.Tool{Config: config.Tool{Name: "ro", SideEffects: config.ReadOnly, Retries: 2}, Handler: handler(false)},
-		testenv.Tool{Config: config.Tool{Name: "idem", SideEffects: config.Idempotent, Retries: 2}, Handler: handler(false)},
-		testenv.Tool{Config: config.Tool{Name: "unsafe", SideEffects: config.Unsafe}, Handler: handler(true)},
-	)
+	}, tools...)
 	faults := randomFaults(rng)
 	for _, f := range faults {
 		env.Sim.AddFault(f)
 	}
-	t.Logf("widths %d and %d, tools under %s, keep-alive %s, faults %v", len(sc.Turns[0].Calls), len(sc.Turns[1].Calls), maxLatency, keepAlive, faults)
+	t.Logf("widths %d and %d, tools under %d ms on routes %s, %s and %s, keep-alive %s, faults %v", len(sc.Turns[0].Calls), len(sc.Turns[1].Calls),
+		maxLatency, ro.Route, idem.Route, unsafe.Route, keepAlive, faults)
 
 	all := make([]testenv.Run, runs)
 	for i := range all {
@@ -146,9 +134,7 @@ func checkInvariant(t *testing.T, seed uint64, runs int) {
 		wantCalls := len(sc.Turns[0].Calls) + len(sc.Turns[1].Calls)
 		testenv.AssertWholeBatches(t, env.Sim, r, wantCalls)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for a, n := range runsOf {
+	for a, n := range unsafe.RunsByAction("unsafe") {
 		if n > 1 {
 			t.Errorf("unsafe call of Action %s ran %d times", a, n)
 		}

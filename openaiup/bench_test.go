@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 
@@ -268,18 +270,30 @@ func (processTB) Fatalf(format string, args ...any) {
 // process of its own, by an application in a process of its own. With
 // tool=0s the tool returns at once, so the journal's writes (and the
 // ledger's and the lease's) are the whole difference; tool=50ms is a fast
-// real tool.
+// real tool. Every route kind is measured: NATS, and the routes that run
+// in the sidecar's process (exec, http, an MCP stdio server), whose
+// outcomes the ledger stores as they end.
 //
 //	go test ./openaiup -run '^$' -bench BenchmarkJournal -benchtime 100x
 func BenchmarkJournal(b *testing.B) {
-	for _, latency := range []time.Duration{0, 50 * time.Millisecond} {
-		b.Run(fmt.Sprintf("tool=%v", latency), func(b *testing.B) {
+	for _, tc := range []struct {
+		route   string
+		latency time.Duration
+	}{{matrix.NATS, 0}, {matrix.NATS, 50 * time.Millisecond}, {matrix.Exec, 0}, {matrix.HTTP, 0}, {matrix.MCP, 0}} {
+		b.Run(fmt.Sprintf("route=%s/tool=%v", tc.route, tc.latency), func(b *testing.B) {
 			url, violations := testenv.OpenAIProcess(b, openaisim.Config{})
 			opts := func(durable bool) testenv.Options {
 				return testenv.Options{Executor: config.Executor{MaxParallel: 16}, Config: func(c *config.Config) { c.Durability.Enabled = durable }}
 			}
-			durable, memory := startOn(b, nil, url, opts(true), echoTool("echo", latency, nil)), startOn(b, nil, url, opts(false), echoTool("echo", latency, nil))
-			took := alternate(b, apiChat, [2]string{durable.env.URL + "/v1", memory.env.URL + "/v1"}, script(echoCalls(16), ""), wantEchoes(16), 0)
+			// NATS: the echo worker; another route: the test kit's tool,
+			// which answers "echo done".
+			tools, want := []testenv.Tool{echoTool("echo", tc.latency, nil)}, wantEchoes(16)
+			if tc.route != matrix.NATS {
+				tools = matrix.Serve(b, tc.route, matrix.Tool{Name: "echo", SideEffects: config.ReadOnly}).EnvTools(10 * time.Second)
+				want = "results: " + strings.Repeat(`"echo done" | `, 15) + `"echo done"`
+			}
+			durable, memory := startOn(b, nil, url, opts(true), tools...), startOn(b, nil, url, opts(false), tools...)
+			took := alternate(b, apiChat, [2]string{durable.env.URL + "/v1", memory.env.URL + "/v1"}, script(echoCalls(16), ""), want, 0)
 			if v := violations(); len(v) > 0 {
 				b.Fatalf("contract violations: %v", v)
 			}

@@ -27,12 +27,14 @@ import (
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func TestMain(m *testing.M) {
+	matrix.Main()        // a tool of route exec or mcp, which a sidecar started
 	testenv.MaybeServe() // a benchmark's upstream in a process of its own
 	maybeApplication()   // a benchmark's application in a process of its own
 	goleak.VerifyTestMain(m)
@@ -99,11 +101,15 @@ func startSidecar(t testing.TB, kind, baseURL string, opts testenv.Options, tool
 		tools = []testenv.Tool{echoTool("echo", 0, nil)}
 	}
 	env := testenv.Start(t, coresim.Scenario{}, opts, tools...)
-	var names []string
+	var names []string // the tools a worker serves, which it declares live
 	for _, tl := range tools {
-		names = append(names, tl.Config.Name)
+		if tl.Handler != nil {
+			names = append(names, tl.Config.Name)
+		}
 	}
-	testenv.WaitLive(t, env.URL, names...)
+	if len(names) > 0 {
+		testenv.WaitLive(t, env.URL, names...)
+	}
 	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	t.Cleanup(hc.CloseIdleConnections)
 	return env, hc

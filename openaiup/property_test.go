@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,19 +17,20 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
-	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // TestOpenAIInvariantUnderFaults: runs of random width, with read-only
 // calls of random latency and unsafe ones, against an upstream that cuts
 // streams at random events, answers 429 with Retry-After and 5xx (529
 // overloaded_error for Messages), and sends error events, through each of
-// the three APIs. The application (the API's official client; Responses
-// and Messages streamed through their accumulators) retries with its
-// Idempotency-Key until it is answered. For every run: the answer is the
-// one a run without faults gives, every unsafe call ran once and every
-// read-only call at most twice, no delivered turn was asked again, and the
+// the three APIs, each tool on a route drawn at random from every kind.
+// The application (the API's official client; Responses and Messages
+// streamed through their accumulators) retries with its Idempotency-Key
+// until it is answered. For every run: the answer is the one a run
+// without faults gives, every unsafe call ran once and every read-only
+// call at most twice, no delivered turn was asked again, and the
 // upstream's contract log (every call answered once, in its place and
 // order, the conversation replayed unchanged) is empty. SIGKILLs of the
 // sidecar are TestOpenAISIGKILL's (cmd/toolsidecar), in a process of their
@@ -52,24 +52,15 @@ func TestOpenAIInvariantUnderFaults(t *testing.T) {
 	}
 	for _, api := range []string{apiChat, apiMessages, apiResponses} {
 		t.Run("api="+api, func(t *testing.T) {
-			var mu sync.Mutex
-			ran := map[string]int{} // by tool and arguments
-			counted := func(ctx context.Context, c *tool.Call) ([]byte, error) {
-				mu.Lock()
-				ran[c.Tool+string(c.Args)]++
-				mu.Unlock()
-				var a struct{ Ms int }
-				_ = json.Unmarshal(c.Args, &a)
-				select {
-				case <-time.After(time.Duration(a.Ms) * time.Millisecond):
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-				return testenv.Echo(ctx, c)
-			}
+			// Each tool is served on a route drawn at random from every
+			// kind, and counts its runs by arguments.
+			routes := rand.New(rand.NewPCG(first, uint64(len(api))))
+			look := matrix.Serve(t, matrix.AllRoutes[routes.IntN(len(matrix.AllRoutes))], matrix.Tool{Name: "look", SideEffects: config.ReadOnly, Echo: true})
+			pay := matrix.Serve(t, matrix.AllRoutes[routes.IntN(len(matrix.AllRoutes))], matrix.Tool{Name: "pay", SideEffects: config.Unsafe, Echo: true})
+			t.Logf("look on route %s, pay on route %s", look.Route, pay.Route)
+			served := map[string]*matrix.Served{"look": look, "pay": pay}
 			s := startFaulty(t, api, testenv.Options{Config: func(c *config.Config) { c.Upstream.RetryBudget = 20 * time.Second }},
-				testenv.Tool{Config: config.Tool{Name: "look", Description: "reads", SideEffects: config.ReadOnly}, Handler: counted},
-				testenv.Tool{Config: config.Tool{Name: "pay", Description: "pays", SideEffects: config.Unsafe}, Handler: counted})
+				append(look.EnvTools(30*time.Second), pay.EnvTools(30*time.Second)...)...)
 			for i := range seeds {
 				seed := first + uint64(i)
 				rng := rand.New(rand.NewPCG(seed, seed))
@@ -111,15 +102,14 @@ func TestOpenAIInvariantUnderFaults(t *testing.T) {
 				if want := "done. results: " + strings.Join(parts, " | "); answer != want {
 					t.Fatalf("seed %d: answer %q, want %q", seed, answer, want)
 				}
-				mu.Lock()
 				for _, c := range round {
 					b, _ := json.Marshal(c["arguments"])
-					n, limit := ran[c["name"].(string)+string(b)], map[string]int{"look": 2, "pay": 1}[c["name"].(string)]
+					name := c["name"].(string)
+					n, limit := served[name].Runs(name, b), map[string]int{"look": 2, "pay": 1}[name]
 					if n < 1 || n > limit {
-						t.Errorf("seed %d: %s%s ran %d times, want 1 to %d", seed, c["name"], b, n, limit)
+						t.Errorf("seed %d: %s%s ran %d times, want 1 to %d", seed, name, b, n, limit)
 					}
 				}
-				mu.Unlock()
 				if n := s.sim.Repeats(); n != 0 {
 					t.Fatalf("seed %d: %d delivered turns asked again", seed, n)
 				}

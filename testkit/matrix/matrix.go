@@ -15,6 +15,7 @@
 package matrix
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -30,6 +31,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -68,6 +71,9 @@ type Tool struct {
 	SideEffects string // read_only | idempotent | unsafe
 	// Block holds the tool's first execution until [Served.Release].
 	Block bool
+	// Echo answers {"echo": <args>} (the arguments with sorted keys)
+	// instead of "<name> done".
+	Echo bool
 }
 
 // Served is a set of tools served on one route kind.
@@ -93,8 +99,7 @@ func Serve(t testing.TB, route string, tools ...Tool) *Served {
 				http.NotFound(w, r)
 				return
 			}
-			_, _ = io.Copy(io.Discard, r.Body)
-			out, err := execute(r.Context(), s.dir, tl.Name, tl.Block)
+			out, err := execute(r.Context(), s.dir, tl, manifestOf(r.Body))
 			if err != nil {
 				return // the client has gone
 			}
@@ -120,30 +125,58 @@ func (s *Served) tool(name string) (Tool, bool) {
 // the given timeout.
 func (s *Served) Config(timeout string) string {
 	var b strings.Builder
-	bin, _ := os.Executable()
-	var blocked []string
-	var names []string
-	for _, tl := range s.tools {
-		names = append(names, tl.Name)
-		if tl.Block {
-			blocked = append(blocked, tl.Name)
-		}
-	}
 	for _, tl := range s.tools {
 		fmt.Fprintf(&b, "  - {name: %s, side_effects: %s, timeout: %s", tl.Name, tl.SideEffects, timeout)
-		switch s.Route {
-		case Exec:
-			fmt.Fprintf(&b, `, route: exec, exec: {command: [%q, "-test.run=^$"], env: {%s: exec, %s: %q, %s: %q, %s: %q}}`,
-				bin, envRole, envDir, s.dir, envTools, tl.Name, envBlocked, strings.Join(blocked, ","))
-		case HTTP:
-			fmt.Fprintf(&b, ", route: http, http: {url: %q}", s.srv.URL+"/"+tl.Name)
-		case MCP:
-			fmt.Fprintf(&b, `, route: mcp, mcp: {command: [%q, "-test.run=^$"], env: {%s: mcp, %s: %q, %s: %q, %s: %q}}`,
-				bin, envRole, envDir, s.dir, envTools, strings.Join(names, ","), envBlocked, strings.Join(blocked, ","))
+		if settings := s.settings(tl); settings != nil {
+			js, _ := json.Marshal(settings) // JSON is YAML's flow style
+			fmt.Fprintf(&b, ", route: %s, %s: %s", s.Route, s.Route, js)
 		}
 		b.WriteString("}\n")
 	}
 	return b.String()
+}
+
+// EnvTools are the tools as the test kit's sidecars take them, each with
+// the given timeout: with their route and its settings, or on route nats
+// with the worker's handler.
+func (s *Served) EnvTools(timeout time.Duration) []testenv.Tool {
+	hs := s.Handlers()
+	var out []testenv.Tool
+	for _, tl := range s.tools {
+		c := config.Tool{Name: tl.Name, SideEffects: tl.SideEffects, Timeout: timeout}
+		if settings := s.settings(tl); settings != nil {
+			c.Route, c.Settings = s.Route, map[string]any{s.Route: settings}
+		}
+		out = append(out, testenv.Tool{Config: c, Handler: hs[tl.Name]})
+	}
+	return out
+}
+
+// settings are a tool's settings on its route; nil on route nats.
+func (s *Served) settings(tl Tool) map[string]any {
+	bin, _ := os.Executable()
+	var blocked, names, echo []string
+	for _, t := range s.tools {
+		names = append(names, t.Name)
+		if t.Block {
+			blocked = append(blocked, t.Name)
+		}
+		if t.Echo {
+			echo = append(echo, t.Name)
+		}
+	}
+	env := map[string]any{envRole: s.Route, envDir: s.dir, envBlocked: strings.Join(blocked, ","), envEcho: strings.Join(echo, ",")}
+	switch s.Route {
+	case Exec:
+		env[envTools] = tl.Name
+		return map[string]any{"command": []any{bin, "-test.run=^$"}, "env": env}
+	case HTTP:
+		return map[string]any{"url": s.srv.URL + "/" + tl.Name}
+	case MCP:
+		env[envTools] = strings.Join(names, ",")
+		return map[string]any{"command": []any{bin, "-test.run=^$"}, "env": env, "tool": tl.Name}
+	}
+	return nil
 }
 
 // Handlers are the handlers a NATS worker serves the tools with (route
@@ -155,7 +188,7 @@ func (s *Served) Handlers() map[string]tool.Handler {
 	hs := map[string]tool.Handler{}
 	for _, tl := range s.tools {
 		hs[tl.Name] = func(ctx context.Context, c *tool.Call) ([]byte, error) {
-			return execute(ctx, s.dir, tl.Name, tl.Block)
+			return execute(ctx, s.dir, tl, manifest{ActionID: c.ActionID, Args: c.Args})
 		}
 	}
 	return hs
@@ -181,6 +214,7 @@ const (
 	envDir     = "TSC_MATRIX_DIR"
 	envTools   = "TSC_MATRIX_TOOLS"   // the tool (exec) or tools (mcp, comma-separated)
 	envBlocked = "TSC_MATRIX_BLOCKED" // the tools whose first execution is held
+	envEcho    = "TSC_MATRIX_ECHO"    // the tools that echo their arguments
 )
 
 // Main makes this process the tool it was started as (route exec: one
@@ -195,8 +229,8 @@ func Main() {
 	names := strings.Split(os.Getenv(envTools), ",")
 	switch role {
 	case Exec:
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		out, err := execute(context.Background(), dir, names[0], slices.Contains(blocked, names[0]))
+		tl := Tool{Name: names[0], Block: slices.Contains(blocked, names[0]), Echo: slices.Contains(strings.Split(os.Getenv(envEcho), ","), names[0])}
+		out, err := execute(context.Background(), dir, tl, manifestOf(os.Stdin))
 		if err != nil {
 			os.Exit(1)
 		}
@@ -204,11 +238,13 @@ func Main() {
 		os.Exit(0)
 	case MCP:
 		srv := mcp.NewServer(&mcp.Implementation{Name: "matrix", Version: "1"}, nil)
+		echo := strings.Split(os.Getenv(envEcho), ",")
 		for _, name := range names {
-			block := slices.Contains(blocked, name)
+			tl := Tool{Name: name, Block: slices.Contains(blocked, name), Echo: slices.Contains(echo, name)}
 			srv.AddTool(&mcp.Tool{Name: name, InputSchema: json.RawMessage(`{"type":"object"}`)},
-				func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-					out, err := execute(ctx, dir, name, block)
+				func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+					// MCP carries the arguments, not the call's identity.
+					out, err := execute(ctx, dir, tl, manifest{Args: req.Params.Arguments})
 					if err != nil {
 						return nil, err
 					}
@@ -221,11 +257,12 @@ func Main() {
 	os.Exit(2)
 }
 
-// execute is every route's tool: it counts the execution, holds the first
-// one of a blocked tool until the release file exists, and answers
-// "<name> done".
-func execute(ctx context.Context, dir, name string, block bool) ([]byte, error) {
-	f, err := os.OpenFile(filepath.Join(dir, name+".count"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+// execute is every route's tool: it counts the execution (and its
+// arguments), holds the first one of a blocked tool until the release
+// file exists, waits the arguments' "ms" milliseconds, and answers.
+func execute(ctx context.Context, dir string, tl Tool, m manifest) ([]byte, error) {
+	args := normal(m.Args)
+	f, err := os.OpenFile(filepath.Join(dir, tl.Name+".count"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -234,22 +271,96 @@ func execute(ctx context.Context, dir, name string, block bool) ([]byte, error) 
 	if err != nil {
 		return nil, err
 	}
-	first := count(dir, name) == 1
-	for block && first {
+	appendLine(filepath.Join(dir, tl.Name+".args"), args)
+	appendLine(filepath.Join(dir, tl.Name+".actions"), []byte(m.ActionID))
+	first := count(dir, tl.Name) == 1
+	for tl.Block && first {
 		if _, err := os.Stat(filepath.Join(dir, "release")); err == nil {
 			break
 		}
-		select {
-		case <-ctx.Done():
+		if sleep(ctx, 5*time.Millisecond) != nil {
 			return nil, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	if f, err := os.OpenFile(filepath.Join(dir, name+".done"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
-		_, _ = f.Write([]byte{'x'})
+	var a struct{ Ms int }
+	_ = json.Unmarshal(args, &a)
+	if sleep(ctx, time.Duration(a.Ms)*time.Millisecond) != nil {
+		return nil, ctx.Err()
+	}
+	appendLine(filepath.Join(dir, tl.Name+".done"), nil)
+	if tl.Echo {
+		return []byte(`{"echo": ` + string(args) + `}`), nil
+	}
+	return []byte(`"` + tl.Name + ` done"`), nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// appendLine appends line and a newline to the file at path.
+func appendLine(path string, line []byte) {
+	if f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+		_, _ = f.Write(append(line, '\n'))
 		f.Close()
 	}
-	return []byte(`"` + name + ` done"`), nil
+}
+
+// manifest is what a tool learns of its call.
+type manifest struct {
+	ActionID string          `json:"action_id"`
+	Args     json.RawMessage `json:"args"`
+}
+
+// manifestOf reads a manifest: the body of an exec or http call.
+func manifestOf(r io.Reader) manifest {
+	var m manifest
+	_ = json.NewDecoder(io.LimitReader(r, 16<<20)).Decode(&m)
+	return m
+}
+
+// normal is JSON arguments as one line with sorted keys, as every route
+// hands them over alike (an MCP server gets them re-encoded).
+func normal(args []byte) []byte {
+	var v any
+	d := json.NewDecoder(bytes.NewReader(args))
+	d.UseNumber()
+	if d.Decode(&v) != nil {
+		return []byte("{}")
+	}
+	out, _ := json.Marshal(v)
+	return out
+}
+
+// RunsByAction counts the executions of the named tool by the action_id
+// of their call; an MCP server is not told it, so route mcp counts all
+// under "".
+func (s *Served) RunsByAction(name string) map[string]int {
+	b, _ := os.ReadFile(filepath.Join(s.dir, name+".actions"))
+	out := map[string]int{}
+	for line := range strings.Lines(string(b)) {
+		out[strings.TrimSuffix(line, "\n")]++
+	}
+	return out
+}
+
+// Runs is how many times the named tool started with the given arguments
+// (compared with sorted keys).
+func (s *Served) Runs(name string, args []byte) int {
+	b, _ := os.ReadFile(filepath.Join(s.dir, name+".args"))
+	want := string(normal(args))
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		if strings.TrimSuffix(line, "\n") == want {
+			n++
+		}
+	}
+	return n
 }
 
 func count(dir, name string) int32 { return size(filepath.Join(dir, name+".count")) }
