@@ -85,7 +85,18 @@ func newRoot(inv *invocation, stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Sprintf("%s: %v", c.CommandPath(), err)}
 	})
-	root.SetHelpCommand(&cobra.Command{
+	root.SetHelpCommand(helpCommand())
+	for _, sc := range subcommands(inv, stdout, stderr) {
+		root.AddCommand(sc.command(inv, stderr))
+	}
+	root.AddCommand(runsCommand(stdout, stderr))
+	return root
+}
+
+// helpCommand is "toolsidecar help COMMAND", which refuses a command that
+// does not exist instead of printing the root's help.
+func helpCommand() *cobra.Command {
+	return &cobra.Command{
 		Use:   "help [COMMAND]",
 		Short: "show help for a command: toolsidecar help COMMAND",
 		Args:  cobra.MaximumNArgs(2),
@@ -105,68 +116,77 @@ func newRoot(inv *invocation, stdout, stderr io.Writer) *cobra.Command {
 			}
 			return target.Help()
 		},
-	})
-	for _, c := range []struct {
-		name, short     string
-		config, logging bool
-		run             func() int
-		extra           func(*cobra.Command)
-	}{
-		{"run", "run the sidecar daemon", true, true, func() int { return runLoaded(*inv, stdout, stderr) }, nil},
-		{"worker", "serve the exec and http tools over NATS, as a worker process", true, true, func() int { return runLoaded(*inv, stdout, stderr) }, nil},
-		{"check", "validate a configuration file and print its tools", true, false, func() int { return runLoaded(*inv, stdout, stderr) }, func(c *cobra.Command) {
+	}
+}
+
+// subcommand is one of the commands that take no argument: whether it
+// reads a configuration and logs, what it runs, and its own flags.
+type subcommand struct {
+	name, short     string
+	config, logging bool
+	run             func() int
+	extra           func(*cobra.Command)
+}
+
+func subcommands(inv *invocation, stdout, stderr io.Writer) []subcommand {
+	loaded := func() int { return runLoaded(*inv, stdout, stderr) }
+	return []subcommand{
+		{"run", "run the sidecar daemon", true, true, loaded, nil},
+		{"worker", "serve the exec and http tools over NATS, as a worker process", true, true, loaded, nil},
+		{"check", "validate a configuration file and print its tools", true, false, loaded, func(c *cobra.Command) {
 			c.Flags().BoolVar(&inv.refs, "references", true, "also open the files and find the programs the configuration names (false where they exist only where it runs, as in a pod)")
 		}},
-		{"tools", "print the tools as Core's assistant tools array (for POST /v1/assistants)", true, false, func() int { return runLoaded(*inv, stdout, stderr) }, func(c *cobra.Command) {
+		{"tools", "print the tools as Core's assistant tools array (for POST /v1/assistants)", true, false, loaded, func(c *cobra.Command) {
 			c.Flags().BoolVar(&inv.source, "source", false, "also say where each tool is defined (source, declared_by), as GET /v1/tools?source=1 does")
 		}},
 		{"config", "print the effective configuration: each key, its value and its source (default, file, env, flag)", true, false, func() int { return printConfig(*inv, stdout, stderr) }, nil},
 		{"demo", "run the whole loop on the embedded default: Core simulator, NATS, workers", false, false, func() int { return runDemo(stdout, stderr) }, nil},
 		{"version", "print the version, VCS revision and Go version", false, false, func() int { fmt.Fprintln(stdout, version.Get()); return 0 }, nil},
-	} {
-		cmd := &cobra.Command{
-			Use:   c.name,
-			Short: c.short,
-			Args: func(cmd *cobra.Command, args []string) error {
-				if len(args) == 0 {
-					return nil
-				}
-				hint := ""
-				if c.config && (strings.HasSuffix(args[0], ".yaml") || strings.HasSuffix(args[0], ".yml")) {
-					hint = fmt.Sprintf(" (did you mean --config %s?)", args[0])
-				}
-				return usageError{fmt.Sprintf("toolsidecar %s: unexpected argument %q%s", c.name, args[0], hint)}
-			},
-			ValidArgsFunction: cobra.NoFileCompletions,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				inv.cmd = c.name
-				if err := inv.finish(c.logging, stderr); err != nil {
-					return usageError{fmt.Sprintf("toolsidecar %s: %v", c.name, err)}
-				}
-				if code := c.run(); code != 0 {
-					return exitError{code}
-				}
-				return nil
-			},
-		}
-		if c.config {
-			cmd.Flags().StringVarP(&inv.cfgPath, "config", "c", "", "configuration file (YAML)")
-			cmd.Flags().StringArrayVar(&inv.sets, "set", nil, "override a key: --set core.url=http://core:9000 (repeatable)")
-			_ = cmd.MarkFlagFilename("config", "yaml", "yml")
-		}
-		if c.logging {
-			cmd.Flags().StringVar(&inv.level, "log-level", envOr("TOOLSIDECAR_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLSIDECAR_LOG_LEVEL)")
-			cmd.Flags().StringVar(&inv.format, "log-format", envOr("TOOLSIDECAR_LOG_FORMAT", "json"), "json or text (env TOOLSIDECAR_LOG_FORMAT)")
-			_ = cmd.RegisterFlagCompletionFunc("log-level", cobra.FixedCompletions([]cobra.Completion{"debug", "info", "warn", "error"}, cobra.ShellCompDirectiveNoFileComp))
-			_ = cmd.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions([]cobra.Completion{"json", "text"}, cobra.ShellCompDirectiveNoFileComp))
-		}
-		if c.extra != nil {
-			c.extra(cmd)
-		}
-		root.AddCommand(cmd)
 	}
-	root.AddCommand(runsCommand(stdout, stderr))
-	return root
+}
+
+// command is the subcommand as cobra's, with the flags it takes.
+func (sc subcommand) command(inv *invocation, stderr io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   sc.name,
+		Short: sc.short,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			hint := ""
+			if sc.config && (strings.HasSuffix(args[0], ".yaml") || strings.HasSuffix(args[0], ".yml")) {
+				hint = fmt.Sprintf(" (did you mean --config %s?)", args[0])
+			}
+			return usageError{fmt.Sprintf("toolsidecar %s: unexpected argument %q%s", sc.name, args[0], hint)}
+		},
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			inv.cmd = sc.name
+			if err := inv.finish(sc.logging, stderr); err != nil {
+				return usageError{fmt.Sprintf("toolsidecar %s: %v", sc.name, err)}
+			}
+			if code := sc.run(); code != 0 {
+				return exitError{code}
+			}
+			return nil
+		},
+	}
+	if sc.config {
+		cmd.Flags().StringVarP(&inv.cfgPath, "config", "c", "", "configuration file (YAML)")
+		cmd.Flags().StringArrayVar(&inv.sets, "set", nil, "override a key: --set core.url=http://core:9000 (repeatable)")
+		_ = cmd.MarkFlagFilename("config", "yaml", "yml")
+	}
+	if sc.logging {
+		cmd.Flags().StringVar(&inv.level, "log-level", envOr("TOOLSIDECAR_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLSIDECAR_LOG_LEVEL)")
+		cmd.Flags().StringVar(&inv.format, "log-format", envOr("TOOLSIDECAR_LOG_FORMAT", "json"), "json or text (env TOOLSIDECAR_LOG_FORMAT)")
+		_ = cmd.RegisterFlagCompletionFunc("log-level", cobra.FixedCompletions([]cobra.Completion{"debug", "info", "warn", "error"}, cobra.ShellCompDirectiveNoFileComp))
+		_ = cmd.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions([]cobra.Completion{"json", "text"}, cobra.ShellCompDirectiveNoFileComp))
+	}
+	if sc.extra != nil {
+		sc.extra(cmd)
+	}
+	return cmd
 }
 
 // finish builds the logger the flags ask for.

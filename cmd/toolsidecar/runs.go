@@ -51,8 +51,30 @@ func runsCommand(stdout, stderr io.Writer) *cobra.Command {
 	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
 	_ = cmd.MarkPersistentFlagFilename("config", "yaml", "yml")
 	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]cobra.Completion{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	for _, sub := range []*cobra.Command{f.listCommand(stdout), f.showCommand(stdout)} {
+		run := sub.RunE
+		sub.RunE = func(c *cobra.Command, args []string) error {
+			if f.output != "table" && f.output != "json" {
+				return usageError{fmt.Sprintf("toolsidecar runs %s: --output %q is not table or json", sub.Name(), f.output)}
+			}
+			if err := run(c, args); err != nil {
+				var usage usageError
+				if errors.As(err, &usage) {
+					return err
+				}
+				fmt.Fprintf(stderr, "toolsidecar runs %s: %v\n", sub.Name(), err)
+				return exitError{1}
+			}
+			return nil
+		}
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
 
-	list := &cobra.Command{
+// listCommand is "toolsidecar runs list".
+func (f *runsFlags) listCommand(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
 		Use:               "list",
 		Short:             "list the runs, the most recent first",
 		Args:              cobra.NoArgs,
@@ -77,7 +99,12 @@ func runsCommand(stdout, stderr io.Writer) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	show := &cobra.Command{
+}
+
+// showCommand is "toolsidecar runs show RUN"; the run ids complete from
+// the daemon, when it answers.
+func (f *runsFlags) showCommand(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
 		Use:   "show RUN",
 		Short: "show one run: its turns, and each call with its outcome and timings",
 		Args: func(_ *cobra.Command, args []string) error {
@@ -86,7 +113,6 @@ func runsCommand(stdout, stderr io.Writer) *cobra.Command {
 			}
 			return nil
 		},
-		// The run ids complete from the daemon, when it answers.
 		ValidArgsFunction: func(c *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
 			rc, err := f.client()
 			if err != nil || len(args) > 0 {
@@ -117,25 +143,6 @@ func runsCommand(stdout, stderr io.Writer) *cobra.Command {
 			return printRun(stdout, got)
 		},
 	}
-	for _, sub := range []*cobra.Command{list, show} {
-		run := sub.RunE
-		sub.RunE = func(c *cobra.Command, args []string) error {
-			if f.output != "table" && f.output != "json" {
-				return usageError{fmt.Sprintf("toolsidecar runs %s: --output %q is not table or json", sub.Name(), f.output)}
-			}
-			if err := run(c, args); err != nil {
-				var usage usageError
-				if errors.As(err, &usage) {
-					return err
-				}
-				fmt.Fprintf(stderr, "toolsidecar runs %s: %v\n", sub.Name(), err)
-				return exitError{1}
-			}
-			return nil
-		}
-		cmd.AddCommand(sub)
-	}
-	return cmd
 }
 
 // client resolves the daemon's address and token: the flags, then the
