@@ -250,9 +250,9 @@ func policies(tc config.Tool, ex config.Executor) (Policies, error) {
 }
 
 func compile(tc config.Tool, prefix string) (*Tool, error) {
-	params := tc.Parameters
-	if params == nil {
-		params = map[string]any{"type": "object"}
+	params, err := objectSchema(tc.Parameters)
+	if err != nil {
+		return nil, err
 	}
 	raw, err := json.Marshal(params)
 	if err != nil {
@@ -279,6 +279,26 @@ func compile(tc config.Tool, prefix string) (*Tool, error) {
 		Subject: prefix + "." + tc.Name, Timeout: tc.Timeout, MaxDuration: tc.MaxDuration,
 		Retries: tc.Retries, SideEffects: tc.SideEffects, Route: cmp.Or(tc.Route, Nats), schema: sch, settings: tc.Settings,
 	}, nil
+}
+
+// objectSchema is a tool's parameters as the model APIs and MCP take
+// them: a schema of an object, its "type" said ("object" when the schema
+// leaves it out). A schema of anything else is refused, here, where the
+// configuration and the workers' declarations are compiled alike: an MCP
+// client would refuse it (the SDK panics on it), and so would every
+// model API.
+func objectSchema(params map[string]any) (map[string]any, error) {
+	if params == nil {
+		return map[string]any{"type": "object"}, nil
+	}
+	switch t, ok := params["type"]; {
+	case !ok:
+		params = maps.Clone(params)
+		params["type"] = "object"
+	case t != "object":
+		return nil, fmt.Errorf("parameters: the schema's top must be of type \"object\" (a call's arguments are an object), not %s", tool.Excerpt(fmt.Sprint(t)))
+	}
+	return params, nil
 }
 
 // build checks the tool's settings and has its route kind build it. Every

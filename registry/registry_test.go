@@ -88,6 +88,38 @@ func TestNewErrors(t *testing.T) {
 	}
 }
 
+// TestSchemaOfAnObject: a tool's parameters describe an object, as every
+// model API and MCP take a call's arguments. A schema of anything else
+// (a string, an array) is refused where config and declarations are
+// compiled alike, a declared one as a DeclarationError naming its worker;
+// a schema that leaves "type" out is an object's. Before, a declared
+// {"type": "string"} made the MCP server panic, and the sidecar exit.
+func TestSchemaOfAnObject(t *testing.T) {
+	for _, params := range []map[string]any{{"type": "string"}, {"type": "array", "items": map[string]any{"type": "string"}}, {"type": []any{"object", "null"}}} {
+		tc := flights()
+		tc.Parameters = params
+		if _, err := compileTools([]config.Tool{tc}, "p"); !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), `type "object"`) {
+			t.Errorf("parameters %v: %v, want refused", params, err)
+		}
+	}
+	by := []string{"worker W"}
+	_, err := New(context.Background(), config.Config{NATS: config.NATS{SubjectPrefix: "p"}}, Base(nil),
+		Declared{Name: "odd", Declaration: tool.Declaration{Parameters: json.RawMessage(`{"type": "string"}`)}, By: by})
+	var de *DeclarationError
+	if !errors.As(err, &de) || de.Tool != "odd" {
+		t.Errorf("a declared string schema: %v, want a DeclarationError of tool odd", err)
+	}
+	tc := flights()
+	tc.Parameters = map[string]any{"properties": map[string]any{"city": map[string]any{"type": "string"}}}
+	reg, err := compileTools([]config.Tool{tc}, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def, _ := reg.Lookup(tc.Name); !strings.Contains(string(def.Parameters), `"type":"object"`) {
+		t.Errorf("a schema without type became %s", def.Parameters)
+	}
+}
+
 func TestListsAndLive(t *testing.T) {
 	noParams := config.Tool{Name: "ping", Route: "nats"}
 	r, err := compileTools([]config.Tool{flights(), noParams}, "p")
