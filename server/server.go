@@ -38,11 +38,6 @@ import (
 //go:embed openapi.json
 var OpenAPI []byte
 
-// Driver drives one run; *executor.Executor satisfies it.
-type Driver interface {
-	Drive(ctx context.Context, req executor.Request, sink executor.Sink) (executor.Summary, error)
-}
-
 // Tools lists the tools in force, in Core's assistant tools shape, and
 // which of them have a live worker.
 type Tools interface {
@@ -119,11 +114,11 @@ type Config struct {
 
 // Server is the HTTP handler.
 type Server struct {
-	cfg   Config
-	drv   Driver
-	tools Tools
-	log   *slog.Logger
-	mux   *http.ServeMux
+	cfg      Config
+	driveRun executor.DriveFunc // Executor.Drive
+	tools    Tools
+	log      *slog.Logger
+	mux      *http.ServeMux
 	// active counts requests being served, so shutdown can wait for drives
 	// that outlive http.Server.Shutdown's deadline.
 	active sync.WaitGroup
@@ -139,8 +134,9 @@ type Server struct {
 // Wait blocks until no request is being served.
 func (s *Server) Wait() { s.active.Wait() }
 
-// New builds the server. No I/O.
-func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
+// New builds the server, which drives runs with drive (Executor.Drive). No
+// I/O.
+func New(cfg Config, drive executor.DriveFunc, tools Tools) (*Server, error) {
 	if cfg.MaxDrives <= 0 {
 		cfg.MaxDrives = 512
 	}
@@ -159,7 +155,7 @@ func New(cfg Config, drv Driver, tools Tools) (*Server, error) {
 	if cfg.Live == nil {
 		cfg.Live = func() error { return nil }
 	}
-	s := &Server{cfg: cfg, drv: drv, tools: tools, log: cfg.Logger, mux: http.NewServeMux(), ops: http.NewServeMux(),
+	s := &Server{cfg: cfg, driveRun: drive, tools: tools, log: cfg.Logger, mux: http.NewServeMux(), ops: http.NewServeMux(),
 		drives: make(chan struct{}, cfg.MaxDrives), pages: http.NewServeMux()}
 	for _, p := range cfg.Pages {
 		s.pages.Handle(p.Pattern, p.Handler)
@@ -487,7 +483,7 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 	// The request context ends when the client goes away: that cancels
 	// the drive under the loop's cancellation rule (once every caller
 	// attached to the run's drive has gone).
-	sum, err := s.drv.Drive(r.Context(), req, nil)
+	sum, err := s.driveRun(r.Context(), req, nil)
 	writeJSON(w, driveStatus(err), sum)
 }
 

@@ -73,7 +73,7 @@ func (s *Server) driveSSE(w http.ResponseWriter, r *http.Request, req executor.R
 	// the client reconnects and reads on where it stopped.
 	req.Linger = s.cfg.SSEResumeGrace
 	var refused *executor.Summary
-	sum, err := s.drv.Drive(r.Context(), req, func(e executor.Event) {
+	sum, err := s.driveRun(r.Context(), req, func(e executor.Event) {
 		id = e.ID
 		switch e.Type {
 		case executor.EventAccepted:

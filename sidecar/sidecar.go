@@ -589,7 +589,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 	if s.cfg.Server.MCP {
 		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "/mcp", Handler: mcpserve.New(s.live, s.exec.Call)})
 	}
-	srv, err := server.New(scfg, s.exec, tools{live: s.live, client: s.client})
+	srv, err := server.New(scfg, s.exec.Drive, tools{live: s.live, client: s.client})
 	if err != nil {
 		return err
 	}
