@@ -83,6 +83,9 @@ type Entry struct {
 	// exec, http, mcp), whose outcome only that process could store: a
 	// restarted sidecar does not wait for it.
 	InProcess bool `json:"in_process,omitempty"`
+	// Outcome is the outcome of an attempt run in process, when it is
+	// kept in the entry.
+	Outcome *Stored `json:"outcome,omitempty"`
 }
 
 // ErrNoJetStream: the NATS server offers no JetStream.
@@ -205,35 +208,53 @@ func (l *Ledger) Inbox() string { return l.cfg.Prefix + ".replies." + l.cfg.Inst
 // call merely runs again on the next drive, as such tools may. This keeps
 // durable mode's cost per call low (BENCHMARKS.md).
 func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply string) error {
-	return l.record(ctx, req, runID, reply, false)
+	return l.record(ctx, req, runID, reply, false, nil)
 }
 
 // Running records an attempt of a call that runs in the sidecar's own
 // process (routes exec, http, mcp) before it starts, as Dispatched does
 // for one sent to a worker, and returns the reply subject under which
-// [Ledger.Ran] stores its outcome. The crash rule is then one for every
+// [Ledger.Ran] may store its outcome. The crash rule is then one for every
 // route: a recorded unsafe attempt without a stored outcome has an unknown
-// effect, and a stored outcome is the call's outcome.
+// effect, and a stored outcome is the call's outcome. Only an unsafe
+// attempt is recorded before it runs (and acknowledged): any other may run
+// again, so its record and outcome are written together as it ends.
 func (l *Ledger) Running(ctx context.Context, req tool.Request, runID string) (reply string, err error) {
 	var tok [16]byte
 	_, _ = rand.Read(tok[:])
 	reply = l.Inbox() + "." + base64.RawURLEncoding.EncodeToString(tok[:])
-	return reply, l.record(ctx, req, runID, reply, true)
+	if !req.Unsafe {
+		return reply, tool.CheckID("action_id", req.ActionID)
+	}
+	return reply, l.record(ctx, req, runID, reply, true, nil)
 }
 
-// Ran stores the outcome of an attempt that [Ledger.Running] recorded on
-// its reply subject, where Recover finds it as it finds a worker's
-// captured reply. An unsafe call's outcome is stored before Ran returns;
-// another's is published without waiting (should it be lost, the call
-// merely runs again). An outcome that never reached the tool is not
-// stored: for an unsafe call the record goes back to "about to be sent",
-// so that a recovery may still run it.
+// maxInline bounds an outcome written inside its ledger entry; a larger
+// one goes to the reply stream, whose messages may be larger.
+const maxInline = 64 << 10
+
+// Ran stores the outcome of an attempt that [Ledger.Running] saw start,
+// where Recover finds it. An unsafe call's outcome is stored on its reply
+// subject, as a worker's reply is captured, before Ran returns. Another's
+// is written without waiting, inside its ledger entry (one write, where a
+// worker's call costs two), or, when large, as an entry and a reply; should
+// it be lost, the call merely runs again. An outcome that never reached the
+// tool is not stored: for an unsafe call the record goes back to "about to
+// be sent", so that a recovery may still run it.
 func (l *Ledger) Ran(ctx context.Context, req tool.Request, runID, reply string, out tool.Outcome) error {
 	if !out.Sent {
 		if !req.Unsafe {
 			return nil
 		}
 		return l.Intend(ctx, req.ActionID, runID, req.Tool)
+	}
+	if !req.Unsafe && len(out.Data) <= maxInline {
+		return l.record(ctx, req, runID, "", true, storedOf(out))
+	}
+	if !req.Unsafe {
+		if err := l.record(ctx, req, runID, reply, true, nil); err != nil {
+			return err
+		}
 	}
 	m := &nats.Msg{Subject: reply, Data: out.Data}
 	if out.Err != nil {
@@ -251,15 +272,42 @@ func (l *Ledger) Ran(ctx context.Context, req tool.Request, runID, reply string,
 	return nil
 }
 
+// Stored is an outcome kept inside its ledger entry.
+type Stored struct {
+	Data    []byte `json:"data,omitempty"`
+	ErrType string `json:"error_type,omitempty"`
+	ErrCode int    `json:"error_code,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// storedOf keeps an outcome as a worker's reply would carry it: an error's
+// message on one line, as its header does.
+func storedOf(out tool.Outcome) *Stored {
+	if out.Err != nil {
+		m := wire.DecodeOutcome(wire.ErrorMsg("", out.Err), 0)
+		return &Stored{ErrType: string(m.Err.Type), ErrCode: m.Err.Code, Error: m.Err.Message}
+	}
+	return &Stored{Data: out.Data}
+}
+
+func (s *Stored) outcome() tool.Outcome {
+	if s.ErrType != "" {
+		return tool.Outcome{Sent: true, Err: &tool.Error{Type: tool.ErrorType(s.ErrType), Code: s.ErrCode, Message: s.Error}}
+	}
+	return tool.Outcome{Sent: true, Data: s.Data}
+}
+
 // record writes the ledger entry of an attempt: acknowledged for an unsafe
-// tool, published without waiting for another's.
-func (l *Ledger) record(ctx context.Context, req tool.Request, runID, reply string, inProcess bool) error {
+// tool, published without waiting for another's. An attempt run in the
+// sidecar's process has a nil outcome before it ends, and its outcome (or
+// a reply subject for it) after.
+func (l *Ledger) record(ctx context.Context, req tool.Request, runID, reply string, inProcess bool, outcome *Stored) error {
 	if err := tool.CheckID("action_id", req.ActionID); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	now := time.Now().UTC()
 	e := Entry{RunID: runID, Tool: req.Tool, Attempt: req.Attempt, Reply: reply, Instance: l.cfg.Instance, Dispatched: now,
-		Deadline: now.Add(req.TimeoutOrDefault()), InProcess: inProcess}
+		Deadline: now.Add(req.TimeoutOrDefault()), InProcess: inProcess, Outcome: outcome}
 	data, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -346,6 +394,9 @@ func (l *Ledger) lookup(ctx context.Context, actionID string) (out tool.Outcome,
 	var e Entry
 	if err := json.Unmarshal(kve.Value(), &e); err != nil {
 		return out, false, time.Time{}, fmt.Errorf("ledger: entry of %s: %w", actionID, err)
+	}
+	if e.Outcome != nil {
+		return e.Outcome.outcome(), true, time.Time{}, nil
 	}
 	if e.Reply == "" { // intended, never dispatched
 		return out, false, time.Time{}, fmt.Errorf("ledger: %s was never dispatched: %w", actionID, tool.ErrNeverSent)

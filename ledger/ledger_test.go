@@ -149,6 +149,22 @@ func TestInProcessRecover(t *testing.T) {
 		out, ok, _ := l.Recover(ctx, "act_failed", false)
 		return ok && out.Err != nil && out.Err.Type == tool.ToolFailed && out.Err.Message == "card declined"
 	})
+	// A read-only outcome is written inside its entry, in one write; one
+	// too large for that goes to the reply stream.
+	for action, data := range map[string]string{"act_small": `"seen"`, "act_large": `"` + strings.Repeat("x", 100<<10) + `"`} {
+		req := tool.Request{Tool: "look", ActionID: action, Attempt: 1, Timeout: time.Hour}
+		reply, err := l.Running(ctx, req, "run_1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Ran(ctx, req, "run_1", reply, tool.Outcome{Sent: true, Data: []byte(data)}); err != nil {
+			t.Fatal(err)
+		}
+		poll.Until(t, "the outcome of "+action+" to be stored", func() bool {
+			out, ok, _ := l.Recover(ctx, action, false)
+			return ok && string(out.Data) == data
+		})
+	}
 	req, reply = running("act_unsent", true)
 	if err := l.Ran(ctx, req, "run_1", reply, tool.Outcome{Err: tool.NewError(tool.Cancelled, "cancelled before it ran")}); err != nil {
 		t.Fatal(err)
