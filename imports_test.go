@@ -23,6 +23,8 @@ var rules = []struct {
 	{"executor", []string{module + "/config"}, "the executor reads no configuration: its Config is data, the tools' settings are the registry's compiled ones", []string{module + "/registry"}},
 	{"registry", []string{module + "/core/"}, "tool definitions know no upstream", nil},
 	{"openaiup", []string{module + "/core/", module + "/coreup/"}, "the OpenAI-compatible upstream is an adapter of the executor's port, beside Core's", nil},
+	{"runstore", []string{module + "/"}, "the run store knows no model API and no loop: the ledger, which holds its durable journal, imports it", []string{module + "/internal/sizedcache"}},
+	{"ledger", []string{module + "/openaiup", module + "/executor"}, "the ledger keeps records for the loop and the model-API runs, and knows neither", nil},
 	{"openaisim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/internal/chunk", module + "/internal/simbase"}},
 	{"anthropicsim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/internal/chunk", module + "/internal/simbase"}},
 	{"responsesim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/internal/chunk", module + "/internal/simbase"}},

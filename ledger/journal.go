@@ -6,18 +6,18 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/projectdavid/toolsidecar/runstore"
 )
 
 // Journal is a KV bucket of records that outlive the sidecar for a TTL:
-// the runs of OpenAI-compatible applications (package openaiup), so that a
-// retried request resumes its run on any sidecar of the cluster.
+// the runs of OpenAI-compatible applications (package runstore), so that
+// a retried request resumes its run on any sidecar of the cluster. Its
+// conditional writes fail with runstore's errors, which is all it knows of
+// the records.
 type Journal struct{ kv jetstream.KeyValue }
 
-// Errors of the journal's conditional writes.
-var (
-	ErrExists  = errors.New("ledger: the journal record exists")
-	ErrChanged = errors.New("ledger: the journal record changed")
-)
+var _ runstore.Journal = (*Journal)(nil)
 
 // Journal returns the journal bucket, opened with the ledger.
 func (l *Ledger) Journal() *Journal { return &Journal{l.journal} }
@@ -34,11 +34,11 @@ func (j *Journal) Get(ctx context.Context, key string) ([]byte, uint64, error) {
 	return e.Value(), e.Revision(), nil
 }
 
-// Create writes a record that must not exist.
+// Create writes a record that must not exist (runstore.ErrExists).
 func (j *Journal) Create(ctx context.Context, key string, value []byte) (uint64, error) {
 	rev, err := j.kv.Create(ctx, key, value)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return 0, ErrExists
+		return 0, runstore.ErrExists
 	}
 	if err != nil {
 		return 0, fmt.Errorf("ledger: journal %s: %w", key, err)
@@ -46,11 +46,11 @@ func (j *Journal) Create(ctx context.Context, key string, value []byte) (uint64,
 	return rev, nil
 }
 
-// Update rewrites a record at its revision.
+// Update rewrites a record at its revision (runstore.ErrChanged).
 func (j *Journal) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
 	rev, err := j.kv.Update(ctx, key, value, rev)
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return 0, ErrChanged
+		return 0, runstore.ErrChanged
 	}
 	if err != nil {
 		return 0, fmt.Errorf("ledger: journal %s: %w", key, err)

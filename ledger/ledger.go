@@ -65,7 +65,7 @@ type Ledger struct {
 	// approvals holds the calls waiting for a person, by Action ID
 	// (approvals.go).
 	approvals jetstream.KeyValue
-	// journal holds OpenAI-compatible runs (journal.go).
+	// journal holds OpenAI-compatible runs (journal.go, package runstore).
 	journal jetstream.KeyValue
 }
 

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/runstore"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -117,6 +118,45 @@ type badRequest struct {
 
 func (e *badRequest) Error() string { return e.msg }
 
+// runKey names the run a request belongs to.
+type runKey struct {
+	// explicit: the application sent Idempotency-Key; the run id is
+	// derived from it and the caller.
+	explicit bool
+	id       string // the run id, when explicit
+	digest   string // of the caller and the whole request
+}
+
+// maxIdempotencyKey bounds the Idempotency-Key header, as other APIs do
+// (Stripe: 255 characters).
+const maxIdempotencyKey = 255
+
+// keyOf derives the run key of a request: from the application's
+// Idempotency-Key, or from a digest of the caller's identity and the whole
+// request (model, messages, tools, metadata and every setting), given as
+// canonical JSON.
+func keyOf(r *http.Request, a api, canonical []byte) (runKey, error) {
+	caller := []byte(r.Header.Get("Authorization"))
+	if k := r.Header.Get("X-Api-Key"); k != "" { // the Messages API's key
+		caller = fmt.Appendf(caller, "\x00x-api-key:%s", k)
+	}
+	k := runKey{digest: runstore.Digest([]byte("request"), caller, canonical)}
+	idem := r.Header.Get("Idempotency-Key")
+	if idem == "" {
+		return k, nil
+	}
+	if len(idem) > maxIdempotencyKey {
+		return k, &badRequest{msg: fmt.Sprintf("the Idempotency-Key header is longer than %d characters", maxIdempotencyKey)}
+	}
+	for _, c := range []byte(idem) {
+		if c < 0x21 || c > 0x7e {
+			return k, &badRequest{msg: "the Idempotency-Key header holds a character that is not printable ASCII"}
+		}
+	}
+	k.explicit, k.id = true, a.runPrefix()+runstore.ShortDigest([]byte("idempotency-key"), caller, []byte(idem))
+	return k, nil
+}
+
 func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	raw, err := io.ReadAll(r.Body)
 	var tooLarge *http.MaxBytesError
@@ -150,23 +190,17 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	return req, nil
 }
 
+// ServeHTTP answers an application's request: it names the request's run
+// (runOf), drives it or attaches to it, and answers in the API's shape.
 func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req, err := ep.read(r)
 	if err != nil {
-		var br *badRequest
-		errors.As(err, &br)
-		ep.api.writeError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
+		ep.refuse(w, err)
 		return
 	}
 	ref, err := ep.runOf(r.Context(), req.key)
 	if err != nil {
-		var br *badRequest
-		if errors.As(err, &br) {
-			ep.api.writeError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", "")
-			return
-		}
-		ep.log.Error("reading the journal", "err", err)
-		ep.api.writeError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
+		ep.refuse(w, err)
 		return
 	}
 	messages := ep.parked.restore(r.Context(), ep.api, req.messages)
@@ -178,17 +212,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A resumed run's answer keeps the time the run began.
 	out := ep.api.newAnswer(&answerBase{w: w, r: r, api: ep.api, id: id, model: req.model, usage: req.usage, created: rn.createdAt()})
 	ob := out.base()
-	var sum executor.Summary
-	switch {
-	case finished != nil:
-		// The application's key names a run that ended: its answer comes
-		// from the journal, without asking the upstream.
-		sum = finished.Summary
-	case req.stream:
-		sum, err = ep.stream(r.Context(), req, rn, out)
-	default:
-		sum, err = ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, rn), nil)
-	}
+	sum, err := ep.drive(r, req, rn, out, finished)
 	answered := finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns)
 	res := up.End(r.Context(), rn, answered)
 	if answered {
@@ -226,6 +250,31 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.whole(res, sum)
 }
 
+// refuse answers a request that does not run: one the API would refuse,
+// in its shape, or one whose run the journal could not name.
+func (ep *Endpoint) refuse(w http.ResponseWriter, err error) {
+	var br *badRequest
+	if errors.As(err, &br) {
+		ep.api.writeError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
+		return
+	}
+	ep.log.Error("reading the journal", "err", err)
+	ep.api.writeError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
+}
+
+// drive runs the request's run, streamed or whole. A run that ended (the
+// application's key names it) is answered from the journal, without
+// asking the upstream.
+func (ep *Endpoint) drive(r *http.Request, req *request, rn *run, out answerWriter, finished *executor.Summary) (executor.Summary, error) {
+	switch {
+	case finished != nil:
+		return *finished, nil
+	case req.stream:
+		return ep.stream(r.Context(), req, rn, out)
+	}
+	return ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, rn), nil)
+}
+
 func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executor.Request {
 	dreq := executor.Request{RunID: rn.id, Model: req.model, Traceparent: r.Header.Get("traceparent"), Fresh: rn.fresh, Caller: req.owner}
 	if ep.cfg.ForwardAuthorization {
@@ -240,7 +289,7 @@ func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executo
 type runRef struct {
 	id       string
 	fresh    bool
-	finished *endRecord
+	finished *executor.Summary
 	created  int64
 }
 
@@ -252,35 +301,21 @@ type runRef struct {
 // exists and it wins the claim on it; otherwise it starts a run of its own
 // (fresh).
 func (ep *Endpoint) runOf(ctx context.Context, key runKey) (runRef, error) {
-	j := ep.cfg.Upstream.cfg.Journal
-	if j == nil {
+	store := ep.cfg.Upstream.store
+	if store == nil {
 		return runRef{id: ep.newRunID(key), fresh: true}, nil
 	}
-	jctx, cancel := journalCtx(ctx)
+	ctx, cancel := runstore.Bound(ctx)
 	defer cancel()
 	if key.explicit {
-		var h header
-		if _, found, err := getJSON(jctx, j, headerKey(key.id), &h); err != nil || !found {
-			return runRef{id: key.id}, err
-		}
-		if h.Request != key.digest {
-			return runRef{}, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
-				status: http.StatusUnprocessableEntity}
-		}
-		ref := runRef{id: key.id, created: h.Created}
-		var end endRecord
-		if _, ok, err := getJSON(jctx, j, endKey(key.id), &end); err != nil || !ok {
-			return ref, err
-		}
-		ref.finished = &end
-		return ref, nil
+		return ep.keyed(ctx, store, key)
 	}
-	var ix runIndex
-	if _, _, err := getJSON(jctx, j, indexKey(key.digest), &ix); err != nil {
+	runs, err := store.Runs(ctx, key.digest)
+	if err != nil {
 		return runRef{}, err
 	}
-	for _, id := range slices.Backward(ix.Runs) {
-		if h, ok, err := ep.claim(jctx, j, id); err != nil {
+	for _, id := range slices.Backward(runs) {
+		if h, ok, err := ep.claim(ctx, store, id); err != nil {
 			return runRef{}, err
 		} else if ok {
 			ep.log.Info("resuming a run that a crash interrupted", "run_id", id)
@@ -290,35 +325,47 @@ func (ep *Endpoint) runOf(ctx context.Context, key runKey) (runRef, error) {
 	return runRef{id: ep.newRunID(key), fresh: true}, nil
 }
 
+// keyed is the run of the application's Idempotency-Key: new, begun, or
+// finished. The key with another request is refused.
+func (ep *Endpoint) keyed(ctx context.Context, store *runstore.Store, key runKey) (runRef, error) {
+	h, found, err := store.Header(ctx, key.id)
+	if err != nil || !found {
+		return runRef{id: key.id}, err
+	}
+	if h.Request != key.digest {
+		return runRef{}, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
+			status: http.StatusUnprocessableEntity}
+	}
+	ref := runRef{id: key.id, created: h.Created}
+	end, err := store.End(ctx, key.id)
+	if err != nil || end == nil {
+		return ref, err
+	}
+	var sum executor.Summary
+	if err := json.Unmarshal(end.Summary, &sum); err != nil {
+		return ref, fmt.Errorf("openaiup: the end of run %s: %w", key.id, err)
+	}
+	ref.finished = &sum
+	return ref, nil
+}
+
 // claim takes over a run that a crash interrupted: one that did not end,
 // that no sidecar drives, and whose header this request updated first. It
 // returns the run's header.
-func (ep *Endpoint) claim(ctx context.Context, j Journal, id string) (header, bool, error) {
-	var h header
+func (ep *Endpoint) claim(ctx context.Context, store *runstore.Store, id string) (runstore.Header, bool, error) {
 	if ep.cfg.Upstream.live(id) {
-		return h, false, nil
+		return runstore.Header{}, false, nil
 	}
 	// An ended run, the commonest in an index, is ruled out by one read.
-	if end, _, err := j.Get(ctx, endKey(id)); err != nil || end != nil {
-		return h, false, err
+	if ended, err := store.Ended(ctx, id); err != nil || ended {
+		return runstore.Header{}, false, err
 	}
 	if ep.cfg.Driven != nil {
 		if driven, err := ep.cfg.Driven(ctx, id); err != nil || driven {
-			return h, false, err
+			return runstore.Header{}, false, err
 		}
 	}
-	rev, found, err := getJSON(ctx, j, headerKey(id), &h)
-	if err != nil || !found {
-		return h, false, err
-	}
-	h.Claims++
-	data, _ := json.Marshal(h)
-	if _, err := j.Update(ctx, headerKey(id), data, rev); errors.Is(err, ErrJournalChanged) {
-		return h, false, nil
-	} else if err != nil {
-		return h, false, err
-	}
-	return h, true, nil
+	return store.Claim(ctx, id)
 }
 
 // newRunID is the id of a new run: the key's, or a random one.

@@ -16,6 +16,7 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/internal/frames"
+	"github.com/projectdavid/toolsidecar/runstore"
 )
 
 var (
@@ -329,7 +330,7 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 		}
 	}
 	r := t.r
-	rec := turnRecord{Content: rd.text.String(), Usage: rd.usage, Model: rd.model, Created: rd.created, Finish: rd.finish, Failed: rd.failed}
+	rec := turnRecord{Turn: runstore.Turn{Content: rd.text.String(), Model: rd.model, Created: rd.created, Finish: rd.finish, Failed: rd.failed}, Usage: rd.usage}
 	r.mu.Lock()
 	p := r.pending
 	p.read = true
@@ -342,26 +343,7 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 		}
 	}
 	if rd.failed == "" && len(calls) > 0 {
-		var err error
-		if p.assistant, err = rd.parser.assistant(rec.Content, calls); err != nil {
-			t.u.log.Error("the turn's assistant message could not be written", "run_id", t.runID, "err", err)
-		}
-		for i, c := range calls {
-			tc := c.toolCall()
-			p.order = append(p.order, tc)
-			if r.appTools[c.Name] {
-				rec.AppCalls = append(rec.AppCalls, tc)
-				continue
-			}
-			ec := rd.handed[rd.calls.calls[i]]
-			if !sameJSON(string(ec.Args), c.Args) && c.Problem == "" {
-				t.u.log.Warn("a call's arguments grew after it was handed over", "run_id", t.runID, "tool_call_id", ec.ToolCallID)
-			}
-			p.idOf[tc.ID] = ec.ToolCallID
-			p.calls = append(p.calls, ec)
-			rec.Calls = append(rec.Calls, journaledOf(tc.ID, ec))
-		}
-		rec.Assistant = p.assistant
+		t.record(rd, calls, &rec)
 	}
 	if rd.failed != "" {
 		rec.Handed = t.handed()
@@ -382,18 +364,7 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 	written := make(chan struct{})
 	p.written = written
 	r.mu.Unlock()
-	go func() {
-		defer close(written)
-		// Not cancelled with the turn, which ends before the write when
-		// it made no call: a delivered turn is written (journalTimeout).
-		err := t.u.journalTurn(context.WithoutCancel(t.ctx), r, t.n, rec)
-		if err != nil {
-			t.u.log.Warn("journaling the turn failed: its unsafe calls will not run", "run_id", t.runID, "turn", t.n, "err", err)
-		}
-		r.mu.Lock()
-		p.journaled = err == nil
-		r.mu.Unlock()
-	}()
+	go t.journal(p, rec, written)
 	for _, c := range fresh {
 		if !yield(executor.TurnEvent{Kind: executor.TurnToolCall, Call: c}, nil) {
 			return
@@ -401,9 +372,50 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 	}
 }
 
+// record adds the calls of the turn, read whole, to its pending turn and
+// its record: the assistant message with every call, the sidecar's calls
+// (each handed over as it came) and the application's. r.mu is held.
+func (t *turn) record(rd *reading, calls []assembled, rec *turnRecord) {
+	p := t.r.pending
+	var err error
+	if p.assistant, err = rd.parser.assistant(rec.Content, calls); err != nil {
+		t.u.log.Error("the turn's assistant message could not be written", "run_id", t.runID, "err", err)
+	}
+	for i, c := range calls {
+		tc := c.toolCall()
+		p.order = append(p.order, tc)
+		if t.r.appTools[c.Name] {
+			rec.AppCalls = append(rec.AppCalls, tc)
+			continue
+		}
+		ec := rd.handed[rd.calls.calls[i]]
+		if !sameJSON(string(ec.Args), c.Args) && c.Problem == "" {
+			t.u.log.Warn("a call's arguments grew after it was handed over", "run_id", t.runID, "tool_call_id", ec.ToolCallID)
+		}
+		p.idOf[tc.ID] = ec.ToolCallID
+		p.calls = append(p.calls, ec)
+		rec.Calls = append(rec.Calls, journaledOf(tc.ID, ec))
+	}
+	rec.Assistant = p.assistant
+}
+
+// journal writes the turn's record, and closes written when it is over.
+// It is not cancelled with the turn, which ends before the write when it
+// made no call: a delivered turn is written (runstore.Timeout).
+func (t *turn) journal(p *pendingTurn, rec turnRecord, written chan struct{}) {
+	defer close(written)
+	err := t.u.journalTurn(context.WithoutCancel(t.ctx), t.r, t.n, rec)
+	if err != nil {
+		t.u.log.Warn("journaling the turn failed: its unsafe calls will not run", "run_id", t.runID, "turn", t.n, "err", err)
+	}
+	t.r.mu.Lock()
+	p.journaled = err == nil
+	t.r.mu.Unlock()
+}
+
 // handed lists the calls the turn handed over, by every attempt.
-func (t *turn) handed() []journaledCall {
-	out := make([]journaledCall, len(t.sent))
+func (t *turn) handed() []runstore.Call {
+	out := make([]runstore.Call, len(t.sent))
 	for i, sc := range t.sent {
 		out[i] = journaledOf("", sc.call)
 	}
@@ -414,7 +426,7 @@ func (t *turn) handed() []journaledCall {
 // retry asks for it again, reusing the outputs of the calls it had handed
 // over.
 func (t *turn) journalFailed(why string) {
-	if err := t.u.journalTurn(t.ctx, t.r, t.n, turnRecord{Failed: why, Handed: t.handed()}); err != nil {
+	if err := t.u.journalTurn(t.ctx, t.r, t.n, turnRecord{Turn: runstore.Turn{Failed: why, Handed: t.handed()}}); err != nil {
 		t.u.log.Warn("journaling the failed turn", "run_id", t.runID, "turn", t.n, "err", err)
 	}
 }

@@ -2,7 +2,6 @@ package openaiup
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,16 +12,15 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/runstore"
 )
 
 // Config configures the adapter.
@@ -59,8 +57,8 @@ type Config struct {
 	// their turn's finish chunk. default: none is
 	Unsafe func(tool string) bool
 	// Journal keeps the runs, so that a retried request resumes its run
-	// (journal.go). nil: runs are not journaled.
-	Journal Journal
+	// (journaling.go). nil: runs are not journaled.
+	Journal runstore.Journal
 	Logger  *slog.Logger
 }
 
@@ -72,6 +70,8 @@ type Upstream struct {
 	api  api
 	host string // names the upstream in messages (never its credentials)
 	log  *slog.Logger
+	// store reads and writes the journal; nil without one.
+	store *runstore.Store
 
 	mu   sync.Mutex
 	runs map[string]*run
@@ -104,227 +104,11 @@ func New(cfg Config) (*Upstream, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Upstream{cfg: cfg, api: a, host: parsed.Host, log: log.With("component", a.kind()), runs: map[string]*run{}}, nil
-}
-
-// run is one run being answered, for every request attached to it: the
-// conversation so far, the turn whose calls are running, and the text the
-// application is given.
-type run struct {
-	id       string
-	key      runKey
-	owner    string // the credentials that began it (executor.CallerOf)
-	mu       sync.Mutex
-	body     map[string]json.RawMessage // the request's fields but messages and stream
-	headers  http.Header                // forwarded on every turn
-	base     []json.RawMessage          // the request's messages
-	messages []json.RawMessage
-	appTools map[string]bool // tools the application declared: their calls are its own
-	status   string
-	began    bool         // a turn was asked for, here or before a crash
-	turn     int          // turns asked for
-	pending  *pendingTurn // the turn being read or answered
-	result   Result
-	created  int64
-	users    int // requests attached (Begin, End)
-	// local: this process drives the run (it listed its open calls or
-	// asked a turn); until then Run reads it again from the journal,
-	// which another sidecar, or this one before a crash, may have moved.
-	local bool
-	// fresh: begun under a new id by this request (no key, no run to
-	// resume): nobody can name it before its first journal record.
-	fresh bool
-	// headed: the journal holds the run's header; ended: its end.
-	headed, ended bool
-	// answering: the upstream took a turn (the application's answer may
-	// begin).
-	answering bool
-	// prev are the last turn's outputs, which ride with the next turn's
-	// record (journalTurn) or, when none follows, are written alone.
-	prev *turnOutputs
-	// carried are the calls of a failed turn that had their outputs: the
-	// turn asked for again reuses them (journal.go, Handed).
-	carried []carriedCall
-	// shown is the text the application is given, every turn's, as it
-	// comes; wake is closed and replaced when it grows.
-	shown strings.Builder
-	wake  chan struct{}
-}
-
-// carriedCall is a call with its output, from a failed turn.
-type carriedCall struct {
-	call   *executor.ToolCall
-	output string
-}
-
-// createdAt is when the run began.
-func (r *run) createdAt() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.created
-}
-
-// say adds text the application is given.
-func (r *run) say(text string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.shown.WriteString(text)
-	r.wakeUp()
-}
-
-func (r *run) wakeUp() {
-	close(r.wake)
-	r.wake = make(chan struct{})
-}
-
-// follow returns the text given past offset from, whether a turn began,
-// and a channel closed when either changes.
-func (r *run) follow(from int) (text string, began bool, wake <-chan struct{}) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if s := r.shown.String(); len(s) > from {
-		text = s[from:]
+	u := &Upstream{cfg: cfg, api: a, host: parsed.Host, log: log.With("component", a.kind()), runs: map[string]*run{}}
+	if cfg.Journal != nil {
+		u.store = runstore.New(cfg.Journal)
 	}
-	return text, r.answering || r.shown.Len() > 0, r.wake
-}
-
-// pendingTurn is a turn whose calls are being answered: its assistant
-// message goes into the conversation once each of the sidecar's calls
-// has its output. Calls are handed over while the turn streams, so their
-// outputs may come before the turn is read whole (read).
-type pendingTurn struct {
-	read      bool                 // the stream is read whole: assistant, order and calls are set
-	assistant json.RawMessage      // with every call of the turn, in the API's shape
-	order     []toolCall           // every call of the turn, in order
-	calls     []*executor.ToolCall // the sidecar's calls, in order
-	handed    map[string]bool      // ids of the calls handed to the executor
-	idOf      map[string]string    // the executor's id of each of the sidecar's calls, by the assistant message's id
-	ghosts    map[string]bool      // handed by an attempt that was cut, and no part of the turn
-	outputs   map[string]string    // by tool_call_id
-	actions   map[string]string    // the action id of each output's call, by tool_call_id
-	started   map[string]bool      // unsafe calls whose start is journaled, by tool_call_id
-	journaled bool                 // the journal holds the turn: its unsafe calls may start
-	// written is closed when the turn's journal write, begun as its
-	// stream ended, is over (nil: none was begun).
-	written chan struct{}
-	// outputsJournaled counts the outputs the journal holds.
-	outputsJournaled int
-}
-
-func newPendingTurn() *pendingTurn {
-	return &pendingTurn{handed: map[string]bool{}, ghosts: map[string]bool{}, outputs: map[string]string{}, idOf: map[string]string{},
-		started: map[string]bool{}, actions: map[string]string{}}
-}
-
-// Result is how a run ended, for the application's answer.
-type Result struct {
-	// Content is what the model said, every turn's text in order.
-	Content string
-	// FinishReason is the last turn's (stop, length, content_filter), or
-	// tool_calls when AppCalls is set.
-	FinishReason string
-	// AppCalls are the last turn's calls of tools the application
-	// declared: it runs them and asks again (see Parked).
-	AppCalls []ToolCall
-	// Parked is the last turn as the model made it, when it holds
-	// AppCalls: its assistant message with every call, and the tool
-	// messages of the sidecar's calls. The application's next request
-	// gets it back (Restore).
-	Parked  []json.RawMessage
-	Usage   Usage
-	Model   string
-	Created int64
-	failed  string // the upstream's error event, which ended the run
-}
-
-// ToolCall is a call as an assistant message carries it.
-type ToolCall = toolCall
-
-// Begin attaches a request to its run: the run in progress under id, or
-// a new one with the request's conversation (messages, restored), the
-// rest of the request (model, tools, sampling), the tools the application
-// declared, whose calls it runs itself, and the headers its turns
-// forward. fresh says that no journal can hold the run yet (a new id of
-// its own): it is not read there. Each Begin is paired with an End.
-func (u *Upstream) Begin(ref runRef, req *request, messages []json.RawMessage) *run {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	id, fresh := ref.id, ref.fresh
-	if r, ok := u.runs[id]; ok {
-		r.mu.Lock()
-		r.users++
-		r.mu.Unlock()
-		return r
-	}
-	r := &run{id: id, key: req.key, owner: req.owner, body: req.body, headers: req.headers, base: messages, messages: messages, appTools: req.appTools,
-		status: executor.RunActive, created: cmp.Or(ref.created, time.Now().Unix()), users: 1, wake: make(chan struct{}), local: fresh, fresh: fresh}
-	u.runs[id] = r
-	return r
-}
-
-// End returns how the request's run ended: as this process drove it, or
-// as the journal has it when another sidecar drove it. Unless the run was
-// answered (answered: it completed or reached the turn limit) without the
-// application's key, the last turn's journal write is over first and the
-// outputs no turn record carries are kept: a run that stopped between
-// turns (shut down, cut, cancelled) leaves them for the retry, and a key's
-// retry after a crash replays the answer it had. A keyless answer does not
-// wait for them: journalEnd settles them after it, before the run's end
-// (BENCHMARKS.md, "Journal cost").
-func (u *Upstream) End(ctx context.Context, r *run, answered bool) Result {
-	r.mu.Lock()
-	local, explicit, appCalls := r.local, r.key.explicit, len(r.result.AppCalls) > 0
-	r.mu.Unlock()
-	if local {
-		if !answered || explicit || appCalls {
-			u.settle(ctx, r)
-		}
-	} else if err := u.reload(ctx, r); err != nil {
-		u.log.Warn("reading the run from the journal", "run_id", r.id, "err", err)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.result
-}
-
-// settle waits for the last turn's journal write and keeps the outputs
-// that no turn record carries. The write does not outlive the request.
-func (u *Upstream) settle(ctx context.Context, r *run) {
-	_ = r.turnWritten(context.WithoutCancel(ctx)) // bounded by journalTimeout
-	u.keepOutputs(ctx, r)
-}
-
-// Release detaches a request from its run, after its answer and the
-// run's end are written: until then the run is live, and no request
-// without its key claims it. The last request forgets the run.
-func (u *Upstream) Release(r *run) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.users--; r.users == 0 {
-		delete(u.runs, r.id)
-	}
-}
-
-// live reports a run this process holds.
-func (u *Upstream) live(id string) bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	_, ok := u.runs[id]
-	return ok
-}
-
-func (u *Upstream) unsafe(tool string) bool { return u.cfg.Unsafe(tool) }
-
-func (u *Upstream) run(id string) (*run, error) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	r, ok := u.runs[id]
-	if !ok {
-		return nil, &executor.UpstreamError{Status: http.StatusNotFound, Err: fmt.Errorf("openaiup: no run %s", id)}
-	}
-	return r, nil
+	return u, nil
 }
 
 // Kind is the API's upstream.kind: "openai", "anthropic".
@@ -359,7 +143,7 @@ func (u *Upstream) RecentRuns(context.Context, int) ([]executor.Run, error) {
 // that a run resumed after a crash runs it only if it never started. The
 // calls of other tools may run again: nothing is written for them.
 func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, _ <-chan struct{}) error {
-	if u.cfg.Journal == nil || !u.unsafe(c.Tool) {
+	if u.store == nil || !u.unsafe(c.Tool) {
 		return nil
 	}
 	r, err := u.run(c.RunID)
@@ -376,7 +160,7 @@ func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, _ <-ch
 	if !journaled {
 		return fmt.Errorf("openaiup: turn %d of run %s is not in the journal, so its unsafe call %s may not start", r.turn, r.id, c.ToolCallID)
 	}
-	if err := u.cfg.Journal.Put(ctx, startKey(c.ActionID), []byte("1")); err != nil {
+	if err := u.store.MarkStarted(ctx, c.ActionID); err != nil {
 		return fmt.Errorf("openaiup: journaling the start of %s: %w", c.ToolCallID, err)
 	}
 	r.mu.Lock()
@@ -412,64 +196,6 @@ func (u *Upstream) RecordOutput(_ context.Context, req executor.Request, c *exec
 		p.outputs[c.ToolCallID], p.actions[c.ToolCallID] = content, c.ActionID
 	}
 	return nil
-}
-
-// turnOutputs are the outputs of turn n, by action id.
-type turnOutputs struct {
-	n    int
-	outs map[string]string
-}
-
-// unjournaled are the outputs of the pending turn that the journal lacks,
-// or nil. r.mu is held.
-func (r *run) unjournaled() *turnOutputs {
-	p := r.pending
-	if p == nil || len(p.outputs) == p.outputsJournaled {
-		return nil
-	}
-	to := &turnOutputs{n: r.turn, outs: make(map[string]string, len(p.outputs))}
-	for id, out := range p.outputs {
-		to.outs[p.actions[id]] = out
-	}
-	p.outputsJournaled = len(p.outputs)
-	return to
-}
-
-// journalOutputs writes, each as a record of its turn, the outputs that
-// wait to ride with the next turn's record and those of the pending turn:
-// for a run that ends, or whose turn failed, with no next turn to carry
-// them.
-func (u *Upstream) journalOutputs(ctx context.Context, r *run) error {
-	if u.cfg.Journal == nil {
-		return nil
-	}
-	r.mu.Lock()
-	todo := []*turnOutputs{r.prev, r.unjournaled()}
-	r.prev = nil
-	r.mu.Unlock()
-	ctx, cancel := journalCtx(ctx)
-	defer cancel()
-	for _, to := range todo {
-		if to == nil {
-			continue
-		}
-		data, err := json.Marshal(to.outs)
-		if err != nil {
-			return err
-		}
-		if err := u.cfg.Journal.Put(ctx, outputsKey(r.id, to.n), data); err != nil {
-			return fmt.Errorf("openaiup: journaling the outputs of turn %d: %w", to.n, err)
-		}
-	}
-	return nil
-}
-
-// keepOutputs journals the outputs no turn record will carry, saying so
-// when it cannot: the retry then finds the replies in the ledger.
-func (u *Upstream) keepOutputs(ctx context.Context, r *run) {
-	if err := u.journalOutputs(ctx, r); err != nil {
-		u.log.Warn("journaling the last outputs", "run_id", r.id, "err", err)
-	}
 }
 
 // OpenCalls lists the calls of the turn in progress that have no output.
@@ -520,10 +246,10 @@ func (u *Upstream) Caller(ctx context.Context) string {
 }
 
 // callOf is a call as the executor runs it. The executor frames the
-// worker's manifest from it; the action id (actionID), the same on every
+// worker's manifest from it; the action id (runstore.ActionID), the same on every
 // retry of the run, is its idempotency key.
 func callOf(runID string, turn, pos int, modelID string, c assembled) *executor.ToolCall {
-	tc := &executor.ToolCall{RunID: runID, ActionID: actionID(runID, turn, pos, modelID, c.Name, c.Args), ToolCallID: c.ID, Tool: c.Name, Problem: c.Problem}
+	tc := &executor.ToolCall{RunID: runID, ActionID: runstore.ActionID(runID, turn, pos, modelID, c.Name, c.Args), ToolCallID: c.ID, Tool: c.Name, Problem: c.Problem}
 	tc.Args = json.RawMessage(c.Args)
 	if c.Problem != "" {
 		tc.Args = json.RawMessage("{}")
@@ -564,39 +290,19 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
 			Err: fmt.Errorf("the upstream at %s reported an error in turn %d: %s", u.host, r.turn, msg)}
 	}
-	if p := r.pending; p != nil {
-		if len(r.result.AppCalls) > 0 {
-			// The application's calls are answered by the application.
-			r.result.Parked, err = p.messages(u.api, false)
-			r.status = executor.RunCompleted
-			r.mu.Unlock()
+	if parked, err := u.closeTurn(r); parked || err != nil {
+		r.mu.Unlock()
+		if parked {
 			return emptyTurn{}, err
 		}
-		msgs, err := p.messages(u.api, true)
-		if err != nil {
-			r.mu.Unlock()
-			return nil, err
-		}
-		r.messages = append(r.messages, msgs...)
-		// Its outputs ride with the next turn's record (journalTurn): a
-		// crash before that finds the workers' replies in the ledger.
-		r.prev = r.unjournaled()
+		return nil, err
 	}
 	r.pending = newPendingTurn()
 	r.began = true
 	r.turn++
 	body, err := u.api.turnBody(r.body, r.messages)
-	n := r.turn
-	t := &turn{u: u, r: r, n: n, ctx: ctx, body: body, runID: req.RunID}
-	for _, cc := range r.carried {
-		// Not handed to the executor again: a call the turn makes again
-		// takes its output (hand).
-		r.pending.handed[cc.call.ToolCallID] = true
-		r.pending.outputs[cc.call.ToolCallID] = cc.output
-		r.pending.actions[cc.call.ToolCallID] = cc.call.ActionID
-		t.sent = append(t.sent, &sentCall{call: cc.call})
-	}
-	r.carried = nil
+	t := &turn{u: u, r: r, n: r.turn, ctx: ctx, body: body, runID: req.RunID}
+	t.carry()
 	r.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -611,234 +317,43 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	return t, nil
 }
 
-// reload reads the run again from the journal: its delivered turns (the
-// conversation after the request's messages, the text, the usage), and
-// the last turn's calls with the outputs and starts journaled for them.
-// A run the journal does not hold is left as it is.
-func (u *Upstream) reload(ctx context.Context, r *run) error {
-	if u.cfg.Journal == nil {
-		return nil
+// closeTurn adds the pending turn to the conversation: its assistant
+// message and one result per call. A turn that called the application's
+// tools is the run's last (parked): the application answers them. r.mu is
+// held.
+func (u *Upstream) closeTurn(r *run) (parked bool, err error) {
+	p := r.pending
+	if p == nil {
+		return false, nil
 	}
-	jr, err := readJournal(ctx, u.cfg.Journal, r.id)
-	if err != nil || !jr.found {
-		return err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.local {
-		return nil // this process began driving it meanwhile
-	}
-	r.headed, r.created = true, jr.header.Created
-	r.messages, r.turn, r.pending, r.result, r.status = slices.Clone(r.base), len(jr.turns), nil, Result{}, executor.RunActive
-	r.began = len(jr.turns) > 0
-	r.shown.Reset()
-	r.carried = nil
-	for i, t := range jr.turns {
-		if t.Failed != "" && i == len(jr.turns)-1 {
-			// The upstream failed this turn: a retry asks for it again,
-			// and the calls it had handed over keep their outputs.
-			r.turn--
-			for _, c := range t.Handed {
-				if out, ok := jr.outputs[c.ActionID]; ok {
-					r.carried = append(r.carried, carriedCall{c.call(r.id), out})
-				}
-			}
-			break
-		}
-		r.apply(t)
-		r.shown.WriteString(t.Content)
-		if r.status != executor.RunActive {
-			break
-		}
-		p := newPendingTurn()
-		p.read, p.journaled = true, true
-		p.assistant = t.Assistant
-		if p.order, err = u.api.callsOf(t.Assistant); err != nil {
-			return fmt.Errorf("turn %d's assistant message: %w", i+1, err)
-		}
-		for _, c := range t.Calls {
-			ec := c.call(r.id)
-			p.calls = append(p.calls, ec)
-			p.idOf[c.MessageID], p.handed[c.ToolCallID] = c.ToolCallID, true
-			if out, ok := jr.outputs[c.ActionID]; ok {
-				p.outputs[c.ToolCallID], p.actions[c.ToolCallID] = out, c.ActionID
-				p.outputsJournaled++
-			}
-			p.started[c.ToolCallID] = jr.started[c.ActionID]
-		}
-		if i < len(jr.turns)-1 {
-			// An earlier turn's calls all had their outputs before the
-			// next turn was asked for.
-			msgs, err := p.messages(u.api, true)
-			if err != nil {
-				return fmt.Errorf("turn %d: %w", i+1, err)
-			}
-			r.messages = append(r.messages, msgs...)
-			continue
-		}
-		r.pending = p
-		r.result.AppCalls = t.AppCalls
-		if len(t.AppCalls) > 0 && len(p.calls) == 0 {
-			r.result.Parked, _ = p.messages(u.api, false)
-			r.status = executor.RunCompleted
-		}
-	}
-	if jr.end != nil && r.status == executor.RunActive {
-		r.status = executor.RunCompleted // it ended on the turn limit
-	}
-	r.wakeUp()
-	return nil
-}
-
-// apply adds a delivered turn to the run's result, and ends the run when
-// the turn had no call, or failed.
-func (r *run) apply(t turnRecord) {
-	res := &r.result
-	if res.Model == "" {
-		res.Model, res.Created = t.Model, t.Created
-	}
-	res.Usage.add(&t.Usage)
-	res.Content += t.Content
-	res.FinishReason = t.Finish
-	switch {
-	case t.Failed != "":
-		res.failed, r.status = t.Failed, executor.RunFailed
-	case len(t.Calls) == 0 && len(t.AppCalls) == 0:
+	if len(r.result.AppCalls) > 0 {
+		r.result.Parked, err = p.messages(u.api, false)
 		r.status = executor.RunCompleted
-	case len(t.AppCalls) > 0:
-		res.FinishReason = "tool_calls"
+		return true, err
 	}
-}
-
-// turnWritten waits for the journal write of the pending turn, begun
-// when its stream ended (turn.end).
-func (r *run) turnWritten(ctx context.Context) error {
-	r.mu.Lock()
-	var written chan struct{}
-	if r.pending != nil {
-		written = r.pending.written
-	}
-	r.mu.Unlock()
-	if written == nil {
-		return nil
-	}
-	select {
-	case <-written:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// journalTurn writes a delivered turn, after the run's header the first
-// time (and, for a run without the application's key, its place in the
-// index of its request). A run without the application's key whose first
-// turn ends it is not journaled: no retry would read it.
-func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecord) error {
-	j := u.cfg.Journal
-	if j == nil {
-		return nil
-	}
-	r.mu.Lock()
-	headed, key, created, prev := r.headed, r.key, r.created, r.prev
-	r.mu.Unlock()
-	if !headed && !key.explicit && n == 1 && len(rec.Calls)+len(rec.AppCalls)+len(rec.Handed) == 0 {
-		return nil
-	}
-	if prev != nil && prev.n == n-1 {
-		rec.Previous = prev.outs
-	}
-	data, err := json.Marshal(rec)
+	msgs, err := p.messages(u.api, true)
 	if err != nil {
-		return err
+		return false, err
 	}
-	ctx, cancel := journalCtx(ctx)
-	defer cancel()
-	if !headed {
-		// A fresh run's lease is taken while its first turn streams:
-		// once the index names the run, other sidecars find it driven.
-		if err := executor.Leased(ctx); err != nil {
-			return err
-		}
-	}
-	// The records are written at once: none is read without the others
-	// being useful (a header without the turn asks for the turn again; a
-	// turn without its header is not found), and the turn's unsafe calls
-	// wait for all of them.
-	g, ctx := errgroup.WithContext(ctx)
-	if !headed {
-		g.Go(func() error {
-			h, _ := json.Marshal(header{Request: key.digest, Created: created})
-			if _, err := j.Create(ctx, headerKey(r.id), h); err != nil && !errors.Is(err, ErrJournalExists) {
-				return err
-			}
-			return nil
-		})
-		if !key.explicit {
-			g.Go(func() error { return index(ctx, j, key.digest, r.id) })
-		}
-	}
-	g.Go(func() error { return j.Put(ctx, turnKey(r.id, n), data) })
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.headed = true
-	if r.prev == prev && rec.Previous != nil {
-		r.prev = nil
-	}
-	r.mu.Unlock()
-	return nil
+	r.messages = append(r.messages, msgs...)
+	// Its outputs ride with the next turn's record (journalTurn): a crash
+	// before that finds the workers' replies in the ledger.
+	r.prev = r.unjournaled()
+	return false, nil
 }
 
-// journalEnd writes how a journaled run ended.
-func (u *Upstream) journalEnd(ctx context.Context, r *run, sum executor.Summary) {
-	r.mu.Lock()
-	local := r.local
-	r.mu.Unlock()
-	if local {
-		u.settle(ctx, r) // the turns' records before the end (done by End for a run with a key)
+// carry gives the turn the calls that a failed attempt at it handed over
+// and that have their outputs. They are not handed to the executor again:
+// a call the turn makes again takes its output (hand). r.mu is held.
+func (t *turn) carry() {
+	r := t.r
+	for _, cc := range r.carried {
+		r.pending.handed[cc.call.ToolCallID] = true
+		r.pending.outputs[cc.call.ToolCallID] = cc.output
+		r.pending.actions[cc.call.ToolCallID] = cc.call.ActionID
+		t.sent = append(t.sent, &sentCall{call: cc.call})
 	}
-	r.mu.Lock()
-	write := r.headed && !r.ended // requests attached to one run end it once
-	r.ended = true
-	r.mu.Unlock()
-	if u.cfg.Journal == nil || !write {
-		return
-	}
-	ctx, cancel := journalCtx(ctx)
-	defer cancel()
-	data, _ := json.Marshal(endRecord{Summary: sum})
-	if err := u.cfg.Journal.Put(ctx, endKey(r.id), data); err != nil {
-		u.log.Warn("journaling the run's end", "run_id", r.id, "err", err)
-		return
-	}
-	if !r.key.explicit {
-		if err := unindex(ctx, u.cfg.Journal, r.key.digest, r.id); err != nil {
-			u.log.Warn("removing an ended run from its request's index", "run_id", r.id, "err", err)
-		}
-	}
-}
-
-// messages are the turn as the next turn replays it: its assistant
-// message and one result per call, in the order of its calls. A call
-// without an output is a bug of the loop: the request would be refused
-// (400), so it is not sent. With all false, the calls that are not the
-// sidecar's are left out (the application answers them).
-func (p *pendingTurn) messages(a api, all bool) ([]json.RawMessage, error) {
-	var results []result
-	for _, c := range p.order {
-		id, own := p.idOf[c.ID]
-		if !own && !all {
-			continue
-		}
-		content, ok := p.outputs[id]
-		if !ok {
-			return nil, fmt.Errorf("openaiup: call %s (%s) has no output: the next turn is not asked for", c.ID, c.Function.Name)
-		}
-		results = append(results, result{ID: c.ID, Content: content})
-	}
-	return a.followUp(p.assistant, results)
+	r.carried = nil
 }
 
 // emptyTurn is a turn with nothing in it.

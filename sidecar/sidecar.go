@@ -42,6 +42,7 @@ import (
 	"github.com/projectdavid/toolsidecar/openaiup"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
+	"github.com/projectdavid/toolsidecar/runstore"
 	"github.com/projectdavid/toolsidecar/server"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
@@ -524,11 +525,11 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	}
 	// Turns carry the drive's traceparent, as Core's requests do.
 	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
-	var journal openaiup.Journal
+	var journal runstore.Journal
 	if s.ledger != nil {
-		journal = ledgerJournal{s.ledger.Journal()}
+		journal = s.ledger.Journal()
 	} else {
-		journal = openaiup.NewMemoryJournal(s.cfg.Upstream.JournalTTL, memoryJournalBytes)
+		journal = runstore.NewMemoryJournal(s.cfg.Upstream.JournalTTL, memoryJournalBytes)
 	}
 	s.openai, err = openaiup.New(openaiup.Config{API: s.cfg.Upstream.Kind, URL: s.cfg.Upstream.URL, APIKey: key, Client: client, Journal: journal,
 		RetryBudget: s.cfg.Upstream.RetryBudget, IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, Logger: s.log,
@@ -876,25 +877,6 @@ func (s *Sidecar) upstreamURL() string {
 // memoryJournalBytes bounds the journal of OpenAI-compatible runs without
 // durable mode; beyond it the oldest records are dropped.
 const memoryJournalBytes = 64 << 20
-
-// ledgerJournal is the ledger's journal bucket as openaiup's Journal.
-type ledgerJournal struct{ *ledger.Journal }
-
-func (j ledgerJournal) Create(ctx context.Context, key string, value []byte) (uint64, error) {
-	rev, err := j.Journal.Create(ctx, key, value)
-	if errors.Is(err, ledger.ErrExists) {
-		return 0, openaiup.ErrJournalExists
-	}
-	return rev, err
-}
-
-func (j ledgerJournal) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	rev, err := j.Journal.Update(ctx, key, value, rev)
-	if errors.Is(err, ledger.ErrChanged) {
-		return 0, openaiup.ErrJournalChanged
-	}
-	return rev, err
-}
 
 // runLeases is the ledger's leases as the executor's.
 type runLeases struct{ *ledger.Leases }
