@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 )
 
 // ConnectConfig says how to reach NATS: the one place where connection
@@ -107,8 +108,7 @@ func Connect(ctx context.Context, cfg ConnectConfig, reg prometheus.Registerer, 
 		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
 	}
 	retry := []backoff.RetryOption{
-		backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: 250 * time.Millisecond, RandomizationFactor: 0.2,
-			Multiplier: 2, MaxInterval: 5 * time.Second}),
+		backoff.WithBackOff(retry.NATSConnect.New()),
 		backoff.WithMaxElapsedTime(cfg.FirstTry),
 		backoff.WithNotify(func(err error, wait time.Duration) {
 			log.Warn("NATS unreachable; retrying", "url", config.RedactURL(cfg.URL), "err", err, "retry_in", wait)

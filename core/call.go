@@ -15,6 +15,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -76,15 +77,12 @@ type retryPolicy struct {
 	idempotent bool
 	attempt    int
 	max        int
-	b          backoff.ExponentialBackOff
+	b          *backoff.ExponentialBackOff
 }
 
 // retries sets r up for an exchange of method.
 func (c *Client) retries(r *retryPolicy, method string) {
-	// Jittered exponential backoff from 100ms, capped at 2s.
-	*r = retryPolicy{idempotent: method == http.MethodGet || method == http.MethodPut, max: c.cfg.Retries,
-		b: backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: 2 * time.Second}}
-	r.b.Reset()
+	*r = retryPolicy{idempotent: method == http.MethodGet || method == http.MethodPut, max: c.cfg.Retries, b: retry.CoreCall.New()}
 }
 
 // again reports whether an attempt that ended with err is tried again.

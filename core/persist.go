@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 )
 
 // The writes that make a call's outcome count (its tool message and its
@@ -143,8 +143,7 @@ func (l *messageList) UnmarshalJSON(data []byte) error {
 // fails leaves the write's effect unknown, so it is not written again
 // blindly: the read is tried again after the backoff.
 func (c *Client) persist(ctx context.Context, endpoint string, landed func(context.Context) (bool, error), write func(context.Context) error) error {
-	b := backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}
-	b.Reset()
+	b := retry.CoreWrite.New()
 	var (
 		writes    int
 		uncertain bool  // a write may have taken effect

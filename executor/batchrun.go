@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -268,14 +267,6 @@ func traceparentOf(ctx context.Context) string {
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	return carrier.Get("traceparent")
-}
-
-// retryBackoff is the wait between attempts: jittered, exponential from
-// 50ms, capped at 1s.
-func retryBackoff() *backoff.ExponentialBackOff {
-	b := &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 1, Multiplier: 2, MaxInterval: time.Second}
-	b.Reset()
-	return b
 }
 
 // errorOutput is the tool message the model reads for a failed call.

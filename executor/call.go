@@ -14,6 +14,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/batch"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -207,7 +208,7 @@ func (c *call) attempts(ctx context.Context, res *CallResult) tool.Outcome {
 			return reply
 		}
 		if b == nil {
-			b = retryBackoff()
+			b = retry.Attempt.New()
 		}
 		if clock.Sleep(ctx, b.NextBackOff()) != nil {
 			return tool.Outcome{Err: tool.NewError(tool.Cancelled, "call cancelled between attempts: %v", context.Cause(ctx))}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 )
 
 // One driver per run across sidecars: in durable mode, a drive first takes
@@ -129,8 +130,7 @@ func (e *Executor) acquire(ctx context.Context, runID string) (Lease, string, er
 	got, err := backoff.Retry(ctx, func() (acquired, error) {
 		lease, holder, err := e.leases.Acquire(ctx, runID)
 		return acquired{lease, holder}, err
-	}, backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.2,
-		Multiplier: 2, MaxInterval: time.Second}),
+	}, backoff.WithBackOff(retry.Lease.New()),
 		backoff.WithMaxElapsedTime(acquireFor),
 		backoff.WithNotify(func(err error, _ time.Duration) {
 			e.log.Warn("taking the run's lease failed; retrying", "run_id", runID, "err", err)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 )
 
 // Codes of JetStream's answers that a cluster gives while it settles: a
@@ -41,8 +41,7 @@ func create[T any](ctx context.Context, make func(context.Context) (T, error)) (
 		}
 		last = err
 		return v, err
-	}, backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.2,
-		Multiplier: 2, MaxInterval: time.Second}), backoff.WithMaxElapsedTime(0))
+	}, backoff.WithBackOff(retry.LedgerOpen.New()), backoff.WithMaxElapsedTime(0))
 	if err != nil && ctx.Err() != nil && last != nil && !errors.Is(err, last) {
 		err = fmt.Errorf("%w (the cluster was still settling: %w)", err, last)
 	}
