@@ -16,13 +16,14 @@ var rules = []struct {
 	pkg    string
 	forbid []string // import-path prefixes
 	why    string
-	allow  []string // packages under a forbidden prefix that are allowed: leaves
+	allow  []string // packages under a forbidden prefix that are allowed: leaves, or every package under a prefix ending in /
 }{
 	{"executor", []string{"github.com/nats-io/"}, "the loop speaks tool.Request and tool.Outcome, not NATS", nil},
 	{"executor", []string{module + "/core/"}, "the loop speaks its Upstream port; Core is one adapter of it (coreup)", nil},
 	{"executor", []string{module + "/config"}, "the executor reads no configuration: its Config is data, the tools' settings are the registry's compiled ones", []string{module + "/registry"}},
 	{"registry", []string{module + "/core/"}, "tool definitions know no upstream", nil},
 	{"openaiup", []string{module + "/core/", module + "/coreup/"}, "the OpenAI-compatible upstream is an adapter of the executor's port, beside Core's", nil},
+	{"modelapi", []string{module + "/"}, "the model APIs' wire knows no run and no adapter: openaiup imports it, as coreup imports core", []string{module + "/tool", module + "/executor", module + "/internal/"}},
 	{"runstore", []string{module + "/"}, "the run store knows no model API and no loop: the ledger, which holds its durable journal, imports it", []string{module + "/internal/sizedcache"}},
 	{"ledger", []string{module + "/openaiup", module + "/executor"}, "the ledger keeps records for the loop and the model-API runs, and knows neither", nil},
 	{"openaisim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/internal/chunk", module + "/internal/simbase"}},
@@ -108,7 +109,7 @@ func reach(imports map[string][]string, root string, prefixes, allowed []string)
 				continue
 			}
 			parent[d] = p
-			if slices.Contains(allowed, d) {
+			if slices.ContainsFunc(allowed, func(a string) bool { return d == a || strings.HasSuffix(a, "/") && strings.HasPrefix(d, a) }) {
 				continue // an allowed leaf, whose own imports the rule of its package checks
 			}
 			if slices.ContainsFunc(prefixes, func(pre string) bool { return strings.HasPrefix(d, pre) || d == strings.TrimSuffix(pre, "/") }) {

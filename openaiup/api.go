@@ -7,6 +7,7 @@ import (
 	sse "github.com/tmaxmax/go-sse"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -47,7 +48,7 @@ type api interface {
 	// newParser reads one attempt at a turn's stream.
 	newParser() parser
 	// callsOf lists an assistant message's calls, in order.
-	callsOf(assistant json.RawMessage) ([]toolCall, error)
+	callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, error)
 	// followUp is a turn as the next one replays it: its assistant
 	// message, unchanged, and the results given, in call order.
 	followUp(assistant json.RawMessage, results []result) ([]json.RawMessage, error)
@@ -56,11 +57,9 @@ type api interface {
 	splitParked(parked []json.RawMessage) (assistant json.RawMessage, results map[string]json.RawMessage)
 	// restore puts each parked turn back into an application's
 	// conversation (parking.restore).
-	restore(msgs []json.RawMessage, find func(appCalls []toolCall) *parkedTurn) []json.RawMessage
-	// newAnswer writes the application's answer.
-	newAnswer(b *answerBase) answerWriter
-	// writeError writes an error in the API's shape.
-	writeError(w http.ResponseWriter, status int, msg, typ, param string)
+	restore(msgs []json.RawMessage, find func(appCalls []modelapi.ToolCall) *parkedTurn) []json.RawMessage
+	// wire is the API's answers and error bodies.
+	wire() modelapi.API
 }
 
 // turnCalls sizes a turn's bound: an event that can carry every call of
@@ -85,7 +84,7 @@ type piece struct {
 	reasoning string          // shown, never replayed from here
 	calls     []toolCallDelta // fragments of calls, keyed by their index
 	finish    string          // the turn is whole, ending for this reason
-	usage     *Usage
+	usage     *modelapi.Usage
 	model     string
 	created   int64
 	failed    string // the upstream's error event
@@ -101,23 +100,6 @@ type result struct {
 // failed reports an output that says why the call failed: the follow-up
 // flags it where the API can (Messages' is_error).
 func (r result) failed() bool { return executor.FailedOutput(r.Content) }
-
-// answerWriter writes the application's answer: whole, or as a stream its
-// official client accumulates. Its methods are called from the request's
-// goroutine and from its keep-alive ticker.
-type answerWriter interface {
-	base() *answerBase
-	// begin writes the stream's head, once.
-	begin()
-	// content streams text the model said.
-	content(text string)
-	// finish ends the stream with how the run ended.
-	finish(res Result, sum executor.Summary)
-	// whole writes the answer in one body.
-	whole(res Result, sum executor.Summary)
-	// failEvent ends a stream that has begun with an error.
-	failEvent(msg, typ, code string)
-}
 
 // apiOf is the API of upstream.kind.
 func apiOf(kind string) (api, bool) {

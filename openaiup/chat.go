@@ -10,6 +10,7 @@ import (
 
 	sse "github.com/tmaxmax/go-sse"
 
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -21,6 +22,7 @@ func (chatAPI) kind() string        { return kindOpenAI }
 func (chatAPI) turnPath() string    { return "/chat/completions" }
 func (chatAPI) runPrefix() string   { return "chatcmpl-" }
 func (chatAPI) forwarded() []string { return nil }
+func (chatAPI) wire() modelapi.API  { return modelapi.Chat }
 
 // A Chat Completions chunk carries fragments, or whole calls: Ollama
 // sends every call of a turn in one chunk. Its bound is a turn's.
@@ -151,7 +153,7 @@ func (chatParser) take(ev sse.Event) (piece, error) {
 	if err := json.Unmarshal([]byte(ev.Data), &c); err != nil {
 		return piece{}, err
 	}
-	p := piece{model: c.Model, created: c.Created, usage: c.Usage.usage()}
+	p := piece{model: c.Model, created: c.Created, usage: c.Usage.Usage()}
 	if len(c.Error) > 0 && string(c.Error) != "null" {
 		p.failed = errorMessage(c.Error)
 		return p, nil
@@ -185,14 +187,14 @@ func (chatParser) assistant(text string, calls []assembled) (json.RawMessage, er
 	return json.Marshal(m)
 }
 
-// toolCall is c as an assistant message carries it.
-func (c assembled) toolCall() toolCall {
-	var tc toolCall
+// modelapi.ToolCall is c as an assistant message carries it.
+func (c assembled) toolCall() modelapi.ToolCall {
+	var tc modelapi.ToolCall
 	tc.ID, tc.Type, tc.Function.Name, tc.Function.Arguments = c.ID, "function", c.Name, c.Args
 	return tc
 }
 
-func (chatAPI) callsOf(assistant json.RawMessage) ([]toolCall, error) {
+func (chatAPI) callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, error) {
 	var m message
 	if err := json.Unmarshal(assistant, &m); err != nil {
 		return nil, err
@@ -226,7 +228,7 @@ func (chatAPI) splitParked(parked []json.RawMessage) (json.RawMessage, map[strin
 // restore: an assistant message whose calls are the application's part
 // of a parked turn becomes the whole turn, and its tool messages are
 // joined by the sidecar's, in the turn's call order.
-func (chatAPI) restore(msgs []json.RawMessage, find func([]toolCall) *parkedTurn) []json.RawMessage {
+func (chatAPI) restore(msgs []json.RawMessage, find func([]modelapi.ToolCall) *parkedTurn) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(msgs))
 	for i := 0; i < len(msgs); i++ {
 		var m message
@@ -256,15 +258,4 @@ func (chatAPI) restore(msgs []json.RawMessage, find func([]toolCall) *parkedTurn
 		})...)
 	}
 	return out
-}
-
-func (chatAPI) newAnswer(b *answerBase) answerWriter { return &chatAnswer{answerBase: b} }
-
-func (chatAPI) writeError(w http.ResponseWriter, status int, msg, typ, param string) {
-	var e apiError
-	e.Error.Message, e.Error.Type = tool.Truncate(msg, tool.MaxErrorMessage), typ
-	if param != "" {
-		e.Error.Param = &param
-	}
-	writeJSON(w, status, e)
 }

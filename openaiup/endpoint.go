@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -90,7 +91,7 @@ func (ep *Endpoint) Pattern() string {
 // WriteError writes an error as the API answers one: the route's Errors,
 // for the requests the server refuses before the endpoint reads them.
 func (ep *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
-	ep.api.writeError(w, status, msg, "invalid_request_error", "")
+	ep.api.wire().WriteError(w, status, msg, "invalid_request_error", "")
 }
 
 // request is what the endpoint reads of the application's request; the
@@ -210,8 +211,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer up.Release(rn)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
 	// A resumed run's answer keeps the time the run began.
-	out := ep.api.newAnswer(&answerBase{w: w, r: r, api: ep.api, id: id, model: req.model, usage: req.usage, created: rn.createdAt()})
-	ob := out.base()
+	out := ep.api.wire().NewAnswer(w, r, modelapi.Head{ID: id, Model: req.model, Created: rn.createdAt(), IncludeUsage: req.usage})
 	sum, err := ep.drive(r, req, rn, out, finished)
 	answered := finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns)
 	res := up.End(r.Context(), rn, answered)
@@ -233,21 +233,57 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		return // the application went away: its calls were cancelled
 	}
-	ob.model = cmp.Or(res.Model, ob.model)
+	if res.Model != "" {
+		out.SetModel(res.Model)
+	}
 	if sum.Status != executor.StatusCompleted && len(res.AppCalls) == 0 {
 		ep.log.Warn("the run failed", "run_id", id, "status", sum.Status, "err", sum.Error)
-		fail(out, sum, err)
+		fail(w, out, sum, err)
 		return
 	}
 	if req.stream {
 		// What another sidecar's drive said, read from the journal by End.
-		if text, _, _ := rn.follow(ob.written); text != "" {
-			out.content(text)
+		if text, _, _ := rn.follow(out.Written()); text != "" {
+			out.Content(text)
 		}
-		out.finish(res, sum)
+		out.Finish(res, sum)
 		return
 	}
-	out.whole(res, sum)
+	out.Whole(res, sum)
+}
+
+// fail reports a run that did not end with the model's answer. Before the
+// stream has begun it is an HTTP error: the upstream's refusal as the
+// upstream sent it (a 400 stays a 400), a 502 for the upstream's other
+// failures, a 422 for the turn limit (the same request would reach it
+// again), a 503 for a sidecar that stopped (a retry resumes the run), and
+// a 500 for the sidecar's own bug guard. Once the stream has begun it is
+// the API's error event.
+func fail(w http.ResponseWriter, out *modelapi.Answer, sum executor.Summary, err error) {
+	f := modelapi.Failure{Status: http.StatusInternalServerError, Type: "toolsidecar_error", Code: sum.Status}
+	var re *RefusedError
+	switch {
+	case errors.As(err, &re):
+		f.Status, f.Type = re.Status, "upstream_error"
+		if f.Status >= 500 {
+			f.Status = http.StatusBadGateway
+		}
+	case sum.Status == executor.StatusMaxTurns:
+		f.Status, f.Type = http.StatusUnprocessableEntity, "max_turns_exceeded"
+	case sum.Status == executor.StatusInterrupted:
+		f.Status, f.Type = http.StatusServiceUnavailable, "toolsidecar_interrupted"
+		w.Header().Set("Retry-After", "1")
+	case errors.Is(err, executor.ErrUpstream) || executor.UpstreamStatus(err) != 0 || sum.Status == executor.StatusFailed:
+		f.Status, f.Type = http.StatusBadGateway, "upstream_error"
+	}
+	f.Message = sum.Error
+	if f.Message == "" && err != nil {
+		f.Message = err.Error()
+	}
+	if re != nil && json.Valid(re.Body) && re.Status < 500 {
+		f.Status, f.Refusal = re.Status, re.Body
+	}
+	out.Fail(f)
 }
 
 // refuse answers a request that does not run: one the API would refuse,
@@ -255,22 +291,22 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (ep *Endpoint) refuse(w http.ResponseWriter, err error) {
 	var br *badRequest
 	if errors.As(err, &br) {
-		ep.api.writeError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
+		ep.api.wire().WriteError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
 		return
 	}
 	ep.log.Error("reading the journal", "err", err)
-	ep.api.writeError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
+	ep.api.wire().WriteError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
 }
 
 // drive runs the request's run, streamed or whole. A run that ended (the
 // application's key names it) is answered from the journal, without
 // asking the upstream.
-func (ep *Endpoint) drive(r *http.Request, req *request, rn *run, out answerWriter, finished *executor.Summary) (executor.Summary, error) {
+func (ep *Endpoint) drive(r *http.Request, req *request, rn *run, out *modelapi.Answer, finished *executor.Summary) (executor.Summary, error) {
 	switch {
 	case finished != nil:
 		return *finished, nil
 	case req.stream:
-		return ep.stream(r.Context(), req, rn, out)
+		return ep.stream(r, req, rn, out)
 	}
 	return ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, rn), nil)
 }
@@ -380,35 +416,36 @@ func (ep *Endpoint) newRunID(key runKey) string {
 // run gives it, from its first turn's (a resumed run's earlier turns come
 // from the journal; a request attached to a run in progress gets the text
 // already given too), with SSE comments while it is quiet.
-func (ep *Endpoint) stream(ctx context.Context, req *request, rn *run, out answerWriter) (executor.Summary, error) {
+func (ep *Endpoint) stream(r *http.Request, req *request, rn *run, out *modelapi.Answer) (executor.Summary, error) {
+	ctx := r.Context()
 	var sum executor.Summary
 	var err error
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(done)
-		sum, err = ep.cfg.Drive(ctx, ep.driveRequest(out.base().r, req, rn), nil)
+		sum, err = ep.cfg.Drive(ctx, ep.driveRequest(r, req, rn), nil)
 	})
 	defer wg.Wait()
 	t := time.NewTicker(ep.cfg.KeepAlive)
 	defer t.Stop()
 	for {
-		text, began, wake := rn.follow(out.base().written)
+		text, began, wake := rn.follow(out.Written())
 		if text != "" {
-			out.content(text)
+			out.Content(text)
 		} else if began {
-			out.begin() // the upstream took the turn: the answer is a stream from here
+			out.Begin() // the upstream took the turn: the answer is a stream from here
 		}
 		select {
 		case <-done:
 			wg.Wait()
-			if text, _, _ := rn.follow(out.base().written); text != "" {
-				out.content(text)
+			if text, _, _ := rn.follow(out.Written()); text != "" {
+				out.Content(text)
 			}
 			return sum, err
 		case <-wake:
 		case <-t.C:
-			out.base().keepAlive()
+			out.KeepAlive()
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/responsesim"
 )
@@ -94,11 +95,11 @@ func BenchmarkAnswerStream(b *testing.B) {
 			r := httptest.NewRequest(http.MethodPost, c.path, nil)
 			for b.Loop() {
 				w := httptest.NewRecorder()
-				out := c.api.newAnswer(&answerBase{w: w, r: r, api: c.api, id: c.api.runPrefix() + "abcdefabcdefabcdefabcdef", model: "m"})
-				out.begin()
-				out.content("echo: he")
-				out.content("llo")
-				out.finish(Result{FinishReason: "stop", Usage: Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}}, executor.Summary{})
+				out := c.api.wire().NewAnswer(w, r, modelapi.Head{ID: c.api.runPrefix() + "abcdefabcdefabcdefabcdef", Model: "m"})
+				out.Begin()
+				out.Content("echo: he")
+				out.Content("llo")
+				out.Finish(modelapi.Result{FinishReason: "stop", Usage: modelapi.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}}, executor.Summary{})
 				if body, _ := io.ReadAll(w.Body); !strings.Contains(string(body), "llo") {
 					b.Fatalf("the answer lacks its text:\n%s", body)
 				}

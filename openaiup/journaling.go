@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
 
@@ -48,8 +49,8 @@ import (
 // the record's.
 type turnRecord struct {
 	runstore.Turn
-	Usage    Usage
-	AppCalls []toolCall
+	Usage    modelapi.Usage
+	AppCalls []modelapi.ToolCall
 }
 
 // stored is the turn as the store keeps it.
@@ -223,10 +224,10 @@ func (u *Upstream) reload(ctx context.Context, r *run) error {
 // no turn read, no text. r.mu is held.
 func (r *run) reset(jr *runstore.Run) {
 	r.headed, r.created = true, jr.Header.Created
-	r.messages, r.turn, r.pending, r.result, r.status = slices.Clone(r.base), len(jr.Turns), nil, Result{}, executor.RunActive
+	r.messages, r.turn, r.pending, r.result, r.status = slices.Clone(r.base), len(jr.Turns), nil, modelapi.Result{}, executor.RunActive
 	r.began = len(jr.Turns) > 0
 	r.shown.Reset()
-	r.carried = nil
+	r.carried, r.failed = nil, ""
 }
 
 // replayed is a delivered turn of a journaled run, read whole, with its

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
 
@@ -152,7 +153,7 @@ func TestKeylessAnswerLeavesItsRecordsForLater(t *testing.T) {
 // records below were written out by hand from that format; each reads
 // back as the turn it was.
 func TestTurnRecordFormat(t *testing.T) {
-	app := toolCall{ID: "call_app", Type: "function"}
+	app := modelapi.ToolCall{ID: "call_app", Type: "function"}
 	app.Function.Name, app.Function.Arguments = "lookup", `{"q":"x"}`
 	for _, tc := range []struct {
 		rec  turnRecord
@@ -161,14 +162,14 @@ func TestTurnRecordFormat(t *testing.T) {
 		{turnRecord{Turn: runstore.Turn{Content: "hello", Model: "gpt-x", Created: 1700000001, Finish: "tool_calls", Assistant: json.RawMessage(`{"role":"assistant"}`),
 			Calls:    []runstore.Call{{MessageID: "call_1", ActionID: "act-1", ToolCallID: "call_1", Tool: "echo", Args: json.RawMessage(`{"n":1}`), Problem: "p"}},
 			Previous: map[string]string{"act-0": "out"}},
-			Usage:    Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15, CacheReadTokens: 3, ReasoningTokens: 2},
-			AppCalls: []toolCall{app}},
+			Usage:    modelapi.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15, CacheReadTokens: 3, ReasoningTokens: 2},
+			AppCalls: []modelapi.ToolCall{app}},
 			`{"content":"hello","usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"cache_read_input_tokens":3,"reasoning_tokens":2},` +
 				`"model":"gpt-x","created":1700000001,"finish":"tool_calls","assistant":{"role":"assistant"},` +
 				`"calls":[{"message_id":"call_1","action_id":"act-1","tool_call_id":"call_1","tool":"echo","args":{"n":1},"problem":"p"}],` +
 				`"app_calls":[{"id":"call_app","type":"function","function":{"name":"lookup","arguments":"{\"q\":\"x\"}"}}],"previous":{"act-0":"out"}}`},
 		{turnRecord{Turn: runstore.Turn{Failed: "boom", Handed: []runstore.Call{{ActionID: "act-2", ToolCallID: "call_2", Tool: "echo", Args: json.RawMessage(`{}`)}}},
-			AppCalls: []toolCall{}},
+			AppCalls: []modelapi.ToolCall{}},
 			`{"content":"","usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0},"failed":"boom",` +
 				`"handed":[{"message_id":"","action_id":"act-2","tool_call_id":"call_2","tool":"echo","args":{}}]}`},
 	} {

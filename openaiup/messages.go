@@ -10,6 +10,7 @@ import (
 
 	sse "github.com/tmaxmax/go-sse"
 
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -43,6 +44,7 @@ func (messagesAPI) authorize(h http.Header, key string) {
 }
 
 func (messagesAPI) callerKey(r *http.Request) string { return r.Header.Get("X-Api-Key") }
+func (messagesAPI) wire() modelapi.API               { return modelapi.Messages }
 
 // messagesTool is what the sidecar reads of a tool in a request: a client
 // tool has no type (or "custom"); a server tool (web search, code
@@ -99,7 +101,7 @@ func (messagesAPI) newParser() parser { return &messagesParser{} }
 type messagesParser struct {
 	blocks []*contentBlock
 	stop   string
-	usage  Usage
+	usage  modelapi.Usage
 }
 
 // contentBlock is one block of the assistant's content, as it is built.
@@ -151,7 +153,8 @@ type messagesUsage struct {
 	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
 }
 
-func (u *Usage) overwrite(m *messagesUsage) {
+// overwrite puts m's counts on u.
+func (m *messagesUsage) overwrite(u *modelapi.Usage) {
 	if m == nil {
 		return
 	}
@@ -193,7 +196,7 @@ func (p *messagesParser) take(ev sse.Event) (piece, error) {
 		if e.Message == nil {
 			return piece{}, errors.New("message_start without its message")
 		}
-		p.usage.overwrite(e.Message.Usage)
+		e.Message.Usage.overwrite(&p.usage)
 		u := p.usage
 		return piece{model: e.Message.Model, usage: &u}, nil
 	case "content_block_start":
@@ -220,7 +223,7 @@ func (p *messagesParser) take(ev sse.Event) (piece, error) {
 		if e.Delta != nil && e.Delta.StopReason != nil {
 			p.stop = *e.Delta.StopReason
 		}
-		p.usage.overwrite(e.Usage)
+		e.Usage.overwrite(&p.usage)
 		u := p.usage
 		return piece{usage: &u}, nil
 	case "message_stop":
@@ -297,21 +300,10 @@ func fragment(index int, id, name string, args *string) toolCallDelta {
 
 // The blocks the sidecar writes itself, in the API's field order.
 type (
-	textBlock struct {
-		Type      string            `json:"type"`
-		Text      string            `json:"text"`
-		Citations []json.RawMessage `json:"citations,omitempty"`
-	}
 	thinkingBlock struct {
 		Type      string `json:"type"`
 		Thinking  string `json:"thinking"`
 		Signature string `json:"signature"`
-	}
-	toolUseBlock struct {
-		Type  string          `json:"type"`
-		ID    string          `json:"id"`
-		Name  string          `json:"name"`
-		Input json.RawMessage `json:"input"`
 	}
 	toolResultBlock struct {
 		Type      string `json:"type"`
@@ -339,7 +331,7 @@ func (p *messagesParser) assistant(_ string, calls []assembled) (json.RawMessage
 			if b.text.Len() == 0 {
 				continue
 			}
-			v = textBlock{Type: "text", Text: b.text.String(), Citations: b.citations}
+			v = modelapi.TextBlock{Type: "text", Text: b.text.String(), Citations: b.citations}
 		case "thinking":
 			v = thinkingBlock{Type: "thinking", Thinking: b.text.String(), Signature: b.signature.String()}
 		case "tool_use":
@@ -348,7 +340,7 @@ func (p *messagesParser) assistant(_ string, calls []assembled) (json.RawMessage
 			}
 			c := calls[next]
 			next++
-			v = toolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Name, Input: inputOf(c)}
+			v = modelapi.ToolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Name, Input: inputOf(c)}
 		default:
 			v = b.whole()
 		}
@@ -397,7 +389,7 @@ func messageOf(raw json.RawMessage) (role string, blocks []json.RawMessage) {
 	}
 	var text string
 	if json.Unmarshal(m.Content, &text) == nil {
-		b, _ := json.Marshal(textBlock{Type: "text", Text: text})
+		b, _ := json.Marshal(modelapi.TextBlock{Type: "text", Text: text})
 		return m.Role, []json.RawMessage{b}
 	}
 	_ = json.Unmarshal(m.Content, &blocks)
@@ -419,7 +411,7 @@ func refOf(raw json.RawMessage) blockRef {
 	return b
 }
 
-func (messagesAPI) callsOf(assistant json.RawMessage) ([]toolCall, error) {
+func (messagesAPI) callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, error) {
 	var m assistantMessage
 	if err := json.Unmarshal(assistant, &m); err != nil {
 		return nil, err
@@ -428,11 +420,11 @@ func (messagesAPI) callsOf(assistant json.RawMessage) ([]toolCall, error) {
 }
 
 // toolUses are the tool_use blocks among blocks, as calls.
-func toolUses(blocks []json.RawMessage) []toolCall {
-	var out []toolCall
+func toolUses(blocks []json.RawMessage) []modelapi.ToolCall {
+	var out []modelapi.ToolCall
 	for _, raw := range blocks {
 		if b := refOf(raw); b.Type == "tool_use" {
-			var tc toolCall
+			var tc modelapi.ToolCall
 			tc.ID, tc.Type, tc.Function.Name, tc.Function.Arguments = b.ID, "function", b.Name, string(b.Input)
 			out = append(out, tc)
 		}
@@ -479,7 +471,7 @@ func (messagesAPI) splitParked(parked []json.RawMessage) (json.RawMessage, map[s
 // it, and the user message after it begins with every call's tool_result
 // in call order (the sidecar's and the application's), then whatever else
 // the application wrote.
-func (messagesAPI) restore(msgs []json.RawMessage, find func([]toolCall) *parkedTurn) []json.RawMessage {
+func (messagesAPI) restore(msgs []json.RawMessage, find func([]modelapi.ToolCall) *parkedTurn) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(msgs))
 	for i := 0; i < len(msgs); i++ {
 		role, blocks := messageOf(msgs[i])
@@ -511,25 +503,4 @@ func (messagesAPI) restore(msgs []json.RawMessage, find func([]toolCall) *parked
 		out = append(out, raw)
 	}
 	return out
-}
-
-func (messagesAPI) newAnswer(b *answerBase) answerWriter { return &messagesAnswer{answerBase: b} }
-
-// messagesError is the API's error body (§11.1).
-type messagesError struct {
-	Type  string `json:"type"`
-	Error struct {
-		Type    string `json:"type"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func newMessagesError(msg, typ string) messagesError {
-	e := messagesError{Type: "error"}
-	e.Error.Type, e.Error.Message = typ, tool.Truncate(msg, tool.MaxErrorMessage)
-	return e
-}
-
-func (messagesAPI) writeError(w http.ResponseWriter, status int, msg, typ, _ string) {
-	writeJSON(w, status, newMessagesError(msg, typ))
 }

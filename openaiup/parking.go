@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/modelapi"
 )
 
 // parking keeps the turns that called the application's tools as well as
@@ -48,7 +49,7 @@ func parkKey(callID string) string {
 
 // park keeps a run's last turn (Result.Parked) under its application
 // calls' ids.
-func (p *parking) park(ctx context.Context, a api, res Result) {
+func (p *parking) park(ctx context.Context, a api, res modelapi.Result) {
 	if len(res.Parked) == 0 {
 		return
 	}
@@ -77,7 +78,7 @@ func (p *parking) park(ctx context.Context, a api, res Result) {
 // restore puts each parked turn back into an application's messages, as
 // the API's restore places it.
 func (p *parking) restore(ctx context.Context, a api, msgs []json.RawMessage) []json.RawMessage {
-	return a.restore(msgs, func(calls []toolCall) *parkedTurn { return p.find(ctx, calls) })
+	return a.restore(msgs, func(calls []modelapi.ToolCall) *parkedTurn { return p.find(ctx, calls) })
 }
 
 // merge joins the application's answers to its calls (idOf reads the
@@ -106,7 +107,7 @@ func (pt *parkedTurn) merge(app []json.RawMessage, idOf func(json.RawMessage) st
 
 // find is the parked turn of an assistant message whose calls are exactly
 // the application's part of that turn.
-func (p *parking) find(ctx context.Context, calls []toolCall) *parkedTurn {
+func (p *parking) find(ctx context.Context, calls []modelapi.ToolCall) *parkedTurn {
 	if len(calls) == 0 {
 		return nil
 	}

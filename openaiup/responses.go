@@ -11,6 +11,7 @@ import (
 
 	sse "github.com/tmaxmax/go-sse"
 
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -27,6 +28,7 @@ func (responsesAPI) kind() string        { return kindResponses }
 func (responsesAPI) turnPath() string    { return "/responses" }
 func (responsesAPI) runPrefix() string   { return "resp_" }
 func (responsesAPI) forwarded() []string { return nil }
+func (responsesAPI) wire() modelapi.API  { return modelapi.Responses }
 
 // A Responses stream's lifecycle events carry the whole response (§4.3):
 // the terminal one repeats every item of the turn, and each one echoes
@@ -36,9 +38,6 @@ func (responsesAPI) eventBound(frame int) int { return turnCalls * frame }
 // The key and the errors are OpenAI's, as in Chat Completions.
 func (responsesAPI) authorize(h http.Header, key string) { chatAPI{}.authorize(h, key) }
 func (responsesAPI) callerKey(r *http.Request) string    { return chatAPI{}.callerKey(r) }
-func (responsesAPI) writeError(w http.ResponseWriter, status int, msg, typ, param string) {
-	chatAPI{}.writeError(w, status, msg, typ, param)
-}
 
 // responsesTool is what the sidecar reads of a tool in a request: a
 // function tool (the application's) or a built-in one (web search, file
@@ -119,7 +118,7 @@ func (responsesAPI) newParser() parser { return &responsesParser{items: map[int]
 type responsesParser struct {
 	items map[int]*outputItem // by output_index
 	final []json.RawMessage   // the terminal response's output
-	usage Usage
+	usage modelapi.Usage
 }
 
 // outputItem is one output item of a turn.
@@ -252,7 +251,7 @@ func (p *responsesParser) take(ev sse.Event) (piece, error) {
 		}
 		p.final = e.Response.Output
 		if u := e.Response.Usage; u != nil {
-			p.usage = Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens,
+			p.usage = modelapi.Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens,
 				CacheReadTokens: u.InputTokensDetails.CachedTokens, ReasoningTokens: u.OutputTokensDetails.ReasoningTokens}
 		}
 		usage := p.usage
@@ -335,7 +334,7 @@ func turnItems(assistant json.RawMessage) ([]json.RawMessage, error) {
 	return items, err
 }
 
-func (responsesAPI) callsOf(assistant json.RawMessage) ([]toolCall, error) {
+func (responsesAPI) callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, error) {
 	items, err := turnItems(assistant)
 	if err != nil {
 		return nil, err
@@ -344,12 +343,12 @@ func (responsesAPI) callsOf(assistant json.RawMessage) ([]toolCall, error) {
 }
 
 // functionCalls are the function_call items among items, as calls.
-func functionCalls(items []json.RawMessage) []toolCall {
-	var out []toolCall
+func functionCalls(items []json.RawMessage) []modelapi.ToolCall {
+	var out []modelapi.ToolCall
 	for _, raw := range items {
 		var h itemHead
 		if json.Unmarshal(raw, &h) == nil && h.Type == "function_call" {
-			var tc toolCall
+			var tc modelapi.ToolCall
 			tc.ID, tc.Type, tc.Function.Name = h.CallID, "function", h.Name
 			if h.Arguments != nil {
 				tc.Function.Arguments = *h.Arguments
@@ -409,7 +408,7 @@ func said(raw json.RawMessage) bool {
 // restore (§3.3): a run of the model's items whose function calls are the
 // application's part of a parked turn becomes the turn as the model made
 // it, and the outputs after it are every call's, in call order.
-func (responsesAPI) restore(items []json.RawMessage, find func([]toolCall) *parkedTurn) []json.RawMessage {
+func (responsesAPI) restore(items []json.RawMessage, find func([]modelapi.ToolCall) *parkedTurn) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(items))
 	for i := 0; i < len(items); {
 		if !said(items[i]) {
@@ -446,5 +445,3 @@ func (responsesAPI) restore(items []json.RawMessage, find func([]toolCall) *park
 	}
 	return out
 }
-
-func (responsesAPI) newAnswer(b *answerBase) answerWriter { return &responsesAnswer{answerBase: b} }

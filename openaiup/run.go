@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/modelapi"
 )
 
 // run is one run being answered, for every request attached to it: the
@@ -30,7 +31,8 @@ type run struct {
 	began    bool         // a turn was asked for, here or before a crash
 	turn     int          // turns asked for
 	pending  *pendingTurn // the turn being read or answered
-	result   Result
+	result   modelapi.Result
+	failed   string // the upstream's error event, which ended the run
 	created  int64
 	users    int // requests attached (Begin, End)
 	// local: this process drives the run (it listed its open calls or
@@ -101,7 +103,7 @@ func (r *run) follow(from int) (text string, began bool, wake <-chan struct{}) {
 type pendingTurn struct {
 	read      bool                 // the stream is read whole: assistant, order and calls are set
 	assistant json.RawMessage      // with every call of the turn, in the API's shape
-	order     []toolCall           // every call of the turn, in order
+	order     []modelapi.ToolCall  // every call of the turn, in order
 	calls     []*executor.ToolCall // the sidecar's calls, in order
 	handed    map[string]bool      // ids of the calls handed to the executor
 	idOf      map[string]string    // the executor's id of each of the sidecar's calls, by the assistant message's id
@@ -121,30 +123,6 @@ func newPendingTurn() *pendingTurn {
 	return &pendingTurn{handed: map[string]bool{}, ghosts: map[string]bool{}, outputs: map[string]string{}, idOf: map[string]string{},
 		started: map[string]bool{}, actions: map[string]string{}}
 }
-
-// Result is how a run ended, for the application's answer.
-type Result struct {
-	// Content is what the model said, every turn's text in order.
-	Content string
-	// FinishReason is the last turn's (stop, length, content_filter), or
-	// tool_calls when AppCalls is set.
-	FinishReason string
-	// AppCalls are the last turn's calls of tools the application
-	// declared: it runs them and asks again (see Parked).
-	AppCalls []ToolCall
-	// Parked is the last turn as the model made it, when it holds
-	// AppCalls: its assistant message with every call, and the tool
-	// messages of the sidecar's calls. The application's next request
-	// gets it back (Restore).
-	Parked  []json.RawMessage
-	Usage   Usage
-	Model   string
-	Created int64
-	failed  string // the upstream's error event, which ended the run
-}
-
-// ToolCall is a call as an assistant message carries it.
-type ToolCall = toolCall
 
 // Begin attaches a request to its run: the run in progress under id, or
 // a new one with the request's conversation (messages, restored), the
@@ -177,7 +155,7 @@ func (u *Upstream) Begin(ref runRef, req *request, messages []json.RawMessage) *
 // retry after a crash replays the answer it had. A keyless answer does not
 // wait for them: journalEnd settles them after it, before the run's end
 // (BENCHMARKS.md, "Journal cost").
-func (u *Upstream) End(ctx context.Context, r *run, answered bool) Result {
+func (u *Upstream) End(ctx context.Context, r *run, answered bool) modelapi.Result {
 	r.mu.Lock()
 	local, explicit, appCalls := r.local, r.key.explicit, len(r.result.AppCalls) > 0
 	r.mu.Unlock()
@@ -240,12 +218,12 @@ func (r *run) apply(t turnRecord) {
 	if res.Model == "" {
 		res.Model, res.Created = t.Model, t.Created
 	}
-	res.Usage.add(&t.Usage)
+	res.Usage.Add(&t.Usage)
 	res.Content += t.Content
 	res.FinishReason = t.Finish
 	switch {
 	case t.Failed != "":
-		res.failed, r.status = t.Failed, executor.RunFailed
+		r.failed, r.status = t.Failed, executor.RunFailed
 	case len(t.Calls) == 0 && len(t.AppCalls) == 0:
 		r.status = executor.RunCompleted
 	case len(t.AppCalls) > 0:

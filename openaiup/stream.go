@@ -16,6 +16,7 @@ import (
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/internal/frames"
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
 
@@ -109,7 +110,7 @@ type reading struct {
 	calls    assembler
 	handed   map[*partial]*executor.ToolCall
 	finish   string
-	usage    Usage
+	usage    modelapi.Usage
 	model    string
 	created  int64
 	failed   string // the upstream's error event

@@ -20,6 +20,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
 
@@ -284,7 +285,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	if r.status == executor.RunFailed {
 		// The upstream's error event ended the run; the calls it had
 		// started are joined and journaled, and no turn follows.
-		msg := r.result.failed
+		msg := r.failed
 		r.mu.Unlock()
 		u.keepOutputs(ctx, r)
 		return nil, &executor.UpstreamError{Status: http.StatusBadGateway,
@@ -416,7 +417,7 @@ func (u *Upstream) post(ctx context.Context, body []byte, headers http.Header, b
 func (u *Upstream) refusal(resp *http.Response) error {
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, int64(u.cfg.MaxResponseBytes)))
-	var ae apiError
+	var ae modelapi.APIError
 	msg := strings.TrimSpace(string(data))
 	if json.Unmarshal(data, &ae) == nil && ae.Error.Message != "" {
 		msg = ae.Error.Message

@@ -1,4 +1,4 @@
-package openaiup
+package modelapi
 
 import (
 	"encoding/json"
@@ -259,7 +259,7 @@ func (a *responsesAnswer) whole(res Result, sum executor.Summary) {
 // failEvent: an error event nested under "error", which every official
 // client stops on (§4.3). a.mu is held.
 func (a *responsesAnswer) failEvent(msg, typ, code string) {
-	var e apiError
+	var e APIError
 	e.Error.Message, e.Error.Type, e.Error.Code = msg, typ, &code
 	a.send("error", e)
 }

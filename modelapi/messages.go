@@ -1,10 +1,11 @@
-package openaiup
+package modelapi
 
 import (
 	"encoding/json"
 	"net/http"
 
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // messagesAnswer writes a Messages answer: a message, or its stream as
@@ -111,7 +112,7 @@ func (a *messagesAnswer) content(text string) {
 	a.written += len(text)
 	if !a.open {
 		a.open = true
-		a.send("content_block_start", blockStartEvent{a.blocks, textBlock{Type: "text", Text: ""}})
+		a.send("content_block_start", blockStartEvent{a.blocks, TextBlock{Type: "text", Text: ""}})
 	}
 	a.send("content_block_delta", blockDeltaEvent{a.blocks, textDelta{"text_delta", text}})
 }
@@ -133,7 +134,7 @@ func (a *messagesAnswer) finish(res Result, sum executor.Summary) {
 	a.head()
 	a.closeText()
 	for _, c := range res.AppCalls {
-		a.send("content_block_start", blockStartEvent{a.blocks, toolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage("{}")}})
+		a.send("content_block_start", blockStartEvent{a.blocks, ToolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage("{}")}})
 		a.send("content_block_delta", blockDeltaEvent{a.blocks, inputJSONDelta{"input_json_delta", c.Function.Arguments}})
 		a.send("content_block_stop", blockStopEvent{a.blocks})
 		a.blocks++
@@ -160,11 +161,11 @@ func (a *messagesAnswer) whole(res Result, sum executor.Summary) {
 	out := messagesOut{ID: a.id, Type: "message", Role: "assistant", Model: a.model, Content: []json.RawMessage{},
 		Usage: usageOut(res.Usage), Toolsidecar: extensionOf(a.id, sum)}
 	if res.Content != "" {
-		raw, _ := json.Marshal(textBlock{Type: "text", Text: res.Content})
+		raw, _ := json.Marshal(TextBlock{Type: "text", Text: res.Content})
 		out.Content = append(out.Content, raw)
 	}
 	for _, c := range res.AppCalls {
-		raw, _ := json.Marshal(toolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage(c.Function.Arguments)})
+		raw, _ := json.Marshal(ToolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage(c.Function.Arguments)})
 		out.Content = append(out.Content, raw)
 	}
 	reason := stopReason(res)
@@ -177,4 +178,34 @@ func (a *messagesAnswer) whole(res Result, sum executor.Summary) {
 func (a *messagesAnswer) failEvent(msg, typ, _ string) {
 	data, _ := json.Marshal(newMessagesError(msg, typ))
 	a.event("error", string(data), "")
+}
+
+// TextBlock is a Messages text block, as the sidecar writes it.
+type TextBlock struct {
+	Type      string            `json:"type"` // text
+	Text      string            `json:"text"`
+	Citations []json.RawMessage `json:"citations,omitempty"`
+}
+
+// ToolUseBlock is a Messages call, as the sidecar writes it.
+type ToolUseBlock struct {
+	Type  string          `json:"type"` // tool_use
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+// messagesError is the API's error body (§11.1).
+type messagesError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func newMessagesError(msg, typ string) messagesError {
+	e := messagesError{Type: "error"}
+	e.Error.Type, e.Error.Message = typ, tool.Truncate(msg, tool.MaxErrorMessage)
+	return e
 }
