@@ -52,22 +52,22 @@ func TestDriveLogResumes(t *testing.T) {
 	}
 }
 
-// TestFreshRunsLease: Leased waits for a fresh run's lease and says why it
-// could not be taken; the loop's check reads a lease being taken as
-// neither held nor lost, a failed one as gone, and Leased is nil at once
-// for a drive that took its lease before its loop (none in ctx).
+// TestFreshRunsLease: Request.Leased waits for a fresh run's lease and
+// says why it could not be taken; the loop's check reads a lease being
+// taken as neither held nor lost, a failed one as gone, and Leased is nil
+// at once for a drive that took its lease before its loop (none pending).
 func TestFreshRunsLease(t *testing.T) {
-	if err := Leased(context.Background()); err != nil {
+	if err := (Request{}).Leased(context.Background()); err != nil {
 		t.Fatalf("Leased without a pending lease: %v", err)
 	}
 	p := &pendingLease{done: make(chan struct{})}
-	ctx := context.WithValue(context.Background(), pendingLeaseKey{}, p)
+	ctx := context.Background()
 	req := Request{pending: p}
 	if err := req.leaseGone(); err != nil {
 		t.Fatalf("a lease being taken reads gone: %v", err)
 	}
 	got := make(chan error, 1)
-	go func() { got <- Leased(ctx) }()
+	go func() { got <- req.Leased(ctx) }()
 	select {
 	case err := <-got:
 		t.Fatalf("Leased returned %v before the lease was taken", err)
@@ -81,9 +81,9 @@ func TestFreshRunsLease(t *testing.T) {
 	if err := req.leaseGone(); err == nil || !strings.Contains(err.Error(), "taking the run's lease") {
 		t.Fatalf("the loop's check after a failed take: %v", err)
 	}
-	cancelled, cancel := context.WithCancelCause(context.WithValue(context.Background(), pendingLeaseKey{}, &pendingLease{done: make(chan struct{})}))
+	cancelled, cancel := context.WithCancelCause(context.Background())
 	cancel(errors.New("drive over"))
-	if err := Leased(cancelled); err == nil || err.Error() != "drive over" {
+	if err := (Request{pending: &pendingLease{done: make(chan struct{})}}).Leased(cancelled); err == nil || err.Error() != "drive over" {
 		t.Fatalf("Leased on a cancelled drive: %v", err)
 	}
 }

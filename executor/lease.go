@@ -156,7 +156,7 @@ func (e *Executor) runLeased(d *drive, req Request, run Run, lease Lease) (Summa
 
 // runFresh drives a fresh run (Request.Fresh) while its lease is taken:
 // the first turn streams meanwhile, and the upstream's first write that
-// lets another sidecar name the run waits for the lease (Leased). Nobody
+// lets another sidecar name the run waits for the lease (Request.Leased). Nobody
 // can follow such a run, so its events are not published. A lease that
 // could not be taken stops the drive before its next turn, as a lost one
 // does.
@@ -172,7 +172,7 @@ func (e *Executor) runFresh(d *drive, req Request, run Run) (Summary, error) {
 		p.lease, p.err = lease, err
 	})
 	req.pending = p
-	sum, err := e.run(context.WithValue(d.ctx, pendingLeaseKey{}, p), req, run, d.emit)
+	sum, err := e.run(d.ctx, req, run, d.emit)
 	wg.Wait()
 	if p.lease != nil {
 		p.lease.Release()
@@ -188,16 +188,15 @@ type pendingLease struct {
 	err   error
 }
 
-type pendingLeaseKey struct{}
-
-// Leased waits until the drive whose context ctx is holds its run's lease,
+// Leased waits until the drive of this request holds its run's lease,
 // and returns why it could not be taken. Only a fresh run's lease is taken
-// while the drive runs (Request.Fresh): an upstream calls Leased before
+// while the drive runs (Fresh): the executor hands the request, with the
+// lease being taken, to Upstream.Turn, and an upstream calls Leased before
 // the write that lets other sidecars name the run (openaiup's first
-// journal record), so that they find it driven. For any other drive it
+// journal record), so that they find it driven. For any other request it
 // returns nil at once.
-func Leased(ctx context.Context) error {
-	p, _ := ctx.Value(pendingLeaseKey{}).(*pendingLease)
+func (r Request) Leased(ctx context.Context) error {
+	p := r.pending
 	if p == nil {
 		return nil
 	}

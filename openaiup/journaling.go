@@ -268,7 +268,7 @@ func carriedOf(runID string, handed []runstore.Call, outputs map[string]string) 
 // time (and, for a run without the application's key, its place in the
 // index of its request). A run without the application's key whose first
 // turn ends it is not journaled: no retry would read it.
-func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecord) error {
+func (u *Upstream) journalTurn(ctx context.Context, req executor.Request, r *run, n int, rec turnRecord) error {
 	if u.store == nil {
 		return nil
 	}
@@ -286,7 +286,7 @@ func (u *Upstream) journalTurn(ctx context.Context, r *run, n int, rec turnRecor
 	if !headed {
 		// A fresh run's lease is taken while its first turn streams:
 		// once the index names the run, other sidecars find it driven.
-		if err := executor.Leased(ctx); err != nil {
+		if err := req.Leased(ctx); err != nil {
 			return err
 		}
 	}

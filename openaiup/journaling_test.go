@@ -37,7 +37,7 @@ func TestEndedRunLeavesItsIndex(t *testing.T) {
 	var runs []*run
 	for i := range 2 {
 		r := u.Begin(runRef{id: fmt.Sprintf("chatcmpl-%d", i), fresh: true}, &request{key: key}, nil)
-		if err := u.journalTurn(ctx, r, 1, turnRecord{Turn: runstore.Turn{Calls: []runstore.Call{{ActionID: "a", ToolCallID: "call_1", Tool: "echo"}}}}); err != nil {
+		if err := u.journalTurn(ctx, executor.Request{}, r, 1, turnRecord{Turn: runstore.Turn{Calls: []runstore.Call{{ActionID: "a", ToolCallID: "call_1", Tool: "echo"}}}}); err != nil {
 			t.Fatal(err)
 		}
 		runs = append(runs, r)
@@ -93,7 +93,7 @@ func TestKeylessAnswerLeavesItsRecordsForLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := u.Begin(runRef{id: "chatcmpl-1", fresh: true}, &request{key: runKey{digest: "d"}}, nil)
-	if err := u.journalTurn(ctx, r, 1, turnRecord{Turn: runstore.Turn{Calls: []runstore.Call{{ActionID: "act_1", ToolCallID: "call_1", Tool: "echo"}}}}); err != nil {
+	if err := u.journalTurn(ctx, executor.Request{}, r, 1, turnRecord{Turn: runstore.Turn{Calls: []runstore.Call{{ActionID: "act_1", ToolCallID: "call_1", Tool: "echo"}}}}); err != nil {
 		t.Fatal(err)
 	}
 	// Turn 2, the answer, is being written (as turn.end begins it), with
@@ -115,7 +115,7 @@ func TestKeylessAnswerLeavesItsRecordsForLater(t *testing.T) {
 	}()
 	wg.Go(func() {
 		defer close(p.written)
-		if err := u.journalTurn(ctx, r, 2, turnRecord{Turn: runstore.Turn{Content: "answer"}}); err != nil {
+		if err := u.journalTurn(ctx, executor.Request{}, r, 2, turnRecord{Turn: runstore.Turn{Content: "answer"}}); err != nil {
 			t.Error(err)
 		}
 	})

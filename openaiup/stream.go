@@ -10,12 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	sse "github.com/tmaxmax/go-sse"
 
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/internal/frames"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
@@ -41,6 +41,7 @@ type turn struct {
 	r     *run
 	n     int // the turn's number in the run
 	ctx   context.Context
+	req   executor.Request // the drive's: a fresh run's lease, being taken (Leased)
 	body  []byte
 	runID string
 	until time.Time // the end of the retry budget
@@ -123,8 +124,7 @@ type reading struct {
 func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 	return func(yield func(executor.TurnEvent, error) bool) {
 		var shown string // the text that attempts cut short gave the application
-		b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second}
-		b.Reset()
+		b := retry.UpstreamTurn.New()
 		for {
 			rd, err, more := t.read(yield, shown)
 			if !more {
@@ -405,7 +405,7 @@ func (t *turn) record(rd *reading, calls []assembled, rec *turnRecord) {
 // made no call: a delivered turn is written (runstore.Timeout).
 func (t *turn) journal(p *pendingTurn, rec turnRecord, written chan struct{}) {
 	defer close(written)
-	err := t.u.journalTurn(context.WithoutCancel(t.ctx), t.r, t.n, rec)
+	err := t.u.journalTurn(context.WithoutCancel(t.ctx), t.req, t.r, t.n, rec)
 	if err != nil {
 		t.u.log.Warn("journaling the turn failed: its unsafe calls will not run", "run_id", t.runID, "turn", t.n, "err", err)
 	}
@@ -427,7 +427,7 @@ func (t *turn) handed() []runstore.Call {
 // retry asks for it again, reusing the outputs of the calls it had handed
 // over.
 func (t *turn) journalFailed(why string) {
-	if err := t.u.journalTurn(t.ctx, t.r, t.n, turnRecord{Turn: runstore.Turn{Failed: why, Handed: t.handed()}}); err != nil {
+	if err := t.u.journalTurn(t.ctx, t.req, t.r, t.n, turnRecord{Turn: runstore.Turn{Failed: why, Handed: t.handed()}}); err != nil {
 		t.u.log.Warn("journaling the failed turn", "run_id", t.runID, "turn", t.n, "err", err)
 	}
 }

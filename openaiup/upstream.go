@@ -20,6 +20,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/internal/retry"
 	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
@@ -302,7 +303,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	r.began = true
 	r.turn++
 	body, err := u.api.turnBody(r.body, r.messages)
-	t := &turn{u: u, r: r, n: r.turn, ctx: ctx, body: body, runID: req.RunID}
+	t := &turn{u: u, r: r, n: r.turn, ctx: ctx, req: req, body: body, runID: req.RunID}
 	t.carry()
 	r.mu.Unlock()
 	if err != nil {
@@ -373,7 +374,7 @@ func (u *Upstream) post(ctx context.Context, body []byte, headers http.Header, b
 	if key == "" {
 		key = u.cfg.APIKey
 	}
-	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second}
+	b := retry.UpstreamTurn.New()
 	return backoff.Retry(ctx, func() (*http.Response, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL+u.api.turnPath(), bytes.NewReader(body))
 		if err != nil {
