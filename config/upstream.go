@@ -30,9 +30,10 @@ type Upstream struct {
 	// Retry-After, 5xx, a failed connection, a stream cut before its
 	// finish chunk). default: 30s
 	RetryBudget time.Duration `koanf:"retry_budget"`
-	// StreamIdleTimeout bounds the silence between two events of a turn's
-	// stream, for kinds openai, responses and anthropic; past it the turn is retried within
-	// retry_budget. default: 2m
+	// StreamIdleTimeout bounds the silence of a turn's stream (no byte: an
+	// event or a keep-alive comment), for kinds openai, responses and
+	// anthropic; past it the turn is retried within retry_budget. default:
+	// 2m
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
 	// JournalTTL is how long the journal keeps a run of a model's API
 	// (kinds openai, responses, anthropic): a

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"iter"
-	"sync"
 	"time"
 
 	sse "github.com/tmaxmax/go-sse"
@@ -37,7 +36,7 @@ type Stream struct {
 	events iter.Seq2[sse.Event, error]
 	next   func() (sse.Event, error, bool) // set on the first Next
 	stop   func()
-	idle   *idleTimer
+	read   *frames.EventStream // its events, and the idle timer
 	done   bool
 	err    error
 	gap    func(time.Duration) // observes the silence before each frame
@@ -119,7 +118,7 @@ func (s *Stream) step(ev sse.Event, err error, ok bool) (c Chunk, cerr error, sk
 	if ev.Data == "[DONE]" {
 		return Chunk{}, s.finish(io.EOF), false
 	}
-	if ev.Type == oversizedEvent {
+	if ev.Type == frames.OversizedEvent {
 		c, cerr = decodeOversized([]byte(ev.Data), ev.LastEventID, s.maxFrame)
 		return c, cerr, false
 	}
@@ -134,7 +133,7 @@ func (s *Stream) finish(err error) error {
 }
 
 func (s *Stream) closeBody() {
-	s.idle.stop()
+	s.read.Stop()
 	if s.stop != nil {
 		s.stop()
 	}
@@ -154,65 +153,15 @@ func (s *Stream) Close() error {
 
 func newStream(ctx context.Context, cancel context.CancelCauseFunc, body io.ReadCloser, idle time.Duration, maxFrame int) *Stream {
 	s := &Stream{body: body, cancel: cancel, ctx: ctx}
-	s.idle = newIdleTimer(idle, func() { cancel(ErrStreamIdle) })
-	r := frames.NewReader(&idleReader{r: body, t: s.idle}, frames.Events, maxFrame, oversizedFrame)
-	s.events = iter.Seq2[sse.Event, error](sse.Read(r, &sse.ReadConfig{MaxEventSize: maxFrame + 1<<10}))
+	s.read = frames.ReadEvents(body, maxFrame, oversizedFrame, idle, func() { cancel(ErrStreamIdle) })
+	s.events = s.read.Seq
 	s.maxFrame = maxFrame
 	return s
 }
-
-// oversizedEvent is the event type that marks a frame cut at the bound;
-// Core names no event types (core-protocol.md), so none is taken.
-const oversizedEvent = "toolsidecar-oversized"
 
 // oversizedFrame passes on the head of a frame too long to read whole, as
 // an event of its own type: its data is the start of the frame's JSON,
 // from which a manifest's ids can still be read.
 func oversizedFrame(o frames.Oversized) []byte {
-	return fmt.Appendf(o.Head, "\nevent: %s\nid: %d\n\n", oversizedEvent, o.Size)
-}
-
-// idleTimer fires once when reset is not called within d.
-type idleTimer struct {
-	mu sync.Mutex
-	t  *time.Timer
-	d  time.Duration
-}
-
-func newIdleTimer(d time.Duration, fire func()) *idleTimer {
-	it := &idleTimer{d: d}
-	if d > 0 {
-		it.t = time.AfterFunc(d, fire)
-	}
-	return it
-}
-
-func (it *idleTimer) reset() {
-	if it.t != nil {
-		it.mu.Lock()
-		it.t.Reset(it.d)
-		it.mu.Unlock()
-	}
-}
-
-func (it *idleTimer) stop() {
-	if it.t != nil {
-		it.mu.Lock()
-		it.t.Stop()
-		it.mu.Unlock()
-	}
-}
-
-// idleReader restarts the idle timer whenever bytes arrive.
-type idleReader struct {
-	r io.Reader
-	t *idleTimer
-}
-
-func (r *idleReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if n > 0 {
-		r.t.reset()
-	}
-	return n, err
+	return fmt.Appendf(o.Head, "\nevent: %s\nid: %d\n\n", frames.OversizedEvent, o.Size)
 }

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	sse "github.com/tmaxmax/go-sse"
-
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/internal/frames"
@@ -60,9 +58,8 @@ type sentCall struct {
 // attempt is one response to the turn's request.
 type attempt struct {
 	ctx    context.Context
-	events iter.Seq2[sse.Event, error]
+	read   *frames.EventStream // its events, and the idle timer
 	cancel context.CancelCauseFunc
-	idle   *time.Timer
 	close  func() error
 }
 
@@ -78,27 +75,22 @@ func (t *turn) connect() error {
 		return err
 	}
 	a := &attempt{ctx: ctx, cancel: cancel, close: resp.Body.Close}
-	a.idle = time.AfterFunc(t.u.cfg.IdleTimeout, func() { cancel(ErrIdle) })
 	bound := t.u.api.eventBound(t.u.cfg.MaxResponseBytes)
-	body := frames.NewReader(resp.Body, frames.Events, bound, oversizedEvent)
-	a.events = sse.Read(body, &sse.ReadConfig{MaxEventSize: bound + 1<<10})
+	a.read = frames.ReadEvents(resp.Body, bound, oversizedEvent, t.u.cfg.IdleTimeout, func() { cancel(ErrIdle) })
 	t.stream = a
 	return nil
 }
 
-// oversized is the event type that replaces an event too long to read
-// whole; its data is the event's size. An upstream names no event types on
-// Chat Completions streams.
-const oversized = "toolsidecar-oversized"
-
+// oversizedEvent replaces an event too long to read whole; its data is
+// the event's size.
 func oversizedEvent(o frames.Oversized) []byte {
-	return fmt.Appendf(nil, "event: %s\ndata: %d\n\n", oversized, o.Size)
+	return fmt.Appendf(nil, "event: %s\ndata: %d\n\n", frames.OversizedEvent, o.Size)
 }
 
 // Close releases the stream.
 func (t *turn) Close() {
 	if a := t.stream; a != nil {
-		a.idle.Stop()
+		a.read.Stop()
 		a.cancel(context.Canceled)
 		_ = a.close()
 	}
@@ -168,16 +160,15 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 		sc.used = false
 	}
 	a := t.stream
-	for ev, rerr := range a.events {
+	for ev, rerr := range a.read.Seq {
 		if rerr != nil {
 			if cause := context.Cause(a.ctx); cause != nil {
 				rerr = cause
 			}
 			return rd, fmt.Errorf("%w: %w", ErrCut, rerr), true
 		}
-		a.idle.Reset(t.u.cfg.IdleTimeout)
 		data := ev.Data
-		if ev.Type == oversized {
+		if ev.Type == frames.OversizedEvent {
 			// Its calls, if it held any, cannot be known, so they cannot be
 			// answered: the run fails saying so (asking again would bring
 			// the same event). The calls handed over already are joined.
