@@ -237,8 +237,13 @@ func (k kindRoute) Dispatch(ctx context.Context, req tool.Request) tool.Outcome 
 		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "the call was not run: the ledger could not record it: %v", err)}
 	}
 	out := k.def.Kind.Dispatch(ctx, k.def, req)
-	// Stored even when the call was cancelled meanwhile: the effect is
-	// known, and a later drive must not run it again.
+	if !final(out, req) {
+		// Not the call's outcome: a cancelled attempt's effect is unknown
+		// (an unsafe call is then interrupted, another runs again), and a
+		// retryable failure of a call that may run again is followed by
+		// another attempt, or by a new run after a crash.
+		return out
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), intendTimeout)
 	defer cancel()
 	if err := k.ledger.Ran(sctx, req, req.RunID, reply, out); err != nil {
@@ -246,6 +251,20 @@ func (k kindRoute) Dispatch(ctx context.Context, req tool.Request) tool.Outcome 
 			"the call runs again, or is interrupted if unsafe", "action_id", tool.Excerpt(req.ActionID), "tool", req.Tool, "err", err)
 	}
 	return out
+}
+
+// final reports an outcome that a later drive may take as the call's:
+// neither cancelled nor, for a call that may run again, a retryable
+// failure.
+func final(out tool.Outcome, req tool.Request) bool {
+	switch {
+	case out.Err == nil:
+		return true
+	case out.Err.Type == tool.Cancelled:
+		return false
+	default:
+		return req.Unsafe || !out.Err.Retryable()
+	}
 }
 
 // startMark is the record that a call of a tool that is not unsafe

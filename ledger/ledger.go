@@ -230,8 +230,11 @@ func (l *Ledger) Running(ctx context.Context, req tool.Request, runID string) (r
 }
 
 // maxInline bounds an outcome written inside its ledger entry; a larger
-// one goes to the reply stream, whose messages may be larger.
-const maxInline = 64 << 10
+// one goes to the reply stream. The bucket refuses writes once full, and an
+// unsafe call is not run without its record: entries stay small (a result
+// of 64 KiB per read-only call filled 1 GiB in 12,000 calls), while the
+// stream drops its oldest messages instead.
+const maxInline = 256
 
 // Ran stores the outcome of an attempt that [Ledger.Running] saw start,
 // where Recover finds it. An unsafe call's outcome is stored on its reply

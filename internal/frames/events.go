@@ -24,15 +24,24 @@ type EventStream struct {
 	idle *idleTimer
 }
 
-// ReadEvents reads body's events. onIdle is called, once, when no byte has
-// arrived for idle (0: never): a stream that sends only comments to keep
-// its connection is not idle. Stop ends the idle timer.
+// ReadEvents reads body's events. onIdle is called, once, when no event
+// has come for idle (0: never): comments alone, which a server may send to
+// keep a connection, do not keep a stream that says nothing alive. Stop
+// ends the idle timer.
 func ReadEvents(body io.Reader, bound int, oversized func(Oversized) []byte, idle time.Duration, onIdle func()) *EventStream {
 	e := &EventStream{idle: newIdleTimer(idle, onIdle)}
-	r := NewReader(&idleReader{r: body, t: e.idle}, Events, bound, oversized)
+	r := NewReader(body, Events, bound, oversized)
 	// go-sse's own bound sits past the frames': an event reaches it only
 	// cut to the frames' bound, with its field names.
-	e.Seq = iter.Seq2[sse.Event, error](sse.Read(r, &sse.ReadConfig{MaxEventSize: bound + 1<<10}))
+	events := sse.Read(r, &sse.ReadConfig{MaxEventSize: bound + 1<<10})
+	e.Seq = func(yield func(sse.Event, error) bool) {
+		for ev, err := range events {
+			e.idle.reset()
+			if !yield(ev, err) {
+				return
+			}
+		}
+	}
 	return e
 }
 
@@ -68,18 +77,4 @@ func (it *idleTimer) stop() {
 		it.t.Stop()
 		it.mu.Unlock()
 	}
-}
-
-// idleReader restarts the idle timer whenever bytes arrive.
-type idleReader struct {
-	r io.Reader
-	t *idleTimer
-}
-
-func (r *idleReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if n > 0 {
-		r.t.reset()
-	}
-	return n, err
 }
