@@ -351,8 +351,23 @@ func (m *mcpServer) call(ctx context.Context, name string, c *tool.Call, maxByte
 		return nil, tool.NewError(tool.WorkerCrash, "MCP server %s: %v", m.describe(), err)
 	}
 	// Asked here too for a call stuck past ctx, writing to a server that
-	// reads nothing: the check ends the session, and so the call.
-	defer context.AfterFunc(ctx, s.check)()
+	// reads nothing: the check ends the session, and so the call. A call
+	// that timed out is checked at once; a cancelled one only if it is
+	// still stuck a check's time later, so that a busy server, which
+	// answers its calls in turn, is not restarted because an application
+	// left.
+	returned := make(chan struct{})
+	defer close(returned)
+	defer context.AfterFunc(ctx, func() {
+		if !timedOut(ctx) {
+			select {
+			case <-returned:
+				return
+			case <-time.After(mcpCheckTimeout):
+			}
+		}
+		s.check()
+	})()
 	token := c.ActionID + "#" + fmt.Sprint(c.Attempt) + "#" + fmt.Sprint(time.Now().UnixNano())
 	m.progress.Store(token, c.Progress)
 	defer m.progress.Delete(token)
@@ -362,7 +377,9 @@ func (m *mcpServer) call(ctx context.Context, name string, c *tool.Call, maxByte
 	var refusal *jsonrpc.Error
 	switch {
 	case err != nil && ctx.Err() != nil:
-		s.check()       // before the call returns: the next call waits for the verdict
+		if timedOut(ctx) {
+			s.check() // before the call returns: the next call waits for the verdict
+		}
 		return nil, err // tool.Invoke says timeout or cancelled
 	case err != nil && s.replaced.Load():
 		// Another call's answer wedged the session, which was replaced
@@ -426,4 +443,10 @@ func mcpResult(res *mcp.CallToolResult) (string, bool) {
 	}
 	parts = slices.DeleteFunc(parts, func(p string) bool { return p == "" })
 	return strings.Join(parts, "\n"), len(parts) == 0
+}
+
+// timedOut reports a call that ended at its timeout (the attempt's limit
+// cancels it with DeadlineExceeded), not by a cancellation.
+func timedOut(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), context.DeadlineExceeded)
 }
