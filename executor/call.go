@@ -237,11 +237,12 @@ func (k kindRoute) Dispatch(ctx context.Context, req tool.Request) tool.Outcome 
 		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "the call was not run: the ledger could not record it: %v", err)}
 	}
 	out := k.def.Kind.Dispatch(ctx, k.def, req)
-	if !final(out, req) {
+	if out.Sent && !final(out, req) {
 		// Not the call's outcome: a cancelled attempt's effect is unknown
 		// (an unsafe call is then interrupted, another runs again), and a
 		// retryable failure of a call that may run again is followed by
-		// another attempt, or by a new run after a crash.
+		// another attempt, or by a new run after a crash. (An attempt that
+		// never reached its tool goes to Ran, which says so.)
 		return out
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), intendTimeout)
