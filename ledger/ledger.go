@@ -251,7 +251,11 @@ func (l *Ledger) Ran(ctx context.Context, req tool.Request, runID, reply string,
 		}
 		return l.Intend(ctx, req.ActionID, runID, req.Tool)
 	}
-	if !req.Unsafe && len(out.Data) <= maxInline {
+	size := len(out.Data)
+	if out.Err != nil {
+		size = len(out.Err.Message)
+	}
+	if !req.Unsafe && size <= maxInline {
 		return l.record(ctx, req, runID, "", true, storedOf(out))
 	}
 	if !req.Unsafe {
