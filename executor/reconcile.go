@@ -76,6 +76,12 @@ func (e *Executor) recovered(ctx context.Context, br *batchRun, m *ToolCall, def
 	}
 	await := def != nil && def.Unsafe()
 	reply, ok, err := e.recoverer.Recover(ctx, m.ActionID, await)
+	if errors.Is(err, tool.ErrIntentOfOldFormat) && def != nil && def.Handler != nil {
+		// Marked by a sidecar of an earlier release, which ran such a
+		// call without recording it: whether it ran is not known.
+		callLog(br.log, m).Warn("the call's intent was recorded by an earlier release, which did not record calls run in process: its effect is unknown")
+		return nil, false
+	}
 	if errors.Is(err, tool.ErrNeverSent) {
 		callLog(br.log, m).Info("the call was never sent: running it")
 		return nil, true

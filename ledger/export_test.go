@@ -1,5 +1,14 @@
 package ledger
 
+import "context"
+
+// PutEntry writes an outcome ledger entry as it is given: one of an
+// earlier release's format, say.
+func (l *Ledger) PutEntry(ctx context.Context, actionID string, value []byte) error {
+	_, err := l.kv.Put(ctx, actionID, value)
+	return err
+}
+
 // KeepNow rewrites the lease's run key at once, as the upkeep does.
 func (l *Lease) KeepNow() { l.keep(l.ls.gen.Load()) }
 

@@ -86,7 +86,14 @@ type Entry struct {
 	// Outcome is the outcome of an attempt run in process, when it is
 	// kept in the entry.
 	Outcome *Stored `json:"outcome,omitempty"`
+	// Format is entryFormat for an entry of a sidecar that records the
+	// calls it runs in process; 0 for one of an earlier release.
+	Format int `json:"format,omitempty"`
 }
+
+// entryFormat is the format of the entries this sidecar writes: calls run
+// in process are recorded as calls sent to workers are.
+const entryFormat = 2
 
 // ErrNoJetStream: the NATS server offers no JetStream.
 var ErrNoJetStream = errors.New("ledger: the NATS server has no JetStream")
@@ -314,7 +321,7 @@ func (l *Ledger) record(ctx context.Context, req tool.Request, runID, reply stri
 	}
 	now := time.Now().UTC()
 	e := Entry{RunID: runID, Tool: req.Tool, Attempt: req.Attempt, Reply: reply, Instance: l.cfg.Instance, Dispatched: now,
-		Deadline: now.Add(req.TimeoutOrDefault()), InProcess: inProcess, Outcome: outcome}
+		Deadline: now.Add(req.TimeoutOrDefault()), InProcess: inProcess, Outcome: outcome, Format: entryFormat}
 	data, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -339,7 +346,7 @@ func (l *Ledger) Intend(ctx context.Context, actionID, runID, toolName string) e
 	if err := tool.CheckID("action_id", actionID); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	data, err := json.Marshal(Entry{RunID: runID, Tool: toolName, Instance: l.cfg.Instance})
+	data, err := json.Marshal(Entry{RunID: runID, Tool: toolName, Instance: l.cfg.Instance, Format: entryFormat})
 	if err != nil {
 		return err
 	}
@@ -406,6 +413,9 @@ func (l *Ledger) lookup(ctx context.Context, actionID string) (out tool.Outcome,
 		return e.Outcome.outcome(), true, time.Time{}, nil
 	}
 	if e.Reply == "" { // intended, never dispatched
+		if e.Format < entryFormat {
+			return out, false, time.Time{}, fmt.Errorf("ledger: %s was never dispatched to a worker: %w (%w)", actionID, tool.ErrNeverSent, tool.ErrIntentOfOldFormat)
+		}
 		return out, false, time.Time{}, fmt.Errorf("ledger: %s was never dispatched: %w", actionID, tool.ErrNeverSent)
 	}
 	if e.InProcess {

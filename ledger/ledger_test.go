@@ -65,8 +65,16 @@ func TestRecover(t *testing.T) {
 	if err := l.Intend(ctx, "act_0", "run_1", "pay"); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := l.Recover(ctx, "act_0", true); ok || !errors.Is(err, tool.ErrNeverSent) {
+	if _, ok, err := l.Recover(ctx, "act_0", true); ok || !errors.Is(err, tool.ErrNeverSent) || errors.Is(err, tool.ErrIntentOfOldFormat) {
 		t.Fatalf("intended action: ok %v err %v, want ErrNeverSent", ok, err)
+	}
+	// An intent of an earlier release, which did not record calls run in
+	// process: never sent to a worker, but not known for such a call.
+	if err := l.PutEntry(ctx, "act_old", []byte(`{"run_id":"run_1","tool":"pay","attempt":0,"reply":"","instance":"pod-0","dispatched":"0001-01-01T00:00:00Z","deadline":"0001-01-01T00:00:00Z"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := l.Recover(ctx, "act_old", true); ok || !errors.Is(err, tool.ErrNeverSent) || !errors.Is(err, tool.ErrIntentOfOldFormat) {
+		t.Fatalf("an earlier release's intent: ok %v err %v, want ErrNeverSent and ErrIntentOfOldFormat", ok, err)
 	}
 	reply := l.Inbox() + ".tok1"
 	req := tool.Request{Tool: "pay", ActionID: "act_1", Attempt: 1, Timeout: 2 * time.Second, Unsafe: true}

@@ -46,6 +46,13 @@ var ErrLeft = errors.New("the sidecar stopped before the call finished; it is le
 // that even an unsafe tool can run it now.
 var ErrNeverSent = errors.New("the call was never sent to a worker")
 
+// ErrIntentOfOldFormat comes with ErrNeverSent when the intent was
+// recorded by a sidecar of an earlier release, which recorded the calls it
+// sent to workers but not those it ran in its own process: for a tool run
+// in process, "never sent" is then not known, and an unsafe call's effect
+// is unknown (a rolling update from that release).
+var ErrIntentOfOldFormat = errors.New("the intent was recorded by a sidecar that did not record calls run in its process")
+
 // codes maps types to NATS micro's numeric codes (HTTP-like), and back.
 var codes = map[ErrorType]int{
 	InvalidArgs: 400, NotFound: 404, Timeout: 504, WorkerCrash: 500,
