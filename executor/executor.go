@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +49,9 @@ type Recoverer interface {
 	// Running records an attempt of a call that runs in the sidecar's
 	// process before it starts, as the NATS client records one it sends;
 	// Ran stores its outcome under the reply subject Running returned, as
-	// a worker's reply is captured. An unsafe attempt that Running could
-	// not record does not run.
+	// a worker's reply is captured (a call that may run again is recorded
+	// only then, whole). An unsafe attempt that Running could not record
+	// does not run.
 	Running(ctx context.Context, req tool.Request, runID string) (reply string, err error)
 	Ran(ctx context.Context, req tool.Request, runID, reply string, out tool.Outcome) error
 }
@@ -294,12 +296,13 @@ type Request struct {
 }
 
 // CallerOf is the identity of a caller, from the credentials its request
-// carries (an Authorization header, an X-Api-Key header): a digest, so
-// that no key is kept. Requests without either are one caller.
-func CallerOf(authorization, apiKey string) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s", len(authorization), authorization, len(apiKey), apiKey)
-	return hex.EncodeToString(h.Sum(nil))
+// carries (its Authorization and X-Api-Key headers): a digest, so that no
+// key is kept. Requests without either are one caller.
+func CallerOf(h http.Header) string {
+	authorization, apiKey := h.Get("Authorization"), h.Get("X-Api-Key")
+	d := sha256.New()
+	fmt.Fprintf(d, "%d:%s%d:%s", len(authorization), authorization, len(apiKey), apiKey)
+	return hex.EncodeToString(d.Sum(nil))
 }
 
 // ErrNotOwner: the run was begun by another caller; nothing is driven.

@@ -227,13 +227,19 @@ func (l *Ledger) Dispatched(ctx context.Context, req tool.Request, runID, reply 
 // attempt is recorded before it runs (and acknowledged): any other may run
 // again, so its record and outcome are written together as it ends.
 func (l *Ledger) Running(ctx context.Context, req tool.Request, runID string) (reply string, err error) {
+	if !req.Unsafe {
+		return "", nil
+	}
+	reply = l.newReply()
+	return reply, l.record(ctx, req, runID, reply, true, nil)
+}
+
+// newReply is a reply subject of this sidecar's inbox for an outcome the
+// sidecar stores itself: an unguessable token, as a worker's reply's.
+func (l *Ledger) newReply() string {
 	var tok [16]byte
 	_, _ = rand.Read(tok[:])
-	reply = l.Inbox() + "." + base64.RawURLEncoding.EncodeToString(tok[:])
-	if !req.Unsafe {
-		return reply, tool.CheckID("action_id", req.ActionID)
-	}
-	return reply, l.record(ctx, req, runID, reply, true, nil)
+	return l.Inbox() + "." + base64.RawURLEncoding.EncodeToString(tok[:])
 }
 
 // maxInline bounds an outcome written inside its ledger entry; a larger
@@ -266,6 +272,7 @@ func (l *Ledger) Ran(ctx context.Context, req tool.Request, runID, reply string,
 		return l.record(ctx, req, runID, "", true, storedOf(out))
 	}
 	if !req.Unsafe {
+		reply = l.newReply() // Running recorded nothing
 		if err := l.record(ctx, req, runID, reply, true, nil); err != nil {
 			return err
 		}

@@ -187,7 +187,7 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	if req.key, err = keyOf(r, ep.api, req.canonical); err != nil {
 		return nil, err
 	}
-	req.owner = executor.CallerOf(r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"))
+	req.owner = executor.CallerOf(r.Header)
 	return req, nil
 }
 

@@ -454,7 +454,7 @@ func (s *Server) drive(w http.ResponseWriter, r *http.Request) {
 	}
 	req.RunID = r.PathValue("run_id")
 	req.CallerKey = r.Header.Get("X-API-Key")
-	req.Caller = executor.CallerOf(r.Header.Get("Authorization"), r.Header.Get("X-API-Key"))
+	req.Caller = executor.CallerOf(r.Header)
 	req.Traceparent = r.Header.Get("traceparent")
 	var missing []string
 	for name, v := range map[string]string{"thread_id": req.ThreadID, "assistant_id": req.AssistantID, "message_id": req.MessageID, "model": req.Model} {
