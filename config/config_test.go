@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func TestShippedConfig(t *testing.T) {
@@ -362,5 +364,34 @@ tools:
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
+	}
+}
+
+// TestConfigIsTheCeilingOfADeclaration: a worker's declaration fills in
+// what a tools entry leaves to its defaults, and never overrides what it
+// gives, retries: 0 included.
+func TestConfigIsTheCeilingOfADeclaration(t *testing.T) {
+	cfg, err := Parse([]byte(`
+tools:
+  - name: pinned
+    retries: 0
+    side_effects: unsafe
+    timeout: 2s
+  - name: open
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := tool.Declaration{SideEffects: tool.ReadOnly, Retries: 3, Timeout: "1h"}
+	pinned, err := cfg.Tools[0].Declare(d)
+	if err != nil || pinned.Retries != 0 || pinned.SideEffects != Unsafe || pinned.Timeout != 2*time.Second {
+		t.Errorf("pinned declared as %+v (%v): want the entry's retries 0, unsafe, 2s", pinned, err)
+	}
+	open, err := cfg.Tools[1].Declare(d)
+	if err != nil || open.Retries != 3 || open.SideEffects != ReadOnly || open.Timeout != time.Hour {
+		t.Errorf("open declared as %+v (%v): want the declaration's retries, side effects and timeout", open, err)
+	}
+	if cfg.Tools[1].Retries != 0 || cfg.Tools[1].SideEffects != Unsafe {
+		t.Errorf("before a declaration, open is %+v: want unsafe, no retries", cfg.Tools[1])
 	}
 }

@@ -124,8 +124,14 @@ func loadLayers(data []byte, name string, environ, overrides []string) (Config, 
 	if err != nil {
 		errs = append(errs, decodeErrors(err)...)
 	}
+	raw, _ := k.Get("tools").([]any)
 	for i := range cfg.Tools {
 		cfg.Tools[i].applyDefaults()
+		if i < len(raw) {
+			if m, ok := raw[i].(map[string]any); ok && m["retries"] != nil {
+				cfg.Tools[i].defaulted = slices.DeleteFunc(cfg.Tools[i].defaulted, func(k string) bool { return k == "retries" })
+			}
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		if j, ok := err.(interface{ Unwrap() []error }); ok {

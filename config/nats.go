@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/url"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -30,10 +31,35 @@ type NATS struct {
 	// default: 30s
 	ConnectRetry time.Duration `koanf:"connect_retry"`
 	// DiscoverInterval is how often the sidecar asks the workers on the
-	// bus ($SRV.INFO) for the tools they declare in their code, which it
-	// serves while a worker declares them. 0 turns discovery off.
-	// default: 2s
+	// bus for the tools they declare in their code: it learns their names
+	// from $SRV.INFO, and takes each declaration only from a worker that
+	// NATS lets serve the tool (a describe request on the tool's subject).
+	// 0 turns discovery off. default: 2s
 	DiscoverInterval time.Duration `koanf:"discover_interval"`
+	// DiscoverGrace is how long a declared tool stays served while no
+	// worker answers for it (a paused or busy worker): its calls wait or
+	// time out as calls do meanwhile. A tool whose subject nobody serves
+	// any more leaves at once. default: 10s
+	DiscoverGrace time.Duration `koanf:"discover_grace"`
+	// DiscoverAllow, when set, lists the tools that workers may declare
+	// in their code: names, or patterns such as "weather_*" (Go's
+	// path.Match). A declared tool it does not match is not served nor
+	// offered to the model. default: [] (every tool a worker may serve)
+	DiscoverAllow []string `koanf:"discover_allow"`
+}
+
+// DiscoverAllows reports a tool name that DiscoverAllow lets workers
+// declare.
+func (n NATS) DiscoverAllows(name string) bool {
+	if len(n.DiscoverAllow) == 0 {
+		return true
+	}
+	for _, p := range n.DiscoverAllow {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // TLS configures the client side of a TLS connection. All optional.
@@ -92,6 +118,14 @@ func (n NATS) validate() []error {
 	p.positive(map[string]int64{"connect_retry": int64(n.ConnectRetry)}, durationText)
 	if n.DiscoverInterval != 0 && n.DiscoverInterval < 100*time.Millisecond {
 		bad("discover_interval", "must be 0 (off) or at least 100ms, got %s", n.DiscoverInterval)
+	}
+	if n.DiscoverGrace < 0 {
+		bad("discover_grace", "must not be negative, got %s", n.DiscoverGrace)
+	}
+	for i, p := range n.DiscoverAllow {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			bad(fmt.Sprintf("discover_allow[%d]", i), "must be a tool name or a pattern, got %q", p)
+		}
 	}
 	for _, u := range strings.Split(n.URL, ",") {
 		if n.URL == "" {

@@ -178,6 +178,9 @@ func (t *Tool) applyDefaults() {
 		t.SideEffects = Unsafe
 		t.defaulted = append(t.defaulted, "side_effects")
 	}
+	if t.Retries == 0 && !slices.Contains(t.defaulted, "retries") {
+		t.defaulted = append(t.defaulted, "retries") // Load takes it back when the file says retries: 0
+	}
 	if t.Route == "" {
 		t.Route = "nats"
 	}
@@ -288,15 +291,15 @@ func (t Tool) validatePolicies(p *problems) {
 // stands for, with the defaults of an entry.
 func DeclaredTool(name string, d tool.Declaration) (Tool, error) {
 	t := Tool{Name: name, Route: "nats"}
-	t, err := t.Declare(d)
 	t.applyDefaults()
-	return t, err
+	return t.Declare(d)
 }
 
 // Declare completes a configured tool with what a worker declares of it:
 // the description and parameters the entry leaves out, and the timeout,
 // side effects and retries it leaves to their defaults. The entry's own
-// settings stay in force; parameters that both give must be the same
+// settings stay in force (the configuration is the ceiling: a retries: 0
+// it gives is not raised); parameters that both give must be the same
 // schema.
 func (t Tool) Declare(d tool.Declaration) (Tool, error) {
 	if t.Route != "nats" {
@@ -323,11 +326,11 @@ func (t Tool) Declare(d tool.Declaration) (Tool, error) {
 	if d.Timeout != "" && (t.Timeout == 0 || t.Defaulted("timeout")) {
 		t.Timeout = d.TimeoutOrZero()
 	}
-	if t.Retries == 0 {
+	if d.Retries != 0 && t.Retries == 0 && t.Defaulted("retries") {
 		t.Retries = d.Retries
 	}
 	t.defaulted = slices.DeleteFunc(slices.Clone(t.defaulted), func(k string) bool {
-		return k == "side_effects" && d.SideEffects != "" || k == "timeout" && d.Timeout != ""
+		return k == "side_effects" && d.SideEffects != "" || k == "timeout" && d.Timeout != "" || k == "retries" && d.Retries != 0
 	})
 	return t, nil
 }

@@ -8,9 +8,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/wire"
 )
 
 // InfoSubject is micro's discovery subject that every service answers.
@@ -37,13 +41,19 @@ type Endpoint struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 }
 
-// MaxServices bounds the answers one probe keeps: a bus that answers with
-// more is not read further.
-const MaxServices = 10000
+// Bounds of one probe, whatever the bus sends: the answers kept, the
+// bytes of one answer (larger ones are skipped), and of all of them (the
+// probe reads no further). Any bus client may answer $SRV.INFO, as often
+// as it likes.
+const (
+	MaxServices    = 10000
+	MaxAnswerBytes = 4 << 20
+	MaxProbeBytes  = 32 << 20
+)
 
 // Probe asks every service on the bus for its endpoints ($SRV.INFO) and
-// returns the answers collected within wait. Undecodable answers are
-// skipped.
+// returns the answers collected within wait. Undecodable and oversized
+// answers are skipped.
 func Probe(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]ServiceInfo, error) {
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -57,17 +67,98 @@ func Probe(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]ServiceInf
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var out []ServiceInfo
+	read := 0
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
 			return out, nil // the wait is over
 		}
+		if read += len(m.Data); read > MaxProbeBytes {
+			return out, nil
+		}
 		var info ServiceInfo
-		if json.Unmarshal(m.Data, &info) == nil {
+		if len(m.Data) <= MaxAnswerBytes && json.Unmarshal(m.Data, &info) == nil {
 			out = append(out, info)
 		}
 		if len(out) == MaxServices {
 			return out, nil
 		}
 	}
+}
+
+// Answer is one worker's answer to a describe request: the declaration
+// of the tool, and the worker as it names itself (tool.HeaderWorker).
+type Answer struct {
+	Declaration []byte
+	Worker      string
+}
+
+// Described is what the workers of one tool answered a describe request.
+type Described struct {
+	// Answers are the declarations given, in the order they came; a
+	// queue group hands the request to one worker, so usually one.
+	Answers []Answer
+	// Refusals count the answers that were errors or oversized: the
+	// worker serves the tool without a declaration, or predates describe.
+	Refusals int
+	// NoResponders: nobody serves the tool's subject.
+	NoResponders bool
+}
+
+// Describe asks, on each of subjects (a tool's own subject each), for the
+// tool's declaration, and returns what came within wait, by subject. NATS
+// delivers each request only to the clients its permissions let
+// subscribe to that subject, and lets them alone answer it: the answers
+// come from workers that may serve the tool, whatever $SRV.INFO said. An
+// answer over maxBytes is refused.
+func Describe(ctx context.Context, nc *nats.Conn, subjects []string, wait time.Duration, maxBytes int) ([]Described, error) {
+	out := make([]Described, len(subjects))
+	if len(subjects) == 0 {
+		return out, nil
+	}
+	inbox := nc.NewInbox()
+	// A channel, not a sync subscription: nats.go turns a "no responders"
+	// status into an error on NextMsg, which would lose its subject. Room
+	// for two answers a subject: past it, nats.go drops answers (a slow
+	// consumer), which only further workers of one tool would send.
+	ch := make(chan *nats.Msg, 2*len(subjects)+64)
+	sub, err := nc.ChanSubscribe(inbox+".*", ch)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: describe: %w", err)
+	}
+	defer sub.Unsubscribe()
+	for i, subject := range subjects {
+		if err := nc.PublishMsg(wire.DescribeMsg(subject, inbox+"."+strconv.Itoa(i))); err != nil {
+			return nil, fmt.Errorf("discovery: describe %s: %w", subject, err)
+		}
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for pending := len(subjects); pending > 0; {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-timer.C:
+			return out, nil
+		case <-ctx.Done():
+			return out, nil
+		}
+		i, err := strconv.Atoi(m.Subject[len(inbox)+1:])
+		if err != nil || i < 0 || i >= len(out) {
+			continue
+		}
+		d := &out[i]
+		if len(d.Answers) == 0 && d.Refusals == 0 && !d.NoResponders {
+			pending--
+		}
+		switch {
+		case wire.IsNoResponders(m):
+			d.NoResponders = true
+		case len(m.Data) == 0 || len(m.Data) > maxBytes || m.Header.Get(tool.HeaderServiceCode) != "" || m.Header.Get(tool.HeaderErrorType) != "":
+			d.Refusals++
+		default:
+			d.Answers = append(d.Answers, Answer{Declaration: m.Data, Worker: m.Header.Get(tool.HeaderWorker)})
+		}
+	}
+	return out, nil
 }

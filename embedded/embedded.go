@@ -48,10 +48,15 @@ type Config struct {
 // subjects it may subscribe to. It may publish only replies to the
 // requests it received, as many as it likes (progress, then the result).
 type Worker struct {
-	Name      string
-	Password  string
-	NKey      string
+	Name     string
+	Password string
+	NKey     string
+	// Subscribe lists what it may subscribe to: "subject" or, for a queue
+	// subscription only, "subject queue" (NATS queue permissions).
 	Subscribe []string
+	// DenySubscribe lists subjects it may not subscribe to, nor receive
+	// through a wildcard subscription.
+	DenySubscribe []string
 	// Publish lists subjects the worker may publish to beyond replies.
 	Publish []string
 }
@@ -92,7 +97,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	for _, w := range cfg.Workers {
 		perms := &server.Permissions{
-			Subscribe: &server.SubjectPermission{Allow: append(w.Subscribe, "$SRV.>")},
+			Subscribe: &server.SubjectPermission{Allow: append(w.Subscribe, "$SRV.>"), Deny: w.DenySubscribe},
 			Publish:   &server.SubjectPermission{Allow: append([]string{}, w.Publish...)},
 			Response:  &server.ResponsePermission{MaxMsgs: -1},
 		}

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +36,9 @@ type Metrics struct {
 	decisions    *prometheus.CounterVec
 	approvalWait prometheus.Histogram
 	known        func(tool string) bool
+
+	toolsMu sync.Mutex
+	tools   map[string]bool // the tools whose series exist (InitTools)
 }
 
 // latencyBuckets are the call-latency buckets: round values from 5 ms to
@@ -68,13 +72,32 @@ func NewMetrics(reg prometheus.Registerer, known func(tool string) bool, tools [
 	return m
 }
 
-// InitTools starts the series of tools at zero: at start, and for the
-// tools a reload adds.
+// InitTools makes tools the ones with series: it starts those of new
+// tools at zero (so that rate() and absent() work from the first scrape),
+// and deletes those of tools that left, so that tools coming and going
+// (workers' declarations) do not grow /metrics without bound. A call of a
+// tool that left counts as "_unknown".
 func (m *Metrics) InitTools(tools []string) {
+	m.toolsMu.Lock()
+	defer m.toolsMu.Unlock()
+	now := make(map[string]bool, len(tools))
 	for _, t := range tools {
-		m.calls.WithLabelValues(t, "ok")
-		m.callSeconds.WithLabelValues(t)
+		now[t] = true
+		if !m.tools[t] {
+			m.calls.WithLabelValues(t, "ok")
+			m.callSeconds.WithLabelValues(t)
+		}
 	}
+	for t := range m.tools {
+		if !now[t] {
+			l := prometheus.Labels{"tool": t}
+			m.calls.DeletePartialMatch(l)
+			m.callSeconds.DeletePartialMatch(l)
+			m.deduped.DeletePartialMatch(l)
+			m.hedges.DeletePartialMatch(l)
+		}
+	}
+	m.tools = now
 }
 
 func newMetrics(reg prometheus.Registerer, known func(tool string) bool, buckets []float64) *Metrics {

@@ -393,7 +393,8 @@ func (r *Registry) SourcedTools() []tool.SourcedTool {
 	out := make([]tool.SourcedTool, 0, len(r.names))
 	for i, ft := range r.FunctionTools() {
 		t := r.tools[r.names[i]]
-		out = append(out, tool.SourcedTool{FunctionTool: ft, Source: t.Source, DeclaredBy: t.DeclaredBy})
+		out = append(out, tool.SourcedTool{FunctionTool: ft, Source: t.Source, DeclaredBy: t.DeclaredBy,
+			SideEffects: t.SideEffects, Timeout: t.Timeout.String(), Retries: t.Retries})
 	}
 	return out
 }

@@ -16,11 +16,15 @@ import (
 )
 
 // issueWorkerUser is the embedded server's user for workers that bring no
-// credentials of their own: it may serve every tool under the prefix. Its
-// password is the one in the file at path when there is one, so that
-// workers still connected from before a restart log in again.
-func issueWorkerUser(path, prefix string) (embedded.Worker, error) {
+// credentials of their own: it may serve every tool under the prefix but
+// those restricted to named users. Its password is the one in the file at
+// path when there is one, so that workers still connected from before a
+// restart log in again.
+func issueWorkerUser(path, prefix string, restricted []string) (embedded.Worker, error) {
 	w := workerUser(prefix, config.WorkerUser, []string{"*"})
+	for _, t := range restricted {
+		w.DenySubscribe = append(w.DenySubscribe, wire.Subject(prefix, t))
+	}
 	var old wire.Credentials
 	switch data, err := os.ReadFile(path); {
 	case err == nil && json.Unmarshal(data, &old) == nil && old.User == config.WorkerUser && len(old.Password) == 64:

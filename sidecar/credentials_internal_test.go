@@ -15,7 +15,7 @@ import (
 // gets a fresh password, and the file written is 0600 and reads back.
 func TestWorkerCredentialsAcrossRestarts(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "creds", wire.CredentialsFile)
-	first, err := issueWorkerUser(path, "p")
+	first, err := issueWorkerUser(path, "p", nil)
 	if err != nil || len(first.Password) != 64 {
 		t.Fatalf("issued %+v, %v", first, err)
 	}
@@ -30,7 +30,7 @@ func TestWorkerCredentialsAcrossRestarts(t *testing.T) {
 	if err := json.Unmarshal(data, &c); err != nil || c != (wire.Credentials{URL: "nats://127.0.0.1:1", User: "toolsidecar-worker", Password: first.Password}) {
 		t.Fatalf("file reads %+v, %v", c, err)
 	}
-	again, err := issueWorkerUser(path, "p")
+	again, err := issueWorkerUser(path, "p", nil)
 	if err != nil || again.Password != first.Password {
 		t.Fatalf("after a restart the password changed: %v", err)
 	}
@@ -38,7 +38,7 @@ func TestWorkerCredentialsAcrossRestarts(t *testing.T) {
 		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		w, err := issueWorkerUser(path, "p")
+		w, err := issueWorkerUser(path, "p", nil)
 		if err != nil || len(w.Password) != 64 || w.Password == first.Password {
 			t.Errorf("file %q: issued %q, %v; want a fresh password", bad, w.Password, err)
 		}

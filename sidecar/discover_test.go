@@ -3,7 +3,6 @@ package sidecar_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/promtest"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
@@ -150,10 +150,12 @@ func stringOf(m map[string]any) string {
 	return string(b)
 }
 
-// TestDeclarationContradictingConfigFailsStart: on an external bus where a
+// TestDeclarationContradictingConfigLeftOut: on an external bus where a
 // worker already declares lookup, a file whose entry for lookup has
-// another schema does not start, and the error names both.
-func TestDeclarationContradictingConfigFailsStart(t *testing.T) {
+// another schema starts (no bus client can keep the sidecar from
+// starting); the file's entry is in force, and the declaration is left
+// out, counted.
+func TestDeclarationContradictingConfigLeftOut(t *testing.T) {
 	url := natstest.Start(t)
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -169,23 +171,25 @@ func TestDeclarationContradictingConfigFailsStart(t *testing.T) {
 	cfg, _ := testenv.Config(t, "http://127.0.0.1:1", testenv.Options{NATS: func(n *config.NATS) { n.URL = url }},
 		[]testenv.Tool{{Config: config.Tool{Name: "lookup", Parameters: other}}})
 	s, err := sidecar.Start(context.Background(), cfg, sidecar.WithAPIKey("k"))
-	if err == nil {
-		_ = s.Shutdown(context.Background())
-		t.Fatal("started with a declaration that contradicts the file")
+	if err != nil {
+		t.Fatalf("a declaration that contradicts the file kept the sidecar from starting: %v", err)
 	}
-	var se *sidecar.StartError
-	msg := err.Error()
-	if !errors.As(err, &se) || !strings.Contains(msg, "tools[0] (lookup) in the configuration") || !strings.Contains(msg, "go worker ") ||
-		!strings.Contains(msg, `"town"`) || !strings.Contains(msg, `"city"`) {
-		t.Fatalf("start error %q: want both sources and both schemas named", msg)
+	defer s.Shutdown(context.Background())
+	lookup, ok := s.Tools().Lookup("lookup")
+	if !ok || lookup.Source != "config" || !strings.Contains(string(lookup.Parameters), `"town"`) {
+		t.Fatalf("lookup in force as %+v: want the file's entry", lookup)
+	}
+	if promtest.Value(t, s.Metrics(), "toolsidecar_declarations_left_out_total", "reason=refused") != 1 {
+		t.Error("the contradicting declaration is not counted")
 	}
 }
 
-// TestHostileDeclarationsOnALiveDaemon: a client of the bus answers every
-// $SRV.INFO with 1,500 declared tools, an answer that is not JSON, and a
-// declaration of 100 KiB. The daemon stays live and ready, serves at most
-// 1,000 declared tools, leaves the oversized one out, and a run of a
-// configured tool completes beside them with its result.
+// TestHostileDeclarationsOnALiveDaemon: a client of the bus that may
+// serve every tool answers every $SRV.INFO with 1,500 declared tools, an
+// answer that is not JSON, and a declaration of 100 KiB, and answers the
+// describe requests of them all. The daemon stays live and ready, serves
+// at most 1,000 declared tools, leaves the oversized one out, and a run of
+// a configured tool completes beside them with its result.
 func TestHostileDeclarationsOnALiveDaemon(t *testing.T) {
 	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "echo", ArgsJSON: `{"x": 1}`}}}, {Content: "{{results}}"}}}
 	env := testenv.Start(t, sc, testenv.Options{NATS: func(n *config.NATS) { n.DiscoverInterval = 100 * time.Millisecond }},
@@ -195,15 +199,11 @@ func TestHostileDeclarationsOnALiveDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	var eps []map[string]any
-	decl := `{"description":"flood","parameters":{"type":"object"}}`
+	decls := map[string]string{"huge": `{"description":"` + strings.Repeat("x", 100<<10) + `"}`}
 	for i := range 1500 {
-		name := fmt.Sprintf("flood%04d", i)
-		eps = append(eps, map[string]any{"name": name, "subject": testenv.Prefix + "." + name, "metadata": map[string]string{wire.ToolMetadataKey: decl}})
+		decls[fmt.Sprintf("flood%04d", i)] = `{"description":"flood","parameters":{"type":"object"}}`
 	}
-	huge := `{"description":"` + strings.Repeat("x", 100<<10) + `"}`
-	eps = append(eps, map[string]any{"name": "huge", "subject": testenv.Prefix + ".huge", "metadata": map[string]string{wire.ToolMetadataKey: huge}})
-	flood, _ := json.Marshal(map[string]any{"type": "io.nats.micro.v1.info_response", "name": "x", "id": "HOSTILE", "endpoints": eps})
+	flood := forgedInfo("HOSTILE", decls)
 	sub, err := nc.Subscribe("$SRV.INFO", func(m *nats.Msg) {
 		_ = m.Respond([]byte("{not json"))
 		_ = m.Respond(flood)
@@ -212,7 +212,17 @@ func TestHostileDeclarationsOnALiveDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	poll.Until(t, "the flood discovered", func() bool { return len(testenv.SourcedTools(t, env.URL)) > 1 })
+	for name, decl := range decls {
+		if _, err := nc.QueueSubscribe(wire.Subject(testenv.Prefix, name), wire.QueueGroup, func(m *nats.Msg) {
+			if wire.IsDescribe(m) {
+				_ = m.Respond([]byte(decl))
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Until(t, "the flood discovered", func() bool { return len(testenv.SourcedTools(t, env.URL)) >= 1001 })
+	time.Sleep(300 * time.Millisecond) // more looks: the bound holds
 	tools := testenv.SourcedTools(t, env.URL)
 	if _, ok := tools["huge"]; ok || len(tools) != 1001 || tools["echo"].Source != "config" {
 		t.Errorf("%d tools listed (huge listed: %v): want echo and at most 1000 declared", len(tools), ok)

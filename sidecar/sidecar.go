@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,9 +105,8 @@ type Sidecar struct {
 	tempStore  string         // a store folder of this run only, removed at shutdown
 	natsURL    string
 	nc         *nats.Conn
-	// What the last discovery saw (see redeclare).
-	seen         *[]registry.Declared
-	seenProblems []string
+	// What discovery knows of the tools workers declare (see redeclare).
+	bus *busTools
 	// natsLife says when the NATS connection closed, and whether the
 	// sidecar had asked for it: a close it did not ask for stops it.
 	natsLife    *bridge.Lifeline
@@ -240,7 +240,7 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 		}
 		var issued *embedded.Worker
 		if s.cfg.NATS.Embedded.WorkerCredentials {
-			w, err := issueWorkerUser(credsPath, s.cfg.NATS.SubjectPrefix)
+			w, err := issueWorkerUser(credsPath, s.cfg.NATS.SubjectPrefix, restrictedTools(s.cfg.NATS))
 			if err != nil {
 				return err
 			}
@@ -374,17 +374,34 @@ func instanceID(cfg config.Config) string {
 }
 
 // workerUser is an embedded server's worker user without its secret: it
-// may subscribe to its tools' subjects ("*" is every tool) and the cancel
-// subject, and publish replies: to the requests it got, and to the
-// sidecar's durable namespace, so that a reply buffered while NATS
-// restarted is still allowed after the reconnect (those subjects end in
-// unguessable tokens).
+// may serve its tools ("*" is every tool) through the workers' queue group
+// only (a plain subscription to a tool's subject would receive every call
+// of it, beside the worker that runs it), subscribe to the cancel subject,
+// and publish replies: to the requests it got, and to the sidecar's
+// durable namespace, so that a reply buffered while NATS restarted is
+// still allowed after the reconnect (those subjects end in unguessable
+// tokens). Only the workers that may serve a tool receive its describe
+// requests, so only they declare it (discovery.Describe).
 func workerUser(prefix, name string, tools []string) embedded.Worker {
 	w := embedded.Worker{Name: name, Subscribe: []string{wire.CancelWildcard(prefix)}, Publish: []string{prefix + ".replies.>"}}
 	for _, t := range tools {
-		w.Subscribe = append(w.Subscribe, wire.Subject(prefix, t))
+		w.Subscribe = append(w.Subscribe, wire.Subject(prefix, t)+" "+wire.QueueGroup)
 	}
 	return w
+}
+
+// restrictedTools are the tools that the configuration gives to named
+// worker users: the issued credential may not serve them.
+func restrictedTools(n config.NATS) []string {
+	var out []string
+	for _, w := range n.Embedded.Workers {
+		for _, t := range w.Tools {
+			if t != "*" && !slices.Contains(out, t) {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
 }
 
 // embeddedConfig turns the embedded section into the server's users: each

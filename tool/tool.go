@@ -33,6 +33,11 @@ const (
 	HeaderErrorType      = "Tool-Error-Type"      // the taxonomy of [ErrorType]
 	HeaderServiceError   = "Nats-Service-Error"   // micro's convention: description
 	HeaderServiceCode    = "Nats-Service-Error-Code"
+	// HeaderDescribe marks the sidecar's request for a tool's declaration,
+	// sent on the tool's own subject with an empty body; the reply is the
+	// declaration, and HeaderWorker names the worker that gives it.
+	HeaderDescribe = "Tool-Describe"
+	HeaderWorker   = "Tool-Worker"
 )
 
 // Request is one attempt of one call, as the executor hands it to a
@@ -209,4 +214,9 @@ type SourcedTool struct {
 	Source string `json:"source"`
 	// DeclaredBy names the workers that declare the tool in their code.
 	DeclaredBy []string `json:"declared_by,omitempty"`
+	// The policies in force, whichever source set them: what an operator
+	// checks before the model may call a tool a worker declared.
+	SideEffects string `json:"side_effects,omitempty"`
+	Timeout     string `json:"timeout,omitempty"`
+	Retries     int    `json:"retries"`
 }

@@ -23,7 +23,10 @@ const ServiceName = "toolsidecar-worker"
 
 // ToolMetadataKey is the key of a micro endpoint's metadata under which a
 // worker declares the endpoint's tool: a tool.Declaration as JSON. The
-// sidecar reads it from $SRV.INFO (docs/worker-protocol.md).
+// sidecar learns the tool's name from $SRV.INFO, which any bus client may
+// answer, and takes the declaration only from a describe request on the
+// tool's own subject (IsDescribe), which only a worker that NATS lets
+// serve the tool receives (docs/worker-protocol.md).
 const ToolMetadataKey = "toolsidecar.tool"
 
 // CredentialsEnv names the file of a worker's credentials, which the
@@ -43,6 +46,20 @@ type Credentials struct {
 
 // Subject is where the named tool is served.
 func Subject(prefix, name string) string { return prefix + "." + name }
+
+// IsDescribe reports the sidecar's request for the declaration of the
+// tool whose subject it came on: the worker answers with the declaration,
+// and never runs the tool for it. Worker libraries before describe answer
+// its empty body as a call that is not a manifest, without running it.
+func IsDescribe(m *nats.Msg) bool { return m.Header.Get(tool.HeaderDescribe) != "" }
+
+// DescribeMsg is the describe request for the tool served on subject.
+func DescribeMsg(subject, reply string) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Reply = reply
+	m.Header.Set(tool.HeaderDescribe, "1")
+	return m
+}
 
 // CancelSubject is where the cancellation of an action is published.
 func CancelSubject(prefix, actionID string) string { return prefix + ".cancel." + actionID }

@@ -51,16 +51,7 @@ func Declare[A, R any](w *Worker, name string, spec Spec, fn func(ctx context.Co
 	if spec.Timeout > 0 {
 		d.Timeout = spec.Timeout.String()
 	}
-	decl, err := json.Marshal(d)
-	if err != nil {
-		return fmt.Errorf("worker: tool %s: %w", name, err)
-	}
-	// Checked as the sidecar will check it: a worker that starts declares
-	// what the sidecar accepts.
-	if _, err := tool.ParseDeclaration(name, decl); err != nil {
-		return fmt.Errorf("worker: tool %s: %w", name, err)
-	}
-	w.Handle(name, func(ctx context.Context, call *tool.Call) ([]byte, error) {
+	return w.HandleDeclared(name, d, func(ctx context.Context, call *tool.Call) ([]byte, error) {
 		var args A
 		if err := json.Unmarshal(call.Args, &args); err != nil {
 			return nil, tool.NewError(tool.InvalidArgs, "arguments: %v", err)
@@ -71,6 +62,23 @@ func Declare[A, R any](w *Worker, name string, spec Spec, fn func(ctx context.Co
 		}
 		return json.Marshal(res)
 	})
+}
+
+// HandleDeclared registers, before Start, the handler of a tool declared
+// as d, for a handler that reads the call's arguments itself (one that
+// bridges to another system, or whose schema is built at run time). The
+// declaration travels as Declare's does.
+func (w *Worker) HandleDeclared(name string, d tool.Declaration, h tool.Handler) error {
+	decl, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("worker: tool %s: %w", name, err)
+	}
+	// Checked as the sidecar will check it: a worker that starts declares
+	// what the sidecar accepts.
+	if _, err := tool.ParseDeclaration(name, decl); err != nil {
+		return fmt.Errorf("worker: tool %s: %w", name, err)
+	}
+	w.Handle(name, h)
 	w.declared[name] = string(decl)
 	return nil
 }

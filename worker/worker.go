@@ -434,6 +434,10 @@ func (w *Worker) cancelWhere(match func(action string, attempt int) bool, cause 
 // its handler's.
 func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.HandlerFunc {
 	return func(r micro.Request) {
+		if r.Headers().Get(tool.HeaderDescribe) != "" {
+			w.describe(name, r)
+			return
+		}
 		j := job{name, h, st, r}
 		select {
 		case w.jobs <- j:
@@ -449,6 +453,24 @@ func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.Han
 			// Sent from here: the publisher may already have returned.
 			w.publish(reply{r.Reply(), r.Subject(), nil, tool.NewError(tool.WorkerCrash, "worker stopping")})
 		}
+	}
+}
+
+// describe answers the sidecar's request for a tool's declaration, from
+// the handler's goroutine (micro's Request is safe to answer there). The
+// sidecar serves a declaration only from such an answer: NATS delivers
+// it only to workers that may serve the tool.
+func (w *Worker) describe(name string, r micro.Request) {
+	who := micro.WithHeaders(micro.Headers{tool.HeaderWorker: {"go " + w.svc.Info().ID}})
+	d, ok := w.declared[name]
+	var err error
+	if ok {
+		err = r.Respond([]byte(d), who)
+	} else {
+		err = r.Error("404", "tool "+name+" is served without a declaration", nil, who)
+	}
+	if err != nil {
+		w.log.Warn("answering the sidecar's describe", "tool", name, "err", err)
 	}
 }
 

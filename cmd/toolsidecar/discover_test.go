@@ -8,10 +8,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )
@@ -60,5 +64,49 @@ func TestCheckAndToolsReadDeclarations(t *testing.T) {
 	}
 	if msg := errOut.String(); !strings.Contains(msg, "tools[0] (lookup) in the configuration") || !strings.Contains(msg, "go worker ") || !strings.Contains(msg, `"town"`) {
 		t.Errorf("check's error %q: want the file's entry and the worker named", msg)
+	}
+}
+
+// TestToolsReadsTheRunningDaemon: with the embedded server, only the
+// daemon sees the tools workers declare; `tools --source` with the
+// daemon's configuration lists them from it, schema, side effects and
+// declarer included, and without a daemon says it lists the file's only.
+func TestToolsReadsTheRunningDaemon(t *testing.T) {
+	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{NATS: func(n *config.NATS) { n.DiscoverInterval = 100 * time.Millisecond }})
+	nc, err := nats.Connect(env.NATSURL, nats.UserInfo(testenv.WorkerUser, env.WorkerPassword))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	w := worker.New(nc, testenv.Prefix)
+	type args struct {
+		City string `json:"city"`
+	}
+	if err := worker.Declare(w, "lookup", worker.Spec{Description: "Look a city up", SideEffects: tool.ReadOnly, Retries: 2},
+		func(context.Context, *tool.Call, args) (string, error) { return "", nil }); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Serve(t, w)
+	testenv.WaitDeclared(t, env.URL, map[string]string{"lookup": "go"})
+
+	f := filepath.Join(t.TempDir(), "daemon.yaml")
+	os.WriteFile(f, []byte("server: {listen: \""+strings.TrimPrefix(env.URL, "http://")+"\"}\n"), 0o600)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"tools", "--source", "--config", f}, &out, &errOut); code != 0 {
+		t.Fatalf("tools exit %d: %s", code, errOut.String())
+	}
+	var listed []tool.SourcedTool
+	if err := json.Unmarshal(out.Bytes(), &listed); err != nil || len(listed) != 1 || listed[0].Function.Name != "lookup" ||
+		listed[0].Source != "worker" || !strings.Contains(string(listed[0].Function.Parameters), `"city"`) ||
+		listed[0].SideEffects != tool.ReadOnly || listed[0].Retries != 2 || listed[0].Function.Description != "Look a city up" {
+		t.Fatalf("tools --source from the daemon: %s (%v)", out.String(), err)
+	}
+
+	os.WriteFile(f, []byte("server: {listen: \"127.0.0.1:1\"}\n"), 0o600)
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"tools", "--config", f}, &out, &errOut); code != 0 || strings.TrimSpace(out.String()) != "[]" ||
+		!strings.Contains(errOut.String(), "the configuration's tools only") {
+		t.Errorf("tools without a daemon: exit %d, out %q, err %q", code, out.String(), errOut.String())
 	}
 }

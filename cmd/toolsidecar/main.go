@@ -359,7 +359,12 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 		return 1
 	}
 	if inv.cmd == "tools" {
-		return printTools(stdout, reg, inv.source)
+		if cfg.NATS.URL == "" && cfg.NATS.DiscoverInterval > 0 {
+			if list, ok := fromDaemon(ctx, cfg, stderr); ok {
+				return printTools(stdout, list, inv.source)
+			}
+		}
+		return printTools(stdout, reg.SourcedTools(), inv.source)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TOOL\tSOURCE\tROUTE\tSUBJECT\tTIMEOUT\tRETRIES\tSIDE EFFECTS")
@@ -379,7 +384,8 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 }
 
 // withDeclared adds, as a start does, the tools that the workers on an
-// external bus declare: a declaration the file contradicts is an error. A
+// external bus declare: a declaration the file contradicts is left out,
+// as the daemon leaves it out, and check fails on it. A
 // bus that cannot be reached (check run away from where the daemon runs)
 // is only noted, as is the embedded server, which starts with the daemon.
 func withDeclared(ctx context.Context, cmd string, cfg config.Config, reg *registry.Registry, stderr io.Writer) (*registry.Registry, error) {
@@ -397,6 +403,10 @@ func withDeclared(ctx context.Context, cmd string, cfg config.Config, reg *regis
 	}
 	for _, p := range problems {
 		fmt.Fprintf(stderr, "toolsidecar %s: a worker's declaration is left out: %s\n", cmd, p)
+	}
+	if cmd == "check" && len(problems) > 0 {
+		// The daemon serves without them (and starts); check says so.
+		return nil, fmt.Errorf("%d of the workers' declarations would be left out", len(problems))
 	}
 	return got, nil
 }

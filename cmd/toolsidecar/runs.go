@@ -162,6 +162,23 @@ func (f runsFlags) client() (*runsClient, error) {
 			tokenFile = cfg.Server.AuthTokenFile
 		}
 	}
+	return rc.resolve(tokenFile)
+}
+
+// daemonOf is the client of the daemon that cfg configures, asked once
+// within timeout.
+func daemonOf(cfg config.Config, timeout time.Duration) (*runsClient, error) {
+	rc := &runsClient{url: "http://" + reachable(cfg.Server.Listen), hc: &http.Client{Timeout: timeout}}
+	tokenFile := ""
+	if os.Getenv("TOOLSIDECAR_TOKEN") == "" {
+		tokenFile = cfg.Server.AuthTokenFile
+	}
+	return rc.resolve(tokenFile)
+}
+
+// resolve checks the daemon's URL and reads its token: from tokenFile, or
+// TOOLSIDECAR_TOKEN.
+func (rc *runsClient) resolve(tokenFile string) (*runsClient, error) {
 	if rc.url == "" {
 		rc.url = "http://127.0.0.1:8741"
 	}

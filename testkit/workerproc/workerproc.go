@@ -7,6 +7,7 @@ package workerproc
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,6 +30,7 @@ const (
 	envUser   = "TSC_TEST_USER"
 	envPass   = "TSC_TEST_PASSWORD"
 	envDelay  = "TSC_TEST_DELAY"
+	envDecl   = "TSC_TEST_DECLARE"
 )
 
 // Tools are the tools a worker process serves: each logs its execution,
@@ -67,9 +69,16 @@ func run() int {
 	}
 	defer log.Close()
 	delay, _ := time.ParseDuration(os.Getenv(envDelay))
+	var declare map[string]tool.Declaration
+	if d := os.Getenv(envDecl); d != "" {
+		if err := json.Unmarshal([]byte(d), &declare); err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 1
+		}
+	}
 	w := worker.New(nc, os.Getenv(envPrefix))
 	for _, name := range Tools {
-		w.Handle(name, func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		h := func(ctx context.Context, c *tool.Call) ([]byte, error) {
 			fmt.Fprintf(log, "%s %s %d\n", c.Tool, c.ActionID, os.Getpid()) // one write: atomic with O_APPEND
 			select {
 			case <-time.After(delay):
@@ -77,7 +86,14 @@ func run() int {
 				return nil, ctx.Err()
 			}
 			return []byte(`"` + c.Tool + ` done"`), nil
-		})
+		}
+		d, declared := declare[name]
+		if !declared {
+			w.Handle(name, h)
+		} else if err := w.HandleDeclared(name, d, h); err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 1
+		}
 	}
 	w.Handle(Echo, func(ctx context.Context, c *tool.Call) ([]byte, error) { return c.Manifest, nil })
 	if err := w.Start(); err != nil {
@@ -100,6 +116,9 @@ type Config struct {
 	User, Password string // credentials, when the server wants them
 	Delay          time.Duration
 	ExecLog        string // the execution log, shared by every worker of a test
+	// Declare declares tools of Tools in the worker's code, by name; the
+	// others are served without a declaration.
+	Declare map[string]tool.Declaration
 }
 
 // Process is a running worker process.
@@ -109,16 +128,32 @@ type Process struct{ cmd *exec.Cmd }
 // still runs.
 func Start(t testing.TB, cfg Config) *Process {
 	t.Helper()
+	decl, err := json.Marshal(cfg.Declare)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envURLs+"="+cfg.URLs, envLog+"="+cfg.ExecLog, envPrefix+"="+cfg.Prefix,
-		envUser+"="+cfg.User, envPass+"="+cfg.Password, envDelay+"="+cfg.Delay.String())
+		envUser+"="+cfg.User, envPass+"="+cfg.Password, envDelay+"="+cfg.Delay.String(), envDecl+"="+string(decl))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	p := &Process{cmd: cmd}
-	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT) // a paused process takes SIGTERM only once resumed
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
 	return p
+}
+
+// Signal sends the process sig (SIGSTOP pauses it, SIGCONT resumes it).
+func (p *Process) Signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Kill kills the process with SIGKILL and reaps it.

@@ -195,6 +195,8 @@ const HEADER = {
   errorType: "Tool-Error-Type",
   serviceError: "Nats-Service-Error",
   serviceCode: "Nats-Service-Error-Code",
+  describe: "Tool-Describe",
+  worker: "Tool-Worker",
 } as const;
 
 const encoder = new TextEncoder();
@@ -329,6 +331,10 @@ export async function serve(
       subject: `${prefix}.${tool}`,
       metadata,
       handler: (_err, msg) => {
+        if (msg.headers?.get(HEADER.describe)) {
+          answerDescribe(msg, tool, metadata?.[TOOL_METADATA_KEY], service.info().id);
+          return;
+        }
         const p = (async () => {
           await acquire();
           try {
@@ -431,6 +437,24 @@ async function handle(
     clearTimeout(timer);
     if (actionId) inflight.delete(actionId);
   }
+}
+
+/**
+ * Answers the sidecar's request for a tool's declaration, sent on the
+ * tool's own subject: only a worker allowed to serve the tool receives it,
+ * so the sidecar takes declarations from these answers alone. The tool
+ * does not run.
+ */
+function answerDescribe(msg: Msg, tool: string, declaration: string | undefined, id: string): void {
+  const h = headers();
+  h.set(HEADER.worker, `node ${id}`);
+  if (declaration === undefined) {
+    h.set(HEADER.serviceError, `tool ${tool} is served without a declaration`);
+    h.set(HEADER.serviceCode, "404");
+    msg.respond(undefined, { headers: h });
+    return;
+  }
+  msg.respond(encoder.encode(declaration), { headers: h });
 }
 
 function encode(result: unknown): Uint8Array {

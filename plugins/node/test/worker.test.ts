@@ -189,6 +189,14 @@ test("declared tools: zod and JSON Schema declarations in the endpoint metadata,
     assert.deepEqual(decls.plain.parameters.required, ["q"]);
     assert.equal(decls.plain.retries, 2);
 
+    // The sidecar takes a declaration only from a describe request on the
+    // tool's own subject; the tool does not run for it.
+    const dh = headers();
+    dh.set("Tool-Describe", "1");
+    const described = await side.request(`${prefix}d.rates`, undefined, { timeout: 2000, headers: dh });
+    assert.deepEqual(JSON.parse(decoder.decode(described.data)), decls.rates);
+    assert.match(described.headers?.get("Tool-Worker") ?? "", /^node \S+$/);
+
     const ok = await side.request(`${prefix}d.rates`, manifest("rates", "act_z1", { city: "Oslo" }), { timeout: 2000 });
     assert.deepEqual(JSON.parse(decoder.decode(ok.data)), { city: "Oslo", nights: 1 });
     const bad = await side.request(`${prefix}d.rates`, manifest("rates", "act_z2", { city: "Oslo", nights: 0 }), { timeout: 2000 });

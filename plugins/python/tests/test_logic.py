@@ -264,6 +264,24 @@ class DeclareTest(unittest.IsolatedAsyncioTestCase):
         finally:
             await worker.stop()
 
+    async def test_describe_answers_the_declaration_and_runs_nothing(self):
+        nc = FakeConn()
+        ran = []
+
+        async def plain(call):
+            ran.append(call)
+            return {}
+        worker = await serve(nc, {"plain": plain, "declared": forecast}, prefix=PREFIX, add_service=fake_add_service)
+        try:
+            r = await nc.request(f"{PREFIX}.declared", b"", headers={"Tool-Describe": "1"})
+            self.assertEqual(json.loads(r.data), json.loads(worker._service.metadata["declared"][TOOL_METADATA_KEY]))
+            self.assertTrue(r.headers["Tool-Worker"].startswith("python "))
+            r = await nc.request(f"{PREFIX}.plain", b"", headers={"Tool-Describe": "1"})
+            self.assertEqual(r.headers["Nats-Service-Error-Code"], "404")
+            self.assertEqual(ran, [])
+        finally:
+            await worker.stop()
+
     def test_an_annotation_without_a_schema_is_named(self):
         class Opaque:
             pass

@@ -214,7 +214,10 @@ class Worker:
                                           metadata={"language": "python", "library_version": VERSION},
                                           description="toolsidecar tools served from Python", queue_group="toolsidecar")
         for name, (handler, declaration) in self._tools.items():
-            async def start_call(req, name=name, handler=handler):
+            async def start_call(req, name=name, handler=handler, declaration=declaration):
+                if (req.headers or {}).get("Tool-Describe"):
+                    await self._describe(req, name, declaration)
+                    return
                 task = asyncio.ensure_future(self._handle(name, handler, req))
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
@@ -230,6 +233,18 @@ class Worker:
         if task is not None:
             self._cancelled.add(action_id)
             task.cancel()
+
+    async def _describe(self, req, name: str, declaration: Optional[str]) -> None:
+        # The sidecar asks for a declaration on the tool's own subject, which
+        # only a worker allowed to serve the tool receives; it never runs it.
+        who = {"Tool-Worker": f"python {getattr(self._service, 'id', '')}"}
+        try:
+            if declaration is None:
+                await req.respond_error("404", f"tool {name} is served without a declaration", headers=who)
+            else:
+                await req.respond(declaration.encode(), headers=who)
+        except ValueError:
+            pass
 
     @staticmethod
     async def _reply(req, data: bytes = b"", headers: Optional[Dict[str, str]] = None) -> None:
