@@ -1,8 +1,3 @@
-// Package modelapi is the wire of the model APIs the sidecar serves to
-// applications (Chat Completions, Anthropic Messages, OpenAI Responses),
-// as core is Core's: here, the answer written back to the application,
-// whole or streamed as the API's official clients accumulate it, and the
-// API's error bodies. The run that produces the answer is openaiup's.
 package modelapi
 
 import (

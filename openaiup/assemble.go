@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -56,7 +57,7 @@ func (p *partial) ready() bool {
 func (p *partial) whole() bool { return p.args.Len() > 0 && json.Valid([]byte(p.args.String())) }
 
 // add takes one chunk's tool-call fragments, in order.
-func (a *assembler) add(ds []toolCallDelta) {
+func (a *assembler) add(ds []modelapi.CallDelta) {
 	if a.at == nil {
 		a.at = map[int]*partial{}
 	}
@@ -87,7 +88,7 @@ func (a *assembler) add(ds []toolCallDelta) {
 		if cur.name == "" {
 			cur.name = d.Function.Name
 		}
-		if d.whole && cur.lost == "" {
+		if d.Whole && cur.lost == "" {
 			cur.args.Reset()
 		}
 		switch {
@@ -114,19 +115,9 @@ func (a *assembler) open(i int) *partial {
 	return p
 }
 
-// assembled is one call of a turn, whole.
-type assembled struct {
-	ID, Name string
-	// Args is the arguments as the model wrote them ("" made "{}"): the
-	// assistant message is replayed with them unchanged.
-	Args string
-	// Problem says why Args cannot be used, if they cannot.
-	Problem string
-}
-
 // done returns the turn's calls, one per partial call, in order.
-func (a *assembler) done() []assembled {
-	out := make([]assembled, 0, len(a.calls))
+func (a *assembler) done() []modelapi.Call {
+	out := make([]modelapi.Call, 0, len(a.calls))
 	seen := map[string]bool{}
 	for _, p := range a.calls {
 		if !usableID(p.id) || seen[p.id] {
@@ -139,8 +130,8 @@ func (a *assembler) done() []assembled {
 }
 
 // assemble is p as a whole call, with the reason it cannot be run, if any.
-func assemble(p *partial) assembled {
-	c := assembled{ID: p.id, Name: p.name, Args: p.args.String()}
+func assemble(p *partial) modelapi.Call {
+	c := modelapi.Call{ID: p.id, Name: p.name, Args: p.args.String()}
 	if strings.TrimSpace(c.Args) == "" {
 		c.Args = "{}" // a tool without parameters (openai-python PR #3502)
 	}

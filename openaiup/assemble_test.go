@@ -4,15 +4,17 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/projectdavid/toolsidecar/modelapi"
 )
 
 // deltas reads tool-call fragments written as the servers send them: one
 // JSON array of delta.tool_calls items per chunk.
-func deltas(t *testing.T, chunks ...string) []assembled {
+func deltas(t *testing.T, chunks ...string) []modelapi.Call {
 	t.Helper()
 	var a assembler
 	for _, c := range chunks {
-		var ds []toolCallDelta
+		var ds []modelapi.CallDelta
 		if err := json.Unmarshal([]byte(c), &ds); err != nil {
 			t.Fatalf("chunk %s: %v", c, err)
 		}
@@ -143,7 +145,7 @@ func TestUnshown(t *testing.T) {
 func TestAssembleBound(t *testing.T) {
 	a := assembler{maxArgs: 64}
 	add := func(c string) {
-		var ds []toolCallDelta
+		var ds []modelapi.CallDelta
 		if err := json.Unmarshal([]byte(c), &ds); err != nil {
 			t.Fatal(err)
 		}

@@ -56,7 +56,7 @@ type EndpointConfig struct {
 // answer is the model's last word, streamed or whole.
 type Endpoint struct {
 	cfg    EndpointConfig
-	api    api
+	api    modelapi.Codec
 	log    *slog.Logger
 	parked *parking
 }
@@ -74,15 +74,15 @@ func NewEndpoint(cfg EndpointConfig) *Endpoint {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := cfg.Upstream.api
-	return &Endpoint{cfg: cfg, api: a, log: log.With("component", a.kind()), parked: newParking(cfg.ParkedTTL, cfg.Memo)}
+	return &Endpoint{cfg: cfg, api: a, log: log.With("component", a.Kind()), parked: newParking(cfg.ParkedTTL, cfg.Memo)}
 }
 
 // Pattern is the route the endpoint serves: the API's own path.
 func (ep *Endpoint) Pattern() string {
-	switch ep.api.kind() {
-	case kindAnthropic:
+	switch ep.api.API() {
+	case modelapi.Messages:
 		return "POST /v1/messages"
-	case kindResponses:
+	case modelapi.Responses:
 		return "POST /v1/responses"
 	}
 	return "POST /v1/chat/completions"
@@ -91,33 +91,17 @@ func (ep *Endpoint) Pattern() string {
 // WriteError writes an error as the API answers one: the route's Errors,
 // for the requests the server refuses before the endpoint reads them.
 func (ep *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
-	ep.api.wire().WriteError(w, status, msg, "invalid_request_error", "")
+	ep.api.API().WriteError(w, status, msg, "invalid_request_error", "")
 }
 
-// request is what the endpoint reads of the application's request; the
-// rest is passed upstream as it came.
+// request is the application's request: what the API's codec reads of
+// it, and who asks under which key.
 type request struct {
-	body      map[string]json.RawMessage // but the conversation and the stream flags
-	canonical []byte                     // the request as asked, for its key: how it is delivered left out
-	field     string                     // the conversation's: messages, input
-	messages  []json.RawMessage
-	stream    bool
-	usage     bool // stream_options.include_usage
-	model     string
-	appTools  map[string]bool
-	key       runKey
-	owner     string      // who asks (executor.CallerOf): the run's owner
-	headers   http.Header // the API's forwarded headers the application sent
+	modelapi.Request
+	key     runKey
+	owner   string      // who asks (executor.CallerOf): the run's owner
+	headers http.Header // the API's forwarded headers the application sent
 }
-
-// badRequest is a request the API would refuse: a 400 in its shape (413
-// for a body over the server's bound).
-type badRequest struct {
-	msg, param string
-	status     int // default: 400
-}
-
-func (e *badRequest) Error() string { return e.msg }
 
 // runKey names the run a request belongs to.
 type runKey struct {
@@ -136,7 +120,7 @@ const maxIdempotencyKey = 255
 // Idempotency-Key, or from a digest of the caller's identity and the whole
 // request (model, messages, tools, metadata and every setting), given as
 // canonical JSON.
-func keyOf(r *http.Request, a api, canonical []byte) (runKey, error) {
+func keyOf(r *http.Request, a modelapi.Codec, canonical []byte) (runKey, error) {
 	caller := []byte(r.Header.Get("Authorization"))
 	if k := r.Header.Get("X-Api-Key"); k != "" { // the Messages API's key
 		caller = fmt.Appendf(caller, "\x00x-api-key:%s", k)
@@ -147,14 +131,14 @@ func keyOf(r *http.Request, a api, canonical []byte) (runKey, error) {
 		return k, nil
 	}
 	if len(idem) > maxIdempotencyKey {
-		return k, &badRequest{msg: fmt.Sprintf("the Idempotency-Key header is longer than %d characters", maxIdempotencyKey)}
+		return k, &modelapi.BadRequest{Message: fmt.Sprintf("the Idempotency-Key header is longer than %d characters", maxIdempotencyKey)}
 	}
 	for _, c := range []byte(idem) {
 		if c < 0x21 || c > 0x7e {
-			return k, &badRequest{msg: "the Idempotency-Key header holds a character that is not printable ASCII"}
+			return k, &modelapi.BadRequest{Message: "the Idempotency-Key header holds a character that is not printable ASCII"}
 		}
 	}
-	k.explicit, k.id = true, a.runPrefix()+runstore.ShortDigest([]byte("idempotency-key"), caller, []byte(idem))
+	k.explicit, k.id = true, a.RunPrefix()+runstore.ShortDigest([]byte("idempotency-key"), caller, []byte(idem))
 	return k, nil
 }
 
@@ -163,28 +147,29 @@ func (ep *Endpoint) read(r *http.Request) (*request, error) {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return nil, &badRequest{msg: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit), status: http.StatusRequestEntityTooLarge}
+		return nil, &modelapi.BadRequest{Message: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit), Status: http.StatusRequestEntityTooLarge}
 	case err != nil:
-		return nil, &badRequest{msg: "reading the request body: " + err.Error()}
+		return nil, &modelapi.BadRequest{Message: "reading the request body: " + err.Error()}
 	case !utf8.Valid(raw):
 		// JSON is UTF-8 (RFC 8259): what is not would reach the upstream
 		// as it came, inside the raw members kept for it.
-		return nil, &badRequest{msg: "the request body is not valid UTF-8"}
+		return nil, &modelapi.BadRequest{Message: "the request body is not valid UTF-8"}
 	}
 	var body map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &body); err != nil || body == nil {
-		return nil, &badRequest{msg: "the request body is not a JSON object"}
+		return nil, &modelapi.BadRequest{Message: "the request body is not a JSON object"}
 	}
-	req, err := ep.api.readRequest(body, ep.cfg.Tools())
+	read, err := ep.api.ReadRequest(body, ep.cfg.Tools())
 	if err != nil {
 		return nil, err
 	}
-	if req.headers, err = forwardedOf(r.Header, ep.api.forwarded()); err != nil {
+	req := &request{Request: *read}
+	if req.headers, err = forwardedOf(r.Header, ep.api.Forwarded()); err != nil {
 		return nil, err
 	}
 	// The run's key is the request as the application asked it; whether
 	// the answer is streamed is how it is delivered, not what is asked.
-	if req.key, err = keyOf(r, ep.api, req.canonical); err != nil {
+	if req.key, err = keyOf(r, ep.api, req.Canonical); err != nil {
 		return nil, err
 	}
 	req.owner = executor.CallerOf(r.Header)
@@ -204,14 +189,14 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ep.refuse(w, err)
 		return
 	}
-	messages := ep.parked.restore(r.Context(), ep.api, req.messages)
+	messages := ep.parked.restore(r.Context(), ep.api, req.Messages)
 	up := ep.cfg.Upstream
 	id, finished := ref.id, ref.finished
 	rn := up.Begin(ref, req, messages)
 	defer up.Release(rn)
 	w.Header().Set("X-Toolsidecar-Run-Id", id)
 	// A resumed run's answer keeps the time the run began.
-	out := ep.api.wire().NewAnswer(w, r, modelapi.Head{ID: id, Model: req.model, Created: rn.createdAt(), IncludeUsage: req.usage})
+	out := ep.api.API().NewAnswer(w, r, modelapi.Head{ID: id, Model: req.Model, Created: rn.createdAt(), IncludeUsage: req.IncludeUsage})
 	sum, err := ep.drive(r, req, rn, out, finished)
 	answered := finished == nil && (sum.Status == executor.StatusCompleted || sum.Status == executor.StatusMaxTurns)
 	res := up.End(r.Context(), rn, answered)
@@ -241,7 +226,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, out, sum, err)
 		return
 	}
-	if req.stream {
+	if req.Stream {
 		// What another sidecar's drive said, read from the journal by End.
 		if text, _, _ := rn.follow(out.Written()); text != "" {
 			out.Content(text)
@@ -261,7 +246,7 @@ func (ep *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the API's error event.
 func fail(w http.ResponseWriter, out *modelapi.Answer, sum executor.Summary, err error) {
 	f := modelapi.Failure{Status: http.StatusInternalServerError, Type: "toolsidecar_error", Code: sum.Status}
-	var re *RefusedError
+	var re *modelapi.RefusedError
 	switch {
 	case errors.As(err, &re):
 		f.Status, f.Type = re.Status, "upstream_error"
@@ -289,13 +274,13 @@ func fail(w http.ResponseWriter, out *modelapi.Answer, sum executor.Summary, err
 // refuse answers a request that does not run: one the API would refuse,
 // in its shape, or one whose run the journal could not name.
 func (ep *Endpoint) refuse(w http.ResponseWriter, err error) {
-	var br *badRequest
+	var br *modelapi.BadRequest
 	if errors.As(err, &br) {
-		ep.api.wire().WriteError(w, cmp.Or(br.status, http.StatusBadRequest), br.msg, "invalid_request_error", br.param)
+		ep.api.API().WriteError(w, cmp.Or(br.Status, http.StatusBadRequest), br.Message, "invalid_request_error", br.Param)
 		return
 	}
 	ep.log.Error("reading the journal", "err", err)
-	ep.api.wire().WriteError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
+	ep.api.API().WriteError(w, http.StatusServiceUnavailable, "the sidecar could not read its journal: "+err.Error(), "toolsidecar_error", "")
 }
 
 // drive runs the request's run, streamed or whole. A run that ended (the
@@ -305,16 +290,16 @@ func (ep *Endpoint) drive(r *http.Request, req *request, rn *run, out *modelapi.
 	switch {
 	case finished != nil:
 		return *finished, nil
-	case req.stream:
+	case req.Stream:
 		return ep.stream(r, req, rn, out)
 	}
 	return ep.cfg.Drive(r.Context(), ep.driveRequest(r, req, rn), nil)
 }
 
 func (ep *Endpoint) driveRequest(r *http.Request, req *request, rn *run) executor.Request {
-	dreq := executor.Request{RunID: rn.id, Model: req.model, Traceparent: r.Header.Get("traceparent"), Fresh: rn.fresh, Caller: req.owner}
+	dreq := executor.Request{RunID: rn.id, Model: req.Model, Traceparent: r.Header.Get("traceparent"), Fresh: rn.fresh, Caller: req.owner}
 	if ep.cfg.ForwardAuthorization {
-		dreq.CallerKey = ep.api.callerKey(r)
+		dreq.CallerKey = ep.api.CallerKey(r)
 	}
 	return dreq
 }
@@ -369,8 +354,8 @@ func (ep *Endpoint) keyed(ctx context.Context, store *runstore.Store, key runKey
 		return runRef{id: key.id}, err
 	}
 	if h.Request != key.digest {
-		return runRef{}, &badRequest{msg: "this Idempotency-Key was used with another request; use a new key for a new request",
-			status: http.StatusUnprocessableEntity}
+		return runRef{}, &modelapi.BadRequest{Message: "this Idempotency-Key was used with another request; use a new key for a new request",
+			Status: http.StatusUnprocessableEntity}
 	}
 	ref := runRef{id: key.id, created: h.Created}
 	end, err := store.End(ctx, key.id)
@@ -409,7 +394,7 @@ func (ep *Endpoint) newRunID(key runKey) string {
 	if key.explicit {
 		return key.id
 	}
-	return ep.api.runPrefix() + randomToken(24)
+	return ep.api.RunPrefix() + randomToken(24)
 }
 
 // stream drives the run and streams its text to the application as the
@@ -466,7 +451,7 @@ func forwardedOf(h http.Header, names []string) (http.Header, error) {
 		}
 		v := strings.Join(values, ",")
 		if len(v) > maxForwarded || strings.TrimFunc(v, featureChar) != "" {
-			return nil, &badRequest{msg: fmt.Sprintf("%s: the header must be a comma-separated list of feature names, at most %d bytes", strings.ToLower(name), maxForwarded)}
+			return nil, &modelapi.BadRequest{Message: fmt.Sprintf("%s: the header must be a comma-separated list of feature names, at most %d bytes", strings.ToLower(name), maxForwarded)}
 		}
 		if out == nil {
 			out = http.Header{}

@@ -237,7 +237,7 @@ func (u *Upstream) replayed(runID string, t turnRecord, jr *runstore.Run) (*pend
 	p.read, p.journaled = true, true
 	p.assistant = t.Assistant
 	var err error
-	if p.order, err = u.api.callsOf(t.Assistant); err != nil {
+	if p.order, err = u.api.CallsOf(t.Assistant); err != nil {
 		return nil, err
 	}
 	for _, c := range t.Calls {

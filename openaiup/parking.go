@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"maps"
 	"slices"
 	"time"
 
@@ -25,14 +24,6 @@ type parking struct {
 	memo executor.Memo
 }
 
-// parkedTurn is a kept turn.
-type parkedTurn struct {
-	Assistant json.RawMessage            `json:"assistant"` // with every call of the turn
-	Order     []string                   `json:"order"`     // the turn's call ids, in order
-	Tools     map[string]json.RawMessage `json:"tools"`     // the sidecar's results (tool messages, tool_result blocks), by call id
-	AppCalls  []string                   `json:"app_calls"` // the ids of the application's calls
-}
-
 func newParking(ttl time.Duration, memo executor.Memo) *parking {
 	if memo == nil {
 		memo = executor.NewMemoryMemo(parkedBytes)
@@ -49,16 +40,16 @@ func parkKey(callID string) string {
 
 // park keeps a run's last turn (Result.Parked) under its application
 // calls' ids.
-func (p *parking) park(ctx context.Context, a api, res modelapi.Result) {
+func (p *parking) park(ctx context.Context, a modelapi.Codec, res modelapi.Result) {
 	if len(res.Parked) == 0 {
 		return
 	}
-	assistant, results := a.splitParked(res.Parked)
-	calls, err := a.callsOf(assistant)
+	assistant, results := a.SplitParked(res.Parked)
+	calls, err := a.CallsOf(assistant)
 	if err != nil {
 		return
 	}
-	pt := parkedTurn{Assistant: assistant, Tools: results}
+	pt := modelapi.ParkedTurn{Assistant: assistant, Tools: results}
 	for _, c := range calls {
 		pt.Order = append(pt.Order, c.ID)
 	}
@@ -76,38 +67,14 @@ func (p *parking) park(ctx context.Context, a api, res modelapi.Result) {
 }
 
 // restore puts each parked turn back into an application's messages, as
-// the API's restore places it.
-func (p *parking) restore(ctx context.Context, a api, msgs []json.RawMessage) []json.RawMessage {
-	return a.restore(msgs, func(calls []modelapi.ToolCall) *parkedTurn { return p.find(ctx, calls) })
-}
-
-// merge joins the application's answers to its calls (idOf reads the
-// call each answers) with the sidecar's, in the turn's call order. An
-// answer to no call of the turn, or a second one, follows them: the API
-// judges it.
-func (pt *parkedTurn) merge(app []json.RawMessage, idOf func(json.RawMessage) string) []json.RawMessage {
-	answers := maps.Clone(pt.Tools)
-	var extra []json.RawMessage
-	for _, raw := range app {
-		id := idOf(raw)
-		if _, known := answers[id]; known || !slices.Contains(pt.Order, id) {
-			extra = append(extra, raw)
-			continue
-		}
-		answers[id] = raw
-	}
-	var out []json.RawMessage
-	for _, id := range pt.Order {
-		if raw, ok := answers[id]; ok {
-			out = append(out, raw)
-		}
-	}
-	return append(out, extra...)
+// the API's Restore places it.
+func (p *parking) restore(ctx context.Context, a modelapi.Codec, msgs []json.RawMessage) []json.RawMessage {
+	return a.Restore(msgs, func(calls []modelapi.ToolCall) *modelapi.ParkedTurn { return p.find(ctx, calls) })
 }
 
 // find is the parked turn of an assistant message whose calls are exactly
 // the application's part of that turn.
-func (p *parking) find(ctx context.Context, calls []modelapi.ToolCall) *parkedTurn {
+func (p *parking) find(ctx context.Context, calls []modelapi.ToolCall) *modelapi.ParkedTurn {
 	if len(calls) == 0 {
 		return nil
 	}
@@ -115,7 +82,7 @@ func (p *parking) find(ctx context.Context, calls []modelapi.ToolCall) *parkedTu
 	if !ok || time.Now().After(e.Expires) {
 		return nil
 	}
-	var pt parkedTurn
+	var pt modelapi.ParkedTurn
 	if json.Unmarshal([]byte(e.Content), &pt) != nil || len(pt.AppCalls) != len(calls) {
 		return nil
 	}

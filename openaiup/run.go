@@ -140,7 +140,7 @@ func (u *Upstream) Begin(ref runRef, req *request, messages []json.RawMessage) *
 		r.mu.Unlock()
 		return r
 	}
-	r := &run{id: id, key: req.key, owner: req.owner, body: req.body, headers: req.headers, base: messages, messages: messages, appTools: req.appTools,
+	r := &run{id: id, key: req.key, owner: req.owner, body: req.Body, headers: req.headers, base: messages, messages: messages, appTools: req.AppTools,
 		status: executor.RunActive, created: cmp.Or(ref.created, time.Now().Unix()), users: 1, wake: make(chan struct{}), local: fresh, fresh: fresh}
 	u.runs[id] = r
 	return r
@@ -256,8 +256,8 @@ func (r *run) turnWritten(ctx context.Context) error {
 // without an output is a bug of the loop: the request would be refused
 // (400), so it is not sent. With all false, the calls that are not the
 // sidecar's are left out (the application answers them).
-func (p *pendingTurn) messages(a api, all bool) ([]json.RawMessage, error) {
-	var results []result
+func (p *pendingTurn) messages(a modelapi.Codec, all bool) ([]json.RawMessage, error) {
+	var outputs []modelapi.Output
 	for _, c := range p.order {
 		id, own := p.idOf[c.ID]
 		if !own && !all {
@@ -267,7 +267,7 @@ func (p *pendingTurn) messages(a api, all bool) ([]json.RawMessage, error) {
 		if !ok {
 			return nil, fmt.Errorf("openaiup: call %s (%s) has no output: the next turn is not asked for", c.ID, c.Function.Name)
 		}
-		results = append(results, result{ID: c.ID, Content: content})
+		outputs = append(outputs, modelapi.Output{ID: c.ID, Content: content})
 	}
-	return a.followUp(p.assistant, results)
+	return a.FollowUp(p.assistant, outputs)
 }

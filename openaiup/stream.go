@@ -2,7 +2,6 @@ package openaiup
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -69,13 +68,13 @@ func (t *turn) connect() error {
 		t.until = now.Add(t.u.cfg.RetryBudget)
 	}
 	ctx, cancel := context.WithCancelCause(t.ctx)
-	resp, err := t.u.post(ctx, t.body, t.r.headers, t.until.Sub(now))
+	resp, err := t.u.client.Post(ctx, t.body, t.r.headers, t.u.key(ctx), t.until.Sub(now))
 	if err != nil {
 		cancel(err)
 		return err
 	}
 	a := &attempt{ctx: ctx, cancel: cancel, close: resp.Body.Close}
-	bound := t.u.api.eventBound(t.u.cfg.MaxResponseBytes)
+	bound := t.u.api.EventBound(t.u.cfg.MaxResponseBytes)
 	a.read = frames.ReadEvents(resp.Body, bound, oversizedEvent, t.u.cfg.IdleTimeout, func() { cancel(ErrIdle) })
 	t.stream = a
 	return nil
@@ -107,7 +106,7 @@ type reading struct {
 	model    string
 	created  int64
 	failed   string // the upstream's error event
-	parser   parser
+	parser   modelapi.Parser
 }
 
 // Events reads the turn: text as it comes, then its calls. A stream cut
@@ -155,7 +154,7 @@ func (t *turn) Events() iter.Seq2[executor.TurnEvent, error] {
 // read's error when the stream ended before it. more is false when the
 // executor stopped reading.
 func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (rd *reading, err error, more bool) {
-	rd = &reading{handed: map[*partial]*executor.ToolCall{}, calls: assembler{maxArgs: t.u.cfg.MaxResponseBytes}, parser: t.u.api.newParser()}
+	rd = &reading{handed: map[*partial]*executor.ToolCall{}, calls: assembler{maxArgs: t.u.cfg.MaxResponseBytes}, parser: t.u.api.NewParser()}
 	for _, sc := range t.sent {
 		sc.used = false
 	}
@@ -172,7 +171,7 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 			// Its calls, if it held any, cannot be known, so they cannot be
 			// answered: the run fails saying so (asking again would bring
 			// the same event). The calls handed over already are joined.
-			err := fmt.Errorf("the upstream sent an event of %s bytes, over the limit of %d; what it held is lost", data, t.u.api.eventBound(t.u.cfg.MaxResponseBytes))
+			err := fmt.Errorf("the upstream sent an event of %s bytes, over the limit of %d; what it held is lost", data, t.u.api.EventBound(t.u.cfg.MaxResponseBytes))
 			if !yield(executor.TurnEvent{}, &executor.LostCallError{Err: err}) {
 				return rd, nil, false
 			}
@@ -181,18 +180,18 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 		if data == "" {
 			continue
 		}
-		pc, err := rd.parser.take(ev)
+		pc, err := rd.parser.Take(ev)
 		if err != nil {
 			if !yield(executor.TurnEvent{}, fmt.Errorf("%w: %w", executor.ErrBadFrame, err)) {
 				return rd, nil, false
 			}
 			continue
 		}
-		if pc.done {
+		if pc.Done {
 			break
 		}
-		if pc.failed != "" {
-			rd.failed = pc.failed
+		if pc.Failed != "" {
+			rd.failed = pc.Failed
 			if !yield(executor.TurnEvent{Kind: executor.TurnError, Text: rd.failed, Raw: []byte(data)}, nil) {
 				return rd, nil, false
 			}
@@ -211,30 +210,30 @@ func (t *turn) read(yield func(executor.TurnEvent, error) bool, shown string) (r
 // take applies one event's piece: its text goes to the executor (the part
 // the application has not been given yet, when the turn was asked for
 // again), its call fragments to the assembler.
-func (t *turn) take(rd *reading, pc *piece, raw []byte, shown string, yield func(executor.TurnEvent, error) bool) bool {
+func (t *turn) take(rd *reading, pc *modelapi.Piece, raw []byte, shown string, yield func(executor.TurnEvent, error) bool) bool {
 	if rd.model == "" {
-		rd.model, rd.created = pc.model, pc.created
+		rd.model, rd.created = pc.Model, pc.Created
 	}
-	if pc.usage != nil {
-		rd.usage = *pc.usage
+	if pc.Usage != nil {
+		rd.usage = *pc.Usage
 	}
-	if pc.reasoning != "" && !yield(executor.TurnEvent{Kind: executor.TurnReasoning, Text: pc.reasoning, Raw: raw}, nil) {
+	if pc.Reasoning != "" && !yield(executor.TurnEvent{Kind: executor.TurnReasoning, Text: pc.Reasoning, Raw: raw}, nil) {
 		return false
 	}
-	if pc.text != "" {
-		if fresh := rd.unshown(pc.text, shown); fresh != "" {
+	if pc.Text != "" {
+		if fresh := rd.unshown(pc.Text, shown); fresh != "" {
 			t.r.say(fresh)
 			if !yield(executor.TurnEvent{Kind: executor.TurnText, Text: fresh, Raw: raw}, nil) {
 				return false
 			}
 		}
 	}
-	rd.calls.add(pc.calls)
-	if len(pc.calls) > 0 && !t.handReady(rd, yield) {
+	rd.calls.add(pc.Calls)
+	if len(pc.Calls) > 0 && !t.handReady(rd, yield) {
 		return false
 	}
-	if pc.finish != "" && rd.finish == "" {
-		rd.finish = pc.finish // the first wins (two come from some proxies)
+	if pc.Finish != "" && rd.finish == "" {
+		rd.finish = pc.Finish // the first wins (two come from some proxies)
 	}
 	return true
 }
@@ -367,14 +366,14 @@ func (t *turn) end(rd *reading, yield func(executor.TurnEvent, error) bool) {
 // record adds the calls of the turn, read whole, to its pending turn and
 // its record: the assistant message with every call, the sidecar's calls
 // (each handed over as it came) and the application's. r.mu is held.
-func (t *turn) record(rd *reading, calls []assembled, rec *turnRecord) {
+func (t *turn) record(rd *reading, calls []modelapi.Call, rec *turnRecord) {
 	p := t.r.pending
 	var err error
-	if p.assistant, err = rd.parser.assistant(rec.Content, calls); err != nil {
+	if p.assistant, err = rd.parser.Assistant(rec.Content, calls); err != nil {
 		t.u.log.Error("the turn's assistant message could not be written", "run_id", t.runID, "err", err)
 	}
 	for i, c := range calls {
-		tc := c.toolCall()
+		tc := c.ToolCall()
 		p.order = append(p.order, tc)
 		if t.r.appTools[c.Name] {
 			rec.AppCalls = append(rec.AppCalls, tc)
@@ -421,15 +420,4 @@ func (t *turn) journalFailed(why string) {
 	if err := t.u.journalTurn(t.ctx, t.req, t.r, t.n, turnRecord{Turn: runstore.Turn{Failed: why, Handed: t.handed()}}); err != nil {
 		t.u.log.Warn("journaling the failed turn", "run_id", t.runID, "turn", t.n, "err", err)
 	}
-}
-
-// errorMessage is the message of an error event's "error" value.
-func errorMessage(raw json.RawMessage) string {
-	var e struct {
-		Message string `json:"message"`
-	}
-	if json.Unmarshal(raw, &e) == nil && e.Message != "" {
-		return e.Message
-	}
-	return string(raw)
 }

@@ -1,26 +1,28 @@
+// Package openaiup adapts a model's API (Chat Completions, OpenAI
+// Responses, Anthropic Messages; their wire is modelapi's) to the
+// executor's Upstream port, and serves the same API to applications: an
+// unmodified client that changes only its base URL gets answers whose
+// tool calls the sidecar ran.
+//
+// The upstream is stateless, so the sidecar holds each run's
+// conversation: a run is one application request, driven in memory and
+// journaled (package runstore), so that a retry resumes it.
 package openaiup
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"iter"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
-
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/internal/clock"
-	"github.com/projectdavid/toolsidecar/internal/retry"
 	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
@@ -51,9 +53,9 @@ type Config struct {
 	IdleTimeout time.Duration
 	// MaxResponseBytes bounds one event of a stream while it is read (a
 	// longer one fails the run, saying so; an event that can carry every
-	// call of a turn, turnCalls times it), the arguments of one call as
-	// their fragments arrive (past it they are not kept, and the call gets
-	// an invalid_args outcome), and an error body.
+	// call of a turn, more: modelapi.Codec's EventBound), the arguments of
+	// one call as their fragments arrive (past it they are not kept, and
+	// the call gets an invalid_args outcome), and an error body.
 	MaxResponseBytes int
 	// Unsafe reports a tool that must not run twice: its calls wait for
 	// their turn's finish chunk. default: none is
@@ -68,10 +70,11 @@ type Config struct {
 // run's conversation in memory: Begin starts a run, the executor's turns
 // extend it, and Result reads how it ended.
 type Upstream struct {
-	cfg  Config
-	api  api
-	host string // names the upstream in messages (never its credentials)
-	log  *slog.Logger
+	cfg    Config
+	api    modelapi.Codec
+	client *modelapi.Client // posts the turns
+	host   string           // names the upstream in messages (never its credentials)
+	log    *slog.Logger
 	// store reads and writes the journal; nil without one.
 	store *runstore.Store
 
@@ -81,7 +84,7 @@ type Upstream struct {
 
 // New builds the adapter. No I/O.
 func New(cfg Config) (*Upstream, error) {
-	a, ok := apiOf(cfg.API)
+	a, ok := modelapi.CodecOf(cfg.API)
 	if !ok {
 		return nil, fmt.Errorf("openaiup: API %q is not one of openai, responses, anthropic", cfg.API)
 	}
@@ -106,7 +109,8 @@ func New(cfg Config) (*Upstream, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	u := &Upstream{cfg: cfg, api: a, host: parsed.Host, log: log.With("component", a.kind()), runs: map[string]*run{}}
+	u := &Upstream{cfg: cfg, api: a, host: parsed.Host, log: log.With("component", a.Kind()), runs: map[string]*run{}}
+	u.client = &modelapi.Client{Codec: a, URL: cfg.URL, HTTP: cfg.Client, MaxErrorBytes: cfg.MaxResponseBytes, Logger: u.log}
 	if cfg.Journal != nil {
 		u.store = runstore.New(cfg.Journal)
 	}
@@ -114,7 +118,7 @@ func New(cfg Config) (*Upstream, error) {
 }
 
 // Kind is the API's upstream.kind: "openai", "anthropic".
-func (u *Upstream) Kind() string { return u.api.kind() }
+func (u *Upstream) Kind() string { return u.api.Kind() }
 
 // Run reports a run the sidecar holds, read again from the journal while
 // this process does not drive it.
@@ -247,10 +251,14 @@ func (u *Upstream) Caller(ctx context.Context) string {
 	return k
 }
 
+// key is the key a turn under ctx is sent with: the caller's, or the
+// adapter's own.
+func (u *Upstream) key(ctx context.Context) string { return cmp.Or(u.Caller(ctx), u.cfg.APIKey) }
+
 // callOf is a call as the executor runs it. The executor frames the
 // worker's manifest from it; the action id (runstore.ActionID), the same on every
 // retry of the run, is its idempotency key.
-func callOf(runID string, turn, pos int, modelID string, c assembled) *executor.ToolCall {
+func callOf(runID string, turn, pos int, modelID string, c modelapi.Call) *executor.ToolCall {
 	tc := &executor.ToolCall{RunID: runID, ActionID: runstore.ActionID(runID, turn, pos, modelID, c.Name, c.Args), ToolCallID: c.ID, Tool: c.Name, Problem: c.Problem}
 	tc.Args = json.RawMessage(c.Args)
 	if c.Problem != "" {
@@ -302,7 +310,7 @@ func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Tur
 	r.pending = newPendingTurn()
 	r.began = true
 	r.turn++
-	body, err := u.api.turnBody(r.body, r.messages)
+	body, err := u.api.TurnBody(r.body, r.messages)
 	t := &turn{u: u, r: r, n: r.turn, ctx: ctx, req: req, body: body, runID: req.RunID}
 	t.carry()
 	r.mu.Unlock()
@@ -365,75 +373,3 @@ func (emptyTurn) Events() iter.Seq2[executor.TurnEvent, error] {
 	return func(func(executor.TurnEvent, error) bool) {}
 }
 func (emptyTurn) Close() {}
-
-// post sends a turn's request, retrying 429s (after their Retry-After),
-// 5xx and failed connections within the retry budget. Any other refusal
-// is an *executor.UpstreamError with the upstream's status and message.
-func (u *Upstream) post(ctx context.Context, body []byte, headers http.Header, budget time.Duration) (*http.Response, error) {
-	key := u.Caller(ctx)
-	if key == "" {
-		key = u.cfg.APIKey
-	}
-	b := retry.UpstreamTurn.New()
-	return backoff.Retry(ctx, func() (*http.Response, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.cfg.URL+u.api.turnPath(), bytes.NewReader(body))
-		if err != nil {
-			return nil, backoff.Permanent(err)
-		}
-		for name, v := range headers {
-			req.Header[name] = v
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "text/event-stream")
-		u.api.authorize(req.Header, key)
-		resp, err := u.cfg.Client.Do(req)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, backoff.Permanent(context.Cause(ctx))
-			}
-			u.log.Warn("turn request failed; retrying", "err", err)
-			return nil, err
-		}
-		if resp.StatusCode == http.StatusOK {
-			return resp, nil
-		}
-		rerr := u.refusal(resp)
-		switch {
-		case resp.StatusCode == http.StatusTooManyRequests:
-			u.log.Warn("turn request throttled; retrying", "status", resp.StatusCode, "retry_after", resp.Header.Get("Retry-After"))
-			if d := clock.RetryAfter(resp.Header.Get("Retry-After"), time.Now()); d > 0 {
-				return nil, errors.Join(rerr, backoff.RetryAfter(int(math.Ceil(d.Seconds()))))
-			}
-			return nil, rerr
-		case resp.StatusCode >= 500:
-			u.log.Warn("turn request failed; retrying", "status", resp.StatusCode, "err", rerr)
-			return nil, rerr
-		default:
-			return nil, backoff.Permanent(rerr)
-		}
-	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(budget))
-}
-
-// refusal reads a refused request's error body into an UpstreamError.
-func (u *Upstream) refusal(resp *http.Response) error {
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, int64(u.cfg.MaxResponseBytes)))
-	var ae modelapi.APIError
-	msg := strings.TrimSpace(string(data))
-	if json.Unmarshal(data, &ae) == nil && ae.Error.Message != "" {
-		msg = ae.Error.Message
-	}
-	return &executor.UpstreamError{Status: resp.StatusCode, Err: &RefusedError{Status: resp.StatusCode, Body: data, Message: msg}}
-}
-
-// RefusedError is the upstream's refusal of a turn, with its body as sent
-// (the application gets it unchanged when it is in the API's shape).
-type RefusedError struct {
-	Status  int
-	Body    []byte
-	Message string
-}
-
-func (e *RefusedError) Error() string {
-	return fmt.Sprintf("openaiup: the upstream answered %d: %s", e.Status, e.Message)
-}

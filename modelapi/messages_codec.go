@@ -1,4 +1,4 @@
-package openaiup
+package modelapi
 
 import (
 	"cmp"
@@ -10,41 +10,40 @@ import (
 
 	sse "github.com/tmaxmax/go-sse"
 
-	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// messagesAPI is Anthropic's Messages API (POST /v1/messages), which
+// messagesCodec is Anthropic's Messages API (POST /v1/messages), which
 // Anthropic, LiteLLM, vLLM, Ollama and llama.cpp serve. The wire follows
 // ../shared/reference/responses-and-messages.md, Part B; the section
 // numbers below are that note's.
-type messagesAPI struct{}
+type messagesCodec struct{}
 
 // anthropicVersion is the API version every turn asks for, the one the
 // official SDKs send (§7.1).
 const anthropicVersion = "2023-06-01"
 
-func (messagesAPI) kind() string      { return kindAnthropic }
-func (messagesAPI) turnPath() string  { return "/v1/messages" }
-func (messagesAPI) runPrefix() string { return "msg_" }
+func (messagesCodec) Kind() string      { return kindAnthropic }
+func (messagesCodec) TurnPath() string  { return "/v1/messages" }
+func (messagesCodec) RunPrefix() string { return "msg_" }
 
 // The beta features the application asked for (§7.1): interleaved
 // thinking, a longer context, and others, which change what the API
 // takes and gives; every turn asks for the same.
-func (messagesAPI) forwarded() []string { return []string{"Anthropic-Beta"} }
+func (messagesCodec) Forwarded() []string { return []string{"Anthropic-Beta"} }
 
 // Messages events carry fragments of one content block.
-func (messagesAPI) eventBound(frame int) int { return frame }
+func (messagesCodec) EventBound(frame int) int { return frame }
 
-func (messagesAPI) authorize(h http.Header, key string) {
+func (messagesCodec) Authorize(h http.Header, key string) {
 	h.Set("Anthropic-Version", anthropicVersion)
 	if key != "" {
 		h.Set("X-Api-Key", key)
 	}
 }
 
-func (messagesAPI) callerKey(r *http.Request) string { return r.Header.Get("X-Api-Key") }
-func (messagesAPI) wire() modelapi.API               { return modelapi.Messages }
+func (messagesCodec) CallerKey(r *http.Request) string { return r.Header.Get("X-Api-Key") }
+func (messagesCodec) API() API                         { return Messages }
 
 // messagesTool is what the sidecar reads of a tool in a request: a client
 // tool has no type (or "custom"); a server tool (web search, code
@@ -61,21 +60,21 @@ type ownTool struct {
 	InputSchema json.RawMessage `json:"input_schema"`
 }
 
-func (messagesAPI) readRequest(body map[string]json.RawMessage, own []tool.FunctionTool) (*request, error) {
+func (messagesCodec) ReadRequest(body map[string]json.RawMessage, own []tool.FunctionTool) (*Request, error) {
 	req, tools, err := readShared(body, "messages")
 	if err != nil {
 		return nil, err
 	}
-	req.canonical, _ = json.Marshal(body)
+	req.Canonical, _ = json.Marshal(body)
 	names := make([]string, len(tools))
 	for i, raw := range tools {
 		var t messagesTool
 		if err := json.Unmarshal(raw, &t); err != nil || t.Name == "" {
-			return nil, &badRequest{msg: fmt.Sprintf("tools.%d: a tool needs a name", i), param: fmt.Sprintf("tools.%d", i)}
+			return nil, &BadRequest{Message: fmt.Sprintf("tools.%d: a tool needs a name", i), Param: fmt.Sprintf("tools.%d", i)}
 		}
 		names[i] = t.Name
 		if t.Type == "" || t.Type == "custom" {
-			req.appTools[t.Name] = true
+			req.AppTools[t.Name] = true
 		}
 	}
 	ownRaw := make([]json.RawMessage, len(own))
@@ -89,11 +88,11 @@ func (messagesAPI) readRequest(body map[string]json.RawMessage, own []tool.Funct
 	return req, req.addTools(tools, names, own, ownRaw, "tools.%d", ".name")
 }
 
-func (messagesAPI) turnBody(body map[string]json.RawMessage, conv []json.RawMessage) ([]byte, error) {
+func (messagesCodec) TurnBody(body map[string]json.RawMessage, conv []json.RawMessage) ([]byte, error) {
 	return streamedTurn(body, "messages", conv, nil)
 }
 
-func (messagesAPI) newParser() parser { return &messagesParser{} }
+func (messagesCodec) NewParser() Parser { return &messagesParser{} }
 
 // messagesParser reads a Messages stream (§10): it keeps the content
 // blocks as they are built, to replay them unchanged (§9.3), and gives
@@ -101,7 +100,7 @@ func (messagesAPI) newParser() parser { return &messagesParser{} }
 type messagesParser struct {
 	blocks []*contentBlock
 	stop   string
-	usage  modelapi.Usage
+	usage  Usage
 }
 
 // contentBlock is one block of the assistant's content, as it is built.
@@ -112,7 +111,7 @@ type contentBlock struct {
 	signature strings.Builder // a thinking's signature (signature_delta)
 	input     strings.Builder // a server_tool_use's input fragments
 	citations []json.RawMessage
-	// call: a tool_use, whose fragments go to the assembler; fragment:
+	// call: a tool_use, whose fragments the pieces carry; fragment:
 	// one came; startInput: the input its start carried.
 	call       bool
 	fragment   bool
@@ -154,7 +153,7 @@ type messagesUsage struct {
 }
 
 // overwrite puts m's counts on u.
-func (m *messagesUsage) overwrite(u *modelapi.Usage) {
+func (m *messagesUsage) overwrite(u *Usage) {
 	if m == nil {
 		return
 	}
@@ -184,32 +183,32 @@ type blockStart struct {
 
 var errBlockIndex = errors.New("a content block event names a block out of order")
 
-func (p *messagesParser) take(ev sse.Event) (piece, error) {
+func (p *messagesParser) Take(ev sse.Event) (Piece, error) {
 	var e streamEvent
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
-		return piece{}, err
+		return Piece{}, err
 	}
 	// The event's name and its data's type agree (§10.1); a server that
 	// names none is read by the type.
 	switch cmp.Or(ev.Type, e.Type) {
 	case "message_start":
 		if e.Message == nil {
-			return piece{}, errors.New("message_start without its message")
+			return Piece{}, errors.New("message_start without its message")
 		}
 		e.Message.Usage.overwrite(&p.usage)
 		u := p.usage
-		return piece{model: e.Message.Model, usage: &u}, nil
+		return Piece{Model: e.Message.Model, Usage: &u}, nil
 	case "content_block_start":
 		return p.start(e)
 	case "content_block_delta":
 		return p.delta(e)
 	case "content_block_stop":
 		if e.Index < 0 || e.Index >= len(p.blocks) {
-			return piece{}, fmt.Errorf("%w: stop of block %d", errBlockIndex, e.Index)
+			return Piece{}, fmt.Errorf("%w: stop of block %d", errBlockIndex, e.Index)
 		}
 		b := p.blocks[e.Index]
 		if !b.call || b.fragment {
-			return piece{}, nil
+			return Piece{}, nil
 		}
 		// No fragment: the input its start carried (a server that sends
 		// calls whole), or none, which is {} (§10.3).
@@ -218,61 +217,61 @@ func (p *messagesParser) take(ev sse.Event) (piece, error) {
 			args = in
 		}
 		i := e.Index
-		return piece{calls: []toolCallDelta{fragment(i, "", "", &args)}}, nil
+		return Piece{Calls: []CallDelta{fragment(i, "", "", &args)}}, nil
 	case "message_delta":
 		if e.Delta != nil && e.Delta.StopReason != nil {
 			p.stop = *e.Delta.StopReason
 		}
 		e.Usage.overwrite(&p.usage)
 		u := p.usage
-		return piece{usage: &u}, nil
+		return Piece{Usage: &u}, nil
 	case "message_stop":
 		// Only message_stop makes the turn whole: a stream that ends
 		// without it was cut (§16), whatever came before.
-		return piece{finish: cmp.Or(p.stop, "end_turn")}, nil
+		return Piece{Finish: cmp.Or(p.stop, "end_turn")}, nil
 	case "error":
 		msg := "an error event without a message"
 		if e.Error != nil {
 			msg = strings.TrimSpace(e.Error.Type + ": " + e.Error.Message)
 		}
-		return piece{failed: msg}, nil
+		return Piece{Failed: msg}, nil
 	}
-	return piece{}, nil // ping, and the event types added later (§10.1)
+	return Piece{}, nil // ping, and the event types added later (§10.1)
 }
 
-func (p *messagesParser) start(e streamEvent) (piece, error) {
+func (p *messagesParser) start(e streamEvent) (Piece, error) {
 	if e.Index != len(p.blocks) {
-		return piece{}, fmt.Errorf("%w: block %d starts after %d blocks", errBlockIndex, e.Index, len(p.blocks))
+		return Piece{}, fmt.Errorf("%w: block %d starts after %d blocks", errBlockIndex, e.Index, len(p.blocks))
 	}
 	var s blockStart
 	if err := json.Unmarshal(e.ContentBlock, &s); err != nil || s.Type == "" {
-		return piece{}, fmt.Errorf("content_block_start %d has no block", e.Index)
+		return Piece{}, fmt.Errorf("content_block_start %d has no block", e.Index)
 	}
 	b := &contentBlock{start: e.ContentBlock, typ: s.Type}
 	p.blocks = append(p.blocks, b)
 	switch s.Type {
 	case "tool_use":
 		b.call, b.startInput = true, s.Input
-		return piece{calls: []toolCallDelta{fragment(e.Index, s.ID, s.Name, nil)}}, nil
+		return Piece{Calls: []CallDelta{fragment(e.Index, s.ID, s.Name, nil)}}, nil
 	case "text":
 		b.text.WriteString(s.Text)
-		return piece{text: s.Text}, nil
+		return Piece{Text: s.Text}, nil
 	}
-	return piece{}, nil
+	return Piece{}, nil
 }
 
-func (p *messagesParser) delta(e streamEvent) (piece, error) {
+func (p *messagesParser) delta(e streamEvent) (Piece, error) {
 	if e.Index < 0 || e.Index >= len(p.blocks) || e.Delta == nil {
-		return piece{}, fmt.Errorf("%w: delta of block %d", errBlockIndex, e.Index)
+		return Piece{}, fmt.Errorf("%w: delta of block %d", errBlockIndex, e.Index)
 	}
 	b, d := p.blocks[e.Index], e.Delta
 	switch d.Type {
 	case "text_delta":
 		b.text.WriteString(d.Text)
-		return piece{text: d.Text}, nil
+		return Piece{Text: d.Text}, nil
 	case "thinking_delta":
 		b.text.WriteString(d.Thinking)
-		return piece{reasoning: d.Thinking}, nil
+		return Piece{Reasoning: d.Thinking}, nil
 	case "signature_delta":
 		b.signature.WriteString(d.Signature) // appended, as anthropic-sdk-go does (§10.2)
 	case "citations_delta":
@@ -284,18 +283,10 @@ func (p *messagesParser) delta(e streamEvent) (piece, error) {
 		case d.PartialJSON != "": // empty fragments add nothing (§10.3)
 			b.fragment = true
 			args := d.PartialJSON
-			return piece{calls: []toolCallDelta{fragment(e.Index, "", "", &args)}}, nil
+			return Piece{Calls: []CallDelta{fragment(e.Index, "", "", &args)}}, nil
 		}
 	}
-	return piece{}, nil
-}
-
-// fragment is a call fragment for the assembler, keyed by the block's
-// index.
-func fragment(index int, id, name string, args *string) toolCallDelta {
-	d := toolCallDelta{Index: &index, ID: id}
-	d.Function.Name, d.Function.Arguments = name, args
-	return d
+	return Piece{}, nil
 }
 
 // The blocks the sidecar writes itself, in the API's field order.
@@ -317,11 +308,11 @@ type (
 	}
 )
 
-// assistant is the content as it was streamed, block after block: a
+// Assistant is the content as it was streamed, block after block: a
 // thinking block with its signature, a redacted one and the server tools'
 // blocks as they came, each tool_use with its call made whole. An empty
 // text block is left out: the API refuses one (§9.2).
-func (p *messagesParser) assistant(_ string, calls []assembled) (json.RawMessage, error) {
+func (p *messagesParser) Assistant(_ string, calls []Call) (json.RawMessage, error) {
 	m := assistantMessage{Role: "assistant", Content: []json.RawMessage{}}
 	next := 0
 	for _, b := range p.blocks {
@@ -331,7 +322,7 @@ func (p *messagesParser) assistant(_ string, calls []assembled) (json.RawMessage
 			if b.text.Len() == 0 {
 				continue
 			}
-			v = modelapi.TextBlock{Type: "text", Text: b.text.String(), Citations: b.citations}
+			v = TextBlock{Type: "text", Text: b.text.String(), Citations: b.citations}
 		case "thinking":
 			v = thinkingBlock{Type: "thinking", Thinking: b.text.String(), Signature: b.signature.String()}
 		case "tool_use":
@@ -340,7 +331,7 @@ func (p *messagesParser) assistant(_ string, calls []assembled) (json.RawMessage
 			}
 			c := calls[next]
 			next++
-			v = modelapi.ToolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Name, Input: inputOf(c)}
+			v = ToolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Name, Input: inputOf(c)}
 		default:
 			v = b.whole()
 		}
@@ -355,7 +346,7 @@ func (p *messagesParser) assistant(_ string, calls []assembled) (json.RawMessage
 
 // inputOf is a call's input: its arguments as the model wrote them, or
 // {} when they cannot be used (the call's outcome says why).
-func inputOf(c assembled) json.RawMessage {
+func inputOf(c Call) json.RawMessage {
 	if c.Problem != "" {
 		return json.RawMessage("{}")
 	}
@@ -389,7 +380,7 @@ func messageOf(raw json.RawMessage) (role string, blocks []json.RawMessage) {
 	}
 	var text string
 	if json.Unmarshal(m.Content, &text) == nil {
-		b, _ := json.Marshal(modelapi.TextBlock{Type: "text", Text: text})
+		b, _ := json.Marshal(TextBlock{Type: "text", Text: text})
 		return m.Role, []json.RawMessage{b}
 	}
 	_ = json.Unmarshal(m.Content, &blocks)
@@ -411,7 +402,7 @@ func refOf(raw json.RawMessage) blockRef {
 	return b
 }
 
-func (messagesAPI) callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, error) {
+func (messagesCodec) CallsOf(assistant json.RawMessage) ([]ToolCall, error) {
 	var m assistantMessage
 	if err := json.Unmarshal(assistant, &m); err != nil {
 		return nil, err
@@ -420,11 +411,11 @@ func (messagesAPI) callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, erro
 }
 
 // toolUses are the tool_use blocks among blocks, as calls.
-func toolUses(blocks []json.RawMessage) []modelapi.ToolCall {
-	var out []modelapi.ToolCall
+func toolUses(blocks []json.RawMessage) []ToolCall {
+	var out []ToolCall
 	for _, raw := range blocks {
 		if b := refOf(raw); b.Type == "tool_use" {
-			var tc modelapi.ToolCall
+			var tc ToolCall
 			tc.ID, tc.Type, tc.Function.Name, tc.Function.Arguments = b.ID, "function", b.Name, string(b.Input)
 			out = append(out, tc)
 		}
@@ -432,16 +423,16 @@ func toolUses(blocks []json.RawMessage) []modelapi.ToolCall {
 	return out
 }
 
-// followUp: the assistant message, then one user message that begins with
+// FollowUp: the assistant message, then one user message that begins with
 // a tool_result per call, in call order, flagged is_error for a failed
 // call (§9.1, §15).
-func (messagesAPI) followUp(assistant json.RawMessage, results []result) ([]json.RawMessage, error) {
+func (messagesCodec) FollowUp(assistant json.RawMessage, outputs []Output) ([]json.RawMessage, error) {
 	out := []json.RawMessage{assistant}
-	if len(results) == 0 {
+	if len(outputs) == 0 {
 		return out, nil
 	}
 	user := assistantMessage{Role: "user"}
-	for _, r := range results {
+	for _, r := range outputs {
 		raw, err := json.Marshal(toolResultBlock{Type: "tool_result", ToolUseID: r.ID, Content: r.Content, IsError: r.failed()})
 		if err != nil {
 			return nil, err
@@ -452,7 +443,7 @@ func (messagesAPI) followUp(assistant json.RawMessage, results []result) ([]json
 	return append(out, raw), err
 }
 
-func (messagesAPI) splitParked(parked []json.RawMessage) (json.RawMessage, map[string]json.RawMessage) {
+func (messagesCodec) SplitParked(parked []json.RawMessage) (json.RawMessage, map[string]json.RawMessage) {
 	out := map[string]json.RawMessage{}
 	if len(parked) < 2 {
 		return parked[0], out
@@ -466,16 +457,16 @@ func (messagesAPI) splitParked(parked []json.RawMessage) (json.RawMessage, map[s
 	return parked[0], out
 }
 
-// restore (§9.4): an assistant message whose tool_use blocks are the
+// Restore (§9.4): an assistant message whose tool_use blocks are the
 // application's part of a parked turn becomes the turn as the model made
 // it, and the user message after it begins with every call's tool_result
 // in call order (the sidecar's and the application's), then whatever else
 // the application wrote.
-func (messagesAPI) restore(msgs []json.RawMessage, find func([]modelapi.ToolCall) *parkedTurn) []json.RawMessage {
+func (messagesCodec) Restore(msgs []json.RawMessage, find func([]ToolCall) *ParkedTurn) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(msgs))
 	for i := 0; i < len(msgs); i++ {
 		role, blocks := messageOf(msgs[i])
-		var pt *parkedTurn
+		var pt *ParkedTurn
 		if role == "assistant" {
 			pt = find(toolUses(blocks))
 		}

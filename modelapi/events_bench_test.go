@@ -1,4 +1,4 @@
-package openaiup
+package modelapi
 
 import (
 	"io"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/projectdavid/toolsidecar/anthropicsim"
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/openaisim"
 	"github.com/projectdavid/toolsidecar/responsesim"
 )
@@ -20,7 +19,7 @@ import (
 // without tool calls, as the upstream streams it.
 type eventsCase struct {
 	name    string
-	api     api
+	codec   Codec
 	sim     http.Handler
 	path    string
 	request string
@@ -28,11 +27,11 @@ type eventsCase struct {
 
 func eventsCases() []eventsCase {
 	return []eventsCase{
-		{"chat", chatAPI{}, openaisim.New(openaisim.Config{}), "/v1/chat/completions",
+		{"chat", chatCodec{}, openaisim.New(openaisim.Config{}), "/v1/chat/completions",
 			`{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`},
-		{"messages", messagesAPI{}, anthropicsim.New(anthropicsim.Config{}), "/v1/messages",
+		{"messages", messagesCodec{}, anthropicsim.New(anthropicsim.Config{}), "/v1/messages",
 			`{"model":"m","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hello"}]}`},
-		{"responses", responsesAPI{}, responsesim.New(responsesim.Config{}), "/v1/responses",
+		{"responses", responsesCodec{}, responsesim.New(responsesim.Config{}), "/v1/responses",
 			`{"model":"m","stream":true,"store":false,"input":"hello"}`},
 	}
 }
@@ -65,19 +64,19 @@ func (c eventsCase) events(b *testing.B) []sse.Event {
 // without tool calls: each event of the simulator's stream through the
 // API's parser, which must find the turn's end.
 //
-//	go test ./openaiup -run '^$' -bench 'ParseTurn|AnswerStream' -benchmem
+//	go test ./modelapi -run '^$' -bench 'ParseTurn|AnswerStream' -benchmem
 func BenchmarkParseTurn(b *testing.B) {
 	for _, c := range eventsCases() {
 		b.Run("api="+c.name, func(b *testing.B) {
 			evs := c.events(b)
 			for b.Loop() {
-				p, ended := c.api.newParser(), false
+				p, ended := c.codec.NewParser(), false
 				for _, ev := range evs {
-					pc, err := p.take(ev)
+					pc, err := p.Take(ev)
 					if err != nil {
 						b.Fatal(err)
 					}
-					ended = ended || pc.finish != "" || pc.done
+					ended = ended || pc.Finish != "" || pc.Done
 				}
 				if !ended {
 					b.Fatalf("%d events without the turn's end", len(evs))
@@ -95,11 +94,11 @@ func BenchmarkAnswerStream(b *testing.B) {
 			r := httptest.NewRequest(http.MethodPost, c.path, nil)
 			for b.Loop() {
 				w := httptest.NewRecorder()
-				out := c.api.wire().NewAnswer(w, r, modelapi.Head{ID: c.api.runPrefix() + "abcdefabcdefabcdefabcdef", Model: "m"})
+				out := c.codec.API().NewAnswer(w, r, Head{ID: c.codec.RunPrefix() + "abcdefabcdefabcdefabcdef", Model: "m"})
 				out.Begin()
 				out.Content("echo: he")
 				out.Content("llo")
-				out.Finish(modelapi.Result{FinishReason: "stop", Usage: modelapi.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}}, executor.Summary{})
+				out.Finish(Result{FinishReason: "stop", Usage: Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}}, executor.Summary{})
 				if body, _ := io.ReadAll(w.Body); !strings.Contains(string(body), "llo") {
 					b.Fatalf("the answer lacks its text:\n%s", body)
 				}

@@ -1,4 +1,4 @@
-package openaiup
+package modelapi
 
 import (
 	"cmp"
@@ -11,33 +11,32 @@ import (
 
 	sse "github.com/tmaxmax/go-sse"
 
-	"github.com/projectdavid/toolsidecar/modelapi"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
-// responsesAPI is OpenAI's Responses API (POST /responses), which OpenAI,
+// responsesCodec is OpenAI's Responses API (POST /responses), which OpenAI,
 // vLLM, Ollama, llama.cpp and LiteLLM serve. Turns are stateless replays
 // (store: false, the reasoning's encrypted content included): the
 // conversation is the input items, and each turn's output items are
 // appended to it, unchanged, with one function_call_output per call. The
 // wire follows ../shared/reference/responses-and-messages.md, Part A; the
 // section numbers below are that note's.
-type responsesAPI struct{}
+type responsesCodec struct{}
 
-func (responsesAPI) kind() string        { return kindResponses }
-func (responsesAPI) turnPath() string    { return "/responses" }
-func (responsesAPI) runPrefix() string   { return "resp_" }
-func (responsesAPI) forwarded() []string { return nil }
-func (responsesAPI) wire() modelapi.API  { return modelapi.Responses }
+func (responsesCodec) Kind() string        { return kindResponses }
+func (responsesCodec) TurnPath() string    { return "/responses" }
+func (responsesCodec) RunPrefix() string   { return "resp_" }
+func (responsesCodec) Forwarded() []string { return nil }
+func (responsesCodec) API() API            { return Responses }
 
 // A Responses stream's lifecycle events carry the whole response (§4.3):
 // the terminal one repeats every item of the turn, and each one echoes
 // the request's instructions and tools. Their bound is a turn's.
-func (responsesAPI) eventBound(frame int) int { return turnCalls * frame }
+func (responsesCodec) EventBound(frame int) int { return turnCalls * frame }
 
 // The key and the errors are OpenAI's, as in Chat Completions.
-func (responsesAPI) authorize(h http.Header, key string) { chatAPI{}.authorize(h, key) }
-func (responsesAPI) callerKey(r *http.Request) string    { return chatAPI{}.callerKey(r) }
+func (responsesCodec) Authorize(h http.Header, key string) { chatCodec{}.Authorize(h, key) }
+func (responsesCodec) CallerKey(r *http.Request) string    { return chatCodec{}.CallerKey(r) }
 
 // responsesTool is what the sidecar reads of a tool in a request: a
 // function tool (the application's) or a built-in one (web search, file
@@ -57,34 +56,34 @@ type ownFunction struct {
 	Strict      bool            `json:"strict"`
 }
 
-func (responsesAPI) readRequest(body map[string]json.RawMessage, own []tool.FunctionTool) (*request, error) {
+func (responsesCodec) ReadRequest(body map[string]json.RawMessage, own []tool.FunctionTool) (*Request, error) {
 	var text string
 	if json.Unmarshal(body["input"], &text) == nil {
 		// A string is one user message (§1.1); the turns append items.
 		body["input"], _ = json.Marshal([]map[string]string{{"role": "user", "content": text}})
 	}
 	if raw := body["previous_response_id"]; len(raw) > 0 && string(raw) != "null" && string(raw) != `""` {
-		return nil, &badRequest{msg: "previous_response_id is not supported: the sidecar replays each run statelessly, so send the whole conversation as input",
-			param: "previous_response_id"}
+		return nil, &BadRequest{Message: "previous_response_id is not supported: the sidecar replays each run statelessly, so send the whole conversation as input",
+			Param: "previous_response_id"}
 	}
 	if string(body["background"]) == "true" {
-		return nil, &badRequest{msg: "background mode is not supported: the sidecar runs the tools while the response is asked for", param: "background"}
+		return nil, &BadRequest{Message: "background mode is not supported: the sidecar runs the tools while the response is asked for", Param: "background"}
 	}
 	req, tools, err := readShared(body, "input")
 	if err != nil {
 		return nil, err
 	}
 	delete(body, "stream_options") // only with stream, which every turn sets
-	req.canonical, _ = json.Marshal(body)
+	req.Canonical, _ = json.Marshal(body)
 	names := make([]string, len(tools))
 	for i, raw := range tools {
 		var t responsesTool
 		if err := json.Unmarshal(raw, &t); err != nil || t.Type == "" {
-			return nil, &badRequest{msg: fmt.Sprintf("tools[%d] has no type", i), param: fmt.Sprintf("tools[%d]", i)}
+			return nil, &BadRequest{Message: fmt.Sprintf("tools[%d] has no type", i), Param: fmt.Sprintf("tools[%d]", i)}
 		}
 		names[i] = t.Name
 		if t.Type == "function" {
-			req.appTools[t.Name] = true
+			req.AppTools[t.Name] = true
 		}
 	}
 	ownRaw := make([]json.RawMessage, len(own))
@@ -98,9 +97,9 @@ func (responsesAPI) readRequest(body map[string]json.RawMessage, own []tool.Func
 	return req, req.addTools(tools, names, own, ownRaw, "tools[%d]", ".name")
 }
 
-// turnBody: the conversation as input, streamed, not stored, with the
+// TurnBody: the conversation as input, streamed, not stored, with the
 // reasoning's encrypted content, which the next turn replays (§1.2, §3.1).
-func (responsesAPI) turnBody(body map[string]json.RawMessage, conv []json.RawMessage) ([]byte, error) {
+func (responsesCodec) TurnBody(body map[string]json.RawMessage, conv []json.RawMessage) ([]byte, error) {
 	var include []string
 	_ = json.Unmarshal(body["include"], &include)
 	if !slices.Contains(include, "reasoning.encrypted_content") {
@@ -110,7 +109,7 @@ func (responsesAPI) turnBody(body map[string]json.RawMessage, conv []json.RawMes
 	return streamedTurn(body, "input", conv, map[string]json.RawMessage{"store": json.RawMessage("false"), "include": inc})
 }
 
-func (responsesAPI) newParser() parser { return &responsesParser{items: map[int]*outputItem{}} }
+func (responsesCodec) NewParser() Parser { return &responsesParser{items: map[int]*outputItem{}} }
 
 // responsesParser reads a Responses stream (§4): it keeps each output
 // item as it is added and done, to replay the turn's items unchanged,
@@ -118,7 +117,7 @@ func (responsesAPI) newParser() parser { return &responsesParser{items: map[int]
 type responsesParser struct {
 	items map[int]*outputItem // by output_index
 	final []json.RawMessage   // the terminal response's output
-	usage modelapi.Usage
+	usage Usage
 }
 
 // outputItem is one output item of a turn.
@@ -175,109 +174,138 @@ type itemHead struct {
 	Arguments *string `json:"arguments"`
 }
 
-func (p *responsesParser) take(ev sse.Event) (piece, error) {
+func (p *responsesParser) Take(ev sse.Event) (Piece, error) {
 	if strings.HasPrefix(ev.Data, "[DONE]") {
-		return piece{done: true}, nil // some servers end with it; the terminal event came
+		return Piece{Done: true}, nil // some servers end with it; the terminal event came
 	}
 	var e responseEvent
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
-		return piece{}, err
+		return Piece{}, err
 	}
 	switch e.Type {
 	case "response.created", "response.in_progress", "response.queued":
 		if e.Response != nil {
-			return piece{model: e.Response.Model}, nil
+			return Piece{Model: e.Response.Model}, nil
 		}
 	case "response.output_item.added":
-		var h itemHead
-		if err := json.Unmarshal(e.Item, &h); err != nil || h.Type == "" {
-			return piece{}, fmt.Errorf("output item %d is added without its type", e.OutputIndex)
-		}
-		if p.items[e.OutputIndex] != nil {
-			return piece{}, fmt.Errorf("output item %d is added twice", e.OutputIndex)
-		}
-		p.items[e.OutputIndex] = &outputItem{typ: h.Type, added: e.Item}
-		if h.Type == "function_call" {
-			d := fragment(e.OutputIndex, h.CallID, h.Name, nil)
-			if h.Arguments != nil && *h.Arguments != "" {
-				d.Function.Arguments, d.whole = h.Arguments, true
-			}
-			return piece{calls: []toolCallDelta{d}}, nil
-		}
+		return p.added(e)
 	case "response.output_text.delta":
-		return piece{text: e.Delta}, nil
+		return Piece{Text: e.Delta}, nil
 	case "response.reasoning_summary_text.delta", "response.reasoning_text.delta":
-		return piece{reasoning: e.Delta}, nil
+		return Piece{Reasoning: e.Delta}, nil
 	case "response.function_call_arguments.delta", "response.function_call_arguments.done":
-		it := p.items[e.OutputIndex]
-		if it == nil || it.typ != "function_call" {
-			return piece{}, fmt.Errorf("%s for output item %d, which is no function call", e.Type, e.OutputIndex)
-		}
-		d := fragment(e.OutputIndex, "", "", &e.Delta)
-		if e.Type == "response.function_call_arguments.done" {
-			if e.Arguments == nil {
-				return piece{}, nil
-			}
-			// The whole arguments: a server that dropped fragments
-			// (LiteLLM #20711) is right here.
-			d.Function.Arguments, d.whole = e.Arguments, true
-		}
-		return piece{calls: []toolCallDelta{d}}, nil
+		return p.arguments(e)
 	case "response.output_item.done":
-		it := p.items[e.OutputIndex]
-		if it == nil {
-			return piece{}, fmt.Errorf("output item %d is done before it was added", e.OutputIndex)
-		}
-		it.done = e.Item
-		var h itemHead
-		if json.Unmarshal(e.Item, &h) == nil && h.Type == "function_call" && h.Arguments != nil {
-			d := fragment(e.OutputIndex, "", "", h.Arguments)
-			d.whole = true
-			return piece{calls: []toolCallDelta{d}}, nil
-		}
+		return p.itemDone(e)
 	case "response.completed", "response.incomplete":
-		// A tool turn is a completed response with function_call items
-		// (§2.3); an incomplete one ends with its reason, and its calls
-		// cut short are not whole.
-		finish := "completed"
-		if e.Response == nil {
-			return piece{}, fmt.Errorf("%s without its response", e.Type)
-		}
-		if e.Type == "response.incomplete" {
-			finish = "incomplete"
-			if d := e.Response.IncompleteDetails; d != nil && d.Reason != "" {
-				finish = d.Reason
-			}
-		}
-		p.final = e.Response.Output
-		if u := e.Response.Usage; u != nil {
-			p.usage = modelapi.Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens,
-				CacheReadTokens: u.InputTokensDetails.CachedTokens, ReasoningTokens: u.OutputTokensDetails.ReasoningTokens}
-		}
-		usage := p.usage
-		return piece{finish: finish, usage: &usage, model: e.Response.Model}, nil
-	case "response.failed":
-		msg := "the response failed"
-		if e.Response != nil && e.Response.Error != nil && e.Response.Error.Message != "" {
-			msg = e.Response.Error.Message
-		}
-		return piece{failed: msg}, nil
-	case "error":
-		msg := e.Message
-		if e.Error != nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		return piece{failed: cmp.Or(msg, "an error event without a message")}, nil
+		return p.completed(e)
+	case "response.failed", "error":
+		return Piece{Failed: failure(e)}, nil
 	}
-	return piece{}, nil // the other events: their items come whole in output_item.done
+	return Piece{}, nil // the other events: their items come whole in output_item.done
 }
 
-// assistant is the turn's output items in order, as the upstream gave
+// added keeps an output item as it is added; a function call's head is
+// its call's first fragment.
+func (p *responsesParser) added(e responseEvent) (Piece, error) {
+	var h itemHead
+	if err := json.Unmarshal(e.Item, &h); err != nil || h.Type == "" {
+		return Piece{}, fmt.Errorf("output item %d is added without its type", e.OutputIndex)
+	}
+	if p.items[e.OutputIndex] != nil {
+		return Piece{}, fmt.Errorf("output item %d is added twice", e.OutputIndex)
+	}
+	p.items[e.OutputIndex] = &outputItem{typ: h.Type, added: e.Item}
+	if h.Type != "function_call" {
+		return Piece{}, nil
+	}
+	d := fragment(e.OutputIndex, h.CallID, h.Name, nil)
+	if h.Arguments != nil && *h.Arguments != "" {
+		d.Function.Arguments, d.Whole = h.Arguments, true
+	}
+	return Piece{Calls: []CallDelta{d}}, nil
+}
+
+// arguments reads a function call's arguments: a fragment, or the whole
+// arguments when they are done.
+func (p *responsesParser) arguments(e responseEvent) (Piece, error) {
+	it := p.items[e.OutputIndex]
+	if it == nil || it.typ != "function_call" {
+		return Piece{}, fmt.Errorf("%s for output item %d, which is no function call", e.Type, e.OutputIndex)
+	}
+	d := fragment(e.OutputIndex, "", "", &e.Delta)
+	if e.Type == "response.function_call_arguments.done" {
+		if e.Arguments == nil {
+			return Piece{}, nil
+		}
+		// The whole arguments: a server that dropped fragments
+		// (LiteLLM #20711) is right here.
+		d.Function.Arguments, d.Whole = e.Arguments, true
+	}
+	return Piece{Calls: []CallDelta{d}}, nil
+}
+
+// itemDone keeps an output item as it is done; a function call's
+// arguments there are whole.
+func (p *responsesParser) itemDone(e responseEvent) (Piece, error) {
+	it := p.items[e.OutputIndex]
+	if it == nil {
+		return Piece{}, fmt.Errorf("output item %d is done before it was added", e.OutputIndex)
+	}
+	it.done = e.Item
+	var h itemHead
+	if json.Unmarshal(e.Item, &h) == nil && h.Type == "function_call" && h.Arguments != nil {
+		d := fragment(e.OutputIndex, "", "", h.Arguments)
+		d.Whole = true
+		return Piece{Calls: []CallDelta{d}}, nil
+	}
+	return Piece{}, nil
+}
+
+// completed ends the turn. A tool turn is a completed response with
+// function_call items (§2.3); an incomplete one ends with its reason, and
+// its calls cut short are not whole.
+func (p *responsesParser) completed(e responseEvent) (Piece, error) {
+	finish := "completed"
+	if e.Response == nil {
+		return Piece{}, fmt.Errorf("%s without its response", e.Type)
+	}
+	if e.Type == "response.incomplete" {
+		finish = "incomplete"
+		if d := e.Response.IncompleteDetails; d != nil && d.Reason != "" {
+			finish = d.Reason
+		}
+	}
+	p.final = e.Response.Output
+	if u := e.Response.Usage; u != nil {
+		p.usage = Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens,
+			CacheReadTokens: u.InputTokensDetails.CachedTokens, ReasoningTokens: u.OutputTokensDetails.ReasoningTokens}
+	}
+	usage := p.usage
+	return Piece{Finish: finish, Usage: &usage, Model: e.Response.Model}, nil
+}
+
+// failure is the message of a failed response, or of an error event.
+func failure(e responseEvent) string {
+	if e.Type == "response.failed" {
+		if e.Response != nil && e.Response.Error != nil && e.Response.Error.Message != "" {
+			return e.Response.Error.Message
+		}
+		return "the response failed"
+	}
+	msg := e.Message
+	if e.Error != nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	return cmp.Or(msg, "an error event without a message")
+}
+
+// Assistant is the turn's output items in order, as the upstream gave
 // them: the terminal response's output, else each item as it was done
 // (or added); each function_call with its call's id and the arguments
 // as the model wrote them, and an item id only when it is the API's
 // (§2.1: "fc…").
-func (p *responsesParser) assistant(_ string, calls []assembled) (json.RawMessage, error) {
+func (p *responsesParser) Assistant(_ string, calls []Call) (json.RawMessage, error) {
 	items := p.final
 	if len(items) == 0 {
 		idx := make([]int, 0, len(p.items))
@@ -334,7 +362,7 @@ func turnItems(assistant json.RawMessage) ([]json.RawMessage, error) {
 	return items, err
 }
 
-func (responsesAPI) callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, error) {
+func (responsesCodec) CallsOf(assistant json.RawMessage) ([]ToolCall, error) {
 	items, err := turnItems(assistant)
 	if err != nil {
 		return nil, err
@@ -343,12 +371,12 @@ func (responsesAPI) callsOf(assistant json.RawMessage) ([]modelapi.ToolCall, err
 }
 
 // functionCalls are the function_call items among items, as calls.
-func functionCalls(items []json.RawMessage) []modelapi.ToolCall {
-	var out []modelapi.ToolCall
+func functionCalls(items []json.RawMessage) []ToolCall {
+	var out []ToolCall
 	for _, raw := range items {
 		var h itemHead
 		if json.Unmarshal(raw, &h) == nil && h.Type == "function_call" {
-			var tc modelapi.ToolCall
+			var tc ToolCall
 			tc.ID, tc.Type, tc.Function.Name = h.CallID, "function", h.Name
 			if h.Arguments != nil {
 				tc.Function.Arguments = *h.Arguments
@@ -366,14 +394,14 @@ type functionCallOutput struct {
 	Output string `json:"output"`
 }
 
-// followUp: the turn's items, then a function_call_output per call in
+// FollowUp: the turn's items, then a function_call_output per call in
 // call order.
-func (responsesAPI) followUp(assistant json.RawMessage, results []result) ([]json.RawMessage, error) {
+func (responsesCodec) FollowUp(assistant json.RawMessage, outputs []Output) ([]json.RawMessage, error) {
 	out, err := turnItems(assistant)
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range results {
+	for _, r := range outputs {
 		raw, err := json.Marshal(functionCallOutput{Type: "function_call_output", CallID: r.ID, Output: r.Content})
 		if err != nil {
 			return nil, err
@@ -383,8 +411,8 @@ func (responsesAPI) followUp(assistant json.RawMessage, results []result) ([]jso
 	return out, nil
 }
 
-// splitParked: the items up to the first output are the turn's.
-func (responsesAPI) splitParked(parked []json.RawMessage) (json.RawMessage, map[string]json.RawMessage) {
+// SplitParked: the items up to the first output are the turn's.
+func (responsesCodec) SplitParked(parked []json.RawMessage) (json.RawMessage, map[string]json.RawMessage) {
 	results := map[string]json.RawMessage{}
 	n := len(parked)
 	for i, raw := range parked {
@@ -405,10 +433,10 @@ func said(raw json.RawMessage) bool {
 	return it.Type == "reasoning" || it.Type == "function_call" || ((it.Type == "message" || it.Type == "") && it.Role == "assistant")
 }
 
-// restore (§3.3): a run of the model's items whose function calls are the
+// Restore (§3.3): a run of the model's items whose function calls are the
 // application's part of a parked turn becomes the turn as the model made
 // it, and the outputs after it are every call's, in call order.
-func (responsesAPI) restore(items []json.RawMessage, find func([]modelapi.ToolCall) *parkedTurn) []json.RawMessage {
+func (responsesCodec) Restore(items []json.RawMessage, find func([]ToolCall) *ParkedTurn) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(items))
 	for i := 0; i < len(items); {
 		if !said(items[i]) {

@@ -1,4 +1,4 @@
-package openaiup
+package modelapi
 
 import (
 	"encoding/json"
@@ -9,28 +9,60 @@ import (
 	sse "github.com/tmaxmax/go-sse"
 )
 
+// joined makes a turn's calls whole from their fragments the plainest
+// way, by index: the first id and name, the arguments appended (or
+// replaced by whole ones). openaiup's assembler adds the compatible
+// servers' rules to this, and is tested there.
+type joined struct {
+	order []int
+	calls map[int]*Call
+}
+
+func (j *joined) add(ds []CallDelta) {
+	for _, d := range ds {
+		c := j.calls[*d.Index]
+		if c == nil {
+			c = &Call{ID: d.ID, Name: d.Function.Name}
+			j.calls[*d.Index], j.order = c, append(j.order, *d.Index)
+		}
+		if a := d.Function.Arguments; a != nil && d.Whole {
+			c.Args = *a
+		} else if a != nil {
+			c.Args += *a
+		}
+	}
+}
+
+func (j *joined) done() []Call {
+	out := make([]Call, len(j.order))
+	for i, at := range j.order {
+		out[i] = *j.calls[at]
+	}
+	return out
+}
+
 // parseMessages reads a Messages stream written as "name data" lines,
 // one event each, as the turn does: the pieces' text and fragments, the
 // finish, the errors, and the assistant message the turn would replay.
 func parseMessages(t *testing.T, events ...string) (text, finish string, errs []error, assistant map[string]any) {
 	t.Helper()
-	p := messagesAPI{}.newParser()
-	a := assembler{}
+	p := messagesCodec{}.NewParser()
+	j := joined{calls: map[int]*Call{}}
 	var b strings.Builder
 	for _, e := range events {
 		name, data, _ := strings.Cut(e, " ")
-		pc, err := p.take(sse.Event{Type: name, Data: data})
+		pc, err := p.Take(sse.Event{Type: name, Data: data})
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		b.WriteString(pc.text)
-		a.add(pc.calls)
-		if pc.finish != "" {
-			finish = pc.finish
+		b.WriteString(pc.Text)
+		j.add(pc.Calls)
+		if pc.Finish != "" {
+			finish = pc.Finish
 		}
 	}
-	raw, err := p.assistant(b.String(), a.done())
+	raw, err := p.Assistant(b.String(), j.done())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,9 +142,9 @@ func TestMessagesParserFaults(t *testing.T) {
 	if finish != "" {
 		t.Fatalf("finish %q without message_stop: the turn must read as cut", finish)
 	}
-	p := messagesAPI{}.newParser()
-	pc, err := p.take(sse.Event{Type: "error", Data: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`})
-	if err != nil || pc.failed != "overloaded_error: Overloaded" {
+	p := messagesCodec{}.NewParser()
+	pc, err := p.Take(sse.Event{Type: "error", Data: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`})
+	if err != nil || pc.Failed != "overloaded_error: Overloaded" {
 		t.Fatalf("error event: %+v %v", pc, err)
 	}
 }
@@ -120,30 +152,31 @@ func TestMessagesParserFaults(t *testing.T) {
 // parseResponses reads a Responses stream, one event's data per string,
 // as the turn does, and returns the calls as made whole, the finish and
 // the errors.
-func parseResponses(t *testing.T, events ...string) (calls []assembled, finish string, errs []error, p parser) {
+func parseResponses(t *testing.T, events ...string) (calls []Call, finish string, errs []error) {
 	t.Helper()
-	p = responsesAPI{}.newParser()
-	a := assembler{}
+	p := responsesCodec{}.NewParser()
+	j := joined{calls: map[int]*Call{}}
 	for _, data := range events {
-		pc, err := p.take(sse.Event{Data: data})
+		pc, err := p.Take(sse.Event{Data: data})
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		a.add(pc.calls)
-		if pc.finish != "" {
-			finish = pc.finish
+		j.add(pc.Calls)
+		if pc.Finish != "" {
+			finish = pc.Finish
 		}
 	}
-	return a.done(), finish, errs, p
+	return j.done(), finish, errs
 }
 
 // An incomplete response (max_output_tokens) ends the turn with its
-// reason, and a call cut short has arguments that are not whole, so it
-// is not run; events the sidecar does not read (a built-in tool's) pass;
-// an item added twice, or a delta of no function call, is a bad frame.
+// reason, and a call cut short keeps the arguments it got, which are not
+// whole (the turn does not run it); events the sidecar does not read (a
+// built-in tool's) pass; an item added twice, or a delta of no function
+// call, is a bad frame.
 func TestResponsesParserIncompleteAndFaults(t *testing.T) {
-	calls, finish, errs, _ := parseResponses(t,
+	calls, finish, errs := parseResponses(t,
 		`{"type":"response.output_item.added","output_index":0,"item":{"type":"web_search_call","id":"ws_1","status":"in_progress"}}`,
 		`{"type":"response.web_search_call.searching","output_index":0,"item_id":"ws_1"}`,
 		`{"type":"response.output_item.done","output_index":0,"item":{"type":"web_search_call","id":"ws_1","status":"completed"}}`,
@@ -156,7 +189,35 @@ func TestResponsesParserIncompleteAndFaults(t *testing.T) {
 	if len(errs) != 2 || !strings.Contains(errs[0].Error(), "added twice") || !strings.Contains(errs[1].Error(), "no function call") {
 		t.Fatalf("errors %v: want an item added twice and a delta of no function call", errs)
 	}
-	if finish != "max_output_tokens" || len(calls) != 1 || calls[0].Problem == "" || calls[0].ID != "call_1" {
-		t.Fatalf("finish %q, calls %+v: want max_output_tokens and call_1 not runnable", finish, calls)
+	if finish != "max_output_tokens" || len(calls) != 1 || calls[0].Args != `{"x":` || calls[0].ID != "call_1" {
+		t.Fatalf("finish %q, calls %+v: want max_output_tokens and call_1 cut short", finish, calls)
+	}
+}
+
+// A Chat Completions chunk says its text, reasoning, call fragments (as
+// they came), finish and usage; a choice other than the first is not
+// read; an error member fails the turn, and [DONE] ends the stream.
+func TestChatParser(t *testing.T) {
+	c, ok := CodecOf("")
+	if !ok || c.Kind() != "openai" {
+		t.Fatalf("the default codec is %v, want Chat Completions", c)
+	}
+	p := c.NewParser()
+	pc, err := p.Take(sse.Event{Data: `{"model":"m","created":7,"choices":[` +
+		`{"index":0,"delta":{"reasoning_content":"hm","content":"hi","tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"},` +
+		`{"index":1,"delta":{"content":"other"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`})
+	if err != nil || pc.Text != "hi" || pc.Reasoning != "hm" || pc.Finish != "tool_calls" || pc.Model != "m" || pc.Created != 7 ||
+		len(pc.Calls) != 1 || pc.Calls[0].ID != "a" || *pc.Calls[0].Function.Arguments != "{}" || pc.Usage == nil || pc.Usage.TotalTokens != 5 {
+		t.Fatalf("chunk: %+v %v", pc, err)
+	}
+	if pc, err = p.Take(sse.Event{Data: `{"error":{"message":"overloaded"}}`}); err != nil || pc.Failed != "overloaded" {
+		t.Fatalf("error chunk: %+v %v", pc, err)
+	}
+	if pc, err = p.Take(sse.Event{Data: "[DONE]"}); err != nil || !pc.Done {
+		t.Fatalf("[DONE]: %+v %v", pc, err)
+	}
+	raw, err := p.Assistant("hi", []Call{{ID: "a", Name: "f", Args: "{}"}})
+	if want := `{"role":"assistant","content":"hi","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]}`; err != nil || string(raw) != want {
+		t.Fatalf("assistant %s (%v), want %s", raw, err, want)
 	}
 }
