@@ -80,6 +80,7 @@ var descriptions = map[string]string{
 	"Tool.MaxCallsPerRun":             "MaxCallsPerRun bounds this tool's calls in one drive of a run. default: 0 (no bound)",
 	"Tool.MaxDuration":                "MaxDuration bounds an attempt whatever progress it reports. default: 10m",
 	"Tool.OnTimeout":                  "OnTimeout is what an approval that timed out means: deny (the only choice: a call nobody approved does not run). default: deny",
+	"Tool.Parameters":                 "Parameters is the arguments' JSON Schema: an object's (\"type\": \"object\"; a schema that leaves \"type\" out gets it), at most 256 KiB as JSON and 64 levels of objects and arrays deep, \"$ref\" only to its own parts. A worker's declared schema is held to the same. default: any object",
 	"Tool.Rate":                       "Rate bounds this tool's calls per second across all the sidecar's runs (a token bucket of RateBurst); a call over it is not dispatched. default: 0 (no bound)",
 	"Tool.RateBurst":                  "RateBurst is the bucket's size. default: 1 when Rate is set",
 	"Tool.Retries":                    "Retries after a timeout, no responders, or a retryable worker error. default: 0",

@@ -112,6 +112,8 @@ type Sidecar struct {
 	natsLife    *bridge.Lifeline
 	client      *bridge.Client
 	live        *registry.Live
+	offered     *registry.Screen // the registry's tools as the model gets them
+	leftOut     *prometheus.CounterVec
 	reloader    *registry.Reloader // nil without WithReload
 	exec        *executor.Executor
 	openai      *openaiup.Upstream // nil unless upstream.kind is openai or anthropic
@@ -176,6 +178,8 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (_ *Sidecar, 
 		return nil, err
 	}
 	s.live = registry.NewLive(reg)
+	s.leftOut = registry.LeftOutMetric(s.metrics)
+	s.offered = registry.NewScreen("model", s.leftOut, s.log.With("component", "registry"))
 	s.stopTracing = func(context.Context) error { return nil }
 	otel.SetTextMapPropagator(propagator) // the server reads callers' traceparent through it
 	// The SDK's own errors (an export that failed) go to the structured
@@ -565,7 +569,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			driven = s.leases.Driven
 		}
 		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo, Driven: driven,
-			Tools:                func() []tool.FunctionTool { return s.live.Load().FunctionTools() },
+			Tools:                func() []tool.FunctionTool { return s.offered.FunctionTools(s.live.Load()) },
 			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
 		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, Drive: true, Errors: ep.WriteError}}
 	case s.cfg.Server.Proxy:
@@ -588,9 +592,10 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			server.Route{Pattern: "GET /v1/sidecar/runs", Handler: runs}, server.Route{Pattern: "GET /v1/sidecar/runs/{run_id}", Handler: runs})
 	}
 	if s.cfg.Server.MCP {
-		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "/mcp", Handler: mcpserve.New(s.live, s.exec.Call)})
+		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "/mcp", Handler: mcpserve.New(s.live, s.exec.Call,
+			registry.NewScreen("mcp", s.leftOut, s.log.With("component", "mcp")))})
 	}
-	srv, err := server.New(scfg, s.exec.Drive, tools{live: s.live, client: s.client})
+	srv, err := server.New(scfg, s.exec.Drive, tools{live: s.live, offered: s.offered, client: s.client})
 	if err != nil {
 		return err
 	}
@@ -921,11 +926,14 @@ func readiness(cc config.Core, rt http.RoundTripper, natsUp func() bool) func(co
 
 // tools serves the tool list and its liveness to the server.
 type tools struct {
-	live   *registry.Live
-	client *bridge.Client
+	live    *registry.Live
+	offered *registry.Screen
+	client  *bridge.Client
 }
 
-func (t tools) FunctionTools() []tool.FunctionTool { return t.live.Load().FunctionTools() }
+// FunctionTools is the list an application gives Core's assistant: the
+// model's, as the model-API modes send it.
+func (t tools) FunctionTools() []tool.FunctionTool { return t.offered.FunctionTools(t.live.Load()) }
 
 func (t tools) SourcedTools() []tool.SourcedTool { return t.live.Load().SourcedTools() }
 
