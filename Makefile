@@ -154,7 +154,8 @@ soak:
 ## fuzz: run every fuzz target for FUZZTIME (CI runs only their seeds);
 ## fuzz-long runs each for at least 10^6 executions (RELIABILITY.md).
 FUZZ_TARGETS := ./core:FuzzDecodeChunk ./core:FuzzStream ./tool:FuzzParseManifest \
-	./wire:FuzzDecodeOutcome ./config:FuzzParse ./server:FuzzDriveBody ./server:FuzzAPI ./internal/frames:FuzzReader
+	./wire:FuzzDecodeOutcome ./config:FuzzParse ./server:FuzzDriveBody ./server:FuzzAPI ./internal/frames:FuzzReader \
+	./internal/dupkey:FuzzFind
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -341,10 +341,11 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 
 // storeDir is where the embedded server keeps JetStream's files: the
 // configured folder, or one under the temporary folder named by the listen
-// port (a random port gets a fresh folder, removed at shutdown).
+// port (a random port gets a fresh folder, removed at shutdown). Each is
+// checked as storedir.go says.
 func (s *Sidecar) storeDir() (string, error) {
 	if d := s.cfg.NATS.Embedded.StoreDir; d != "" {
-		return d, nil
+		return d, checkStoreDir(d, s.log)
 	}
 	_, port, _ := net.SplitHostPort(s.cfg.NATS.Embedded.Listen)
 	if port == "-1" || port == "0" {
@@ -356,7 +357,8 @@ func (s *Sidecar) storeDir() (string, error) {
 		s.tempStore = d
 		return d, nil
 	}
-	return filepath.Join(os.TempDir(), "toolsidecar-nats-"+port), nil
+	d := filepath.Join(os.TempDir(), "toolsidecar-nats-"+port)
+	return d, privateStoreDir(d)
 }
 
 // instanceID is the configured instance_id, else the hostname, made a
@@ -571,7 +573,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo, Driven: driven,
 			Tools:                func() []tool.FunctionTool { return s.offered.FunctionTools(s.live.Load()) },
 			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
-		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, Drive: true, Errors: ep.WriteError}}
+		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, Drive: true, Errors: ep.WriteError, Forwarded: true}}
 	case s.cfg.Server.Proxy:
 		p, err := coreup.NewProxy(coreup.ProxyConfig{CoreURL: s.cfg.Core.URL, Transport: coreRT, Drive: s.exec.Drive,
 			RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Logger: s.log.With("component", "server")})
