@@ -155,7 +155,7 @@ soak:
 ## fuzz-long runs each for at least 10^6 executions (RELIABILITY.md).
 FUZZ_TARGETS := ./core:FuzzDecodeChunk ./core:FuzzStream ./tool:FuzzParseManifest \
 	./wire:FuzzDecodeOutcome ./config:FuzzParse ./server:FuzzDriveBody ./server:FuzzAPI ./internal/frames:FuzzReader \
-	./sidecar:FuzzHostileDeclarer
+	./internal/dupkey:FuzzFind ./sidecar:FuzzHostileDeclarer
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -75,8 +75,15 @@ type TLS struct {
 type Embedded struct {
 	// Listen is where workers connect. default: 127.0.0.1:4222
 	Listen string `koanf:"listen"`
-	// StoreDir holds JetStream's files (the ledger, the captured replies):
-	// keep it across restarts. default: <temp dir>/toolsidecar-nats-<port>
+	// StoreDir holds JetStream's files (the ledger, the captured replies)
+	// and the issued worker credentials: keep it across restarts. The
+	// default is created 0700, and refused when it is there already and
+	// is a symbolic link, another user's, or writable by others (another
+	// local user made it first). A folder set here is refused when a user
+	// other than this one or root owns it, or when it is this user's and
+	// every user may write into it; a root-owned one every user may write
+	// into (a Kubernetes emptyDir) is used, with a warning. default: <temp
+	// dir>/toolsidecar-nats-<port>
 	StoreDir string `koanf:"store_dir"`
 	// Workers are the users workers connect as.
 	Workers []Worker `koanf:"workers"`

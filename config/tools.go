@@ -94,9 +94,14 @@ const (
 
 // Tool declares one tool.
 type Tool struct {
-	Name        string         `koanf:"name"`
-	Description string         `koanf:"description"`
-	Parameters  map[string]any `koanf:"parameters"`
+	Name        string `koanf:"name"`
+	Description string `koanf:"description"`
+	// Parameters is the arguments' JSON Schema: an object's ("type":
+	// "object"; a schema that leaves "type" out gets it), at most 256 KiB
+	// as JSON and 64 levels of objects and arrays deep, "$ref" only to its
+	// own parts. A worker's declared schema is held to the same. default:
+	// any object
+	Parameters map[string]any `koanf:"parameters"`
 	// Timeout per attempt; each progress message restarts it. default: 30s
 	Timeout time.Duration `koanf:"timeout"`
 	// MaxDuration bounds an attempt whatever progress it reports.

@@ -8,18 +8,24 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/coresim"
 	"github.com/projectdavid/toolsidecar/live"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
+	"github.com/projectdavid/toolsidecar/worker"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -116,6 +122,104 @@ func TestRegistryServedOverMCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	liveViewShows(t, env.URL, "tok", map[string]int{"echo ok": 1, "echo " + string(tool.InvalidArgs): 1, "book " + string(tool.ToolFailed): 1})
+}
+
+// TestToolTheSDKRefusesIsLeftOut: with server.mcp on, a tool that the
+// registry takes but the MCP SDK refuses (an x-mcp-header annotation on a
+// property that is an object: AddTool panics on it) is left out of the
+// MCP server, from the configuration at start and from a real worker's
+// declaration at a discovery alike. The sidecar stays up and ready, an
+// MCP client lists and calls the good tools, and each bad one is counted
+// once, not again when a later discovery replaces the registry. Before,
+// the panic stopped the process.
+func TestToolTheSDKRefusesIsLeftOut(t *testing.T) {
+	headed := func(typ string) map[string]any {
+		return map[string]any{"type": "object", "properties": map[string]any{"page": map[string]any{"type": typ, "x-mcp-header": "Page"}}}
+	}
+	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{Server: func(s *config.Server) { s.MCP = true },
+		NATS: func(n *config.NATS) { n.DiscoverInterval = 50 * time.Millisecond }},
+		testenv.Tool{Config: config.Tool{Name: "echo", Parameters: headed("string")}, Handler: testenv.Echo},
+		testenv.Tool{Config: config.Tool{Name: "headed", Parameters: headed("object")}, Handler: testenv.Echo})
+	found := func(context.Context, *tool.Call, struct{}) (string, error) { return "found", nil }
+	declare := func(names ...string) {
+		nc, err := nats.Connect(env.NATSURL, nats.UserInfo(testenv.WorkerUser, env.WorkerPassword))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		w := worker.New(nc, testenv.Prefix)
+		for _, name := range names {
+			spec := worker.Spec{SideEffects: tool.ReadOnly}
+			if name == "paged" {
+				spec.Parameters = &jsonschema.Schema{Type: "object", Properties: map[string]*jsonschema.Schema{
+					"page": {Type: "object", Extra: map[string]any{"x-mcp-header": "Page"}}}}
+			}
+			if err := worker.Declare(w, name, spec, found); err != nil {
+				t.Fatal(err)
+			}
+		}
+		natstest.Serve(t, w)
+	}
+	declare("lookup", "paged")
+	poll.Until(t, "the worker's tools discovered", func() bool {
+		tools := testenv.SourcedTools(t, env.URL)
+		return tools["lookup"].Source != "" && tools["paged"].Source != ""
+	})
+	cs, err := connect(t, env.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := func() []string {
+		t.Helper()
+		list, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, tl := range list.Tools {
+			names = append(names, tl.Name)
+		}
+		slices.Sort(names)
+		return names
+	}
+	if got := listed(); !slices.Equal(got, []string{"echo", "lookup"}) {
+		t.Fatalf("tools/list: %v, want echo and lookup, without headed and paged", got)
+	}
+	if res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "lookup", Arguments: json.RawMessage(`{}`)}); err != nil || res.IsError {
+		t.Fatalf("lookup: %+v %v", res, err)
+	}
+	// A later discovery replaces the registry: the bad tools are left out
+	// again, and not counted again.
+	declare("more")
+	poll.Until(t, "more served over MCP", func() bool { return slices.Contains(listed(), "more") })
+	if got := listed(); !slices.Equal(got, []string{"echo", "lookup", "more"}) {
+		t.Errorf("tools/list: %v", got)
+	}
+	resp, err := http.Get(env.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `toolsidecar_tools_left_out_total{consumer="mcp"} 2`+"\n") {
+		t.Errorf("want headed and paged counted once each; /metrics has %q", grepLines(string(b), "left_out"))
+	}
+	if resp, err := http.Get(env.URL + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("readyz: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+}
+
+// grepLines are the lines of s that contain sub.
+func grepLines(s, sub string) []string {
+	var out []string
+	for line := range strings.Lines(s) {
+		if strings.Contains(line, sub) {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return out
 }
 
 // liveViewShows reads the live view's snapshot (GET /ui/events) and

@@ -209,16 +209,19 @@ func build(cfg config.Config, kinds Kinds, configured []config.Tool, declared []
 }
 
 // compileTool compiles one tool entry; key names it in errors.
+// The error names the tool as well as its key: `toolsidecar check` and a
+// start that refuses the file print the same text, and a key alone
+// (tools[12]) sends the reader counting entries.
 func (r *Registry) compileTool(tc config.Tool, key string) (*Tool, error) {
 	t, err := compile(tc, r.cfg.NATS.SubjectPrefix)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s.parameters: %w", ErrInvalidTool, key, err)
+		return nil, fmt.Errorf("%w %q: %s.parameters: %w", ErrInvalidTool, tc.Name, key, err)
 	}
 	if t.Policies, err = policies(tc, r.cfg.Executor); err != nil {
-		return nil, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err)
+		return nil, fmt.Errorf("%w %q: %s.%w", ErrInvalidTool, tc.Name, key, err)
 	}
 	if err := t.build(r.kinds); err != nil {
-		return nil, fmt.Errorf("%w: %s.%w", ErrInvalidTool, key, err)
+		return nil, fmt.Errorf("%w %q: %s.%w", ErrInvalidTool, tc.Name, key, err)
 	}
 	return t, nil
 }
@@ -250,11 +253,7 @@ func policies(tc config.Tool, ex config.Executor) (Policies, error) {
 }
 
 func compile(tc config.Tool, prefix string) (*Tool, error) {
-	params, err := objectSchema(tc.Parameters)
-	if err != nil {
-		return nil, err
-	}
-	raw, err := json.Marshal(params)
+	raw, err := checkSchema(tc.Parameters)
 	if err != nil {
 		return nil, err
 	}
@@ -281,12 +280,52 @@ func compile(tc config.Tool, prefix string) (*Tool, error) {
 	}, nil
 }
 
+// Bounds of a tool's parameters schema, whatever its source (the
+// configuration, an MCP server it imports, a worker's declaration): the
+// registry compiles it, and the MCP SDK and every request to a model API
+// decode it again, each walking it recursively.
+const (
+	// MaxSchemaBytes bounds the schema as JSON.
+	MaxSchemaBytes = 256 << 10
+	// MaxSchemaDepth bounds the nesting of its objects and arrays: 64
+	// levels are 30 levels of nested properties, past any arguments a
+	// model writes.
+	MaxSchemaDepth = 64
+)
+
+// checkSchema is the one check of a tool's parameters, where the
+// configuration's tools and the workers' declarations are compiled alike:
+// a schema of an object, bounded (MaxSchemaBytes, MaxSchemaDepth). It
+// returns the schema as JSON, "type": "object" said. The compiler then
+// checks that it compiles.
+func checkSchema(params map[string]any) (json.RawMessage, error) {
+	params, err := objectSchema(params)
+	if err != nil {
+		return nil, err
+	}
+	if depth(params, MaxSchemaDepth+1) > MaxSchemaDepth {
+		return nil, fmt.Errorf("the schema nests more than %d levels of objects and arrays", MaxSchemaDepth)
+	}
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > MaxSchemaBytes {
+		return nil, fmt.Errorf("the schema is %d bytes as JSON: at most %d", len(raw), MaxSchemaBytes)
+	}
+	return raw, nil
+}
+
 // objectSchema is a tool's parameters as the model APIs and MCP take
-// them: a schema of an object, its "type" said ("object" when the schema
-// leaves it out). A schema of anything else is refused, here, where the
-// configuration and the workers' declarations are compiled alike: an MCP
-// client would refuse it (the SDK panics on it), and so would every
-// model API.
+// them: a schema of an object, its "type" said. A schema of anything else
+// is refused: an MCP client would refuse it (the SDK panics on it), and so
+// would every model API.
+//
+// A schema that leaves "type" out (a bare $ref, say) gets "type":
+// "object" rather than a refusal: the MCP SDK requires the word at the
+// top (its AddTool panics on a schema without it), and the schema accepts
+// no more than before, as a call's arguments must be an object anyway
+// (Tool.Validate).
 func objectSchema(params map[string]any) (map[string]any, error) {
 	if params == nil {
 		return map[string]any{"type": "object"}, nil
@@ -296,9 +335,31 @@ func objectSchema(params map[string]any) (map[string]any, error) {
 		params = maps.Clone(params)
 		params["type"] = "object"
 	case t != "object":
-		return nil, fmt.Errorf("parameters: the schema's top must be of type \"object\" (a call's arguments are an object), not %s", tool.Excerpt(fmt.Sprint(t)))
+		return nil, fmt.Errorf("the schema's top must be of type \"object\" (a call's arguments are an object), not %s", tool.Excerpt(fmt.Sprint(t)))
 	}
 	return params, nil
+}
+
+// depth is how deeply v nests objects and arrays, counted up to limit: a
+// value nested deeper is not walked further.
+func depth(v any, limit int) int {
+	if limit == 0 {
+		return 0
+	}
+	d := 0
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			d = max(d, depth(e, limit-1))
+		}
+	case []any:
+		for _, e := range v {
+			d = max(d, depth(e, limit-1))
+		}
+	default:
+		return 0
+	}
+	return d + 1
 }
 
 // build checks the tool's settings and has its route kind build it. Every
@@ -382,9 +443,14 @@ func (r *Registry) Tools() []*Tool {
 func (r *Registry) FunctionTools() []tool.FunctionTool {
 	out := make([]tool.FunctionTool, 0, len(r.names))
 	for _, t := range r.Tools() {
-		out = append(out, tool.FunctionTool{Type: "function", Function: tool.Function{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
+		out = append(out, t.FunctionTool())
 	}
 	return out
+}
+
+// FunctionTool renders the tool as an entry of a tools array.
+func (t *Tool) FunctionTool() tool.FunctionTool {
+	return tool.FunctionTool{Type: "function", Function: tool.Function{Name: t.Name, Description: t.Description, Parameters: t.Parameters}}
 }
 
 // SourcedTools renders the tools as FunctionTools does, each with where it

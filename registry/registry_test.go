@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/config"
@@ -117,6 +120,104 @@ func TestSchemaOfAnObject(t *testing.T) {
 	}
 	if def, _ := reg.Lookup(tc.Name); !strings.Contains(string(def.Parameters), `"type":"object"`) {
 		t.Errorf("a schema without type became %s", def.Parameters)
+	}
+}
+
+// TestSchemaBounded: a schema nested past MaxSchemaDepth or larger than
+// MaxSchemaBytes is refused as the other bad schemas are, from the
+// configuration and from a worker's declaration alike; the error names
+// the tool and its key.
+func TestSchemaBounded(t *testing.T) {
+	deep := map[string]any{"type": "object"}
+	for range MaxSchemaDepth / 2 {
+		deep = map[string]any{"type": "object", "properties": map[string]any{"a": deep}}
+	}
+	wide := map[string]any{"type": "object", "description": strings.Repeat("x", MaxSchemaBytes)}
+	for name, params := range map[string]map[string]any{"deep": deep, "wide": wide} {
+		tc := flights()
+		tc.Parameters = params
+		_, err := compileTools([]config.Tool{{Name: "ok"}, tc}, "p")
+		if !errors.Is(err, ErrInvalidTool) || !strings.Contains(err.Error(), `invalid tool "get_flight_times": tools[1].parameters: the schema `) {
+			t.Errorf("%s: %v, want refused, naming the tool and its key", name, err)
+		}
+		raw, _ := json.Marshal(params)
+		_, err = New(context.Background(), config.Config{NATS: config.NATS{SubjectPrefix: "p"}}, Base(nil),
+			Declared{Name: "odd", Declaration: tool.Declaration{Parameters: raw}, By: []string{"worker W"}})
+		if de := DeclarationErrors(err); len(de) != 1 || de[0].Tool != "odd" {
+			t.Errorf("%s, declared: %v, want a DeclarationError of tool odd", name, err)
+		}
+	}
+	shallow := flights()
+	shallow.Parameters = deep["properties"].(map[string]any)["a"].(map[string]any)
+	if _, err := compileTools([]config.Tool{shallow}, "p"); err != nil {
+		t.Errorf("a schema of %d levels: %v", MaxSchemaDepth-2, err)
+	}
+}
+
+// TestScreen: a consumer's list leaves out the tools it cannot take, and
+// logs and counts each once while it stays as it is, however often the
+// list is built; a tool redeclared otherwise, or bad again after it was
+// good, is reported again.
+func TestScreen(t *testing.T) {
+	var logs strings.Builder
+	counter := LeftOutMetric(prometheus.NewRegistry())
+	s := NewScreen("mcp", counter, slog.New(slog.NewTextHandler(&logs, nil)))
+	good, bad := &Tool{Name: "good"}, &Tool{Name: "bad", Parameters: json.RawMessage(`{"type":"object"}`)}
+	refuse := func(t *Tool) error {
+		if t.Name == "bad" {
+			return errors.New("refused")
+		}
+		return nil
+	}
+	count := func() float64 { return testutil.ToFloat64(counter.WithLabelValues("mcp")) }
+	for range 3 {
+		if kept := s.Keep([]*Tool{bad, good}, refuse); len(kept) != 1 || kept[0] != good {
+			t.Fatalf("kept %v, want good only", kept)
+		}
+	}
+	if n := strings.Count(logs.String(), "a tool is left out"); n != 1 || count() != 1 {
+		t.Fatalf("logged %d times, counted %v; want once:\n%s", n, count(), logs.String())
+	}
+	changed := &Tool{Name: "bad", Parameters: json.RawMessage(`{"type":"object","required":["x"]}`)}
+	s.Keep([]*Tool{changed, good}, refuse)
+	s.Keep([]*Tool{good}, refuse)
+	s.Keep([]*Tool{changed, good}, refuse)
+	if count() != 3 {
+		t.Errorf("counted %v, want 3: a changed tool and one bad again are reported again", count())
+	}
+
+	r, err := compileTools([]config.Tool{flights(), {Name: "ping"}}, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tools["ping"].Parameters = json.RawMessage(`{"type":"string"}`) // as no compiled tool is
+	model := NewScreen("model", counter, nil)
+	for range 2 {
+		if ft := model.FunctionTools(r); len(ft) != 1 || ft[0].Function.Name != "get_flight_times" {
+			t.Fatalf("the model's tools: %+v", ft)
+		}
+	}
+	if n := testutil.ToFloat64(counter.WithLabelValues("model")); n != 1 {
+		t.Errorf("the model's screen counted %v, want 1", n)
+	}
+}
+
+func TestCheckFunction(t *testing.T) {
+	for params, want := range map[string]string{
+		`{"type":"object"}`:    "",
+		`{"type":"string"}`:    `not "string"`,
+		`{"properties":{}}`:    `must say "type": "object"`,
+		`["type","object"]`:    "not a JSON object",
+		`null`:                 "not a JSON object",
+		`{"type":"object","x"`: "not a JSON object",
+	} {
+		err := CheckFunction(tool.FunctionTool{Function: tool.Function{Name: "t", Parameters: json.RawMessage(params)}})
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("%s: %v, want %q", params, err, want)
+		}
+	}
+	if err := CheckFunction(tool.FunctionTool{Function: tool.Function{Name: "a b", Parameters: json.RawMessage(`{"type":"object"}`)}}); err == nil {
+		t.Error("a name with a space passed")
 	}
 }
 

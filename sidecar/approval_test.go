@@ -292,7 +292,10 @@ func TestApprovalOutlastsSubmitBudget(t *testing.T) {
 
 // TestApprovalDenied: a denied call is not run; the model reads a denied
 // outcome with the reason, and the Action is finalised failed. Bad
-// decisions are refused without deciding anything.
+// decisions are refused without deciding anything, among them a body
+// that gives "decision" twice ({"decision": "deny", "decision":
+// "approve"}: 400 naming the key), which encoding/json read as its last
+// key: the body a person or a log reads as a denial approved the call.
 func TestApprovalDenied(t *testing.T) {
 	sc := coresim.Scenario{Turns: []coresim.Turn{{Calls: []coresim.Call{{Tool: "pay", ArgsJSON: `{"amount": 9000}`}}}, {Content: "{{results}}"}}}
 	a := newApprovalEnv(t, sc, time.Minute)
@@ -304,6 +307,11 @@ func TestApprovalDenied(t *testing.T) {
 	}
 	if code := a.decide(t, "act_nope", "approve", ""); code != http.StatusNotFound {
 		t.Errorf("an unknown action answered %d, want 404", code)
+	}
+	var refused struct{ Error string }
+	twice := json.RawMessage(`{"decision": "deny", "decision": "approve"}`)
+	if code := a.api(t, "POST", "/v1/approvals/"+p.ActionID, twice, &refused); code != http.StatusBadRequest || !strings.Contains(refused.Error, `"decision"`) {
+		t.Errorf("a decision given twice answered %d %q, want 400 naming decision", code, refused.Error)
 	}
 	if code := a.decide(t, p.ActionID, "deny", "over the limit"); code != http.StatusOK {
 		t.Fatalf("deny answered %d", code)

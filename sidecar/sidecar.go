@@ -112,6 +112,8 @@ type Sidecar struct {
 	natsLife    *bridge.Lifeline
 	client      *bridge.Client
 	live        *registry.Live
+	offered     *registry.Screen // the registry's tools as the model gets them
+	leftOut     *prometheus.CounterVec
 	reloader    *registry.Reloader // nil without WithReload
 	exec        *executor.Executor
 	openai      *openaiup.Upstream // nil unless upstream.kind is openai or anthropic
@@ -176,6 +178,8 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (_ *Sidecar, 
 		return nil, err
 	}
 	s.live = registry.NewLive(reg)
+	s.leftOut = registry.LeftOutMetric(s.metrics)
+	s.offered = registry.NewScreen("model", s.leftOut, s.log.With("component", "registry"))
 	s.stopTracing = func(context.Context) error { return nil }
 	otel.SetTextMapPropagator(propagator) // the server reads callers' traceparent through it
 	// The SDK's own errors (an export that failed) go to the structured
@@ -337,10 +341,11 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 
 // storeDir is where the embedded server keeps JetStream's files: the
 // configured folder, or one under the temporary folder named by the listen
-// port (a random port gets a fresh folder, removed at shutdown).
+// port (a random port gets a fresh folder, removed at shutdown). Each is
+// checked as storedir.go says.
 func (s *Sidecar) storeDir() (string, error) {
 	if d := s.cfg.NATS.Embedded.StoreDir; d != "" {
-		return d, nil
+		return d, checkStoreDir(d, s.log)
 	}
 	_, port, _ := net.SplitHostPort(s.cfg.NATS.Embedded.Listen)
 	if port == "-1" || port == "0" {
@@ -352,7 +357,8 @@ func (s *Sidecar) storeDir() (string, error) {
 		s.tempStore = d
 		return d, nil
 	}
-	return filepath.Join(os.TempDir(), "toolsidecar-nats-"+port), nil
+	d := filepath.Join(os.TempDir(), "toolsidecar-nats-"+port)
+	return d, privateStoreDir(d)
 }
 
 // instanceID is the configured instance_id, else the hostname, made a
@@ -582,9 +588,9 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			driven = s.leases.Driven
 		}
 		ep := openaiup.NewEndpoint(openaiup.EndpointConfig{Upstream: s.openai, Drive: s.exec.Drive, Memo: memo, Driven: driven,
-			Tools:                func() []tool.FunctionTool { return s.live.Load().FunctionTools() },
+			Tools:                func() []tool.FunctionTool { return s.offered.FunctionTools(s.live.Load()) },
 			ForwardAuthorization: token == "", KeepAlive: s.cfg.Server.SSEKeepalive, Logger: s.log})
-		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, Drive: true, Errors: ep.WriteError}}
+		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, Drive: true, Errors: ep.WriteError, Forwarded: true}}
 	case s.cfg.Server.Proxy:
 		p, err := coreup.NewProxy(coreup.ProxyConfig{CoreURL: s.cfg.Core.URL, Transport: coreRT, Drive: s.exec.Drive,
 			RunCancelled: func(runID string) { s.exec.CancelRun(runID) }, Logger: s.log.With("component", "server")})
@@ -605,9 +611,10 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			server.Route{Pattern: "GET /v1/sidecar/runs", Handler: runs}, server.Route{Pattern: "GET /v1/sidecar/runs/{run_id}", Handler: runs})
 	}
 	if s.cfg.Server.MCP {
-		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "/mcp", Handler: mcpserve.New(s.live, s.exec.Call)})
+		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "/mcp", Handler: mcpserve.New(s.live, s.exec.Call,
+			registry.NewScreen("mcp", s.leftOut, s.log.With("component", "mcp")))})
 	}
-	srv, err := server.New(scfg, s.exec.Drive, tools{live: s.live, client: s.client})
+	srv, err := server.New(scfg, s.exec.Drive, tools{live: s.live, offered: s.offered, client: s.client})
 	if err != nil {
 		return err
 	}
@@ -938,11 +945,14 @@ func readiness(cc config.Core, rt http.RoundTripper, natsUp func() bool) func(co
 
 // tools serves the tool list and its liveness to the server.
 type tools struct {
-	live   *registry.Live
-	client *bridge.Client
+	live    *registry.Live
+	offered *registry.Screen
+	client  *bridge.Client
 }
 
-func (t tools) FunctionTools() []tool.FunctionTool { return t.live.Load().FunctionTools() }
+// FunctionTools is the list an application gives Core's assistant: the
+// model's, as the model-API modes send it.
+func (t tools) FunctionTools() []tool.FunctionTool { return t.offered.FunctionTools(t.live.Load()) }
 
 func (t tools) SourcedTools() []tool.SourcedTool { return t.live.Load().SourcedTools() }
 

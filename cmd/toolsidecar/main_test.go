@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -87,6 +88,39 @@ func TestCheckAndTools(t *testing.T) {
 		if code := run([]string{"check", "--config", p}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), tc.want) {
 			t.Errorf("%s: exit %d, stderr %q; want 1 naming %q", name, code, errOut.String(), tc.want)
 		}
+	}
+}
+
+// TestConfigSchemaNotOfAnObject: a tools entry whose parameters are
+// {"type": "string"} is a configuration error that check reports naming
+// the tool and its key, and run refuses to start with the same text.
+// Before, check passed the file and run panicked in the MCP server.
+func TestConfigSchemaNotOfAnObject(t *testing.T) {
+	p := newDaemonConfig(t, "http://127.0.0.1:1", "  - {name: ok}\n  - {name: stringy, parameters: {type: string}}\n")
+	const want = `registry: invalid tool "stringy": tools[1].parameters: the schema's top must be of type "object" (a call's arguments are an object), not "string"`
+	var out, errOut bytes.Buffer
+	code := run([]string{"check", "--config", p.cfgPath}, &out, &errOut)
+	if got := strings.TrimSpace(errOut.String()); code != 1 || got != "toolsidecar: "+want {
+		t.Fatalf("check: exit %d, stderr %q; want 1 and %q", code, got, want)
+	}
+	cmd := exec.Command(os.Args[0], "run", "--config", p.cfgPath, "--log-format", "json")
+	cmd.Env = append(os.Environ(), "TSC_TEST_DAEMON=1", "TOOLSIDECAR_CORE_API_KEY=k")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("run: %v, want exit 1; stderr:\n%s", err, stderr.String())
+	}
+	var failed []string
+	for line := range strings.Lines(stderr.String()) {
+		var rec struct{ Msg, Err string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "toolsidecar failed to start" {
+			failed = append(failed, rec.Err)
+		}
+	}
+	if len(failed) != 1 || failed[0] != want {
+		t.Errorf("run logged %q, want it to fail to start with %q; stderr:\n%s", failed, want, stderr.String())
 	}
 }
 
