@@ -251,7 +251,19 @@ func TestOpenAPIApprovals(t *testing.T) {
 	spec.check(t, "POST", decide, do(ctx, "POST", first, `{"decision": "approve", "approver": "ana"}`))                       // 200
 	spec.check(t, "POST", decide, do(ctx, "POST", first, `{"decision": "deny"}`))                                             // 409
 	spec.check(t, "POST", decide, do(ctx, "POST", second, `{"decision": "deny", "reason": "`+strings.Repeat("r", 5000)+`"}`)) // 413
-	spec.check(t, "POST", decide, do(ctx, "POST", second, `{"decision": "deny", "reason": "no"}`))                            // 200
+	// A body giving the decision twice decides nothing: 400, and the
+	// approval is still pending for the deny that follows (before, the
+	// last key won and this approved).
+	twice := do(ctx, "POST", second, `{"decision": "deny", "decision": "approve"}`)
+	if twice.StatusCode != http.StatusBadRequest {
+		t.Errorf("a decision given twice: HTTP %d, want 400", twice.StatusCode)
+	}
+	spec.check(t, "POST", decide, twice)
+	denied := do(ctx, "POST", second, `{"decision": "deny", "reason": "no"}`)
+	if denied.StatusCode != http.StatusOK {
+		t.Errorf("the deny after a refused body: HTTP %d, want 200 (the approval was decided)", denied.StatusCode)
+	}
+	spec.check(t, "POST", decide, denied)
 	spec.check(t, "POST", "/v1/runs/{run_id}/drive", <-driven)
 	if t.Failed() {
 		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
