@@ -166,7 +166,7 @@ fuzz-long:
 	$(MAKE) fuzz FUZZTIME=1000000x
 
 cover:
-	$(GO) test -coverprofile=coverage.out ./core/... ./coresim/...
+	$(GO) test -coverprofile=coverage.out ./core/... ./sim/coresim/...
 	$(GO) tool cover -func=coverage.out | tail -1
 
 ## coresim: serve the Core simulator on 127.0.0.1:9000.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 )
 
 // writeFixture is a run on the simulator whose first turn made one call:

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"

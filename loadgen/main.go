@@ -38,7 +38,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
 )

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/live"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"

@@ -20,10 +20,10 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
-	"github.com/projectdavid/toolsidecar/anthropicsim"
+	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/openaisim"
-	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/sim/openaisim"
+	"github.com/projectdavid/toolsidecar/sim/responsesim"
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )

@@ -13,7 +13,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/sim/openaisim"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 

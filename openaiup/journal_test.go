@@ -15,7 +15,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/sim/openaisim"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"

@@ -13,10 +13,10 @@ import (
 
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 
-	"github.com/projectdavid/toolsidecar/anthropicsim"
+	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/openaisim"
-	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/sim/openaisim"
+	"github.com/projectdavid/toolsidecar/sim/responsesim"
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )

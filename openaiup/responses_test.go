@@ -19,7 +19,7 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/sim/responsesim"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"

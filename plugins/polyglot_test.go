@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"

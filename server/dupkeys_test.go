@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/openaisim"
+	"github.com/projectdavid/toolsidecar/sim/openaisim"
 )
 
 // TestDuplicateKeysRefused: on each family of state-changing routes whose

@@ -15,7 +15,7 @@ import (
 	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/promtest"

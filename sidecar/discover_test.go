@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"

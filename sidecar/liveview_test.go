@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 )
 
 func main() { os.Exit(run()) }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/wire"
 )

@@ -24,7 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/testkit/matrix"

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/projectdavid/toolsidecar/config"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/live"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )

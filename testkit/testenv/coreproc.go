@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/anthropicsim"
+	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/coresim"
-	"github.com/projectdavid/toolsidecar/openaisim"
-	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
+	"github.com/projectdavid/toolsidecar/sim/openaisim"
+	"github.com/projectdavid/toolsidecar/sim/responsesim"
 )
 
 // The environment variables that carry a simulator's configuration to the

@@ -31,7 +31,7 @@ import (
 	"github.com/projectdavid/toolsidecar"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/coresim"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/sidecar"

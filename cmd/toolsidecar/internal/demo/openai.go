@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/anthropicsim"
+	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/executor"
-	"github.com/projectdavid/toolsidecar/openaisim"
-	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/sim/openaisim"
+	"github.com/projectdavid/toolsidecar/sim/responsesim"
 )
 
 // tripReply is the demo's model on a model API: the first turn of

@@ -12,7 +12,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
-	"github.com/projectdavid/toolsidecar/anthropicsim"
+	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 )
 
 // script is a user message that the scripted model follows: a turn with

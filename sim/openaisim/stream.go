@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/internal/chunk"
+	"github.com/projectdavid/toolsidecar/sim/internal/chunk"
 )
 
 func (s *Sim) completions(w http.ResponseWriter, r *http.Request) {

@@ -19,7 +19,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/internal/simbase"
+	"github.com/projectdavid/toolsidecar/sim/internal/simbase"
 )
 
 // Version is the anthropic-version the API is asked with (the official

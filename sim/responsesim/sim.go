@@ -21,7 +21,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/internal/simbase"
+	"github.com/projectdavid/toolsidecar/sim/internal/simbase"
 )
 
 // Config configures the simulator.

@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/projectdavid/toolsidecar/internal/chunk"
-	"github.com/projectdavid/toolsidecar/internal/simbase"
+	"github.com/projectdavid/toolsidecar/sim/internal/chunk"
+	"github.com/projectdavid/toolsidecar/sim/internal/simbase"
 )
 
 func (s *Sim) responses(w http.ResponseWriter, r *http.Request) {

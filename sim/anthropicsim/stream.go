@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/projectdavid/toolsidecar/internal/chunk"
-	"github.com/projectdavid/toolsidecar/internal/simbase"
+	"github.com/projectdavid/toolsidecar/sim/internal/chunk"
+	"github.com/projectdavid/toolsidecar/sim/internal/simbase"
 )
 
 func (s *Sim) messages(w http.ResponseWriter, r *http.Request) {

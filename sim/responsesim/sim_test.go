@@ -15,7 +15,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/openai/openai-go/v3/shared"
 
-	"github.com/projectdavid/toolsidecar/responsesim"
+	"github.com/projectdavid/toolsidecar/sim/responsesim"
 )
 
 // script is a user message that the scripted model follows: a turn of two

@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/projectdavid/toolsidecar/internal/simbase"
+	"github.com/projectdavid/toolsidecar/sim/internal/simbase"
 )
 
 // Profile is the way a server streams tool calls.
