@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/projectdavid/toolsidecar/core"
-	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/sim/coresim"
 )
 
 // TestOpenCallsInCallOrder: after a sidecar died mid-batch, Core lists the
