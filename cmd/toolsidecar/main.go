@@ -89,7 +89,7 @@ func newRoot(inv *invocation, stdout, stderr io.Writer) *cobra.Command {
 	for _, sc := range subcommands(inv, stdout, stderr) {
 		root.AddCommand(sc.command(inv, stderr))
 	}
-	root.AddCommand(runsCommand(stdout, stderr))
+	root.AddCommand(runsCommand(stdout, stderr), simCommand(stdout, stderr))
 	return root
 }
 

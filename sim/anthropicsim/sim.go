@@ -335,7 +335,16 @@ func contains(ids []string, id string) bool {
 // tool_result contents of the last round, joined by " | " (an error
 // result as "error: " and its content). Any other user message gets
 // "echo: " and its text.
-func Scripted(req Request) simbase.Reply {
+func Scripted(req Request) simbase.Reply { return Play(simbase.Script{})(req) }
+
+// Play is [Scripted] with a script of its own: a conversation with no
+// script in its user messages plays sc from its last user message with
+// text on (with no rounds in sc, it gets the echo).
+func Play(sc simbase.Script) func(Request) simbase.Reply {
+	return func(req Request) simbase.Reply { return play(req, sc) }
+}
+
+func play(req Request, fallback simbase.Script) simbase.Reply {
 	var msgs []message
 	for _, raw := range req.Messages {
 		var m message
@@ -343,11 +352,17 @@ func Scripted(req Request) simbase.Reply {
 		msgs = append(msgs, m)
 	}
 	var script simbase.Script
-	start := -1
+	start, asked := -1, -1
 	for i, m := range msgs {
+		if m.Role == "user" && m.text() != "" {
+			asked = i
+		}
 		if sc, ok := simbase.ParseScript(m.text()); ok && m.Role == "user" {
 			script, start = sc, i
 		}
+	}
+	if start < 0 && asked >= 0 && len(fallback.Rounds) > 0 {
+		script, start = fallback, asked
 	}
 	if start < 0 {
 		if len(msgs) == 0 {

@@ -91,6 +91,11 @@ type Config struct {
 	// MaxLatency, when set, delays every request by a random time below
 	// it before it is handled.
 	MaxLatency time.Duration
+	// IDPrefix goes into every id after its kind ("run_" + IDPrefix +
+	// counter): a simulator started afresh then never reissues an id that
+	// a client, a ledger or a live view kept from an earlier one. Empty,
+	// ids are the same on every start, so transcripts compare byte for byte.
+	IDPrefix string
 }
 
 // Sim is the simulator state and its http.Handler. It is safe for
@@ -315,11 +320,11 @@ func (s *Sim) violate(kind, runID, callID, detail string) {
 	s.violations = append(s.violations, Violation{Kind: kind, RunID: runID, ToolCallID: callID, Detail: detail})
 }
 
-// newID makes deterministic ids so transcripts can be compared byte for
-// byte: prefix + a zero-padded counter.
+// newID makes ids of a kind: prefix, Config.IDPrefix and a zero-padded
+// counter, width characters after prefix.
 func (s *Sim) newID(prefix string, width int) string {
 	s.seq++
-	return fmt.Sprintf("%s%0*d", prefix, width, s.seq)
+	return fmt.Sprintf("%s%s%0*d", prefix, s.cfg.IDPrefix, max(width-len(s.cfg.IDPrefix), 1), s.seq)
 }
 
 func (s *Sim) contextLocked(threadID string) []core.Message {

@@ -279,7 +279,16 @@ func replayMismatch(want said, m message) string {
 // answers with the text "answer" and then "results: " and the tool
 // messages of the last round, joined by " | ". Any other user message
 // gets "echo: " and its text.
-func Scripted(req Request) Reply {
+func Scripted(req Request) Reply { return Play(simbase.Script{})(req) }
+
+// Play is [Scripted] with a script of its own: a conversation whose last
+// user message is no script plays sc from that message on (with no
+// rounds in sc, it gets the echo).
+func Play(sc simbase.Script) func(Request) Reply {
+	return func(req Request) Reply { return play(req, sc) }
+}
+
+func play(req Request, fallback simbase.Script) Reply {
 	var msgs []message
 	for _, raw := range req.Messages {
 		var m message
@@ -296,8 +305,10 @@ func Scripted(req Request) Reply {
 		return Reply{Content: "no user message"}
 	}
 	script, ok := simbase.ParseScript(msgs[last].text())
-	if !ok {
+	if !ok && len(fallback.Rounds) == 0 {
 		return Reply{Content: "echo: " + msgs[last].text()}
+	} else if !ok {
+		script = fallback
 	}
 	round := 0
 	var results []string

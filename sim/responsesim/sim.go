@@ -284,19 +284,32 @@ func (s *Sim) checkReplay(before, turn []json.RawMessage, refuse simbase.Refuse)
 // round it answers with the text "answer" and then "results: " and the
 // outputs of the last round, joined by " | ". Any other user message
 // gets "echo: " and its text.
-func Scripted(req Request) simbase.Reply {
+func Scripted(req Request) simbase.Reply { return Play(simbase.Script{})(req) }
+
+// Play is [Scripted] with a script of its own: a conversation with no
+// script in its user messages plays sc from its last user message on
+// (with no rounds in sc, it gets the echo).
+func Play(sc simbase.Script) func(Request) simbase.Reply {
+	return func(req Request) simbase.Reply { return play(req, sc) }
+}
+
+func play(req Request, fallback simbase.Script) simbase.Reply {
 	var script simbase.Script
 	items := make([]item, len(req.Items))
-	start := -1
+	start, lastUser := -1, -1
 	for i, raw := range req.Items {
 		items[i] = parse(raw)
 		if items[i].Type == "message" && items[i].Role == "user" {
+			lastUser = i
 			if sc, ok := simbase.ParseScript(items[i].text()); ok {
 				script, start = sc, i
-			} else if start < 0 && i == len(req.Items)-1 {
+			} else if start < 0 && i == len(req.Items)-1 && len(fallback.Rounds) == 0 {
 				return simbase.Reply{Content: "echo: " + items[i].text()}
 			}
 		}
+	}
+	if start < 0 && lastUser >= 0 && len(fallback.Rounds) > 0 {
+		script, start = fallback, lastUser
 	}
 	if start < 0 {
 		return simbase.Reply{Content: "no script"}

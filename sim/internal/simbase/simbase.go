@@ -321,6 +321,9 @@ type Script struct {
 	Answer string `json:"answer"`
 }
 
+// ResultsMark, in a script's answer, stands for the last round's results.
+const ResultsMark = "{{results}}"
+
 // ParseScript reads a script from a message's text; ok is false for any
 // other text.
 func ParseScript(text string) (s Script, ok bool) {
@@ -328,10 +331,16 @@ func ParseScript(text string) (s Script, ok bool) {
 }
 
 // Reply is the model's turn after it made round turns of calls, the last
-// one's results being results. A call without arguments has Args "".
+// one's results being results. A call without arguments has Args "". An
+// answer that holds "{{results}}" has the results there instead of at
+// its end.
 func (s Script) Reply(round int, results []string) Reply {
 	if round >= len(s.Rounds) {
-		return Reply{Content: s.Answer + "results: " + strings.Join(results, " | ")}
+		joined := strings.Join(results, " | ")
+		if strings.Contains(s.Answer, ResultsMark) {
+			return Reply{Content: strings.ReplaceAll(s.Answer, ResultsMark, joined)}
+		}
+		return Reply{Content: s.Answer + "results: " + joined}
 	}
 	var r Reply
 	for _, c := range s.Rounds[round] {
