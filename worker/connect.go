@@ -53,10 +53,24 @@ func Connect(opts ...nats.Option) (*nats.Conn, error) {
 		all = append(all, nats.UserInfo(os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD")))
 	}
 	nc, err := nats.Connect(cmp.Or(url, nats.DefaultURL), append(all, opts...)...)
-	if err != nil {
+	switch {
+	case err != nil && path == "" && os.Getenv("NATS_USER") == "":
+		// A server that wants credentials says only "Authorization
+		// Violation": say which were looked for, and where.
+		return nil, fmt.Errorf("worker: connecting to %s without credentials: %w (%s)", cmp.Or(url, nats.DefaultURL), err, NoCredentials(url))
+	case err != nil:
 		return nil, fmt.Errorf("worker: connecting to %s: %w", cmp.Or(url, nats.DefaultURL), err)
 	}
 	return nc, nil
+}
+
+// NoCredentials says why a worker connects without credentials: which
+// file it looked for, and the variables that name others. url is NATS_URL.
+func NoCredentials(url string) string {
+	if url != "" {
+		return fmt.Sprintf("NATS_URL is set and neither %s (the sidecar's credentials file) nor NATS_USER is", wire.CredentialsEnv)
+	}
+	return fmt.Sprintf("no credentials file at %s, where a sidecar on its defaults writes it (is the sidecar started?), and %s names no other", DefaultCredentials(), wire.CredentialsEnv)
 }
 
 // readCredentials reads a credentials file that only this user controls.

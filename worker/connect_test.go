@@ -95,3 +95,33 @@ func TestServiceNameAndMetadata(t *testing.T) {
 		t.Fatalf("info %+v", info)
 	}
 }
+
+// TestConnectWithoutCredentialsSaysWhy: a worker that finds no credentials
+// and is refused by a server that wants them names what it looked for:
+// the variable that names the sidecar's file, and, with no NATS_URL, the
+// file a sidecar on its defaults writes.
+func TestConnectWithoutCredentialsSaysWhy(t *testing.T) {
+	ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1",
+		Workers: []embedded.Worker{{Name: "toolsidecar-worker", Password: "pw-1234", Subscribe: []string{"t.>"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	t.Setenv("TMPDIR", t.TempDir()) // no sidecar on its defaults here
+	t.Setenv(wire.CredentialsEnv, "")
+	t.Setenv("NATS_USER", "")
+	t.Setenv("NATS_URL", ns.ClientURL())
+	nc, err := worker.Connect()
+	if err == nil {
+		nc.Close()
+		t.Fatal("connected without credentials")
+	}
+	for _, want := range []string{"Authorization Violation", "without credentials", wire.CredentialsEnv, "NATS_USER"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if why := worker.NoCredentials(""); !strings.Contains(why, worker.DefaultCredentials()) || !strings.Contains(why, wire.CredentialsEnv) {
+		t.Errorf("without NATS_URL: %q names neither the file looked for nor the variable", why)
+	}
+}

@@ -12,7 +12,7 @@
  */
 import { connect } from "@nats-io/transport-node";
 import { z } from "zod";
-import { connectOptions, serve, tool } from "../src/index.js";
+import { connectOptions, noCredentials, serve, tool } from "../src/index.js";
 
 const HotelQuery = z.object({
   city: z.string().min(1).describe("the city"),
@@ -30,7 +30,9 @@ const getHotelRates = tool(
   }),
 );
 
-const nc = await connect({ ...connectOptions(), name: "example-node-worker" });
+const nc = await connect({ ...connectOptions(), name: "example-node-worker" }).catch((e: Error) => {
+  throw new Error(`connecting: ${e.message}${noCredentials() ? ` (${noCredentials()})` : ""}`);
+});
 const worker = await serve(nc, [getHotelRates], { prefix: process.env.TOOLSIDECAR_PREFIX });
 await nc.flush();
 console.log("ready");

@@ -63,6 +63,25 @@ export function connectOptions(env: NodeJS.ProcessEnv = process.env): WorkerConn
   return { servers: env.NATS_URL || "nats://127.0.0.1:4222", user: env.NATS_USER || undefined, pass: env.NATS_PASSWORD || undefined };
 }
 
+/**
+ * Why a worker connects without credentials, when connectOptions() found
+ * none: the file it looked for and the variables that name others; "" when
+ * it found some. A server that wants credentials answers only
+ * "Authorization Violation": add this to the connect error.
+ *
+ *   const nc = await connect(opts).catch((e) => { throw new Error(`${e.message} (${noCredentials()})`); });
+ */
+export function noCredentials(env: NodeJS.ProcessEnv = process.env): string {
+  const opts = connectOptions(env);
+  if (opts.user) {
+    return "";
+  }
+  if (env.NATS_URL) {
+    return `NATS_URL is set and neither ${CREDENTIALS_ENV} (the sidecar's credentials file) nor NATS_USER is`;
+  }
+  return `no credentials file at ${defaultCredentials()}, where a sidecar on its defaults writes it (is the sidecar started?), and ${CREDENTIALS_ENV} names no other`;
+}
+
 function readCredentials(path: string): { url?: string; user: string; password: string } {
   let st;
   try {

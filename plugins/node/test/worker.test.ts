@@ -10,6 +10,7 @@ import { z } from "zod";
 import {
   CancelledBySidecar,
   connectOptions,
+  noCredentials,
   CREDENTIALS_ENV,
   serve,
   tool,
@@ -217,6 +218,26 @@ test("connectOptions reads the sidecar's credentials file and refuses one others
   assert.throws(() => connectOptions({ [CREDENTIALS_ENV]: join(dir, "none") }), /does not exist: is the sidecar started/);
   assert.deepEqual(connectOptions({ NATS_URL: "nats://h:2", NATS_USER: "u", NATS_PASSWORD: "p" }), { servers: "nats://h:2", user: "u", pass: "p" });
   rmSync(dir, { recursive: true });
+});
+
+test("noCredentials names the file looked for and the variable, when no credentials were found", () => {
+  const dir = mkdtempSync(join(tmpdir(), "nocreds-"));
+  const saved = process.env.TMPDIR;
+  process.env.TMPDIR = dir; // no sidecar on its defaults here
+  try {
+    const file = join(dir, "worker-credentials.json");
+    assert.match(noCredentials({}), new RegExp(`no credentials file at ${join(dir, "toolsidecar-nats-4222")}.*${CREDENTIALS_ENV} names no other`));
+    assert.match(noCredentials({ NATS_URL: "nats://h:1" }), new RegExp(`NATS_URL is set and neither ${CREDENTIALS_ENV}`));
+    writeFileSync(file, JSON.stringify({ user: "toolsidecar-worker", password: "pw" }), { mode: 0o600 });
+    assert.equal(noCredentials({ [CREDENTIALS_ENV]: file }), "");
+  } finally {
+    if (saved === undefined) {
+      delete process.env.TMPDIR;
+    } else {
+      process.env.TMPDIR = saved;
+    }
+    rmSync(dir, { recursive: true });
+  }
 });
 
 test("serve({ signal }) stops the worker when the signal aborts", async () => {

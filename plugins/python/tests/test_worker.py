@@ -9,6 +9,7 @@ import os
 import sys
 import time
 import unittest
+import unittest.mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -17,7 +18,7 @@ try:
 except ImportError:  # pragma: no cover
     raise unittest.SkipTest("nats-py is not importable here")
 
-from toolsidecar_worker import TOOL_METADATA_KEY, VERSION, serve, tool  # noqa: E402
+from toolsidecar_worker import CREDENTIALS_ENV, TOOL_METADATA_KEY, VERSION, connect, serve, tool  # noqa: E402
 from shared import assert_cancel_gets_no_reply, hang_until_cancelled, manifest, typed  # noqa: E402
 
 PREFIX = "pytest"
@@ -102,6 +103,29 @@ class WorkerTest(unittest.IsolatedAsyncioTestCase):
         stats = {e["name"]: e for e in json.loads(r.data)["endpoints"]}
         self.assertEqual(stats["echo"]["num_requests"], 2)
         self.assertEqual(stats["typed"]["num_requests"], 1)
+
+
+class ConnectWithoutCredentialsTest(unittest.IsolatedAsyncioTestCase):
+    """A worker that finds no credentials and cannot connect says what it looked for."""
+
+    async def test_failure_names_the_file_and_the_variable(self):
+        import socket
+        import tempfile
+
+        with socket.socket() as s:  # a port nothing serves
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_") and k != CREDENTIALS_ENV}
+        with tempfile.TemporaryDirectory() as d, unittest.mock.patch.dict(os.environ, {**env, "TMPDIR": d}, clear=True):
+            tempfile.tempdir = None  # gettempdir reads TMPDIR again
+            try:
+                with self.assertRaises(ConnectionError) as caught:
+                    await connect(servers=[f"nats://127.0.0.1:{port}"], allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.01, connect_timeout=2)
+            finally:
+                tempfile.tempdir = None
+        self.assertIn("without credentials", str(caught.exception))
+        self.assertIn(os.path.join(d, "toolsidecar-nats-4222", "worker-credentials.json"), str(caught.exception))
+        self.assertIn(CREDENTIALS_ENV, str(caught.exception))
 
 
 if __name__ == "__main__":

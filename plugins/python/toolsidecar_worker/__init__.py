@@ -40,7 +40,7 @@ import enum
 import typing
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-__all__ = ["Call", "Tool", "ToolError", "Worker", "serve", "tool", "connect", "connect_options", "default_credentials",
+__all__ = ["Call", "Tool", "ToolError", "Worker", "serve", "tool", "connect", "connect_options", "default_credentials", "no_credentials",
            "ERROR_CODES", "VERSION", "SERVICE_NAME", "CREDENTIALS_ENV", "TOOL_METADATA_KEY"]
 
 #: The version the micro service announces.
@@ -106,11 +106,30 @@ def _read_credentials(path: str) -> Dict[str, str]:
     return creds
 
 
+def no_credentials(env: Optional[Dict[str, str]] = None) -> str:
+    """Why a worker connects without credentials: the file it looked for, and the variables that name others."""
+    env = os.environ if env is None else env
+    if env.get("NATS_URL"):
+        return f"NATS_URL is set and neither {CREDENTIALS_ENV} (the sidecar's credentials file) nor NATS_USER is"
+    return (f"no credentials file at {default_credentials()}, where a sidecar on its defaults writes it "
+            f"(is the sidecar started?), and {CREDENTIALS_ENV} names no other")
+
+
 async def connect(**kwargs: Any):
-    """nats.connect with connect_options(); kwargs add to them or override them."""
+    """nats.connect with connect_options(); kwargs add to them or override them.
+
+    Without credentials, a failure says which were looked for: a server that
+    wants them answers only "Authorization Violation".
+    """
     import nats  # nats-py
 
-    return await nats.connect(**{**connect_options(), **kwargs})
+    opts = {**connect_options(), **kwargs}
+    try:
+        return await nats.connect(**opts)
+    except Exception as e:
+        if "user" in opts or "token" in opts or "user_credentials" in opts or "nkeys_seed" in opts:
+            raise
+        raise ConnectionError(f"connecting to {opts.get('servers')} without credentials: {e!r} ({no_credentials()})") from e
 
 log = logging.getLogger("toolsidecar_worker")
 
