@@ -30,6 +30,12 @@ type Upstream struct {
 	// Retry-After, 5xx, a failed connection, a stream cut before its
 	// finish chunk). default: 30s
 	RetryBudget time.Duration `koanf:"retry_budget"`
+	// ConnectTimeout bounds how long a turn's request goes on trying to
+	// connect to the upstream (a refused connection, a failed DNS lookup,
+	// a connection that does not open) before the run fails saying the
+	// upstream cannot be reached; retry_budget still bounds the rest.
+	// default: 5s
+	ConnectTimeout time.Duration `koanf:"connect_timeout"`
 	// StreamIdleTimeout bounds the silence of a turn's stream (no byte: an
 	// event or a keep-alive comment), for kinds openai, responses and
 	// anthropic; past it the turn is retried within retry_budget. default:
@@ -78,7 +84,7 @@ func (u Upstream) validate() []error {
 	default:
 		p.add("kind", "must be core, openai, anthropic or responses, got %q", u.Kind)
 	}
-	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "stream_idle_timeout": int64(u.StreamIdleTimeout),
+	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "connect_timeout": int64(u.ConnectTimeout), "stream_idle_timeout": int64(u.StreamIdleTimeout),
 		"journal_ttl": int64(u.JournalTTL)}, durationText)
 	return p.list
 }

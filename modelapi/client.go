@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -33,6 +34,10 @@ type Client struct {
 	MaxErrorBytes int
 	// Logger hears the retries. nil: they are not logged.
 	Logger *slog.Logger
+	// ConnectTimeout bounds the retries of failed connections (refused,
+	// unresolved, not opened) from a turn's first attempt: an upstream that
+	// cannot be reached is not worth the whole budget. 0: the budget alone.
+	ConnectTimeout time.Duration
 }
 
 // Post sends a turn's request (body, with headers and the API's key),
@@ -44,7 +49,7 @@ func (c *Client) Post(ctx context.Context, body []byte, headers http.Header, key
 	if log == nil {
 		log = discard
 	}
-	b := retry.UpstreamTurn.New()
+	b := &connectBackOff{BackOff: retry.UpstreamTurn.New(), deadline: time.Now().Add(c.ConnectTimeout)}
 	return backoff.Retry(ctx, func() (*http.Response, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+c.Codec.TurnPath(), bytes.NewReader(body))
 		if err != nil {
@@ -61,9 +66,14 @@ func (c *Client) Post(ctx context.Context, body []byte, headers http.Header, key
 			if ctx.Err() != nil {
 				return nil, backoff.Permanent(context.Cause(ctx))
 			}
+			b.unreachable = c.ConnectTimeout > 0 && unreachable(err)
+			if b.unreachable && !time.Now().Before(b.deadline) {
+				return nil, backoff.Permanent(fmt.Errorf("the upstream cannot be reached (tried for upstream.connect_timeout, %s): %w", c.ConnectTimeout, err))
+			}
 			log.Warn("turn request failed; retrying", "err", err)
 			return nil, err
 		}
+		b.unreachable = false
 		if resp.StatusCode == http.StatusOK {
 			return resp, nil
 		}
@@ -82,6 +92,31 @@ func (c *Client) Post(ctx context.Context, body []byte, headers http.Header, key
 			return nil, backoff.Permanent(rerr)
 		}
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(budget))
+}
+
+// connectBackOff is a turn's backoff that, while the upstream cannot be
+// reached, waits no later than the connect deadline: the last attempt is
+// made at the deadline, not one interval past it.
+type connectBackOff struct {
+	backoff.BackOff
+	deadline    time.Time
+	unreachable bool // the last attempt could not connect
+}
+
+// NextBackOff is the wait before the next attempt.
+func (b *connectBackOff) NextBackOff() time.Duration {
+	d := b.BackOff.NextBackOff()
+	if left := time.Until(b.deadline); b.unreachable && d > left {
+		return max(left, 0)
+	}
+	return d
+}
+
+// unreachable says whether err is a failure to connect (refused, no
+// such host, the dial timed out): no byte of the request was sent.
+func unreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // refusal reads a refused request's error body into an UpstreamError.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,5 +47,23 @@ func TestClientPost(t *testing.T) {
 	}
 	if n.Load() != 2 {
 		t.Errorf("%d requests, want 2: a 400 is not asked again", n.Load())
+	}
+}
+
+// TestClientPostUnreachable: an upstream that refuses connections fails
+// the turn once ConnectTimeout has passed, saying it cannot be reached,
+// though the retry budget is far from spent.
+func TestClientPostUnreachable(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	url := srv.URL
+	srv.Close() // nothing listens there now
+	c := &Client{Codec: messagesCodec{}, URL: url, HTTP: &http.Client{}, MaxErrorBytes: 1 << 10, ConnectTimeout: 100 * time.Millisecond}
+	// The budget outlasts the test's own deadline: only the connect
+	// timeout can end the turn in time.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := c.Post(ctx, []byte(`{}`), nil, "k", time.Hour)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "cannot be reached (tried for upstream.connect_timeout, 100ms)") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("post to a closed port: %v (ctx %v)", err, ctx.Err())
 	}
 }

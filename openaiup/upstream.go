@@ -51,6 +51,9 @@ type Config struct {
 	RetryBudget time.Duration
 	// IdleTimeout bounds the silence between a stream's events.
 	IdleTimeout time.Duration
+	// ConnectTimeout bounds the retries of a turn's request that cannot
+	// connect to the upstream; 0: RetryBudget alone bounds them.
+	ConnectTimeout time.Duration
 	// MaxResponseBytes bounds one event of a stream while it is read (a
 	// longer one fails the run, saying so; an event that can carry every
 	// call of a turn, more: modelapi.Codec's EventBound), the arguments of
@@ -110,7 +113,7 @@ func New(cfg Config) (*Upstream, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	u := &Upstream{cfg: cfg, api: a, host: parsed.Host, log: log.With("component", a.Kind()), runs: map[string]*run{}}
-	u.client = &modelapi.Client{Codec: a, URL: cfg.URL, HTTP: cfg.Client, MaxErrorBytes: cfg.MaxResponseBytes, Logger: u.log}
+	u.client = &modelapi.Client{Codec: a, URL: cfg.URL, HTTP: cfg.Client, MaxErrorBytes: cfg.MaxResponseBytes, Logger: u.log, ConnectTimeout: cfg.ConnectTimeout}
 	if cfg.Journal != nil {
 		u.store = runstore.New(cfg.Journal)
 	}

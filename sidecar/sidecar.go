@@ -547,7 +547,10 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 		return nil, err
 	}
 	// Turns carry the drive's traceparent, as Core's requests do.
-	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	// One dial waits no longer than the whole of upstream.connect_timeout.
+	tr.DialContext = (&net.Dialer{Timeout: s.cfg.Upstream.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
+	client := &http.Client{Transport: coreTransport(s.tp, tr)}
 	var journal runstore.Journal
 	if s.ledger != nil {
 		journal = s.ledger.Journal()
@@ -555,7 +558,7 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 		journal = runstore.NewMemoryJournal(s.cfg.Upstream.JournalTTL, memoryJournalBytes)
 	}
 	s.openai, err = openaiup.New(openaiup.Config{API: s.cfg.Upstream.Kind, URL: s.cfg.Upstream.URL, APIKey: key, Client: client, Journal: journal,
-		RetryBudget: s.cfg.Upstream.RetryBudget, IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, Logger: s.log,
+		RetryBudget: s.cfg.Upstream.RetryBudget, IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, ConnectTimeout: s.cfg.Upstream.ConnectTimeout, Logger: s.log,
 		MaxResponseBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
 		Unsafe: func(name string) bool {
 			t, ok := s.live.Load().Lookup(name)
