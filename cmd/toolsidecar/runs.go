@@ -281,7 +281,13 @@ func printRun(w io.Writer, r live.Run) error {
 			case detail == "":
 				detail = c.Preview
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", c.ToolCallID, c.Tool, orDash(c.Outcome, "running"), took(c.Dispatched, c.Finalised), max(c.Attempts, 1), detail)
+			// A validation error lists one problem a line: each goes on a
+			// row of its own, under the detail, so the columns stay whole.
+			first, rest, _ := strings.Cut(detail, "\n")
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", c.ToolCallID, c.Tool, orDash(c.Outcome, "running"), took(c.Dispatched, c.Finalised), max(c.Attempts, 1), first)
+			for line := range strings.Lines(rest) {
+				fmt.Fprintf(tw, "  \t\t\t\t\t  %s\n", strings.TrimRight(line, "\n"))
+			}
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -95,5 +96,34 @@ func TestRunsCommand(t *testing.T) {
 	}
 	if got := cli(1, "runs", "list", "--url", "http://"+testenv.FreeAddr(t)); !strings.Contains(got, "connection refused") {
 		t.Errorf("no daemon there: %q", got)
+	}
+}
+
+// TestRunsShowProblemLines: a call whose error lists problems a line each
+// (a validation error) shows each on a row of its own under the call's
+// detail, indented, and the calls after it keep their columns.
+func TestRunsShowProblemLines(t *testing.T) {
+	r := live.Run{ID: "run_1", Status: "completed", Turns: []*live.Turn{{N: 1, Calls: []*live.Call{
+		{ToolCallID: "call_a", Tool: "get_weather", Outcome: "invalid_args",
+			Error: "invalid arguments for tool \"get_weather\":\n- at /: missing property 'city'\n- at /days: got string, want integer"},
+		{ToolCallID: "call_b", Tool: "echo", Outcome: "ok", Preview: "{}"},
+	}}}}
+	var out bytes.Buffer
+	if err := printRun(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out.String(), "\n")
+	row := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, "call_a") })
+	if row < 0 || row+3 >= len(lines) {
+		t.Fatalf("runs show:\n%s", out.String())
+	}
+	detail := strings.Index(lines[row], "invalid arguments")
+	for k, want := range []string{"- at /: missing property 'city'", "- at /days: got string, want integer"} {
+		if got := strings.Index(lines[row+1+k], want); got <= detail || strings.TrimSpace(lines[row+1+k]) != want {
+			t.Errorf("problem %d is not alone on an indented line under the detail (column %d):\n%s", k, detail, out.String())
+		}
+	}
+	if next := lines[row+3]; !strings.Contains(next, "call_b") || strings.Index(next, "echo") != strings.Index(lines[row], "get_weather") {
+		t.Errorf("the next call lost its columns:\n%s", out.String())
 	}
 }

@@ -346,11 +346,11 @@ func (t *transcript) event(e executor.Event) {
 	case executor.EventToolResult:
 		t.last[e.Turn] = time.Now()
 		c := e.Call
-		status := "ok"
-		if !c.OK {
-			status = c.ErrorType + ": " + firstLine(c.Error)
-		}
+		status, problems := outcome(*c)
 		fmt.Fprintf(t.out, "%s   ← %-17s %s %6dms attempts=%d  %s\n", t.at(), c.Tool, c.ToolCallID, c.DurationMS, c.Attempts, status)
+		for _, p := range problems {
+			fmt.Fprintf(t.out, "%s                         %s\n", strings.Repeat(" ", 9), p)
+		}
 		if c.OK {
 			fmt.Fprintf(t.out, "%s                       %s\n", strings.Repeat(" ", 9), c.Output)
 		}
@@ -385,9 +385,18 @@ func (t *transcript) summary(s executor.Summary) {
 	fmt.Fprintf(t.out, "final answer:\n  %s\n", strings.ReplaceAll(s.Content, "\n", "\n  "))
 }
 
-func firstLine(s string) string {
-	l, _, _ := strings.Cut(s, "\n")
-	return l
+// outcome is a call's outcome for its row ("ok", or the error type and
+// the error's first line) and the problems a validation error lists after
+// that line, one a line, each printed on a line of its own under the row.
+func outcome(c executor.CallResult) (status string, problems []string) {
+	if c.OK {
+		return "ok", nil
+	}
+	first, rest, _ := strings.Cut(c.Error, "\n")
+	for line := range strings.Lines(rest) {
+		problems = append(problems, strings.TrimRight(line, "\n"))
+	}
+	return c.ErrorType + ": " + first, problems
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fs", d.Seconds()) }

@@ -54,6 +54,10 @@ func TestDemo(t *testing.T) {
 	if n := strings.Count(s, "upstream contract log: 0 violations"); n != 3 {
 		t.Errorf("%d empty upstream contract logs, want one per model API:\n%s", n, s)
 	}
+	// Each problem of the invalid call is a line of its own under it.
+	if !regexp.MustCompile(`invalid_args: invalid arguments for tool "get_flight_times":\n {20,}- at `).MatchString(s) {
+		t.Errorf("the invalid call's problems are not each on an indented line under it:\n%s", s)
+	}
 	// The hotel search outlives its 1s timeout thanks to progress.
 	m := regexp.MustCompile(`← search_hotels\s+\S+\s+(\d+)ms attempts=1  ok`).FindStringSubmatch(s)
 	if m == nil || len(m[1]) < 4 {

@@ -271,11 +271,11 @@ func runModel(ctx context.Context, out io.Writer, passwordFile, password string,
 	}
 	fmt.Fprintf(out, "\n%s stream ended: %s\n", at(), end.summary)
 	for _, c := range end.calls {
-		status := "ok"
-		if !c.OK {
-			status = c.ErrorType + ": " + firstLine(c.Error)
-		}
+		status, problems := outcome(c)
 		fmt.Fprintf(out, "  turn %d  %-17s %s %6dms  %s\n", c.Turn, c.Tool, c.ToolCallID, c.DurationMS, status)
+		for _, p := range problems {
+			fmt.Fprintf(out, "%45s%s\n", "", p)
+		}
 	}
 	fmt.Fprintf(out, "usage over the turns: %d input + %d output tokens\n", end.input, end.output)
 	v := m.violations()
