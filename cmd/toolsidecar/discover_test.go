@@ -71,6 +71,7 @@ func TestCheckAndToolsReadDeclarations(t *testing.T) {
 // daemon sees the tools workers declare; `tools --source` with the
 // daemon's configuration lists them from it, schema, side effects and
 // declarer included, and without a daemon says it lists the file's only.
+// check warns of the file's nats tools that no worker declares there.
 func TestToolsReadsTheRunningDaemon(t *testing.T) {
 	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{NATS: func(n *config.NATS) { n.DiscoverInterval = 100 * time.Millisecond }})
 	nc, err := nats.Connect(env.NATSURL, nats.UserInfo(testenv.WorkerUser, env.WorkerPassword))
@@ -100,6 +101,15 @@ func TestToolsReadsTheRunningDaemon(t *testing.T) {
 		listed[0].Source != "worker" || !strings.Contains(string(listed[0].Function.Parameters), `"city"`) ||
 		listed[0].SideEffects != tool.ReadOnly || listed[0].Retries != 2 || listed[0].Function.Description != "Look a city up" {
 		t.Fatalf("tools --source from the daemon: %s (%v)", out.String(), err)
+	}
+
+	// check warns of the file's nats tools that no worker declares in the
+	// running daemon, and of no other.
+	os.WriteFile(f, []byte("server: {listen: \""+strings.TrimPrefix(env.URL, "http://")+"\"}\ntools:\n  - {name: lookup, retries: 2}\n  - {name: orphan, parameters: {type: object}}\n"), 0o600)
+	errOut.Reset()
+	if code := run([]string{"check", "--config", f}, &out, &errOut); code != 0 ||
+		!strings.Contains(errOut.String(), "warning: no worker was seen declaring orphan (the running daemon's tools)") {
+		t.Errorf("check beside the daemon: exit %d: %s", code, errOut.String())
 	}
 
 	os.WriteFile(f, []byte("server: {listen: \"127.0.0.1:1\"}\n"), 0o600)

@@ -27,6 +27,7 @@ import (
 	"github.com/projectdavid/toolsidecar/plugins"
 	"github.com/projectdavid/toolsidecar/registry"
 	"github.com/projectdavid/toolsidecar/sidecar"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 func main() {
@@ -379,8 +380,42 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 		}
 		return 1
 	}
+	if idle, how := unserved(ctx, cfg, reg); len(idle) > 0 {
+		fmt.Fprintf(stderr, "toolsidecar check: warning: no worker was seen declaring %s (%s): a call gets not_found unless a worker serves %s.<tool>; "+
+			"a worker declares its tools in its code (docs/tools.md), or the tool takes another route (exec, http, mcp)\n",
+			strings.Join(idle, ", "), how, cfg.NATS.SubjectPrefix)
+	}
 	fmt.Fprintf(stdout, "configuration valid: %d tools\n", len(reg.Names()))
 	return 0
+}
+
+// unserved lists the tools on the nats route that the configuration alone
+// defines: no worker was seen declaring them, in the running daemon's
+// registry when one answers, else among the declarations read from the
+// bus. how says where workers were looked for.
+func unserved(ctx context.Context, cfg config.Config, reg *registry.Registry) (names []string, how string) {
+	sources := map[string]string{}
+	for _, t := range reg.Tools() {
+		sources[t.Name] = t.Source
+	}
+	how = "the workers on " + cfg.NATS.URL
+	if cfg.NATS.URL == "" {
+		how = "no daemon answered, and its embedded NATS server starts with it"
+	}
+	rc, err := daemonOf(cfg, 2*time.Second)
+	var live []tool.SourcedTool
+	if err == nil && rc.get(ctx, "/v1/tools?source=1", &live) == nil {
+		how = "the running daemon's tools"
+		for _, t := range live {
+			sources[t.Function.Name] = t.Source
+		}
+	}
+	for _, t := range reg.Tools() {
+		if t.Route == "nats" && sources[t.Name] == registry.SourceConfig {
+			names = append(names, t.Name)
+		}
+	}
+	return names, how
 }
 
 // withDeclared adds, as a start does, the tools that the workers on an
