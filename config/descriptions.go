@@ -8,6 +8,7 @@ package config
 var descriptions = map[string]string{
 	"Config.InstanceID":               "InstanceID names this sidecar, stable across its restarts (the pod's name): its replies and ledger entries carry it. default: the hostname",
 	"Core.APIKeyFile":                 "APIKeyFile holds the X-API-Key. Optional: TOOLSIDECAR_CORE_API_KEY is read when it is empty.",
+	"Core.ConnectTimeout":             "ConnectTimeout bounds the opening of a connection to Core, and the retries of a call that could not connect: a Core that cannot be reached fails the call after it, saying so. default: 5s",
 	"Core.IdleTimeout":                "IdleTimeout is how long a connection to Core is kept idle. Keep it below Core's keep-alive timeout (uvicorn's: 5 s), so that the sidecar, not Core, closes an idle connection: a POST that meets Core's close on its way out is not sent again. default: 4s",
 	"Core.MaxConnections":             "MaxConnections bounds the connections, and so the requests at once, of every call to Core but the completions streams (one connection each); more wait in a queue (toolsidecar_core_requests_queued). default: 64",
 	"Core.ReadinessCheck":             "ReadinessCheck makes /readyz also require Core to answer. Off by default: a Core outage is not the sidecar's, and would mark every application pod NotReady at once. default: false",

@@ -112,6 +112,10 @@ type Core struct {
 	// could still be applied by Core after the call's next write.
 	// default: 30s
 	Timeout time.Duration `koanf:"timeout"`
+	// ConnectTimeout bounds the opening of a connection to Core, and the
+	// retries of a call that could not connect: a Core that cannot be
+	// reached fails the call after it, saying so. default: 5s
+	ConnectTimeout time.Duration `koanf:"connect_timeout"`
 	// StreamIdleTimeout bounds the silence between frames. default: 280s
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
 	// ReadinessCheck makes /readyz also require Core to answer. Off by
@@ -135,7 +139,8 @@ func (c Core) validate() []error {
 	if !httpURL(c.URL) {
 		p.add("url", "must be an http(s) URL, got %q", RedactURL(c.URL))
 	}
-	p.positive(map[string]int64{"timeout": int64(c.Timeout), "stream_idle_timeout": int64(c.StreamIdleTimeout), "idle_timeout": int64(c.IdleTimeout)}, durationText)
+	p.positive(map[string]int64{"timeout": int64(c.Timeout), "connect_timeout": int64(c.ConnectTimeout), "stream_idle_timeout": int64(c.StreamIdleTimeout),
+		"idle_timeout": int64(c.IdleTimeout)}, durationText)
 	p.positive(map[string]int64{"max_connections": int64(c.MaxConnections)}, numberText)
 	return p.list
 }

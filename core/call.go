@@ -35,8 +35,12 @@ func (c *Client) call(ctx context.Context, method, path, endpoint string, in, ou
 	var r retryPolicy
 	c.retries(&r, method)
 	var earlier error
+	start := time.Now()
 	for {
 		err := withEarlier(c.once(ctx, method, path, endpoint, body, out), earlier)
+		if neverSent(err) && time.Since(start) >= c.cfg.ConnectTimeout {
+			return fmt.Errorf("%w (Core cannot be reached: tried for core.connect_timeout, %s)", err, c.cfg.ConnectTimeout)
+		}
 		if !r.again(err) {
 			return err
 		}

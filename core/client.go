@@ -66,6 +66,11 @@ type Config struct {
 	// as it went out (a POST is not sent twice).
 	// default: 4s (uvicorn closes after 5 s)
 	IdleTimeout time.Duration
+	// ConnectTimeout bounds one connection's opening, and the retries of
+	// a call that could not connect: a Core that cannot be reached fails
+	// the call after it, not after Timeout.
+	// default: 5s
+	ConnectTimeout time.Duration
 }
 
 // DefaultIdleTimeout is [Config.IdleTimeout]'s default: a second under
@@ -175,6 +180,9 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 5 * time.Second
+	}
 	var basic []string
 	if u.User != nil { // as http.Client would send it
 		password, _ := u.User.Password()
@@ -186,7 +194,7 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	// Short calls share at most MaxConns connections; completions streams,
 	// each holding one for a whole turn, and requests on others' behalf
 	// have transports of their own, so that neither waits behind the other.
-	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, cfg.IdleTimeout, &c.dialed)}
+	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, cfg.IdleTimeout, cfg.ConnectTimeout, &c.dialed)}
 	// A completions stream is a POST that must not be sent twice, and
 	// net/http does not resend one that meets a connection Core closed
 	// (Core restarted, or its keep-alive ended) as it left. Each stream
@@ -195,10 +203,10 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	// connection without asking Core to close: DisableKeepAlives would
 	// send "Connection: close", after which Go's server no longer watches
 	// the connection for the client going away.)
-	streams := newTransport(0, cfg.IdleTimeout, &c.streamsDialed)
+	streams := newTransport(0, cfg.IdleTimeout, cfg.ConnectTimeout, &c.streamsDialed)
 	streams.MaxIdleConnsPerHost = -1
 	c.streamHC = &http.Client{Transport: streams}
-	c.otherHC = &http.Client{Transport: newTransport(0, cfg.IdleTimeout, &c.streamsDialed)}
+	c.otherHC = &http.Client{Transport: newTransport(0, cfg.IdleTimeout, cfg.ConnectTimeout, &c.streamsDialed)}
 	// The proxy (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) is read now, not once
 	// per process as http.ProxyFromEnvironment does.
 	proxy, err := httpproxy.FromEnvironment().ProxyFunc()(u)
@@ -243,10 +251,11 @@ const DefaultMaxConns = 64
 // newTransport is a transport of at most maxConns connections (0: no
 // bound) that keeps up to 64 of them idle, or maxConns if more, so that
 // the next request finds one open: without it, over TLS, each would pay a
-// handshake. It keeps an idle connection for idle, and counts the
-// connections it opens in dialed.
-func newTransport(maxConns int, idle time.Duration, dialed *atomic.Int64) *http.Transport {
+// handshake. It keeps an idle connection for idle, gives up opening one
+// after connect, and counts the connections it opens in dialed.
+func newTransport(maxConns int, idle, connect time.Duration, dialed *atomic.Int64) *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext
 	t.IdleConnTimeout = idle
 	t.MaxConnsPerHost = maxConns
 	t.MaxIdleConnsPerHost = max(maxConns, 64)

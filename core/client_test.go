@@ -129,6 +129,24 @@ func TestPostRetriedWhenNeverDelivered(t *testing.T) {
 	}
 }
 
+// TestUnreachableWithinConnectTimeout: a Core that refuses connections
+// fails a call once ConnectTimeout has passed, saying it cannot be
+// reached, however many retries and however long a Timeout are left.
+func TestUnreachableWithinConnectTimeout(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	c, _ := New(Config{URL: url, Retries: 1 << 20, Timeout: time.Hour, ConnectTimeout: 100 * time.Millisecond})
+	// Only the connect timeout can end the call before this guard.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := c.CreateThread(ctx)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "Core cannot be reached: tried for core.connect_timeout, 100ms") ||
+		!strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("a call to a closed port: %v (ctx %v)", err, ctx.Err())
+	}
+}
+
 // TestWireBodies checks what goes on the wire for the calls the loop makes.
 func TestWireBodies(t *testing.T) {
 	type seen struct {

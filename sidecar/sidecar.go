@@ -481,7 +481,7 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 	// Calls to Core carry the drive's traceparent, and become client spans
 	// of the drive when spans are recorded.
 	opts = append(opts, core.WithRoundTripper(func(rt http.RoundTripper) http.RoundTripper { return coreTransport(s.tp, rt) }))
-	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout,
+	return core.New(core.Config{URL: s.cfg.Core.URL, APIKey: apiKey, Timeout: s.cfg.Core.Timeout, ConnectTimeout: s.cfg.Core.ConnectTimeout,
 		StreamIdleTimeout: s.cfg.Core.StreamIdleTimeout, MaxConns: s.cfg.Core.MaxConnections, IdleTimeout: s.cfg.Core.IdleTimeout,
 		MaxFrameBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes)}, opts...)
 }
