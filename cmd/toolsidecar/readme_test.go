@@ -262,8 +262,8 @@ func runUntilPrints(t *testing.T, dir string, env []string, b block, want []stri
 }
 
 // TestREADMEGoWorker builds the README's Go worker in a module of its own
-// that reaches the project through a replace directive, as the README
-// says a worker outside the checkout does.
+// that reaches the project through a replace directive, offline with the
+// checkout's go.sum, as the README says a worker outside the checkout does.
 func TestREADMEGoWorker(t *testing.T) {
 	var src []string
 	for _, b := range readmeBlocks(t) {
@@ -291,7 +291,7 @@ func TestREADMEGoWorker(t *testing.T) {
 		{"build", "-o", os.DevNull, "."},
 	} {
 		cmd := exec.Command("go", args...)
-		cmd.Dir = dir
+		cmd.Dir, cmd.Env = dir, append(os.Environ(), "GOPROXY=off") // offline, as the README says it works
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
