@@ -14,12 +14,19 @@ type Upstream struct {
 	// OpenAI, vLLM, Ollama, llama.cpp, LiteLLM), which they reach at POST
 	// /v1/responses, or anthropic (a Messages API server: Anthropic,
 	// LiteLLM, vLLM, Ollama, llama.cpp), which they reach at POST
-	// /v1/messages. default: core
+	// /v1/messages. Two kinds watch hosted agent sessions instead of
+	// driving a model: openai-agents (the OpenAI Agents API, which
+	// applications reach under the sidecar's /v1/agents/) and
+	// anthropic-agents (Anthropic Managed Agents); when a session blocks on
+	// client tools of the registry, the sidecar runs them and posts their
+	// results. default: core
 	Kind string `koanf:"kind"`
 	// URL of the model's API as its official client takes it, for kinds
 	// openai, responses and anthropic: with its version for openai and
 	// responses (https://api.openai.com/v1, http://127.0.0.1:11434/v1),
-	// without for anthropic (https://api.anthropic.com).
+	// without for anthropic (https://api.anthropic.com). Likewise
+	// https://api.openai.com/v1 for openai-agents and
+	// https://api.anthropic.com for anthropic-agents.
 	URL string `koanf:"url"`
 	// APIKeyFile holds the key sent upstream, for kinds openai and
 	// responses (as a bearer token) and anthropic (as x-api-key). Optional:
@@ -42,6 +49,11 @@ type Upstream struct {
 	// In durable mode the journal is in JetStream; otherwise in memory,
 	// and a restart loses it. default: 24h
 	JournalTTL time.Duration `koanf:"journal_ttl"`
+	// MaxSessions bounds the hosted sessions watched at once, for kinds
+	// openai-agents and anthropic-agents: each is one open event stream
+	// and two goroutines; a session created or read past it is passed
+	// through, and not watched. default: 1000
+	MaxSessions int `koanf:"max_sessions"`
 }
 
 // Upstream kinds.
@@ -50,7 +62,17 @@ const (
 	UpstreamOpenAI    = "openai"
 	UpstreamAnthropic = "anthropic"
 	UpstreamResponses = "responses"
+	// The hosted agent loops: the sidecar watches sessions, it does not
+	// drive a model.
+	UpstreamOpenAIAgents    = "openai-agents"
+	UpstreamAnthropicAgents = "anthropic-agents"
 )
+
+// Hosted reports an upstream of hosted agent sessions (openai-agents,
+// anthropic-agents).
+func (u Upstream) Hosted() bool {
+	return u.Kind == UpstreamOpenAIAgents || u.Kind == UpstreamAnthropicAgents
+}
 
 // Model reports an upstream that is a model's API (openai, anthropic,
 // responses), which applications reach through the sidecar, rather than
@@ -67,19 +89,22 @@ func (u Upstream) validate() []error {
 	p := problems{prefix: "upstream"}
 	switch u.Kind {
 	case UpstreamCore:
-	case UpstreamOpenAI, UpstreamResponses:
+	case UpstreamOpenAI, UpstreamResponses, UpstreamOpenAIAgents:
 		if !httpURL(u.URL) {
 			p.add("url", "must be the http(s) URL of the API with its version (https://api.openai.com/v1), got %q", RedactURL(u.URL))
 		}
-	case UpstreamAnthropic:
+	case UpstreamAnthropic, UpstreamAnthropicAgents:
 		if !httpURL(u.URL) {
 			p.add("url", "must be the http(s) URL of the API as its client takes it (https://api.anthropic.com), got %q", RedactURL(u.URL))
 		}
 	default:
-		p.add("kind", "must be core, openai, anthropic or responses, got %q", u.Kind)
+		p.add("kind", "must be core, openai, anthropic, responses, openai-agents or anthropic-agents, got %q", u.Kind)
 	}
 	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "stream_idle_timeout": int64(u.StreamIdleTimeout),
 		"journal_ttl": int64(u.JournalTTL)}, durationText)
+	if u.Hosted() {
+		p.positive(map[string]int64{"max_sessions": int64(u.MaxSessions)}, numberText)
+	}
 	return p.list
 }
 

@@ -29,6 +29,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
 
+	"github.com/projectdavid/toolsidecar/agentsapi"
+	"github.com/projectdavid/toolsidecar/agentsup"
 	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
@@ -117,6 +119,8 @@ type Sidecar struct {
 	reloader    *registry.Reloader // nil without WithReload
 	exec        *executor.Executor
 	openai      *openaiup.Upstream // nil unless upstream.kind is openai or anthropic
+	agents      *agentsup.Upstream // nil unless upstream.kind is openai-agents or anthropic-agents
+	watcher     *agentsup.Watcher  // the hosted sessions' watches, with agents
 	approvals   approval.Store     // the ledger's when durable
 	board       *live.Board        // nil with server.ui false
 	srv         *server.Server
@@ -539,6 +543,9 @@ func ExecutorConfig(c config.Executor) executor.Config {
 // upstream is the side where the model is: Core, or an OpenAI-compatible
 // server that the sidecar's POST /v1/chat/completions drives.
 func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
+	if s.cfg.Upstream.Hosted() {
+		return s.hostedUpstream()
+	}
 	if !s.cfg.Upstream.Model() {
 		return coreup.New(cc), nil
 	}
@@ -564,6 +571,31 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	return s.openai, err
 }
 
+// hostedUpstream is a hosted agent API's sessions (upstream.kind
+// openai-agents or anthropic-agents), watched for the registry's calls.
+func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
+	key, err := s.cfg.UpstreamAPIKey()
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Upstream.Kind != config.UpstreamOpenAIAgents {
+		return nil, fmt.Errorf("upstream.kind %s is not built yet", s.cfg.Upstream.Kind)
+	}
+	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
+	api, err := agentsapi.NewOpenAI(agentsapi.Config{URL: s.cfg.Upstream.URL, HTTP: client, MaxEventBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
+		IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log.With("component", s.cfg.Upstream.Kind)})
+	if err != nil {
+		return nil, err
+	}
+	s.agents, err = agentsup.New(agentsup.Config{API: api, APIKey: key, Logger: s.log,
+		Owns: func(name string) bool { _, ok := s.live.Load().Lookup(name); return ok },
+		Unsafe: func(name string) bool {
+			t, ok := s.live.Load().Lookup(name)
+			return ok && t.SideEffects == config.Unsafe
+		}})
+	return s.agents, err
+}
+
 // buildServer builds the API; coreRT reaches Core for the proxy and the
 // readiness probe, with the Core client's TLS.
 func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
@@ -578,6 +610,24 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), Live: s.natsLife.Err, ReadyInfo: s.readyInfo,
 		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
+	case s.agents != nil:
+		w, err := agentsup.NewWatcher(agentsup.WatcherConfig{Upstream: s.agents, Drive: s.exec.Drive, Max: s.cfg.Upstream.MaxSessions})
+		if err != nil {
+			return err
+		}
+		var own string // with the sidecar's own token, sessions are its upstream key's
+		if token != "" {
+			if own, err = s.cfg.UpstreamAPIKey(); err != nil {
+				return err
+			}
+		}
+		ep, err := agentsup.NewEndpoint(agentsup.EndpointConfig{URL: s.cfg.Upstream.URL, Kind: s.cfg.Upstream.Kind, Watcher: w, OwnKey: own,
+			Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone()), MaxBodyBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes), Logger: s.log})
+		if err != nil {
+			return err
+		}
+		s.watcher = w
+		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, AnyBody: true, Errors: ep.WriteError}}
 	case s.openai != nil:
 		var memo executor.Memo // memory, unless durable
 		if s.ledger != nil {
@@ -764,6 +814,9 @@ func (s *Sidecar) Shutdown(ctx context.Context) error {
 func (s *Sidecar) shutdown(ctx context.Context) error {
 	s.natsLife.Stopping()
 	s.exec.Drain()
+	if s.watcher != nil {
+		s.watcher.Close(ctx) // the drives finish their batches, then the watches end
+	}
 	if err := s.hs.Shutdown(ctx); err != nil {
 		s.log.Warn("shutdown deadline: the calls still running are left, open, for the next drive of their runs", "err", err)
 		s.exec.Abandon() // before the requests' contexts end, so that their cause is the executor's
@@ -884,7 +937,7 @@ func (s *Sidecar) registerInfo() {
 // its userinfo and without its query, where a key may be.
 func (s *Sidecar) upstreamURL() string {
 	raw := s.cfg.Core.URL
-	if s.cfg.Upstream.Model() {
+	if s.cfg.Upstream.Model() || s.cfg.Upstream.Hosted() {
 		raw = s.cfg.Upstream.URL
 	}
 	u, err := url.Parse(raw)

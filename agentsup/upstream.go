@@ -1,0 +1,223 @@
+// Package agentsup adapts a hosted agent session (the OpenAI Agents API,
+// Anthropic Managed Agents; their wire is agentsapi's) to the executor's
+// Upstream port. The sidecar does not drive the model: it follows the
+// session's events, and whenever the session blocks on client calls of
+// the registry's tools it runs them as one batch and posts their results
+// in one request.
+//
+// A session is the executor's run; a turn is the session's stream read
+// until it blocks (its pending calls of the registry's tools are the
+// turn's calls) or goes idle (the turn has none, and the drive ends).
+// Calls of the application's own tools are left for it.
+package agentsup
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/http"
+	"sync"
+
+	"github.com/projectdavid/toolsidecar/agentsapi"
+	"github.com/projectdavid/toolsidecar/executor"
+)
+
+// Config configures the adapter.
+type Config struct {
+	API agentsapi.API
+	// Owns reports a tool of the registry: its calls are the sidecar's;
+	// the others are left for the application.
+	Owns func(tool string) bool
+	// Unsafe reports a tool that must not run twice. default: none is
+	Unsafe func(tool string) bool
+	// APIKey is the sidecar's own key, used where no caller's is known.
+	// Never logged.
+	APIKey string
+	Logger *slog.Logger
+}
+
+// Upstream is the executor's Upstream on hosted sessions. It holds the
+// sessions being watched (Watcher), each with the calls it waits on.
+type Upstream struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*session
+}
+
+// New builds the adapter. No I/O.
+func New(cfg Config) (*Upstream, error) {
+	if cfg.API == nil || cfg.Owns == nil {
+		return nil, fmt.Errorf("agentsup: API and Owns are required")
+	}
+	if cfg.Unsafe == nil {
+		cfg.Unsafe = func(string) bool { return false }
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Upstream{cfg: cfg, log: log.With("component", cfg.API.Kind()), sessions: map[string]*session{}}, nil
+}
+
+// Kind is the API's upstream.kind.
+func (u *Upstream) Kind() string { return u.cfg.API.Kind() }
+
+func (u *Upstream) session(id string) (*session, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	s, ok := u.sessions[id]
+	if !ok {
+		return nil, &executor.UpstreamError{Status: http.StatusNotFound, Err: fmt.Errorf("agentsup: no watched session %s", id)}
+	}
+	return s, nil
+}
+
+// Run reports a watched session as a run: active while it works or
+// waits on calls; stopping when a turn whose calls run was cancelled;
+// completed when idle; failed or cancelled when it ended.
+func (u *Upstream) Run(_ context.Context, id string) (executor.Run, error) {
+	s, err := u.session(id)
+	if err != nil {
+		return executor.Run{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	run := executor.Run{ID: id, UpstreamStatus: s.status, Owner: s.owner, NeverStarted: true}
+	switch {
+	case s.status == agentsapi.StatusFailed:
+		run.Status = executor.RunFailed
+	case s.status == agentsapi.StatusEnded:
+		run.Status = executor.RunCancelled
+	case s.voided():
+		run.Status = executor.RunStopping
+	case s.status == agentsapi.StatusIdle:
+		run.Status = executor.RunCompleted
+	default:
+		run.Status = executor.RunActive
+	}
+	return run, nil
+}
+
+// RecentRuns: sessions are read one by one.
+func (u *Upstream) RecentRuns(context.Context, int) ([]executor.Run, error) {
+	return nil, executor.ErrNoListing
+}
+
+// Turn posts what the last drive left unposted, then waits until the
+// session blocks on calls of the registry's tools that no batch has
+// taken (they are the turn), or goes idle (a turn without calls), or
+// fails or ends (an error).
+func (u *Upstream) Turn(ctx context.Context, req executor.Request) (executor.Turn, error) {
+	s, err := u.session(req.RunID)
+	if err != nil {
+		return nil, err
+	}
+	if err := u.post(ctx, s, s.ready()); err != nil {
+		return nil, err
+	}
+	calls, err := s.next(ctx, u.cfg.Owns)
+	if err != nil {
+		return nil, err
+	}
+	return turn(calls), nil
+}
+
+// turn is a block's calls, as the executor reads a turn.
+type turn []*executor.ToolCall
+
+func (t turn) Events() iter.Seq2[executor.TurnEvent, error] {
+	return func(yield func(executor.TurnEvent, error) bool) {
+		for _, c := range t {
+			if !yield(executor.TurnEvent{Kind: executor.TurnToolCall, Call: c}, nil) {
+				return
+			}
+		}
+	}
+}
+func (turn) Close() {}
+
+// MarkStarted records nothing yet: the journal of hosted calls is not
+// built.
+func (u *Upstream) MarkStarted(context.Context, *executor.ToolCall, <-chan struct{}) error {
+	return nil
+}
+
+// RecordOutput keeps a call's output for its batch's post.
+func (u *Upstream) RecordOutput(_ context.Context, req executor.Request, c *executor.ToolCall, content string) error {
+	s, err := u.session(req.RunID)
+	if err != nil {
+		return err
+	}
+	return s.record(c.ActionID, content)
+}
+
+// Finalise notes how a call ended; the last call of a batch to be
+// finalised posts the batch's results, in one request: the batch is
+// joined. A cancelled call, or one of a turn the session cancelled, is
+// not answered.
+func (u *Upstream) Finalise(ctx context.Context, c *executor.ToolCall, status string, _ map[string]any) error {
+	s, err := u.session(c.RunID)
+	if err != nil {
+		return err
+	}
+	batch := s.finalise(c.ActionID, status)
+	return u.post(ctx, s, batch)
+}
+
+// post posts results in one request and marks them posted.
+func (u *Upstream) post(ctx context.Context, s *session, results []agentsapi.Result) error {
+	if len(results) == 0 {
+		return nil
+	}
+	key := s.credential(u.cfg.APIKey)
+	if err := u.cfg.API.Post(ctx, key, s.id, results); err != nil {
+		s.unpost(results)
+		return fmt.Errorf("agentsup: posting %d results to session %s: %w", len(results), s.id, err)
+	}
+	s.posted(results)
+	u.log.Debug("results posted", "session", s.id, "results", len(results))
+	return nil
+}
+
+// OpenCalls lists nothing: a drive finds its calls in its turns.
+func (u *Upstream) OpenCalls(context.Context, executor.Request) ([]executor.OpenCall, error) {
+	return nil, nil
+}
+
+// LastAnswer is not kept: the application reads the session.
+func (u *Upstream) LastAnswer(context.Context, executor.Request) (string, error) { return "", nil }
+
+type callerKey struct{}
+
+// AsCaller makes requests under ctx carry the caller's key.
+func (u *Upstream) AsCaller(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, callerKey{}, key)
+}
+
+// Caller is the caller's key under ctx, or "".
+func (u *Upstream) Caller(ctx context.Context) string {
+	k, _ := ctx.Value(callerKey{}).(string)
+	return k
+}
+
+// actionID names a call for the executor (its idempotency key, the
+// ledger's key, the cancel subject's token): a digest of the session and
+// the call's identity, the same on every redelivery.
+func actionID(session, identity string) string {
+	d := sha256.Sum256([]byte(fmt.Sprintf("%d:%s%s", len(session), session, identity)))
+	return "ha_" + hex.EncodeToString(d[:20])
+}
+
+// credential is the key the session's requests carry: its caller's, or
+// the sidecar's own.
+func (s *session) credential(own string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return cmp.Or(s.key, own)
+}

@@ -1,0 +1,213 @@
+package agentsup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/agentsapi"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/clock"
+)
+
+// WatcherConfig configures the watches.
+type WatcherConfig struct {
+	Upstream *Upstream
+	// Drive drives a session's batches (executor.Drive).
+	Drive executor.DriveFunc
+	// Max bounds the sessions watched at once. Required.
+	Max int
+}
+
+// Watcher follows sessions: for each, one goroutine reads its event
+// stream (reopened and reconciled from a read of the session after a
+// cut) and one drives its batches. It owns them: a watch ends when its
+// session fails, terminates or is deleted, when its credential is refused,
+// or at Close.
+type Watcher struct {
+	cfg  WatcherConfig
+	base context.Context
+	stop context.CancelFunc
+	// drained ends at Drain: no drive begins after it.
+	drained context.Context
+	drain   context.CancelFunc
+
+	mu      sync.Mutex
+	watches map[string]context.CancelFunc
+	wg      sync.WaitGroup // every watch's goroutines
+	drivers sync.WaitGroup // the drive loops
+}
+
+// ErrTooManyWatches: the sidecar watches WatcherConfig.Max sessions.
+var ErrTooManyWatches = errors.New("agentsup: too many sessions watched")
+
+// NewWatcher builds the watches. No I/O.
+func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
+	if cfg.Upstream == nil || cfg.Drive == nil || cfg.Max <= 0 {
+		return nil, fmt.Errorf("agentsup: a watcher needs its Upstream, Drive and a positive Max (%d)", cfg.Max)
+	}
+	base, stop := context.WithCancel(context.Background())
+	drained, drain := context.WithCancel(context.Background())
+	return &Watcher{cfg: cfg, base: base, stop: stop, drained: drained, drain: drain, watches: map[string]context.CancelFunc{}}, nil
+}
+
+// Watch follows a session with the caller's credential (key; owner is the
+// caller's identity, executor.CallerOf), unless it is followed already.
+// The credential stays in memory, and is used for this session only.
+func (w *Watcher) Watch(id, key, owner string) error {
+	if err := agentsapi.CheckSession(id); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.drained.Err() != nil:
+		return errors.New("agentsup: the sidecar is shutting down")
+	case w.watches[id] != nil:
+		return nil
+	case len(w.watches) >= w.cfg.Max:
+		return fmt.Errorf("%w (%d)", ErrTooManyWatches, w.cfg.Max)
+	}
+	u := w.cfg.Upstream
+	s := newSession(id, key, owner)
+	u.mu.Lock()
+	u.sessions[id] = s
+	u.mu.Unlock()
+	ctx, cancel := context.WithCancel(w.base)
+	w.watches[id] = cancel
+	w.drivers.Add(1)
+	w.wg.Go(func() {
+		defer w.forget(id, s)
+		var inner sync.WaitGroup
+		inner.Go(func() {
+			w.follow(ctx, s)
+			cancel() // the session ended: its drive ends too
+		})
+		w.drive(ctx, s)
+		w.drivers.Done()
+		inner.Wait()
+	})
+	u.log.Info("watching session", "session", id)
+	return nil
+}
+
+// Watching reports the sessions watched.
+func (w *Watcher) Watching() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.watches)
+}
+
+func (w *Watcher) forget(id string, s *session) {
+	w.mu.Lock()
+	cancel := w.watches[id]
+	delete(w.watches, id)
+	w.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	u := w.cfg.Upstream
+	u.mu.Lock()
+	if u.sessions[id] == s {
+		delete(u.sessions, id)
+	}
+	u.mu.Unlock()
+	u.log.Info("session no longer watched", "session", id)
+}
+
+// Close starts no more drives, waits until the drives in progress have
+// ended (the executor's own drain lets each finish its batch, whose
+// results are posted) or ctx has, then ends every watch and waits for
+// them.
+func (w *Watcher) Close(ctx context.Context) {
+	w.mu.Lock()
+	w.drain()
+	w.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		w.drivers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	w.stop()
+	w.wg.Wait()
+	<-done
+}
+
+// Streams after a cut are reopened after a wait from reopenFirst,
+// doubling to reopenMax.
+const (
+	reopenFirst = 500 * time.Millisecond
+	reopenMax   = 10 * time.Second
+)
+
+// follow reads the session's events until it ends: it opens the stream,
+// then reads the session (the stream does not replay what it missed), and
+// applies each event once.
+func (w *Watcher) follow(ctx context.Context, s *session) {
+	u := w.cfg.Upstream
+	api := u.cfg.API
+	wait := reopenFirst
+	for ctx.Err() == nil {
+		key := s.credential(u.cfg.APIKey)
+		st, err := api.Stream(ctx, key, s.id)
+		if err == nil {
+			var snap agentsapi.Snapshot
+			if snap, err = api.Read(ctx, key, s.id); err == nil {
+				s.apply(snap)
+				wait = reopenFirst
+				if s.ended() {
+					st.Close()
+					return
+				}
+				for ev, rerr := range st.Updates {
+					if rerr != nil {
+						err = rerr
+						break
+					}
+					if s.update(ev) {
+						st.Close()
+						return
+					}
+				}
+			}
+			st.Close()
+		}
+		var he *agentsapi.HTTPError
+		if errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden) {
+			u.log.Info("session gone or its credential refused; its watch ends", "session", s.id, "status", he.Status)
+			s.apply(agentsapi.Snapshot{Status: agentsapi.StatusEnded, Why: he.Error()})
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		u.log.Info("session stream cut; reopening it", "session", s.id, "wait", wait, "err", err)
+		if clock.Sleep(ctx, wait) != nil {
+			return
+		}
+		wait = min(2*wait, reopenMax)
+	}
+}
+
+// drive drives the session's batches: a drive from each block on the
+// sidecar's calls to the session's next idle.
+func (w *Watcher) drive(ctx context.Context, s *session) {
+	u := w.cfg.Upstream
+	wait, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(w.drained, stop)()
+	for s.waitWork(wait, u.cfg.Owns) {
+		sum, err := w.cfg.Drive(ctx, executor.Request{RunID: s.id, CallerKey: s.key, Caller: s.owner}, nil)
+		u.log.Debug("session drive ended", "session", s.id, "status", sum.Status, "calls", len(sum.Calls), "err", err)
+		if sum.Status != executor.StatusCompleted && clock.Sleep(wait, reopenFirst) != nil {
+			return
+		}
+	}
+}
