@@ -30,6 +30,7 @@ var rules = []struct {
 	{"sim/anthropicsim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/sim/internal/"}},
 	{"sim/responsesim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/sim/internal/"}},
 	{"sim/agentssim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/sim/internal/"}},
+	{"sim/managedsim", []string{module + "/"}, "the simulator shares no code with the adapter it checks", []string{module + "/sim/internal/"}},
 	{"agentsapi", []string{module + "/"}, "the hosted APIs' wire knows no run and no adapter: agentsup imports it", []string{module + "/tool", module + "/internal/"}},
 	{"agentsup", []string{module + "/core/", module + "/coreup/", module + "/openaiup/"}, "the hosted sessions' adapter is one of the executor's port, beside Core's and the model APIs'", nil},
 	{"sim/internal/chunk", []string{module + "/"}, "a leaf the simulators share", nil},

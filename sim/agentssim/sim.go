@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -61,7 +60,7 @@ type Sim struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	seq      int
-	cuts     []int // stream opens to cut, after that many events each
+	cuts     simbase.Cuts
 }
 
 // New builds a simulator.
@@ -76,11 +75,7 @@ func New(cfg Config) *Sim {
 }
 
 // CutStream makes the next stream opened end, cut, after n events.
-func (s *Sim) CutStream(n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.cuts = append(s.cuts, n)
-}
+func (s *Sim) CutStream(n int) { s.cuts.Add(n) }
 
 // action is a pending function call.
 type action struct {
@@ -103,32 +98,13 @@ type session struct {
 	turns     int
 	turnID    string
 	pending   []action
-	results   []string          // the round's outputs, in call order
-	answers   map[string]string // call id -> the answer given (digest)
-	count     map[string]int    // call id -> answers accepted
-	void      map[string]bool   // calls of a cancelled turn
+	results   []string // the round's outputs, in call order
+	answers   simbase.Answers
 	race      int               // race rejections left
-	posts     []int             // results per accepted result post
 	idem      map[string]string // Idempotency-Key -> body digest
-	events    []json.RawMessage
-	subs      map[*sub]struct{}
+	feed      simbase.Feed
 	final     string // the last answer
 	eventSeq  int
-}
-
-// sub is one open stream's queue.
-type sub struct {
-	queue []json.RawMessage
-	wake  chan struct{}
-	done  bool
-}
-
-func (su *sub) push(ev json.RawMessage) {
-	su.queue = append(su.queue, ev)
-	select {
-	case su.wake <- struct{}{}:
-	default:
-	}
 }
 
 // emit sends an event to every open stream. s.mu is held.
@@ -136,10 +112,7 @@ func (s *Sim) emit(ss *session, ev map[string]any) {
 	ss.eventSeq++
 	ev["event_id"] = fmt.Sprintf("evt_%s_%d", ss.id, ss.eventSeq)
 	raw, _ := json.Marshal(ev)
-	ss.events = append(ss.events, raw)
-	for su := range ss.subs {
-		su.push(raw)
-	}
+	ss.feed.Send("", raw) // whether the API names its events is unverified: the sidecar must not need it
 }
 
 func (ss *session) snapshot() map[string]any {
@@ -222,8 +195,8 @@ func (s *Sim) create(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.seq++
 	ss := &session{id: fmt.Sprintf("sess_%d", s.seq), owner: r.Header.Get("Authorization"), created: time.Now().Unix(), status: "idle",
-		answers: map[string]string{}, count: map[string]int{}, void: map[string]bool{}, race: s.cfg.RaceRejects,
-		idem: map[string]string{}, subs: map[*sub]struct{}{}}
+		race: s.cfg.RaceRejects,
+		idem: map[string]string{}}
 	s.sessions[ss.id] = ss
 	if input != "" {
 		s.startTurn(ss, input)
@@ -308,10 +281,7 @@ func (s *Sim) remove(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	ss.deleted = true
-	for su := range ss.subs {
-		su.done = true
-		su.push(nil)
-	}
+	ss.feed.End()
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"id": ss.id, "object": "agent.session.deleted", "deleted": true})
@@ -323,61 +293,8 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	su := &sub{wake: make(chan struct{}, 1)}
-	s.mu.Lock()
-	ss.subs[su] = struct{}{}
-	cut := -1
-	if len(s.cuts) > 0 {
-		cut, s.cuts = s.cuts[0], s.cuts[1:]
-	}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(ss.subs, su)
-		s.mu.Unlock()
-	}()
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	_ = rc.Flush()
-	n := 0
-	for {
-		s.mu.Lock()
-		batch, done := su.queue, su.done
-		su.queue = nil
-		s.mu.Unlock()
-		for _, ev := range batch {
-			if ev == nil {
-				continue
-			}
-			if cut >= 0 && n >= cut {
-				panic(http.ErrAbortHandler)
-			}
-			if s.cfg.Delay > 0 {
-				time.Sleep(s.cfg.Delay)
-			}
-			for range 1 + b2i(s.cfg.Duplicate) {
-				fmt.Fprintf(w, "data: %s\n\n", ev)
-			}
-			_ = rc.Flush()
-			n++
-		}
-		if done {
-			return
-		}
-		select {
-		case <-su.wake:
-		case <-r.Context().Done():
-			return
-		}
-	}
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	cut := s.cuts.Take()
+	ss.feed.Serve(w, r, &s.mu, simbase.StreamOptions{Cut: cut, Duplicate: s.cfg.Duplicate, Delay: s.cfg.Delay})
 }
 
 // input is an event a client posts.
@@ -449,13 +366,12 @@ func (s *Sim) post(w http.ResponseWriter, r *http.Request) {
 		ss.idem[key] = digest
 	}
 	if results > 0 {
-		ss.posts = append(ss.posts, results)
+		ss.answers.Posted(results)
 	}
 	for _, in := range ins {
 		switch in.Type {
 		case "agent.session.input.tool_result":
-			ss.answers[in.CallID] = answerOf(in)
-			ss.count[in.CallID]++
+			ss.answers.Take(in.CallID, answerOf(in))
 			for i, a := range ss.pending {
 				if a.CallID == in.CallID {
 					ss.results[callIndex(a.CallID)] = resultText(in)
@@ -494,17 +410,8 @@ func (s *Sim) check(ss *session, ins []input) (string, int) {
 				s.Violate("bad_result", "a tool_result without turn_id, call_id or success: %+v", in)
 				return "turn_id, call_id and success are required", http.StatusBadRequest
 			}
-			if prev, done := ss.answers[in.CallID]; done {
-				if prev != answerOf(in) {
-					s.Violate("second_answer", "call %s answered again with another result", in.CallID)
-				} else {
-					s.Violate("duplicate_result", "call %s answered twice", in.CallID)
-				}
-				return "the tool call " + in.CallID + " already has a result", http.StatusConflict
-			}
-			if ss.void[in.CallID] {
-				s.Violate("late_result", "a result for call %s of a cancelled turn", in.CallID)
-				return "the turn of " + in.CallID + " was cancelled", http.StatusConflict
+			if refusal := ss.answers.Check(s, in.CallID, answerOf(in)); refusal != "" {
+				return refusal, http.StatusConflict
 			}
 			a, ok := pending[in.CallID]
 			if !ok || a.TurnID != in.TurnID {
@@ -530,7 +437,7 @@ func (s *Sim) cancel(ss *session) {
 		return
 	}
 	for _, a := range ss.pending {
-		ss.void[a.CallID] = true
+		ss.answers.Void(a.CallID)
 	}
 	ss.pending = nil
 	s.emit(ss, map[string]any{"type": "agent.session.turn.cancelled", "session_id": ss.id, "turn_id": ss.turnID, "usage": nil,
@@ -587,18 +494,7 @@ func callIndex(id string) int {
 }
 
 // Session is what a test reads of a session.
-type Session struct {
-	Status string
-	// Answers counts the results accepted per call id.
-	Answers map[string]int
-	// Posts is the number of results of each accepted result post.
-	Posts []int
-	// Pending lists the calls waiting for a result.
-	Pending []string
-	// Final is the last turn's answer.
-	Final string
-	Turns int
-}
+type Session = simbase.Session
 
 // Session reads a session.
 func (s *Sim) Session(id string) (Session, bool) {
@@ -608,13 +504,9 @@ func (s *Sim) Session(id string) (Session, bool) {
 	if !ok {
 		return Session{}, false
 	}
-	out := Session{Status: ss.status, Answers: map[string]int{}, Posts: append([]int(nil), ss.posts...), Final: ss.final, Turns: ss.turns}
-	for k, v := range ss.count {
-		out.Answers[k] = v
-	}
+	var pending []string
 	for _, a := range ss.pending {
-		out.Pending = append(out.Pending, a.CallID)
+		pending = append(pending, a.CallID)
 	}
-	sort.Strings(out.Pending)
-	return out, true
+	return ss.answers.View(ss.status, pending, ss.final, ss.turns), true
 }
