@@ -16,6 +16,7 @@ import (
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/sim/agentssim"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
+	"github.com/projectdavid/toolsidecar/sim/managedsim"
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
@@ -26,27 +27,58 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// hosted is a sidecar with upstream.kind openai-agents on real parts: the
-// Agents API simulator on a loopback server, the embedded NATS, tools on
-// their routes; the application speaks plain HTTP to the sidecar.
-type hosted struct {
-	sim *agentssim.Sim
-	env *testenv.Env
+// upstreamSim is either simulator: their faults and violations are one
+// type (the simulators' shared leaf).
+type upstreamSim interface {
+	http.Handler
+	Inject(f ...agentssim.Fault)
+	Violations() []agentssim.Violation
+	Requests() int
+	CutStream(n int)
 }
 
-func startHosted(t *testing.T, cfg agentssim.Config, opts testenv.Options, tools ...testenv.Tool) *hosted {
+// kinds are the hosted upstream kinds every test runs on.
+var kinds = []string{config.UpstreamOpenAIAgents, config.UpstreamAnthropicAgents}
+
+// hosted is a sidecar with a hosted upstream kind on real parts: the
+// API's simulator on a loopback server, the embedded NATS, tools on their
+// routes; the application speaks plain HTTP to the sidecar.
+type hosted struct {
+	kind    string
+	sim     upstreamSim
+	session func(id string) agentssim.Session
+	env     *testenv.Env
+}
+
+// simConfig configures either simulator.
+type simConfig struct {
+	RaceRejects int // OpenAI's only
+	Duplicate   bool
+}
+
+func startHosted(t *testing.T, kind string, cfg simConfig, opts testenv.Options, tools ...testenv.Tool) *hosted {
 	t.Helper()
-	sim := agentssim.New(cfg)
-	srv := httptest.NewServer(sim)
+	h := &hosted{kind: kind}
+	base := "/v1"
+	switch kind {
+	case config.UpstreamOpenAIAgents:
+		sim := agentssim.New(agentssim.Config{RaceRejects: cfg.RaceRejects, Duplicate: cfg.Duplicate})
+		h.sim, h.session = sim, func(id string) agentssim.Session { s, _ := sim.Session(id); return s }
+	default:
+		sim := managedsim.New(managedsim.Config{Duplicate: cfg.Duplicate})
+		h.sim, h.session = sim, func(id string) agentssim.Session { s, _ := sim.Session(id); return s }
+		base = ""
+	}
+	srv := httptest.NewServer(h.sim)
 	t.Cleanup(srv.Close)
 	edit := opts.Config
 	opts.Config = func(c *config.Config) {
-		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = config.UpstreamOpenAIAgents, srv.URL+"/v1", 10*time.Second
+		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = kind, srv.URL+base, 10*time.Second
 		if edit != nil {
 			edit(c)
 		}
 	}
-	env := testenv.Start(t, coresim.Scenario{}, opts, tools...)
+	h.env = testenv.Start(t, coresim.Scenario{}, opts, tools...)
 	var live []string
 	for _, tl := range tools {
 		if tl.Handler != nil {
@@ -54,36 +86,62 @@ func startHosted(t *testing.T, cfg agentssim.Config, opts testenv.Options, tools
 		}
 	}
 	if len(live) > 0 {
-		testenv.WaitLive(t, env.URL, live...)
+		testenv.WaitLive(t, h.env.URL, live...)
 	}
-	return &hosted{sim: sim, env: env}
+	return h
 }
 
 // appKey is the application's own credential, passed through.
 const appKey = "sk-app"
 
 // create makes a session through the sidecar, as an application's client
-// does with its base URL at the sidecar, and returns its id.
+// does with its base URL at the sidecar, and returns its id. On
+// Anthropic, the agent first, and the calls on threads (their
+// session_thread_id must be echoed).
 func (h *hosted) create(t *testing.T, key, input string) string {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"agent": map[string]any{"model": "gpt-sim"}, "environment": map[string]any{"type": "none"}, "input": input})
-	status, data := h.call(t, http.MethodPost, "/v1/agents/sessions", key, body)
-	if status != http.StatusCreated {
-		t.Fatalf("create: %d %s", status, data)
+	path := "/v1/agents/sessions"
+	body := map[string]any{"agent": map[string]any{"model": "gpt-sim"}, "environment": map[string]any{"type": "none"}, "input": input}
+	want := http.StatusCreated
+	if h.kind == config.UpstreamAnthropicAgents {
+		agent := h.post(t, "/v1/agents", key, map[string]any{"name": "a", "model": "claude-sim", "tools": []any{map[string]any{"type": "custom", "name": "a"}}}, http.StatusOK)
+		var in map[string]any
+		_ = json.Unmarshal([]byte(input), &in)
+		in["threads"] = true
+		threaded, _ := json.Marshal(in)
+		path, want = "/v1/sessions", http.StatusOK
+		body = map[string]any{"agent": agent, "environment_id": "env_1",
+			"initial_events": []any{map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": string(threaded)}}}}}
+	}
+	return h.post(t, path, key, body, want)
+}
+
+// post posts body through the sidecar, wants the status, and returns the
+// answer's id.
+func (h *hosted) post(t *testing.T, path, key string, body any, want int) string {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	status, data := h.call(t, http.MethodPost, path, key, b)
+	if status != want {
+		t.Fatalf("POST %s: %d %s", path, status, data)
 	}
 	var s struct{ ID string }
-	if err := json.Unmarshal(data, &s); err != nil || s.ID == "" {
-		t.Fatalf("create: %s", data)
-	}
+	_ = json.Unmarshal(data, &s)
 	return s.ID
 }
 
-// call sends one request through the sidecar.
+// call sends one request through the sidecar, with the API's headers.
 func (h *hosted) call(t *testing.T, method, path, key string, body []byte) (int, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(method, h.env.URL+path, bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("OpenAI-Beta", agentssim.Beta)
+	if h.kind == config.UpstreamAnthropicAgents {
+		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("anthropic-version", managedsim.Version)
+		req.Header.Set("anthropic-beta", managedsim.Beta)
+	} else {
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("OpenAI-Beta", agentssim.Beta)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -94,13 +152,83 @@ func (h *hosted) call(t *testing.T, method, path, key string, body []byte) (int,
 	return resp.StatusCode, data
 }
 
+// send posts the application's own events to the session through the
+// sidecar.
+func (h *hosted) send(t *testing.T, id string, events ...any) {
+	t.Helper()
+	path := "/v1/agents/sessions/" + id + "/events"
+	want := http.StatusAccepted
+	if h.kind == config.UpstreamAnthropicAgents {
+		path, want = "/v1/sessions/"+id+"/events", http.StatusOK
+	}
+	h.post(t, path, appKey, map[string]any{"events": events}, want)
+}
+
+// interrupt cancels the session's turn, as the application does.
+func (h *hosted) interrupt(t *testing.T, id string) {
+	t.Helper()
+	typ := "agent.session.input.cancel"
+	if h.kind == config.UpstreamAnthropicAgents {
+		typ = "user.interrupt"
+	}
+	h.send(t, id, map[string]any{"type": typ})
+}
+
+// message starts the session's next turn with text.
+func (h *hosted) message(t *testing.T, id, text string) {
+	t.Helper()
+	if h.kind == config.UpstreamAnthropicAgents {
+		h.send(t, id, map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": text}}})
+		return
+	}
+	h.send(t, id, map[string]any{"type": "agent.session.input.message", "content": text})
+}
+
+// answerOwn answers, as the application, its own pending call of tool.
+func (h *hosted) answerOwn(t *testing.T, id, tool, output string) {
+	t.Helper()
+	if h.kind == config.UpstreamAnthropicAgents {
+		status, data := h.call(t, http.MethodGet, "/v1/sessions/"+id+"/events?limit=100", appKey, nil)
+		var list struct {
+			Data []struct {
+				ID, Type, Name string
+				Thread         string `json:"session_thread_id"`
+			}
+		}
+		if err := json.Unmarshal(data, &list); status != http.StatusOK || err != nil {
+			t.Fatalf("the application's view: %d %s", status, data)
+		}
+		for _, e := range list.Data {
+			if e.Type == "agent.custom_tool_use" && e.Name == tool {
+				h.send(t, id, map[string]any{"type": "user.custom_tool_result", "custom_tool_use_id": e.ID, "session_thread_id": e.Thread,
+					"content": []any{map[string]any{"type": "text", "text": output}}})
+				return
+			}
+		}
+		t.Fatalf("no call of %s in %s", tool, data)
+	}
+	status, data := h.call(t, http.MethodGet, "/v1/agents/sessions/"+id, appKey, nil)
+	var snap struct {
+		RequiredActions []struct {
+			TurnID string `json:"turn_id"`
+			CallID string `json:"call_id"`
+			Name   string `json:"name"`
+		} `json:"required_actions"`
+	}
+	if err := json.Unmarshal(data, &snap); status != http.StatusOK || err != nil || len(snap.RequiredActions) != 1 || snap.RequiredActions[0].Name != tool {
+		t.Fatalf("the application's view: %d %s", status, data)
+	}
+	a := snap.RequiredActions[0]
+	h.send(t, id, map[string]any{"type": "agent.session.input.tool_result", "turn_id": a.TurnID, "call_id": a.CallID, "success": true, "output": output})
+}
+
 // final waits until the session's turn ends, and returns the session.
 func (h *hosted) final(t *testing.T, id string) agentssim.Session {
 	t.Helper()
 	var s agentssim.Session
 	poll.Until(t, "session "+id+" to end its turn", func() bool {
-		s, _ = h.sim.Session(id)
-		return s.Status == "failed" || (s.Status == "idle" && s.Final != "")
+		s = h.session(id)
+		return s.Status == "failed" || s.Status == "terminated" || (s.Status == "idle" && s.Final != "")
 	})
 	return s
 }
@@ -136,54 +264,55 @@ func assertOnce(t *testing.T, h *hosted, s agentssim.Session, calls int, posts [
 // their executions overlap: every call of the block starts while the
 // first of each tool is still held. The session reaches its final turn.
 func TestBatches(t *testing.T) {
-	for i, n := range []int{3, 16} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			routes := matrix.Routes(i)
-			if !slices.Contains(routes, matrix.NATS) || !slices.Contains(routes, matrix.Exec) {
-				routes = []string{matrix.NATS, matrix.Exec}
-			}
-			var served []*matrix.Served
-			var tools []testenv.Tool
-			for _, r := range routes {
-				s := matrix.Serve(t, r, matrix.Tool{Name: "t_" + r, SideEffects: config.ReadOnly, Block: true, Echo: true})
-				served = append(served, s)
-				tools = append(tools, s.EnvTools(10*time.Second)...)
-			}
-			h := startHosted(t, agentssim.Config{}, testenv.Options{}, tools...)
-			var round []map[string]any
-			want := map[string]int32{}
-			for k := range n {
-				name := "t_" + routes[k%len(routes)]
-				want[name]++
-				round = append(round, map[string]any{"name": name, "arguments": map[string]any{"k": k}})
-			}
-			id := h.create(t, appKey, script([][]map[string]any{round}, "done "))
-			poll.Until(t, "every call to start while the first of each tool is held", func() bool {
+	for _, kind := range kinds {
+		for i, n := range []int{3, 16} {
+			t.Run(fmt.Sprint(kind, "/", n), func(t *testing.T) {
+				routes := matrix.Routes(i)
+				if !slices.Contains(routes, matrix.NATS) || !slices.Contains(routes, matrix.Exec) {
+					routes = []string{matrix.NATS, matrix.Exec}
+				}
+				var served []*matrix.Served
+				var tools []testenv.Tool
+				for _, r := range routes {
+					s := matrix.Serve(t, r, matrix.Tool{Name: "t_" + r, SideEffects: config.ReadOnly, Block: true, Echo: true})
+					served = append(served, s)
+					tools = append(tools, s.EnvTools(10*time.Second)...)
+				}
+				h := startHosted(t, kind, simConfig{}, testenv.Options{}, tools...)
+				var round []map[string]any
+				want := map[string]int32{}
+				for k := range n {
+					name := "t_" + routes[k%len(routes)]
+					want[name]++
+					round = append(round, map[string]any{"name": name, "arguments": map[string]any{"k": k}})
+				}
+				id := h.create(t, appKey, script([][]map[string]any{round}, "done "))
+				poll.Until(t, "every call to start while the first of each tool is held", func() bool {
+					for _, s := range served {
+						if s.Count("t_"+s.Route) < want["t_"+s.Route] {
+							return false
+						}
+					}
+					return true
+				})
 				for _, s := range served {
-					name := "t_" + s.Route
-					if s.Count(name) < want[name] {
-						return false
+					if d := s.Done("t_" + s.Route); d >= s.Count("t_"+s.Route) {
+						t.Fatalf("route %s: %d executions done of %d started: the first should be held", s.Route, d, s.Count("t_"+s.Route))
 					}
 				}
-				return true
-			})
-			for _, s := range served {
-				if d := s.Done("t_" + s.Route); d >= s.Count("t_"+s.Route) {
-					t.Fatalf("route %s: %d executions done of %d started: the first should be held", s.Route, d, s.Count("t_"+s.Route))
+				if s := h.session(id); len(s.Posts) != 0 {
+					t.Fatalf("results posted before the batch was joined: %v", s.Posts)
 				}
-			}
-			if s, _ := h.sim.Session(id); len(s.Posts) != 0 {
-				t.Fatalf("results posted before the batch was joined: %v", s.Posts)
-			}
-			for _, s := range served {
-				s.Release()
-			}
-			s := h.final(t, id)
-			if s.Status != "idle" || !bytes.Contains([]byte(s.Final), []byte(`"echo": {"k":0}`)) {
-				t.Fatalf("session %+v", s)
-			}
-			assertOnce(t, h, s, n, []int{n})
-		})
+				for _, s := range served {
+					s.Release()
+				}
+				s := h.final(t, id)
+				if s.Status != "idle" || !bytes.Contains([]byte(s.Final), []byte(`"echo": {"k":0}`)) {
+					t.Fatalf("session %+v", s)
+				}
+				assertOnce(t, h, s, n, []int{n})
+			})
+		}
 	}
 }
 
@@ -196,44 +325,39 @@ func echoTools(t *testing.T) []testenv.Tool {
 var threeCalls = [][]map[string]any{{{"name": "a", "arguments": map[string]any{"k": 0}}, {"name": "b", "arguments": map[string]any{"k": 1}},
 	{"name": "a", "arguments": map[string]any{"k": 2}}}}
 
+// each runs a test on every hosted kind.
+func each(t *testing.T, test func(t *testing.T, kind string)) {
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) { test(t, kind) })
+	}
+}
+
 // TestMixedOwnership: a call of a tool the registry does not hold is left
 // for the application, which answers it itself through the sidecar; the
-// sidecar posts its two calls in one request and nothing for the third.
+// sidecar posts its two calls in one request and nothing for the third
+// (on Anthropic a partial answer, which re-emits the idle event with the
+// application's call alone).
 func TestMixedOwnership(t *testing.T) {
-	h := startHosted(t, agentssim.Config{}, testenv.Options{}, echoTools(t)...)
-	rounds := [][]map[string]any{{{"name": "a", "arguments": map[string]any{"k": 0}}, {"name": "app_lookup", "arguments": map[string]any{"q": "x"}},
-		{"name": "b", "arguments": map[string]any{"k": 2}}}}
-	id := h.create(t, appKey, script(rounds, "done "))
-	poll.Until(t, "the sidecar's two results", func() bool { s, _ := h.sim.Session(id); return len(s.Posts) == 1 })
-	status, data := h.call(t, http.MethodGet, "/v1/agents/sessions/"+id, appKey, nil)
-	var snap struct {
-		RequiredActions []struct {
-			TurnID string `json:"turn_id"`
-			CallID string `json:"call_id"`
-			Name   string `json:"name"`
-		} `json:"required_actions"`
-	}
-	if err := json.Unmarshal(data, &snap); status != http.StatusOK || err != nil || len(snap.RequiredActions) != 1 || snap.RequiredActions[0].Name != "app_lookup" {
-		t.Fatalf("the application's view: %d %s", status, data)
-	}
-	a := snap.RequiredActions[0]
-	body, _ := json.Marshal(map[string]any{"events": []any{map[string]any{"type": "agent.session.input.tool_result", "turn_id": a.TurnID,
-		"call_id": a.CallID, "success": true, "output": "app answer"}}})
-	if status, data := h.call(t, http.MethodPost, "/v1/agents/sessions/"+id+"/events", appKey, body); status != http.StatusAccepted {
-		t.Fatalf("the application's answer: %d %s", status, data)
-	}
-	s := h.final(t, id)
-	if !bytes.Contains([]byte(s.Final), []byte("app answer")) {
-		t.Fatalf("final %q", s.Final)
-	}
-	assertOnce(t, h, s, 3, []int{2, 1})
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{}, echoTools(t)...)
+		rounds := [][]map[string]any{{{"name": "a", "arguments": map[string]any{"k": 0}}, {"name": "app_lookup", "arguments": map[string]any{"q": "x"}},
+			{"name": "b", "arguments": map[string]any{"k": 2}}}}
+		id := h.create(t, appKey, script(rounds, "done "))
+		poll.Until(t, "the sidecar's two results", func() bool { return len(h.session(id).Posts) == 1 })
+		h.answerOwn(t, id, "app_lookup", "app answer")
+		s := h.final(t, id)
+		if !bytes.Contains([]byte(s.Final), []byte("app answer")) {
+			t.Fatalf("final %q", s.Final)
+		}
+		assertOnce(t, h, s, 3, []int{2, 1})
+	})
 }
 
 // TestPendingCallRace: results refused as "Unknown pending tool call"
 // (the call announced before the API lists it) are posted again, the same
-// request, until taken.
+// request, until taken (OpenAI's race).
 func TestPendingCallRace(t *testing.T) {
-	h := startHosted(t, agentssim.Config{RaceRejects: 2}, testenv.Options{}, echoTools(t)...)
+	h := startHosted(t, config.UpstreamOpenAIAgents, simConfig{RaceRejects: 2}, testenv.Options{}, echoTools(t)...)
 	id := h.create(t, appKey, script(threeCalls, "done "))
 	s := h.final(t, id)
 	assertOnce(t, h, s, 3, []int{3})
@@ -242,72 +366,82 @@ func TestPendingCallRace(t *testing.T) {
 	}
 }
 
-// TestBackoff: a 429 with Retry-After and a 503 on the result post are
-// waited out; the batch is still one accepted post.
+// TestBackoff: a 429 with Retry-After and a 5xx (503; Anthropic's 529)
+// on the result post are waited out; the batch is still one accepted
+// post, each call answered once (on Anthropic, which has no idempotency
+// key, the history is read before the post after the 529 is sent again).
 func TestBackoff(t *testing.T) {
-	h := startHosted(t, agentssim.Config{}, testenv.Options{}, echoTools(t)...)
-	h.sim.Inject(agentssim.Fault{Status: http.StatusTooManyRequests, RetryAfter: "1"}, agentssim.Fault{Status: http.StatusServiceUnavailable})
-	began := time.Now()
-	id := h.create(t, appKey, script(threeCalls, "done "))
-	s := h.final(t, id)
-	assertOnce(t, h, s, 3, []int{3})
-	if n := h.sim.Requests(); n != 3 {
-		t.Errorf("%d result posts, want 3", n)
-	}
-	if took := time.Since(began); took < time.Second {
-		t.Errorf("the batch was posted %v after the 429, before its Retry-After of 1s", took)
-	}
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{}, echoTools(t)...)
+		overloaded := http.StatusServiceUnavailable
+		if kind == config.UpstreamAnthropicAgents {
+			overloaded = 529
+		}
+		h.sim.Inject(agentssim.Fault{Status: http.StatusTooManyRequests, RetryAfter: "1"}, agentssim.Fault{Status: overloaded})
+		began := time.Now()
+		id := h.create(t, appKey, script(threeCalls, "done "))
+		s := h.final(t, id)
+		assertOnce(t, h, s, 3, []int{3})
+		if n := h.sim.Requests(); n != 3 {
+			t.Errorf("%d result posts, want 3", n)
+		}
+		if took := time.Since(began); took < time.Second {
+			t.Errorf("the batch was posted %v after the 429, before its Retry-After of 1s", took)
+		}
+	})
 }
 
 // TestCutAndDuplicates: every event delivered twice and the watch's
 // stream cut: the sidecar reopens it, reconciles from the session, and
 // answers each call once, one post per block.
 func TestCutAndDuplicates(t *testing.T) {
-	h := startHosted(t, agentssim.Config{Duplicate: true}, testenv.Options{}, echoTools(t)...)
-	h.sim.CutStream(1)
-	rounds := append(slices.Clone(threeCalls), threeCalls[0])
-	id := h.create(t, appKey, script(rounds, "done "))
-	s := h.final(t, id)
-	assertOnce(t, h, s, 6, []int{3, 3})
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{Duplicate: true}, testenv.Options{}, echoTools(t)...)
+		h.sim.CutStream(1)
+		rounds := append(slices.Clone(threeCalls), threeCalls[0])
+		id := h.create(t, appKey, script(rounds, "done "))
+		s := h.final(t, id)
+		assertOnce(t, h, s, 6, []int{3, 3})
+	})
 }
 
-// TestSessionFails: a session that fails after its first block ends its
-// watch; nothing more is posted.
+// TestSessionFails: a session that fails (OpenAI) or terminates
+// (Anthropic) after its first block ends its watch; nothing more is
+// posted.
 func TestSessionFails(t *testing.T) {
-	h := startHosted(t, agentssim.Config{}, testenv.Options{}, echoTools(t)...)
-	b, _ := json.Marshal(map[string]any{"rounds": append(slices.Clone(threeCalls), threeCalls[0]), "fail_after": 1})
-	id := h.create(t, appKey, string(b))
-	s := h.final(t, id)
-	if s.Status != "failed" {
-		t.Fatalf("session %+v", s)
-	}
-	assertOnce(t, h, s, 3, []int{3})
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{}, echoTools(t)...)
+		b, _ := json.Marshal(map[string]any{"rounds": append(slices.Clone(threeCalls), threeCalls[0]), "fail_after": 1})
+		id := h.create(t, appKey, string(b))
+		s := h.final(t, id)
+		if s.Status != "failed" && s.Status != "terminated" {
+			t.Fatalf("session %+v", s)
+		}
+		assertOnce(t, h, s, 3, []int{3})
+	})
 }
 
-// TestCancelWhileCallsRun: a turn the application cancels while its calls
-// run gets no result afterwards; the session's next turn is answered.
+// TestCancelWhileCallsRun: a turn the application cancels (OpenAI) or
+// interrupts (Anthropic) while its calls run gets no result afterwards;
+// the session's next turn is answered.
 func TestCancelWhileCallsRun(t *testing.T) {
-	held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "slow", SideEffects: config.ReadOnly, Block: true, Echo: true})
-	h := startHosted(t, agentssim.Config{}, testenv.Options{}, append(held.EnvTools(10*time.Second), echoTools(t)...)...)
-	rounds := [][]map[string]any{{{"name": "slow", "arguments": map[string]any{"k": 0}}, {"name": "a", "arguments": map[string]any{"k": 1}}}}
-	id := h.create(t, appKey, script(rounds, "first "))
-	poll.Until(t, "the held call to start", func() bool { return held.Count("slow") == 1 })
-	body, _ := json.Marshal(map[string]any{"events": []any{map[string]any{"type": "agent.session.input.cancel"}}})
-	if status, data := h.call(t, http.MethodPost, "/v1/agents/sessions/"+id+"/events", appKey, body); status != http.StatusAccepted {
-		t.Fatalf("cancel: %d %s", status, data)
-	}
-	held.Release()
-	time.Sleep(300 * time.Millisecond) // what a late post would need to arrive
-	if s, _ := h.sim.Session(id); len(s.Posts) != 0 || s.Status != "idle" {
-		t.Fatalf("after the cancel: %+v", s)
-	}
-	body, _ = json.Marshal(map[string]any{"events": []any{map[string]any{"type": "agent.session.input.message", "content": script(threeCalls, "second ")}}})
-	if status, data := h.call(t, http.MethodPost, "/v1/agents/sessions/"+id+"/events", appKey, body); status != http.StatusAccepted {
-		t.Fatalf("message: %d %s", status, data)
-	}
-	s := h.final(t, id)
-	if !bytes.Contains([]byte(s.Final), []byte("second")) {
-		t.Fatalf("final %q", s.Final)
-	}
-	assertOnce(t, h, s, 3, []int{3})
+	each(t, func(t *testing.T, kind string) {
+		held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "slow", SideEffects: config.ReadOnly, Block: true, Echo: true})
+		h := startHosted(t, kind, simConfig{}, testenv.Options{}, append(held.EnvTools(10*time.Second), echoTools(t)...)...)
+		rounds := [][]map[string]any{{{"name": "slow", "arguments": map[string]any{"k": 0}}, {"name": "a", "arguments": map[string]any{"k": 1}}}}
+		id := h.create(t, appKey, script(rounds, "first "))
+		poll.Until(t, "the held call to start", func() bool { return held.Count("slow") == 1 })
+		h.interrupt(t, id)
+		held.Release()
+		time.Sleep(300 * time.Millisecond) // what a late post would need to arrive
+		if s := h.session(id); len(s.Posts) != 0 || s.Status != "idle" {
+			t.Fatalf("after the cancel: %+v", s)
+		}
+		h.message(t, id, script(threeCalls, "second "))
+		s := h.final(t, id)
+		if !bytes.Contains([]byte(s.Final), []byte("second")) {
+			t.Fatalf("final %q", s.Final)
+		}
+		assertOnce(t, h, s, 3, []int{3})
+	})
 }

@@ -22,7 +22,7 @@ import (
 type EndpointConfig struct {
 	// URL is the API's base, as agentsapi.Config takes it.
 	URL     string
-	Kind    string // agentsapi.KindOpenAI
+	Kind    string // agentsapi.KindOpenAI or agentsapi.KindAnthropic
 	Watcher *Watcher
 	// Transport carries the requests. default: http.DefaultTransport
 	Transport http.RoundTripper
@@ -41,8 +41,32 @@ type EndpointConfig struct {
 // the watch follows the session with it.
 type Endpoint struct {
 	cfg   EndpointConfig
+	api   surface
 	proxy *httputil.ReverseProxy
 	log   *slog.Logger
+}
+
+// surface is what differs between the two APIs' pass-through.
+type surface struct {
+	// trim is the prefix of the caller's path that the upstream's base
+	// holds already (OpenAI's base ends in /v1; Anthropic's has none).
+	trim     string
+	patterns []string
+	// create is the path, under the base, of the create of a session;
+	// sessions the prefix of a session's paths.
+	create, sessions string
+	// key reads the caller's credential; setKey sets one.
+	key    func(h http.Header) string
+	setKey func(h http.Header, key string)
+}
+
+var surfaces = map[string]surface{
+	agentsapi.KindOpenAI: {trim: "/v1", patterns: []string{"/v1/agents/"}, create: "/agents/sessions", sessions: "/agents/sessions/",
+		key:    func(h http.Header) string { return strings.TrimPrefix(h.Get("Authorization"), "Bearer ") },
+		setKey: func(h http.Header, key string) { h.Set("Authorization", "Bearer "+key) }},
+	agentsapi.KindAnthropic: {patterns: []string{"/v1/agents", "/v1/agents/", "/v1/sessions", "/v1/sessions/"}, create: "/v1/sessions", sessions: "/v1/sessions/",
+		key:    func(h http.Header) string { return h.Get("X-Api-Key") },
+		setKey: func(h http.Header, key string) { h.Set("X-Api-Key", key) }},
 }
 
 // NewEndpoint builds the pass-through. No I/O.
@@ -51,24 +75,25 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	if err != nil || base.Host == "" || (base.Scheme != "http" && base.Scheme != "https") {
 		return nil, fmt.Errorf("agentsup: url %q is not an http(s) URL", cfg.URL)
 	}
-	if cfg.Kind != agentsapi.KindOpenAI {
+	api, ok := surfaces[cfg.Kind]
+	if !ok {
 		return nil, fmt.Errorf("agentsup: no pass-through for kind %q", cfg.Kind)
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Endpoint{cfg: cfg, log: log.With("component", cfg.Kind)}
+	e := &Endpoint{cfg: cfg, api: api, log: log.With("component", cfg.Kind)}
 	e.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
-			// The client's base is the sidecar's /v1: the upstream's base
-			// holds its own version (https://api.openai.com/v1).
+			// The client's base is the sidecar's: the upstream's base may
+			// hold the version already (https://api.openai.com/v1).
 			r.Out.URL.Scheme, r.Out.URL.Host = base.Scheme, base.Host
-			r.Out.URL.Path = base.Path + strings.TrimPrefix(r.In.URL.Path, "/v1")
+			r.Out.URL.Path = base.Path + strings.TrimPrefix(r.In.URL.Path, api.trim)
 			r.Out.URL.RawPath = ""
 			r.Out.Host = base.Host
 			if cfg.OwnKey != "" {
-				r.Out.Header.Set("Authorization", "Bearer "+cfg.OwnKey)
+				api.setKey(r.Out.Header, cfg.OwnKey)
 			}
 		},
 		Transport:      cfg.Transport,
@@ -87,8 +112,8 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	return e, nil
 }
 
-// Pattern is the route the endpoint serves.
-func (e *Endpoint) Pattern() string { return "/v1/agents/" }
+// Patterns are the routes the endpoint serves.
+func (e *Endpoint) Patterns() []string { return e.api.patterns }
 
 func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.proxy.ServeHTTP(w, r) }
 
@@ -96,43 +121,31 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.proxy.S
 func (e *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"type": "invalid_request_error",
-		"message": tool.Truncate(msg, tool.MaxErrorMessage), "code": nil, "param": nil}})
+	msg = tool.Truncate(msg, tool.MaxErrorMessage)
+	if e.cfg.Kind == agentsapi.KindAnthropic {
+		_ = json.NewEncoder(w).Encode(map[string]any{"type": "error", "error": map[string]any{"type": "invalid_request_error", "message": msg}})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"type": "invalid_request_error", "message": msg, "code": nil, "param": nil}})
 }
 
 // watch starts following the session of a successful create or read:
-// POST /v1/agents/sessions (the id in the answer), GET
-// /v1/agents/sessions/{id} and its events stream (the id in the path).
+// the create of a session (the id in the answer), a read of a session,
+// of its events or of its stream (the id in the path).
 func (e *Endpoint) watch(resp *http.Response) error {
 	r := resp.Request
 	if r == nil || resp.StatusCode/100 != 2 {
 		return nil
 	}
-	path := strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(mustPath(e.cfg.URL), "/")), "/")
+	rel := strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(mustPath(e.cfg.URL), "/"))
 	var id string
-	switch rest, ok := strings.CutPrefix(path, "agents/sessions"); {
-	case !ok:
-		return nil
-	case rest == "" && r.Method == http.MethodPost:
-		if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
-			return nil // a streamed create: the session is watched once read
-		}
-		data, err := io.ReadAll(io.LimitReader(resp.Body, int64(e.cfg.MaxBodyBytes)+1))
-		_ = resp.Body.Close()
-		resp.Body = io.NopCloser(bytes.NewReader(data))
-		resp.ContentLength = int64(len(data))
-		resp.Header.Set("Content-Length", strconv.Itoa(len(data)))
-		if err != nil || len(data) > e.cfg.MaxBodyBytes {
+	switch rest, ok := strings.CutPrefix(rel, e.api.sessions); {
+	case rel == e.api.create && r.Method == http.MethodPost:
+		if id = e.createdID(resp); id == "" {
 			return nil
 		}
-		var s struct {
-			ID string `json:"id"`
-		}
-		_ = json.Unmarshal(data, &s)
-		id = s.ID
-	case r.Method == http.MethodGet:
-		rest = strings.TrimPrefix(rest, "/")
-		rest = strings.TrimSuffix(rest, "/events")
+	case ok && r.Method == http.MethodGet:
+		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "/stream"), "/events")
 		if strings.Contains(rest, "/") {
 			return nil
 		}
@@ -140,17 +153,36 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	default:
 		return nil
 	}
-	if id == "" {
-		return nil
-	}
 	key := e.cfg.OwnKey
 	if key == "" {
-		key = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		key = e.api.key(r.Header)
 	}
 	if err := e.cfg.Watcher.Watch(id, key, executor.CallerOf(r.Header)); err != nil {
 		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
 	}
 	return nil
+}
+
+// createdID reads the id of the session a create answered, leaving the
+// body for the caller; "" for a streamed create (the session is watched
+// once read) or a body past the bound.
+func (e *Endpoint) createdID(resp *http.Response) string {
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		return ""
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, int64(e.cfg.MaxBodyBytes)+1))
+	_ = resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(data))
+	resp.ContentLength = int64(len(data))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(data)))
+	if err != nil || len(data) > e.cfg.MaxBodyBytes {
+		return ""
+	}
+	var s struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(data, &s)
+	return s.ID
 }
 
 func mustPath(raw string) string {

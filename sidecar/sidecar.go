@@ -578,12 +578,15 @@ func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.cfg.Upstream.Kind != config.UpstreamOpenAIAgents {
-		return nil, fmt.Errorf("upstream.kind %s is not built yet", s.cfg.Upstream.Kind)
-	}
 	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
-	api, err := agentsapi.NewOpenAI(agentsapi.Config{URL: s.cfg.Upstream.URL, HTTP: client, MaxEventBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
-		IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log.With("component", s.cfg.Upstream.Kind)})
+	acfg := agentsapi.Config{URL: s.cfg.Upstream.URL, HTTP: client, MaxEventBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
+		IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log.With("component", s.cfg.Upstream.Kind)}
+	var api agentsapi.API
+	if s.cfg.Upstream.Kind == config.UpstreamAnthropicAgents {
+		api, err = agentsapi.NewAnthropic(acfg)
+	} else {
+		api, err = agentsapi.NewOpenAI(acfg)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -627,7 +630,9 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			return err
 		}
 		s.watcher = w
-		scfg.Routes = []server.Route{{Pattern: ep.Pattern(), Handler: ep, AnyBody: true, Errors: ep.WriteError}}
+		for _, p := range ep.Patterns() {
+			scfg.Routes = append(scfg.Routes, server.Route{Pattern: p, Handler: ep, AnyBody: true, Errors: ep.WriteError})
+		}
 	case s.openai != nil:
 		var memo executor.Memo // memory, unless durable
 		if s.ledger != nil {
