@@ -9,6 +9,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/agentsapi"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/runstore"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -38,6 +39,7 @@ type session struct {
 // callState is a call a batch took.
 type callState struct {
 	call     agentsapi.Call
+	answer   *runstore.Answer // journaled by a sidecar before this one: posted as it is
 	output   string
 	recorded bool
 	status   string // its final status, once finalised
@@ -221,6 +223,36 @@ func toolCall(session, actionID string, c agentsapi.Call) *executor.ToolCall {
 	return tc
 }
 
+// journaledCall is a pending call the journal knows: started, or
+// answered when answer is set.
+type journaledCall struct {
+	call   agentsapi.Call
+	answer *runstore.Answer
+}
+
+// takeJournaled takes the journaled calls that no batch took meanwhile as
+// the batch in progress.
+func (s *session) takeJournaled(calls []journaledCall) []executor.OpenCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []executor.OpenCall
+	s.batch, s.final = nil, 0
+	for _, jc := range calls {
+		id := actionID(s.id, jc.call.ID)
+		if s.calls[id] != nil {
+			continue
+		}
+		cs := &callState{call: jc.call, answer: jc.answer}
+		if jc.answer != nil {
+			cs.output, cs.recorded = jc.answer.Output, true
+		}
+		s.calls[id] = cs
+		s.batch = append(s.batch, id)
+		out = append(out, executor.OpenCall{Call: toolCall(s.id, id, jc.call), Started: true, Recorded: jc.answer != nil})
+	}
+	return out
+}
+
 // record keeps a call's output.
 func (s *session) record(actionID, content string) error {
 	s.mu.Lock()
@@ -280,7 +312,11 @@ func (s *session) resultsLocked(ids []string) []agentsapi.Result {
 			continue
 		}
 		cs.posting = true
-		out = append(out, agentsapi.Result{Call: cs.call, OK: cs.status == executor.CallCompleted, Output: cs.output})
+		r := agentsapi.Result{Call: cs.call, OK: cs.status == executor.CallCompleted, Output: cs.output}
+		if a := cs.answer; a != nil {
+			r.OK, r.Output = a.OK, a.Output
+		}
+		out = append(out, r)
 	}
 	return out
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/agentsapi"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/runstore"
 )
 
 // Config configures the adapter.
@@ -37,14 +38,20 @@ type Config struct {
 	// APIKey is the sidecar's own key, used where no caller's is known.
 	// Never logged.
 	APIKey string
-	Logger *slog.Logger
+	// Journal keeps, per call, the start of an unsafe call and the answer
+	// chosen before it is posted, so that a sidecar after a crash never
+	// runs an unsafe call again nor posts another answer. nil: nothing
+	// is journaled.
+	Journal runstore.Journal
+	Logger  *slog.Logger
 }
 
 // Upstream is the executor's Upstream on hosted sessions. It holds the
 // sessions being watched (Watcher), each with the calls it waits on.
 type Upstream struct {
-	cfg Config
-	log *slog.Logger
+	cfg   Config
+	log   *slog.Logger
+	store *runstore.Store // nil without a journal
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -62,7 +69,11 @@ func New(cfg Config) (*Upstream, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Upstream{cfg: cfg, log: log.With("component", cfg.API.Kind()), sessions: map[string]*session{}}, nil
+	u := &Upstream{cfg: cfg, log: log.With("component", cfg.API.Kind()), sessions: map[string]*session{}}
+	if cfg.Journal != nil {
+		u.store = runstore.New(cfg.Journal)
+	}
+	return u, nil
 }
 
 // Kind is the API's upstream.kind.
@@ -80,15 +91,21 @@ func (u *Upstream) session(id string) (*session, error) {
 
 // Run reports a watched session as a run: active while it works or
 // waits on calls; stopping when a turn whose calls run was cancelled;
-// completed when idle; failed or cancelled when it ended.
-func (u *Upstream) Run(_ context.Context, id string) (executor.Run, error) {
+// completed when idle; failed or cancelled when it ended. It has calls to
+// finish first (not NeverStarted) when the journal knows a pending call
+// of its: a sidecar before this one started or answered it.
+func (u *Upstream) Run(ctx context.Context, id string) (executor.Run, error) {
 	s, err := u.session(id)
+	if err != nil {
+		return executor.Run{}, err
+	}
+	journaled, err := u.journaled(ctx, s)
 	if err != nil {
 		return executor.Run{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	run := executor.Run{ID: id, UpstreamStatus: s.status, Owner: s.owner, NeverStarted: true}
+	run := executor.Run{ID: id, UpstreamStatus: s.status, Owner: s.owner, NeverStarted: len(journaled) == 0}
 	switch {
 	case s.status == agentsapi.StatusFailed:
 		run.Status = executor.RunFailed
@@ -142,9 +159,19 @@ func (t turn) Events() iter.Seq2[executor.TurnEvent, error] {
 }
 func (turn) Close() {}
 
-// MarkStarted records nothing yet: the journal of hosted calls is not
-// built.
-func (u *Upstream) MarkStarted(context.Context, *executor.ToolCall, <-chan struct{}) error {
+// MarkStarted journals the start of an unsafe call before it is sent:
+// after a crash, a call marked and not answered is answered
+// "interrupted", never run again. Other calls may run again: nothing is
+// written for them.
+func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, _ <-chan struct{}) error {
+	if u.store == nil || !u.cfg.Unsafe(c.Tool) {
+		return nil
+	}
+	jctx, cancel := runstore.Bound(ctx)
+	defer cancel()
+	if err := u.store.MarkStarted(jctx, c.ActionID); err != nil {
+		return fmt.Errorf("agentsup: journaling the start of %s: %w", c.ToolCallID, err)
+	}
 	return nil
 }
 
@@ -170,10 +197,24 @@ func (u *Upstream) Finalise(ctx context.Context, c *executor.ToolCall, status st
 	return u.post(ctx, s, batch)
 }
 
-// post posts results in one request and marks them posted.
+// post journals the results' answers, then posts them in one request
+// and marks them posted. An answer journaled before (by a sidecar that
+// crashed before its post landed) is the one posted.
 func (u *Upstream) post(ctx context.Context, s *session, results []agentsapi.Result) error {
 	if len(results) == 0 {
 		return nil
+	}
+	if u.store != nil {
+		jctx, cancel := runstore.Bound(ctx)
+		defer cancel()
+		for i, r := range results {
+			a, err := u.store.WriteAnswer(jctx, actionID(s.id, r.Call.ID), runstore.Answer{OK: r.OK, Output: r.Output})
+			if err != nil {
+				s.unpost(results)
+				return fmt.Errorf("agentsup: journaling the answer of %s: %w", r.Call.ID, err)
+			}
+			results[i].OK, results[i].Output = a.OK, a.Output
+		}
 	}
 	key := s.credential(u.cfg.APIKey)
 	if err := u.cfg.API.Post(ctx, key, s.id, results); err != nil {
@@ -185,9 +226,52 @@ func (u *Upstream) post(ctx context.Context, s *session, results []agentsapi.Res
 	return nil
 }
 
-// OpenCalls lists nothing: a drive finds its calls in its turns.
-func (u *Upstream) OpenCalls(context.Context, executor.Request) ([]executor.OpenCall, error) {
-	return nil, nil
+// OpenCalls takes, as a batch, the session's pending calls of the
+// registry's tools that the journal knows: started (an unsafe call a
+// crashed sidecar sent; the executor answers it "interrupted" unless the
+// ledger kept its reply) or answered (its journaled answer is posted,
+// nothing runs). A drive finds the other calls in its turns.
+func (u *Upstream) OpenCalls(ctx context.Context, req executor.Request) ([]executor.OpenCall, error) {
+	s, err := u.session(req.RunID)
+	if err != nil {
+		return nil, err
+	}
+	journaled, err := u.journaled(ctx, s)
+	if err != nil || len(journaled) == 0 {
+		return nil, err
+	}
+	return s.takeJournaled(journaled), nil
+}
+
+// journaled reads the journal's records of the session's pending calls
+// that no batch took.
+func (u *Upstream) journaled(ctx context.Context, s *session) ([]journaledCall, error) {
+	if u.store == nil {
+		return nil, nil
+	}
+	s.mu.Lock()
+	work := s.work(u.cfg.Owns)
+	s.mu.Unlock()
+	jctx, cancel := runstore.Bound(ctx)
+	defer cancel()
+	var out []journaledCall
+	for _, c := range work {
+		id := actionID(s.id, c.ID)
+		a, err := u.store.Answer(jctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("agentsup: reading the journal of %s: %w", c.ID, err)
+		}
+		started := a != nil
+		if a == nil && u.cfg.Unsafe(c.Name) {
+			if started, err = u.store.Started(jctx, id); err != nil {
+				return nil, fmt.Errorf("agentsup: reading the journal of %s: %w", c.ID, err)
+			}
+		}
+		if started {
+			out = append(out, journaledCall{call: c, answer: a})
+		}
+	}
+	return out, nil
 }
 
 // LastAnswer is not kept: the application reads the session.

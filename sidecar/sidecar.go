@@ -590,7 +590,11 @@ func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.agents, err = agentsup.New(agentsup.Config{API: api, APIKey: key, Logger: s.log,
+	var journal runstore.Journal // the ledger's, in durable mode: a restart finds what was started and answered
+	if s.ledger != nil {
+		journal = s.ledger.Journal()
+	}
+	s.agents, err = agentsup.New(agentsup.Config{API: api, APIKey: key, Logger: s.log, Journal: journal,
 		Owns: func(name string) bool { _, ok := s.live.Load().Lookup(name); return ok },
 		Unsafe: func(name string) bool {
 			t, ok := s.live.Load().Lookup(name)
