@@ -2,12 +2,19 @@ package agentsup_test
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +55,10 @@ type hosted struct {
 	sim     upstreamSim
 	session func(id string) agentssim.Session
 	env     *testenv.Env
+	simURL  string
+	// base is where the application's requests go: the sidecar, unless a
+	// test speaks to the API directly.
+	base string
 }
 
 // simConfig configures either simulator.
@@ -79,6 +90,7 @@ func startHosted(t *testing.T, kind string, cfg simConfig, opts testenv.Options,
 		}
 	}
 	h.env = testenv.Start(t, coresim.Scenario{}, opts, tools...)
+	h.base, h.simURL = h.env.URL, srv.URL
 	var live []string
 	for _, tl := range tools {
 		if tl.Handler != nil {
@@ -133,7 +145,7 @@ func (h *hosted) post(t *testing.T, path, key string, body any, want int) string
 // call sends one request through the sidecar, with the API's headers.
 func (h *hosted) call(t *testing.T, method, path, key string, body []byte) (int, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest(method, h.env.URL+path, bytes.NewReader(body))
+	req, _ := http.NewRequest(method, h.base+path, bytes.NewReader(body))
 	if h.kind == config.UpstreamAnthropicAgents {
 		req.Header.Set("X-Api-Key", key)
 		req.Header.Set("anthropic-version", managedsim.Version)
@@ -442,6 +454,64 @@ func TestCancelWhileCallsRun(t *testing.T) {
 		if !bytes.Contains([]byte(s.Final), []byte("second")) {
 			t.Fatalf("final %q", s.Final)
 		}
+		assertOnce(t, h, s, 3, []int{3})
+	})
+}
+
+// TestWebhooks: a session the sidecar was never shown is taken up by a
+// webhook signed per Standard Webhooks (the secret from a file; the
+// session read with the sidecar's own key, from a file): its calls run
+// and are answered once. A forged signature, and a replayed old one, are
+// refused and change nothing.
+func TestWebhooks(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		dir := t.TempDir()
+		secret := []byte("a webhook secret of the test")
+		secretFile, keyFile := filepath.Join(dir, "secret"), filepath.Join(dir, "key")
+		if os.WriteFile(secretFile, []byte("whsec_"+base64.StdEncoding.EncodeToString(secret)), 0o600) != nil ||
+			os.WriteFile(keyFile, []byte(appKey), 0o600) != nil {
+			t.Fatal("writing the secrets")
+		}
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) {
+			c.Upstream.WebhookSecretFile, c.Upstream.APIKeyFile = secretFile, keyFile
+		}}, echoTools(t)...)
+		h.base = h.simURL // the application creates its session at the API itself
+		id := h.create(t, appKey, script(threeCalls, "done "))
+		h.base = h.env.URL
+		body := fmt.Sprintf(`{"type":"agent.session.action_required","data":{"id":%q,"required_action":{"type":"function_call"}}}`, id)
+		if kind == config.UpstreamAnthropicAgents {
+			body = fmt.Sprintf(`{"type":"event","id":"wh_1","created_at":"2026-12-07T00:00:00Z","data":{"type":"session.requires_action","id":%q}}`, id)
+		}
+		send := func(key []byte, at time.Time) int {
+			ts := strconv.FormatInt(at.Unix(), 10)
+			mac := hmac.New(sha256.New, key)
+			fmt.Fprintf(mac, "msg_1.%s.%s", ts, body)
+			req, _ := http.NewRequest(http.MethodPost, h.env.URL+"/v1/sidecar/webhooks/"+kind, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("webhook-id", "msg_1")
+			req.Header.Set("webhook-timestamp", ts)
+			req.Header.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		if st := send([]byte("a forged secret"), time.Now()); st != http.StatusUnauthorized {
+			t.Fatalf("a forged signature: %d", st)
+		}
+		if st := send(secret, time.Now().Add(-time.Hour)); st != http.StatusUnauthorized {
+			t.Fatalf("an hour-old signature: %d", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if s := h.session(id); len(s.Posts) != 0 {
+			t.Fatalf("a refused webhook made the sidecar answer: %+v", s)
+		}
+		if st := send(secret, time.Now()); st != http.StatusNoContent {
+			t.Fatalf("a signed webhook: %d", st)
+		}
+		s := h.final(t, id)
 		assertOnce(t, h, s, 3, []int{3})
 	})
 }

@@ -246,6 +246,7 @@ func TestBoundsAndUnits(t *testing.T) {
 		"upstream: {retry_budget: 0s}\n":                                         "upstream.retry_budget: must be positive",
 		"upstream: {kind: openai-agents}\n":                                      "upstream.url: must be the http(s) URL of the API with its version",
 		"upstream: {kind: anthropic-agents, url: 'http://a', max_sessions: 0}\n": "upstream.max_sessions: must be positive",
+		"upstream: {webhook_secret_file: /s}\n":                                  "upstream.webhook_secret_file: is for kinds openai-agents and anthropic-agents",
 		"nats: {token_file: /t, creds_file: /c}\n":                               "set one of creds_file",
 		"nats: {user: u}\n":                                                      "user and password_file go together",
 		"nats: {embedded: {workers: [{name: w}]}}\n":                             "set exactly one of password_file and nkey",

@@ -54,6 +54,14 @@ type Upstream struct {
 	// and two goroutines; a session created or read past it is passed
 	// through, and not watched. default: 1000
 	MaxSessions int `koanf:"max_sessions"`
+	// WebhookSecretFile holds the signing secret (whsec_<base64>) of the
+	// hosted API's webhooks, for kinds openai-agents and anthropic-agents.
+	// When set, the sidecar takes POST /v1/sidecar/webhooks/<kind>
+	// without its API token, verifies each request's Standard Webhooks
+	// signature (a forged or stale one is refused), and watches the
+	// session that requires action with its own key (api_key_file, then
+	// required). Optional.
+	WebhookSecretFile string `koanf:"webhook_secret_file"`
 }
 
 // Upstream kinds.
@@ -104,6 +112,8 @@ func (u Upstream) validate() []error {
 		"journal_ttl": int64(u.JournalTTL)}, durationText)
 	if u.Hosted() {
 		p.positive(map[string]int64{"max_sessions": int64(u.MaxSessions)}, numberText)
+	} else if u.WebhookSecretFile != "" {
+		p.add("webhook_secret_file", "is for kinds openai-agents and anthropic-agents, not %s", u.Kind)
 	}
 	return p.list
 }

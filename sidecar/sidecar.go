@@ -637,6 +637,21 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		for _, p := range ep.Patterns() {
 			scfg.Routes = append(scfg.Routes, server.Route{Pattern: p, Handler: ep, AnyBody: true, Errors: ep.WriteError})
 		}
+		if f := s.cfg.Upstream.WebhookSecretFile; f != "" {
+			secret, err := config.ReadSecret("upstream.webhook_secret_file", f)
+			if err != nil {
+				return err
+			}
+			key, err := s.cfg.UpstreamAPIKey()
+			if err != nil {
+				return err
+			}
+			wh, err := agentsup.NewWebhook(agentsup.WebhookConfig{Kind: s.cfg.Upstream.Kind, Watcher: w, Secret: secret, Key: key, Logger: s.log})
+			if err != nil {
+				return err
+			}
+			scfg.Signed = append(scfg.Signed, server.Route{Pattern: wh.Pattern(), Handler: wh})
+		}
 	case s.openai != nil:
 		var memo executor.Memo // memory, unless durable
 		if s.ledger != nil {
