@@ -515,3 +515,25 @@ func TestWebhooks(t *testing.T) {
 		assertOnce(t, h, s, 3, []int{3})
 	})
 }
+
+// TestAnotherCallersSession: a caller with another credential cannot read
+// a session through the sidecar (the upstream answers 404 to its own
+// credential), nor its events; the session stays its owner's, and is
+// answered.
+func TestAnotherCallersSession(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{}, echoTools(t)...)
+		id := h.create(t, appKey, script(threeCalls, "done "))
+		paths := []string{"/v1/agents/sessions/" + id, "/v1/agents/sessions/" + id + "/events"}
+		if kind == config.UpstreamAnthropicAgents {
+			paths = []string{"/v1/sessions/" + id, "/v1/sessions/" + id + "/events", "/v1/sessions/" + id + "/events/stream"}
+		}
+		for _, p := range paths {
+			if status, data := h.call(t, http.MethodGet, p, "sk-other", nil); status != http.StatusNotFound {
+				t.Errorf("another caller's GET %s: %d %s", p, status, data)
+			}
+		}
+		s := h.final(t, id)
+		assertOnce(t, h, s, 3, []int{3})
+	})
+}

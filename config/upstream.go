@@ -31,16 +31,22 @@ type Upstream struct {
 	// APIKeyFile holds the key sent upstream, for kinds openai and
 	// responses (as a bearer token) and anthropic (as x-api-key). Optional:
 	// TOOLSIDECAR_UPSTREAM_API_KEY is read when it is empty. Without
-	// server.auth_token_file, a caller's own key is sent instead.
+	// server.auth_token_file, a caller's own key is sent instead. For
+	// kinds openai-agents and anthropic-agents it is the sidecar's own
+	// key: sessions that webhooks name are followed with it, and with
+	// server.auth_token_file every request passed through carries it.
 	APIKeyFile string `koanf:"api_key_file"`
 	// RetryBudget bounds the retries of one turn's request (429 after its
 	// Retry-After, 5xx, a failed connection, a stream cut before its
-	// finish chunk). default: 30s
+	// finish chunk); for kinds openai-agents and anthropic-agents, of one
+	// request to the hosted API (a post of a batch's results, a read).
+	// default: 30s
 	RetryBudget time.Duration `koanf:"retry_budget"`
 	// StreamIdleTimeout bounds the silence of a turn's stream (no byte: an
 	// event or a keep-alive comment), for kinds openai, responses and
-	// anthropic; past it the turn is retried within retry_budget. default:
-	// 2m
+	// anthropic; past it the turn is retried within retry_budget. For
+	// kinds openai-agents and anthropic-agents, the silence of a watched
+	// session's stream, past which it is reopened. default: 2m
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
 	// JournalTTL is how long the journal keeps a run of a model's API
 	// (kinds openai, responses, anthropic): a
