@@ -1,6 +1,7 @@
 package agentsup_test
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -15,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,14 +148,7 @@ func (h *hosted) post(t *testing.T, path, key string, body any, want int) string
 func (h *hosted) call(t *testing.T, method, path, key string, body []byte) (int, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(method, h.base+path, bytes.NewReader(body))
-	if h.kind == config.UpstreamAnthropicAgents {
-		req.Header.Set("X-Api-Key", key)
-		req.Header.Set("anthropic-version", managedsim.Version)
-		req.Header.Set("anthropic-beta", managedsim.Beta)
-	} else {
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("OpenAI-Beta", agentssim.Beta)
-	}
+	h.headers(req, key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -162,6 +157,18 @@ func (h *hosted) call(t *testing.T, method, path, key string, body []byte) (int,
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, data
+}
+
+// headers are the API's headers with the caller's key.
+func (h *hosted) headers(req *http.Request, key string) {
+	if h.kind == config.UpstreamAnthropicAgents {
+		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("anthropic-version", managedsim.Version)
+		req.Header.Set("anthropic-beta", managedsim.Beta)
+		return
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("OpenAI-Beta", agentssim.Beta)
 }
 
 // send posts the application's own events to the session through the
@@ -534,6 +541,65 @@ func TestAnotherCallersSession(t *testing.T) {
 			}
 		}
 		s := h.final(t, id)
+		assertOnce(t, h, s, 3, []int{3})
+	})
+}
+
+// TestApplicationStreamShowsResults: the application's own stream of the
+// session through the sidecar shows, beside the API's events, one
+// toolsidecar.tool_result event per call the sidecar answered, with the
+// call's identity and output.
+func TestApplicationStreamShowsResults(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true},
+			matrix.Tool{Name: "b", SideEffects: config.ReadOnly, Echo: true})
+		h := startHosted(t, kind, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
+		id := h.create(t, appKey, script(threeCalls, "done "))
+		poll.Until(t, "the held call to start", func() bool { return held.Count("a") >= 1 })
+		path := "/v1/agents/sessions/" + id + "/events"
+		if kind == config.UpstreamAnthropicAgents {
+			path = "/v1/sessions/" + id + "/events/stream"
+		}
+		req, _ := http.NewRequest(http.MethodGet, h.env.URL+path, nil)
+		h.headers(req, appKey)
+		req.Header.Set("Accept", "text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("the application's stream: %v %v", resp, err)
+		}
+		told := make(chan map[string]any, 16)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				data, ok := strings.CutPrefix(sc.Text(), "data: ")
+				var ev map[string]any
+				if ok && json.Unmarshal([]byte(data), &ev) == nil && ev["type"] == "toolsidecar.tool_result" {
+					told <- ev
+				}
+			}
+		})
+		held.Release()
+		calls := map[string]bool{}
+		for len(calls) < 3 {
+			select {
+			case ev := <-told:
+				call, _ := ev["call_id"].(string)
+				if kind == config.UpstreamAnthropicAgents {
+					call, _ = ev["custom_tool_use_id"].(string)
+				}
+				out, _ := ev["output"].(string)
+				if calls[call] || !strings.Contains(out, "echo") {
+					t.Fatalf("told %v (calls so far %v)", ev, calls)
+				}
+				calls[call] = true
+			case <-time.After(poll.Timeout):
+				t.Fatalf("told %d results of 3", len(calls))
+			}
+		}
+		s := h.final(t, id)
+		resp.Body.Close()
+		wg.Wait()
 		assertOnce(t, h, s, 3, []int{3})
 	})
 }

@@ -157,8 +157,18 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	if key == "" {
 		key = e.api.key(r.Header)
 	}
-	if err := e.cfg.Watcher.Watch(id, key, executor.CallerOf(r.Header)); err != nil {
+	owner := executor.CallerOf(r.Header)
+	if err := e.cfg.Watcher.Watch(id, key, owner); err != nil {
 		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
+		return nil
+	}
+	// The owner's own stream of the session also shows each call the
+	// sidecar answered; another caller's (which the upstream let read it)
+	// shows nothing of the sidecar's.
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		if results, cancel, ok := e.cfg.Watcher.cfg.Upstream.listen(id, owner); ok {
+			resp.Body = e.merge(id, resp.Body, results, cancel)
+		}
 	}
 	return nil
 }

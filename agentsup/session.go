@@ -34,6 +34,47 @@ type session struct {
 	seen    map[string]bool       // event ids, the last seenWindow
 	order   []string
 	wake    chan struct{} // closed and replaced when the session changes
+	// tells are the application's streams through the sidecar that are
+	// told of each result posted (Endpoint.merge).
+	tells map[chan agentsapi.Result]struct{}
+}
+
+// tellBuffer bounds the results queued for one application stream that
+// reads slower than batches are posted; past it a result is not told
+// (the session's own events still say the call was answered).
+const tellBuffer = 256
+
+// listen subscribes to the results posted; cancel unsubscribes.
+func (s *session) listen() (results <-chan agentsapi.Result, cancel func()) {
+	ch := make(chan agentsapi.Result, tellBuffer)
+	s.mu.Lock()
+	if s.tells == nil {
+		s.tells = map[chan agentsapi.Result]struct{}{}
+	}
+	s.tells[ch] = struct{}{}
+	s.mu.Unlock()
+	return ch, func() {
+		s.mu.Lock()
+		delete(s.tells, ch)
+		s.mu.Unlock()
+	}
+}
+
+// tell queues results posted for every listening stream, without
+// waiting for any.
+func (s *session) tell(results []agentsapi.Result) (dropped int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.tells {
+		for _, r := range results {
+			select {
+			case ch <- r:
+			default:
+				dropped++
+			}
+		}
+	}
+	return dropped
 }
 
 // callState is a call a batch took.

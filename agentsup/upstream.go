@@ -79,6 +79,18 @@ func New(cfg Config) (*Upstream, error) {
 // Kind is the API's upstream.kind.
 func (u *Upstream) Kind() string { return u.cfg.API.Kind() }
 
+// listen subscribes to the results posted to a watched session whose
+// owner is caller; false when the session is not watched, or is
+// another caller's.
+func (u *Upstream) listen(id, caller string) (<-chan agentsapi.Result, func(), bool) {
+	s, err := u.session(id)
+	if err != nil || s.owner != caller {
+		return nil, nil, false
+	}
+	ch, cancel := s.listen()
+	return ch, cancel, true
+}
+
 func (u *Upstream) session(id string) (*session, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -222,6 +234,9 @@ func (u *Upstream) post(ctx context.Context, s *session, results []agentsapi.Res
 		return fmt.Errorf("agentsup: posting %d results to session %s: %w", len(results), s.id, err)
 	}
 	s.posted(results)
+	if dropped := s.tell(results); dropped > 0 {
+		u.log.Warn("an application stream reads too slowly: results not shown on it", "session", s.id, "dropped", dropped)
+	}
 	u.log.Debug("results posted", "session", s.id, "results", len(results))
 	return nil
 }
