@@ -3,6 +3,7 @@ package agentsup_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -20,13 +21,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/embedded"
+	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/sim/agentssim"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/sim/managedsim"
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
+	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
@@ -472,39 +477,14 @@ func TestCancelWhileCallsRun(t *testing.T) {
 // refused and change nothing.
 func TestWebhooks(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
-		dir := t.TempDir()
-		secret := []byte("a webhook secret of the test")
-		secretFile, keyFile := filepath.Join(dir, "secret"), filepath.Join(dir, "key")
-		if os.WriteFile(secretFile, []byte("whsec_"+base64.StdEncoding.EncodeToString(secret)), 0o600) != nil ||
-			os.WriteFile(keyFile, []byte(appKey), 0o600) != nil {
-			t.Fatal("writing the secrets")
-		}
+		secret, secretFile, keyFile := webhookSecrets(t)
 		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) {
 			c.Upstream.WebhookSecretFile, c.Upstream.APIKeyFile = secretFile, keyFile
 		}}, echoTools(t)...)
 		h.base = h.simURL // the application creates its session at the API itself
 		id := h.create(t, appKey, script(threeCalls, "done "))
 		h.base = h.env.URL
-		body := fmt.Sprintf(`{"type":"agent.session.action_required","data":{"id":%q,"required_action":{"type":"function_call"}}}`, id)
-		if kind == config.UpstreamAnthropicAgents {
-			body = fmt.Sprintf(`{"type":"event","id":"wh_1","created_at":"2026-12-07T00:00:00Z","data":{"type":"session.requires_action","id":%q}}`, id)
-		}
-		send := func(key []byte, at time.Time) int {
-			ts := strconv.FormatInt(at.Unix(), 10)
-			mac := hmac.New(sha256.New, key)
-			fmt.Fprintf(mac, "msg_1.%s.%s", ts, body)
-			req, _ := http.NewRequest(http.MethodPost, h.env.URL+"/v1/sidecar/webhooks/"+kind, strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("webhook-id", "msg_1")
-			req.Header.Set("webhook-timestamp", ts)
-			req.Header.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			return resp.StatusCode
-		}
+		send := func(key []byte, at time.Time) int { return webhook(t, h.env.URL, kind, id, key, at) }
 		if st := send([]byte("a forged secret"), time.Now()); st != http.StatusUnauthorized {
 			t.Fatalf("a forged signature: %d", st)
 		}
@@ -601,5 +581,119 @@ func TestApplicationStreamShowsResults(t *testing.T) {
 		resp.Body.Close()
 		wg.Wait()
 		assertOnce(t, h, s, 3, []int{3})
+	})
+}
+
+// webhook sends the API's webhook that session id requires action to the
+// sidecar at base, signed per Standard Webhooks with key at time at, and
+// returns the status.
+func webhook(t *testing.T, base, kind, id string, key []byte, at time.Time) int {
+	t.Helper()
+	body := fmt.Sprintf(`{"type":"agent.session.action_required","data":{"id":%q,"required_action":{"type":"function_call"}}}`, id)
+	if kind == config.UpstreamAnthropicAgents {
+		body = fmt.Sprintf(`{"type":"event","id":"wh_1","created_at":"2026-12-07T00:00:00Z","data":{"type":"session.requires_action","id":%q}}`, id)
+	}
+	ts := strconv.FormatInt(at.Unix(), 10)
+	mac := hmac.New(sha256.New, key)
+	fmt.Fprintf(mac, "msg_1.%s.%s", ts, body)
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/sidecar/webhooks/"+kind, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("webhook-id", "msg_1")
+	req.Header.Set("webhook-timestamp", ts)
+	req.Header.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// webhookSecrets writes the webhook's secret and the sidecar's own key to
+// files, and returns the secret and the files.
+func webhookSecrets(t *testing.T) (secret []byte, secretFile, keyFile string) {
+	dir := t.TempDir()
+	secret = []byte("a webhook secret of the test")
+	secretFile, keyFile = filepath.Join(dir, "secret"), filepath.Join(dir, "key")
+	if os.WriteFile(secretFile, []byte("whsec_"+base64.StdEncoding.EncodeToString(secret)), 0o600) != nil ||
+		os.WriteFile(keyFile, []byte(appKey), 0o600) != nil {
+		t.Fatal("writing the secrets")
+	}
+	return secret, secretFile, keyFile
+}
+
+// TestTwoSidecarsOneSession: two sidecars on one NATS (durable), each
+// behind the webhook, both told that the same session requires action:
+// the run's lease lets one of them drive the block, the other finds the
+// answers journaled and the session moved on. Each call runs once (the
+// unsafe one too) and is answered once.
+func TestTwoSidecarsOneSession(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		ns, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", AllowAnonymous: true, StoreDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ns.Shutdown)
+		h := &hosted{kind: kind}
+		base := "/v1"
+		switch kind {
+		case config.UpstreamOpenAIAgents:
+			sim := agentssim.New(agentssim.Config{})
+			h.sim, h.session = sim, func(id string) agentssim.Session { s, _ := sim.Session(id); return s }
+		default:
+			sim := managedsim.New(managedsim.Config{})
+			h.sim, h.session = sim, func(id string) agentssim.Session { s, _ := sim.Session(id); return s }
+			base = ""
+		}
+		srv := httptest.NewServer(h.sim)
+		t.Cleanup(srv.Close)
+		h.simURL, h.base = srv.URL, srv.URL
+		served := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Echo: true},
+			matrix.Tool{Name: "pay", SideEffects: config.Unsafe, Echo: true})
+		secret, secretFile, keyFile := webhookSecrets(t)
+		var urls []string
+		for _, name := range []string{"sc-a", "sc-b"} {
+			cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, served.EnvTools(10*time.Second))
+			cfg.NATS.URL, cfg.InstanceID = ns.ClientURL(), name
+			cfg.Upstream.Kind, cfg.Upstream.URL, cfg.Upstream.RetryBudget = kind, srv.URL+base, 10*time.Second
+			cfg.Upstream.WebhookSecretFile, cfg.Upstream.APIKeyFile = secretFile, keyFile
+			sc, err := sidecar.Start(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- sc.Run(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+			urls = append(urls, "http://"+sc.Addr())
+		}
+		nc, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		natstest.WorkerOn(t, nc, testenv.Prefix, served.Handlers())
+		for _, u := range urls {
+			testenv.WaitLive(t, u, "a", "pay")
+		}
+		// The calls take 200 ms, so that both sidecars have the session
+		// while they run.
+		rounds := [][]map[string]any{{{"name": "a", "arguments": map[string]any{"k": 0, "ms": 200}}, {"name": "pay", "arguments": map[string]any{"k": 1, "ms": 200}},
+			{"name": "a", "arguments": map[string]any{"k": 2, "ms": 200}}}}
+		id := h.create(t, appKey, script(rounds, "done "))
+		var wg sync.WaitGroup
+		for _, u := range urls {
+			wg.Go(func() {
+				if st := webhook(t, u, kind, id, secret, time.Now()); st != http.StatusNoContent {
+					t.Errorf("webhook to %s: %d", u, st)
+				}
+			})
+		}
+		wg.Wait()
+		s := h.final(t, id)
+		assertOnce(t, h, s, 3, []int{3})
+		if n := served.Count("pay"); n != 1 {
+			t.Errorf("pay ran %d times", n)
+		}
 	})
 }

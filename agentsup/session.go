@@ -362,6 +362,19 @@ func (s *session) resultsLocked(ids []string) []agentsapi.Result {
 	return out
 }
 
+// journaledBefore reports a result whose answer a sidecar before this
+// one journaled.
+func (s *session) journaledBefore(results []agentsapi.Result) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range results {
+		if cs := s.calls[actionID(s.id, r.Call.ID)]; cs != nil && cs.answer != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // posted marks results posted: the session's list no longer holds them.
 func (s *session) posted(results []agentsapi.Result) {
 	s.mu.Lock()

@@ -216,19 +216,38 @@ func (u *Upstream) post(ctx context.Context, s *session, results []agentsapi.Res
 	if len(results) == 0 {
 		return nil
 	}
+	before := s.journaledBefore(results)
 	if u.store != nil {
 		jctx, cancel := runstore.Bound(ctx)
 		defer cancel()
 		for i, r := range results {
-			a, err := u.store.WriteAnswer(jctx, actionID(s.id, r.Call.ID), runstore.Answer{OK: r.OK, Output: r.Output})
+			a, first, err := u.store.WriteAnswer(jctx, actionID(s.id, r.Call.ID), runstore.Answer{OK: r.OK, Output: r.Output})
 			if err != nil {
 				s.unpost(results)
 				return fmt.Errorf("agentsup: journaling the answer of %s: %w", r.Call.ID, err)
 			}
+			before = before || !first
 			results[i].OK, results[i].Output = a.OK, a.Output
 		}
 	}
 	key := s.credential(u.cfg.APIKey)
+	if before {
+		// Answered by a sidecar before this one (crashed, or another
+		// replica behind the same webhook): its post may have landed. The
+		// session says which calls still wait; Anthropic has no
+		// idempotency key, and OpenAI's covers the same batch only.
+		snap, err := u.cfg.API.Read(ctx, key, s.id)
+		if err != nil {
+			s.unpost(results)
+			return fmt.Errorf("agentsup: reading session %s before posting answers journaled before: %w", s.id, err)
+		}
+		var landed []agentsapi.Result
+		results, landed = stillPending(results, snap)
+		s.posted(landed)
+		if len(results) == 0 {
+			return nil
+		}
+	}
 	if err := u.cfg.API.Post(ctx, key, s.id, results); err != nil {
 		s.unpost(results)
 		return fmt.Errorf("agentsup: posting %d results to session %s: %w", len(results), s.id, err)
@@ -239,6 +258,23 @@ func (u *Upstream) post(ctx context.Context, s *session, results []agentsapi.Res
 	}
 	u.log.Debug("results posted", "session", s.id, "results", len(results))
 	return nil
+}
+
+// stillPending splits results into those of calls the session still
+// waits on, and the others (answered already).
+func stillPending(results []agentsapi.Result, snap agentsapi.Snapshot) (pending, landed []agentsapi.Result) {
+	waits := map[string]bool{}
+	for _, c := range snap.Pending {
+		waits[c.ID] = true
+	}
+	for _, r := range results {
+		if waits[r.Call.ID] {
+			pending = append(pending, r)
+		} else {
+			landed = append(landed, r)
+		}
+	}
+	return pending, landed
 }
 
 // OpenCalls takes, as a batch, the session's pending calls of the

@@ -222,22 +222,22 @@ type Answer struct {
 }
 
 // WriteAnswer writes a call's answer, unless one is written already; it
-// returns the answer that stands.
-func (s *Store) WriteAnswer(ctx context.Context, actionID string, a Answer) (Answer, error) {
+// returns the answer that stands, and whether it is this one (first).
+func (s *Store) WriteAnswer(ctx context.Context, actionID string, a Answer) (stands Answer, first bool, err error) {
 	data, err := json.Marshal(a)
 	if err != nil {
-		return a, err
+		return a, false, err
 	}
 	if _, err := s.j.Create(ctx, answerKey(actionID), data); errors.Is(err, ErrExists) {
 		prev, err := s.Answer(ctx, actionID)
 		if err != nil || prev == nil {
-			return a, fmt.Errorf("runstore: the answer of %s exists, but could not be read: %v", actionID, err)
+			return a, false, fmt.Errorf("runstore: the answer of %s exists, but could not be read: %v", actionID, err)
 		}
-		return *prev, nil
+		return *prev, false, nil
 	} else if err != nil {
-		return a, err
+		return a, false, err
 	}
-	return a, nil
+	return a, true, nil
 }
 
 // Answer reads a call's answer; nil when none is written.

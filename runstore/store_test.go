@@ -371,11 +371,11 @@ func TestAnswerKeepsTheFirst(t *testing.T) {
 		t.Fatalf("no answer yet: %+v %v", a, err)
 	}
 	first := runstore.Answer{OK: true, Output: "one"}
-	if got, err := s.WriteAnswer(ctx, "ha_1", first); err != nil || got != first {
-		t.Fatalf("first write: %+v %v", got, err)
+	if got, isFirst, err := s.WriteAnswer(ctx, "ha_1", first); err != nil || got != first || !isFirst {
+		t.Fatalf("first write: %+v %v %v", got, isFirst, err)
 	}
-	if got, err := s.WriteAnswer(ctx, "ha_1", runstore.Answer{OK: false, Output: "two"}); err != nil || got != first {
-		t.Fatalf("second write: %+v %v, want the first %+v", got, err, first)
+	if got, isFirst, err := s.WriteAnswer(ctx, "ha_1", runstore.Answer{OK: false, Output: "two"}); err != nil || got != first || isFirst {
+		t.Fatalf("second write: %+v %v %v, want the first %+v", got, isFirst, err, first)
 	}
 	if started, err := s.Started(ctx, "ha_2"); started || err != nil {
 		t.Fatalf("not marked: %v %v", started, err)
