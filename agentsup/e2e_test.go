@@ -37,7 +37,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	matrix.Main() // a tool of route exec, which a sidecar started
+	matrix.Main()        // a tool of route exec, which a sidecar started
+	testenv.MaybeServe() // a simulator in a process of its own
 	goleak.VerifyTestMain(m)
 }
 
@@ -58,11 +59,12 @@ var kinds = []string{config.UpstreamOpenAIAgents, config.UpstreamAnthropicAgents
 // API's simulator on a loopback server, the embedded NATS, tools on their
 // routes; the application speaks plain HTTP to the sidecar.
 type hosted struct {
-	kind    string
-	sim     upstreamSim
-	session func(id string) agentssim.Session
-	env     *testenv.Env
-	simURL  string
+	kind       string
+	sim        upstreamSim // nil when the simulator runs in a process of its own
+	session    func(id string) agentssim.Session
+	violations func() []agentssim.Violation
+	env        *testenv.Env
+	simURL     string
 	// base is where the application's requests go: the sidecar, unless a
 	// test speaks to the API directly.
 	base string
@@ -74,10 +76,15 @@ type simConfig struct {
 	Duplicate   bool
 }
 
-func startHosted(t *testing.T, kind string, cfg simConfig, opts testenv.Options, tools ...testenv.Tool) *hosted {
+func startHosted(t testing.TB, kind string, cfg simConfig, opts testenv.Options, tools ...testenv.Tool) *hosted {
 	t.Helper()
+	h := newSim(t, kind, cfg)
+	return h.start(t, opts, tools...)
+}
+
+// newSim serves kind's simulator on a loopback server of this process.
+func newSim(t testing.TB, kind string, cfg simConfig) *hosted {
 	h := &hosted{kind: kind}
-	base := "/v1"
 	switch kind {
 	case config.UpstreamOpenAIAgents:
 		sim := agentssim.New(agentssim.Config{RaceRejects: cfg.RaceRejects, Duplicate: cfg.Duplicate})
@@ -85,19 +92,42 @@ func startHosted(t *testing.T, kind string, cfg simConfig, opts testenv.Options,
 	default:
 		sim := managedsim.New(managedsim.Config{Duplicate: cfg.Duplicate})
 		h.sim, h.session = sim, func(id string) agentssim.Session { s, _ := sim.Session(id); return s }
-		base = ""
 	}
+	h.violations = h.sim.Violations
 	srv := httptest.NewServer(h.sim)
 	t.Cleanup(srv.Close)
+	h.simURL, h.base = srv.URL, srv.URL
+	return h
+}
+
+// apart serves kind's simulator in a process of its own.
+func apart(t testing.TB, kind string) *hosted {
+	h := &hosted{kind: kind}
+	if kind == config.UpstreamOpenAIAgents {
+		h.simURL, h.violations, h.session = testenv.AgentsProcess(t, agentssim.Config{})
+	} else {
+		h.simURL, h.violations, h.session = testenv.ManagedProcess(t, managedsim.Config{})
+	}
+	h.base = h.simURL
+	return h
+}
+
+// start starts the sidecar on the simulator.
+func (h *hosted) start(t testing.TB, opts testenv.Options, tools ...testenv.Tool) *hosted {
+	t.Helper()
+	base := "/v1"
+	if h.kind == config.UpstreamAnthropicAgents {
+		base = ""
+	}
 	edit := opts.Config
 	opts.Config = func(c *config.Config) {
-		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = kind, srv.URL+base, 10*time.Second
+		c.Upstream.Kind, c.Upstream.URL, c.Upstream.RetryBudget = h.kind, h.simURL+base, 10*time.Second
 		if edit != nil {
 			edit(c)
 		}
 	}
 	h.env = testenv.Start(t, coresim.Scenario{}, opts, tools...)
-	h.base, h.simURL = h.env.URL, srv.URL
+	h.base = h.env.URL
 	var live []string
 	for _, tl := range tools {
 		if tl.Handler != nil {
@@ -117,7 +147,7 @@ const appKey = "sk-app"
 // does with its base URL at the sidecar, and returns its id. On
 // Anthropic, the agent first, and the calls on threads (their
 // session_thread_id must be echoed).
-func (h *hosted) create(t *testing.T, key, input string) string {
+func (h *hosted) create(t testing.TB, key, input string) string {
 	t.Helper()
 	path := "/v1/agents/sessions"
 	body := map[string]any{"agent": map[string]any{"model": "gpt-sim"}, "environment": map[string]any{"type": "none"}, "input": input}
@@ -137,7 +167,7 @@ func (h *hosted) create(t *testing.T, key, input string) string {
 
 // post posts body through the sidecar, wants the status, and returns the
 // answer's id.
-func (h *hosted) post(t *testing.T, path, key string, body any, want int) string {
+func (h *hosted) post(t testing.TB, path, key string, body any, want int) string {
 	t.Helper()
 	b, _ := json.Marshal(body)
 	status, data := h.call(t, http.MethodPost, path, key, b)
@@ -150,7 +180,7 @@ func (h *hosted) post(t *testing.T, path, key string, body any, want int) string
 }
 
 // call sends one request through the sidecar, with the API's headers.
-func (h *hosted) call(t *testing.T, method, path, key string, body []byte) (int, []byte) {
+func (h *hosted) call(t testing.TB, method, path, key string, body []byte) (int, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(method, h.base+path, bytes.NewReader(body))
 	h.headers(req, key)
@@ -178,7 +208,7 @@ func (h *hosted) headers(req *http.Request, key string) {
 
 // send posts the application's own events to the session through the
 // sidecar.
-func (h *hosted) send(t *testing.T, id string, events ...any) {
+func (h *hosted) send(t testing.TB, id string, events ...any) {
 	t.Helper()
 	path := "/v1/agents/sessions/" + id + "/events"
 	want := http.StatusAccepted
@@ -189,7 +219,7 @@ func (h *hosted) send(t *testing.T, id string, events ...any) {
 }
 
 // interrupt cancels the session's turn, as the application does.
-func (h *hosted) interrupt(t *testing.T, id string) {
+func (h *hosted) interrupt(t testing.TB, id string) {
 	t.Helper()
 	typ := "agent.session.input.cancel"
 	if h.kind == config.UpstreamAnthropicAgents {
@@ -199,7 +229,7 @@ func (h *hosted) interrupt(t *testing.T, id string) {
 }
 
 // message starts the session's next turn with text.
-func (h *hosted) message(t *testing.T, id, text string) {
+func (h *hosted) message(t testing.TB, id, text string) {
 	t.Helper()
 	if h.kind == config.UpstreamAnthropicAgents {
 		h.send(t, id, map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": text}}})
@@ -209,7 +239,7 @@ func (h *hosted) message(t *testing.T, id, text string) {
 }
 
 // answerOwn answers, as the application, its own pending call of tool.
-func (h *hosted) answerOwn(t *testing.T, id, tool, output string) {
+func (h *hosted) answerOwn(t testing.TB, id, tool, output string) {
 	t.Helper()
 	if h.kind == config.UpstreamAnthropicAgents {
 		status, data := h.call(t, http.MethodGet, "/v1/sessions/"+id+"/events?limit=100", appKey, nil)
@@ -247,7 +277,7 @@ func (h *hosted) answerOwn(t *testing.T, id, tool, output string) {
 }
 
 // final waits until the session's turn ends, and returns the session.
-func (h *hosted) final(t *testing.T, id string) agentssim.Session {
+func (h *hosted) final(t testing.TB, id string) agentssim.Session {
 	t.Helper()
 	var s agentssim.Session
 	poll.Until(t, "session "+id+" to end its turn", func() bool {
@@ -278,7 +308,7 @@ func assertOnce(t *testing.T, h *hosted, s agentssim.Session, calls int, posts [
 	if !slices.Equal(s.Posts, posts) {
 		t.Errorf("result posts %v, want %v", s.Posts, posts)
 	}
-	if v := h.sim.Violations(); len(v) > 0 {
+	if v := h.violations(); len(v) > 0 {
 		t.Errorf("contract violations: %v", v)
 	}
 }
@@ -634,28 +664,19 @@ func TestTwoSidecarsOneSession(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(ns.Shutdown)
-		h := &hosted{kind: kind}
+		h := newSim(t, kind, simConfig{})
 		base := "/v1"
-		switch kind {
-		case config.UpstreamOpenAIAgents:
-			sim := agentssim.New(agentssim.Config{})
-			h.sim, h.session = sim, func(id string) agentssim.Session { s, _ := sim.Session(id); return s }
-		default:
-			sim := managedsim.New(managedsim.Config{})
-			h.sim, h.session = sim, func(id string) agentssim.Session { s, _ := sim.Session(id); return s }
+		if kind == config.UpstreamAnthropicAgents {
 			base = ""
 		}
-		srv := httptest.NewServer(h.sim)
-		t.Cleanup(srv.Close)
-		h.simURL, h.base = srv.URL, srv.URL
 		served := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Echo: true},
 			matrix.Tool{Name: "pay", SideEffects: config.Unsafe, Echo: true})
 		secret, secretFile, keyFile := webhookSecrets(t)
 		var urls []string
 		for _, name := range []string{"sc-a", "sc-b"} {
-			cfg, _ := testenv.Config(t, srv.URL, testenv.Options{}, served.EnvTools(10*time.Second))
+			cfg, _ := testenv.Config(t, h.simURL, testenv.Options{}, served.EnvTools(10*time.Second))
 			cfg.NATS.URL, cfg.InstanceID = ns.ClientURL(), name
-			cfg.Upstream.Kind, cfg.Upstream.URL, cfg.Upstream.RetryBudget = kind, srv.URL+base, 10*time.Second
+			cfg.Upstream.Kind, cfg.Upstream.URL, cfg.Upstream.RetryBudget = kind, h.simURL+base, 10*time.Second
 			cfg.Upstream.WebhookSecretFile, cfg.Upstream.APIKeyFile = secretFile, keyFile
 			sc, err := sidecar.Start(context.Background(), cfg)
 			if err != nil {
@@ -695,5 +716,22 @@ func TestTwoSidecarsOneSession(t *testing.T) {
 		if n := served.Count("pay"); n != 1 {
 			t.Errorf("pay ran %d times", n)
 		}
+	})
+}
+
+// TestSimulatorApart: the simulator of each API in a process of its own,
+// the sidecar meeting it over a loopback connection to another process: a
+// 16-call block is answered in one post, each call once.
+func TestSimulatorApart(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		h := apart(t, kind).start(t, testenv.Options{}, echoTools(t)...)
+		testenv.WaitLive(t, h.env.URL, "a", "b")
+		var round []map[string]any
+		for k := range 16 {
+			round = append(round, map[string]any{"name": []string{"a", "b"}[k%2], "arguments": map[string]any{"k": k}})
+		}
+		id := h.create(t, appKey, script([][]map[string]any{round}, "done "))
+		s := h.final(t, id)
+		assertOnce(t, h, s, 16, []int{16})
 	})
 }

@@ -71,6 +71,10 @@ func New(cfg Config) *Sim {
 	s.Route("DELETE /v1/agents/sessions/{id}", s.remove)
 	s.Route("GET /v1/agents/sessions/{id}/events", s.stream)
 	s.Route("POST /v1/agents/sessions/{id}/events", s.post)
+	s.Route("GET /_sim/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		session, ok := s.Session(r.PathValue("id"))
+		simbase.ServeSession(w, session, ok)
+	})
 	return s
 }
 
@@ -258,6 +262,7 @@ func (s *Sim) advance(ss *session) {
 			"item": map[string]any{"type": "function_call", "id": "fc_" + a.CallID, "call_id": a.CallID, "name": a.Name, "arguments": args,
 				"status": "in_progress", "turn_id": ss.turnID}})
 	}
+	ss.answers.Blocked()
 	ss.status = "requires_action"
 	s.emit(ss, map[string]any{"type": "agent.session.requires_action", "session": ss.snapshot()})
 }

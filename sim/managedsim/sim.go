@@ -72,6 +72,10 @@ func New(cfg Config) *Sim {
 	s.Route("GET /v1/sessions/{id}/events", s.list)
 	s.Route("GET /v1/sessions/{id}/events/stream", s.stream)
 	s.Route("POST /v1/sessions/{id}/events", s.post)
+	s.Route("GET /_sim/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		session, ok := s.Session(r.PathValue("id"))
+		simbase.ServeSession(w, session, ok)
+	})
 	return s
 }
 
@@ -287,6 +291,7 @@ func (s *Sim) advance(ss *session) {
 		ss.block = append(ss.block, call{id: id, name: c.Name, thread: thread})
 		ids = append(ids, id)
 	}
+	ss.answers.Blocked()
 	ss.pending = append([]call(nil), ss.block...)
 	ss.status = "idle"
 	s.persist(ss, map[string]any{"type": "session.status_idle", "stop_reason": map[string]any{"type": "requires_action", "event_ids": ids}})

@@ -452,10 +452,12 @@ func (f *Feed) Serve(w http.ResponseWriter, r *http.Request, mu *sync.Mutex, o S
 // and how many results each post carried. The zero Answers is ready; its
 // simulator's lock guards it.
 type Answers struct {
-	given map[string]string
-	count map[string]int
-	void  map[string]bool
-	posts []int
+	given   map[string]string
+	count   map[string]int
+	void    map[string]bool
+	posts   []int
+	blocked []time.Time // when each block was first announced
+	posted  []time.Time // when each post was taken
 }
 
 // Check checks a result for call id (answer is its content, as compared)
@@ -490,7 +492,13 @@ func (a *Answers) Take(id, answer string) {
 }
 
 // Posted records a post that carried n results.
-func (a *Answers) Posted(n int) { a.posts = append(a.posts, n) }
+func (a *Answers) Posted(n int) {
+	a.posts = append(a.posts, n)
+	a.posted = append(a.posted, time.Now())
+}
+
+// Blocked records that a block was announced (not its re-announcements).
+func (a *Answers) Blocked() { a.blocked = append(a.blocked, time.Now()) }
 
 // Void marks calls of a cancelled turn.
 func (a *Answers) Void(ids ...string) {
@@ -514,12 +522,15 @@ type Session struct {
 	// Final is the last turn's answer.
 	Final string
 	Turns int
+	// BlockedAt is when each block was announced; PostedAt when each post
+	// of results was taken.
+	BlockedAt, PostedAt []time.Time
 }
 
 // View is the session as a test reads it.
 func (a *Answers) View(status string, pending []string, final string, turns int) Session {
 	out := Session{Status: status, Answers: map[string]int{}, Posts: append([]int(nil), a.posts...), Final: final, Turns: turns,
-		Pending: slices.Sorted(slices.Values(pending))}
+		Pending: slices.Sorted(slices.Values(pending)), BlockedAt: slices.Clone(a.blocked), PostedAt: slices.Clone(a.posted)}
 	for k, v := range a.count {
 		out.Answers[k] = v
 	}
@@ -550,4 +561,15 @@ func (c *Cuts) Take() int {
 	n := c.next[0]
 	c.next = c.next[1:]
 	return n
+}
+
+// ServeSession answers a session as a test reads it (GET
+// /_sim/sessions/{id}), for a simulator in a process of its own.
+func ServeSession(w http.ResponseWriter, s Session, ok bool) {
+	if !ok {
+		http.NotFound(w, nil)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s)
 }
