@@ -502,8 +502,8 @@ func TestCancelWhileCallsRun(t *testing.T) {
 
 // TestWebhooks: a session the sidecar was never shown is taken up by a
 // webhook signed per Standard Webhooks (the secret from a file; the
-// session read with the sidecar's own key, from a file): its calls run
-// and are answered once. A forged signature, and a replayed old one, are
+// session read with the sidecar's own key, from a file, and no stream
+// opened): its calls run and are answered once. A forged signature, and a replayed old one, are
 // refused and change nothing.
 func TestWebhooks(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
@@ -512,7 +512,7 @@ func TestWebhooks(t *testing.T) {
 			c.Upstream.WebhookSecretFile, c.Upstream.APIKeyFile = secretFile, keyFile
 		}}, echoTools(t)...)
 		h.base = h.simURL // the application creates its session at the API itself
-		id := h.create(t, appKey, script(threeCalls, "done "))
+		id := h.create(t, appKey, script(append(slices.Clone(threeCalls), threeCalls[0]), "done "))
 		h.base = h.env.URL
 		send := func(key []byte, at time.Time) int { return webhook(t, h.env.URL, kind, id, key, at) }
 		if st := send([]byte("a forged secret"), time.Now()); st != http.StatusUnauthorized {
@@ -529,7 +529,10 @@ func TestWebhooks(t *testing.T) {
 			t.Fatalf("a signed webhook: %d", st)
 		}
 		s := h.final(t, id)
-		assertOnce(t, h, s, 3, []int{3})
+		assertOnce(t, h, s, 6, []int{3, 3})
+		if s.Streams != 0 {
+			t.Errorf("a session taken up by a webhook had %d streams opened: it is read, not streamed", s.Streams)
+		}
 	})
 }
 

@@ -362,6 +362,21 @@ func (s *session) resultsLocked(ids []string) []agentsapi.Result {
 	return out
 }
 
+// busy reports a batch in progress, or a call taken and not answered.
+func (s *session) busy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.batch) > 0 {
+		return true
+	}
+	for _, cs := range s.calls {
+		if !cs.posted && !cs.voided && cs.status != executor.CallCancelled {
+			return true
+		}
+	}
+	return false
+}
+
 // journaledBefore reports a result whose answer a sidecar before this
 // one journaled.
 func (s *session) journaledBefore(results []agentsapi.Result) bool {

@@ -55,9 +55,18 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 }
 
 // Watch follows a session with the caller's credential (key; owner is the
-// caller's identity, executor.CallerOf), unless it is followed already.
-// The credential stays in memory, and is used for this session only.
-func (w *Watcher) Watch(id, key, owner string) error {
+// caller's identity, executor.CallerOf), unless it is followed already:
+// its event stream, open until the session ends. The credential stays in
+// memory, and is used for this session only.
+func (w *Watcher) Watch(id, key, owner string) error { return w.watch(id, key, owner, w.follow) }
+
+// Poll follows a session by reading it, with no stream, until it is idle
+// with nothing of the sidecar's left to answer (a webhook said it requires
+// action: the next webhook starts another watch). Many sessions then
+// hold no open stream between their blocks.
+func (w *Watcher) Poll(id, key, owner string) error { return w.watch(id, key, owner, w.poll) }
+
+func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *session)) error {
 	if err := agentsapi.CheckSession(id); err != nil {
 		return err
 	}
@@ -83,8 +92,8 @@ func (w *Watcher) Watch(id, key, owner string) error {
 		defer w.forget(id, s)
 		var inner sync.WaitGroup
 		inner.Go(func() {
-			w.follow(ctx, s)
-			cancel() // the session ended: its drive ends too
+			follow(ctx, s)
+			cancel() // the session ended, or needs the sidecar no more: its drive ends too
 		})
 		w.drive(ctx, s)
 		w.drivers.Done()
@@ -193,6 +202,40 @@ func (w *Watcher) follow(ctx context.Context, s *session) {
 			return
 		}
 		wait = min(2*wait, reopenMax)
+	}
+}
+
+// pollEvery is how often a session followed without a stream is read.
+const pollEvery = 500 * time.Millisecond
+
+// poll reads the session every pollEvery until it ends, or is idle with
+// no call of the sidecar's taken and not answered.
+func (w *Watcher) poll(ctx context.Context, s *session) {
+	u := w.cfg.Upstream
+	wait := reopenFirst
+	for ctx.Err() == nil {
+		snap, err := u.cfg.API.Read(ctx, s.credential(u.cfg.APIKey), s.id)
+		var he *agentsapi.HTTPError
+		switch {
+		case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden):
+			s.apply(agentsapi.Snapshot{Status: agentsapi.StatusEnded, Why: he.Error()})
+			return
+		case err != nil:
+			u.log.Info("reading the session failed; reading it again", "session", s.id, "wait", wait, "err", err)
+			if clock.Sleep(ctx, wait) != nil {
+				return
+			}
+			wait = min(2*wait, reopenMax)
+			continue
+		}
+		wait = reopenFirst
+		s.apply(snap)
+		if s.ended() || (snap.Status == agentsapi.StatusIdle && !s.busy()) {
+			return
+		}
+		if clock.Sleep(ctx, pollEvery) != nil {
+			return
+		}
 	}
 }
 

@@ -38,8 +38,8 @@ type WebhookConfig struct {
 // Webhook receives the API's webhooks, signed per Standard Webhooks
 // (webhook-id, webhook-timestamp, webhook-signature: an HMAC-SHA256 of
 // "id.timestamp.body" under the secret): a session that requires action
-// is watched with the sidecar's own key, which reads its pending calls
-// and runs those of the registry's tools. A request whose signature does
+// is read with the sidecar's own key, without a stream (Watcher.Poll),
+// until its calls of the registry's tools have run and been answered. A request whose signature does
 // not verify, or whose timestamp is more than webhookTolerance away, is
 // refused (401) and changes nothing.
 type Webhook struct {
@@ -98,7 +98,7 @@ func (h *Webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if err := h.cfg.Watcher.Watch(id, h.cfg.Key, webhookOwner); err != nil {
+	if err := h.cfg.Watcher.Poll(id, h.cfg.Key, webhookOwner); err != nil {
 		h.log.Warn("the session a webhook names is not watched", "session", tool.Excerpt(id), "err", err)
 		http.Error(w, "not watched: "+err.Error(), http.StatusServiceUnavailable) // the API sends it again
 		return

@@ -64,9 +64,10 @@ type Upstream struct {
 	// hosted API's webhooks, for kinds openai-agents and anthropic-agents.
 	// When set, the sidecar takes POST /v1/sidecar/webhooks/<kind>
 	// without its API token, verifies each request's Standard Webhooks
-	// signature (a forged or stale one is refused), and watches the
+	// signature (a forged or stale one is refused), and follows the
 	// session that requires action with its own key (api_key_file, then
-	// required). Optional.
+	// required), reading it without a stream until its calls are
+	// answered. Optional.
 	WebhookSecretFile string `koanf:"webhook_secret_file"`
 }
 

@@ -513,5 +513,7 @@ func (s *Sim) Session(id string) (Session, bool) {
 	for _, a := range ss.pending {
 		pending = append(pending, a.CallID)
 	}
-	return ss.answers.View(ss.status, pending, ss.final, ss.turns), true
+	v := ss.answers.View(ss.status, pending, ss.final, ss.turns)
+	v.Streams = ss.feed.Opened()
+	return v, true
 }

@@ -517,5 +517,7 @@ func (s *Sim) Session(id string) (Session, bool) {
 	for _, c := range ss.pending {
 		pending = append(pending, c.id)
 	}
-	return ss.answers.View(ss.status, pending, ss.final, ss.turns), true
+	v := ss.answers.View(ss.status, pending, ss.final, ss.turns)
+	v.Streams = ss.feed.Opened()
+	return v, true
 }

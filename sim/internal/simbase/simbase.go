@@ -350,8 +350,12 @@ func (s Script) Reply(round int, results []string) Reply {
 // Feed is ready; its simulator's lock guards it (passed to Serve, and
 // held around Send and End).
 type Feed struct {
-	subs map[*feedSub]struct{}
+	subs   map[*feedSub]struct{}
+	opened int
 }
+
+// Opened counts the streams opened.
+func (f *Feed) Opened() int { return f.opened }
 
 type feedSub struct {
 	queue [][]byte
@@ -406,6 +410,7 @@ func (f *Feed) Serve(w http.ResponseWriter, r *http.Request, mu *sync.Mutex, o S
 		f.subs = map[*feedSub]struct{}{}
 	}
 	f.subs[s] = struct{}{}
+	f.opened++
 	mu.Unlock()
 	defer func() {
 		mu.Lock()
@@ -525,6 +530,8 @@ type Session struct {
 	// BlockedAt is when each block was announced; PostedAt when each post
 	// of results was taken.
 	BlockedAt, PostedAt []time.Time
+	// Streams counts the event streams opened on the session.
+	Streams int
 }
 
 // View is the session as a test reads it.
