@@ -738,3 +738,39 @@ func TestSimulatorApart(t *testing.T) {
 		assertOnce(t, h, s, 16, []int{16})
 	})
 }
+
+// TestLiveViewShowsSessions: the live view's runs API (what `toolsidecar
+// runs list/show` reads) shows a hosted session as a run, each block a
+// turn with its batch.
+func TestLiveViewShowsSessions(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Server: func(s *config.Server) { s.UI = true }}, echoTools(t)...)
+		id := h.create(t, appKey, script(append(slices.Clone(threeCalls), threeCalls[0]), "done "))
+		h.final(t, id)
+		var run struct {
+			ID     string
+			Status string
+			Calls  int
+			Turns  []struct {
+				Calls []json.RawMessage
+			}
+		}
+		poll.Until(t, "the session's run on the board", func() bool {
+			resp, err := http.Get(h.env.URL + "/v1/sidecar/runs/" + id)
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&run) == nil && run.Status == "completed"
+		})
+		var batches []int
+		for _, tr := range run.Turns {
+			if len(tr.Calls) > 0 {
+				batches = append(batches, len(tr.Calls))
+			}
+		}
+		if run.ID != id || run.Calls != 6 || !slices.Equal(batches, []int{3, 3}) {
+			t.Fatalf("the board's run %+v, batches %v", run, batches)
+		}
+	})
+}
