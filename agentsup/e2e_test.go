@@ -774,3 +774,20 @@ func TestLiveViewShowsSessions(t *testing.T) {
 		}
 	})
 }
+
+// TestHostileSession: what a hosted upstream could send that must not
+// become a path, a key or a run: a call whose arguments pass
+// max_args_bytes gets an invalid_args answer (its siblings still run), and
+// the session completes.
+func TestHostileSession(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Executor: config.Executor{MaxArgsBytes: 1 << 10}}, echoTools(t)...)
+		rounds := [][]map[string]any{{{"name": "a", "arguments": map[string]any{"k": 0}}, {"name": "b", "arguments": map[string]any{"big": strings.Repeat("x", 4<<10)}}}}
+		id := h.create(t, appKey, script(rounds, "done "))
+		s := h.final(t, id)
+		if !strings.Contains(s.Final, `"echo": {"k":0}`) || !strings.Contains(s.Final, "exceed the limit") {
+			t.Fatalf("final %q", s.Final)
+		}
+		assertOnce(t, h, s, 2, []int{2})
+	})
+}

@@ -571,6 +571,11 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	return s.openai, err
 }
 
+// blockCalls sizes the bound of a hosted session's event: one that
+// carries every call of a block is read whole up to this many calls'
+// bounds (9.2 MiB at the default max_args_bytes), as a model API's turn.
+const blockCalls = 16
+
 // hostedUpstream is a hosted agent API's sessions (upstream.kind
 // openai-agents or anthropic-agents), watched for the registry's calls.
 func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
@@ -579,7 +584,10 @@ func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
 		return nil, err
 	}
 	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
-	acfg := agentsapi.Config{URL: s.cfg.Upstream.URL, HTTP: client, MaxEventBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
+	// One event (OpenAI's requires_action) or read carries every pending
+	// call of a block with its arguments, each bounded by max_args_bytes
+	// (the executor refuses a longer one as invalid_args): sized for 16.
+	acfg := agentsapi.Config{URL: s.cfg.Upstream.URL, HTTP: client, MaxEventBytes: blockCalls * maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
 		IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log.With("component", s.cfg.Upstream.Kind)}
 	var api agentsapi.API
 	if s.cfg.Upstream.Kind == config.UpstreamAnthropicAgents {
