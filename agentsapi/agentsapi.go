@@ -51,6 +51,10 @@ type Snapshot struct {
 	Status string
 	// Pending are the client calls the session waits on, with StatusBlocked.
 	Pending []Call
+	// Confirmations are the server's calls it waits on a person's
+	// permission for (Anthropic's ask-gated agent.tool_use and
+	// agent.mcp_tool_use), with StatusBlocked.
+	Confirmations []Call
 	// Why says why the session failed or ended, when it did.
 	Why string
 }
@@ -88,6 +92,12 @@ type API interface {
 	// Post posts the results of one batch in one request, retried (the
 	// same request) through 429, 5xx and the API's own races.
 	Post(ctx context.Context, key, session string, results []Result) error
+}
+
+// Confirmer is an API whose server-side calls may wait for the client's
+// permission (Anthropic's user.tool_confirmation).
+type Confirmer interface {
+	Confirm(ctx context.Context, key, session, callID string, allow bool, message string) error
 }
 
 // Stream is a session's open event stream.

@@ -58,6 +58,8 @@ type anEvent struct {
 	Input      json.RawMessage `json:"input"`
 	Thread     string          `json:"session_thread_id"`
 	AnswerOf   string          `json:"custom_tool_use_id"`
+	Confirmed  string          `json:"tool_use_id"` // user.tool_confirmation's
+	Permission string          `json:"evaluated_permission"`
 	StopReason *struct {
 		Type     string   `json:"type"`
 		EventIDs []string `json:"event_ids"`
@@ -78,6 +80,11 @@ func (e anEvent) call() Call {
 		c.Problem = err.Error()
 	}
 	return c
+}
+
+// asks reports a server call that waits for the client's permission.
+func (e anEvent) asks() bool {
+	return (e.Type == "agent.tool_use" || e.Type == "agent.mcp_tool_use") && e.Permission == "ask"
 }
 
 // status is the session's status after a status event; "" for another.
@@ -104,20 +111,22 @@ func (a *Anthropic) Read(ctx context.Context, key, session string) (Snapshot, er
 	if err := CheckSession(session); err != nil {
 		return Snapshot{}, err
 	}
-	uses := map[string]Call{}
+	uses, asks := map[string]Call{}, map[string]Call{}
 	answered := map[string]bool{}
 	snap := Snapshot{Status: StatusIdle}
 	var blocked []string
 	err := a.history(ctx, key, session, "", func(e anEvent) {
-		switch e.Type {
-		case "agent.custom_tool_use":
+		switch {
+		case e.Type == "agent.custom_tool_use":
 			uses[e.ID] = e.call()
-		case "user.custom_tool_result":
+		case e.asks():
+			asks[e.ID] = e.call()
+		case e.Type == "user.custom_tool_result":
 			answered[e.AnswerOf] = true
-		case "session.error":
-			if e.Error != nil {
-				snap.Why = e.Error.Type + ": " + e.Error.Message
-			}
+		case e.Type == "user.tool_confirmation":
+			answered[e.Confirmed] = true
+		case e.Type == "session.error" && e.Error != nil:
+			snap.Why = e.Error.Type + ": " + e.Error.Message
 		}
 		if st, ids := e.status(); st != "" {
 			snap.Status, blocked = st, ids
@@ -130,6 +139,8 @@ func (a *Anthropic) Read(ctx context.Context, key, session string) (Snapshot, er
 		for _, id := range blocked {
 			if c, ok := uses[id]; ok && !answered[id] {
 				snap.Pending = append(snap.Pending, c)
+			} else if c, ok := asks[id]; ok && !answered[id] {
+				snap.Confirmations = append(snap.Confirmations, c)
 			}
 		}
 	}
@@ -149,7 +160,7 @@ func (a *Anthropic) Stream(ctx context.Context, key, session string) (*Stream, e
 	}
 	s := &Stream{close: func() { read.Stop(); cancel(context.Canceled); _ = resp.Body.Close() }}
 	s.Updates = func(yield func(Update, error) bool) {
-		uses := map[string]Call{}
+		uses, asks := map[string]Call{}, map[string]Call{}
 		for ev, err := range read.Seq {
 			if err != nil {
 				yield(Update{}, err)
@@ -171,6 +182,8 @@ func (a *Anthropic) Stream(ctx context.Context, key, session string) (*Stream, e
 			switch st, ids := e.status(); {
 			case e.Type == "agent.custom_tool_use":
 				uses[e.ID] = e.call()
+			case e.asks():
+				asks[e.ID] = e.call()
 			case e.Type == "user.interrupt":
 				u.CancelledTurn = "*"
 			case e.Type == "error":
@@ -178,6 +191,10 @@ func (a *Anthropic) Stream(ctx context.Context, key, session string) (*Stream, e
 			case st == StatusBlocked:
 				snap := Snapshot{Status: st}
 				for _, id := range ids {
+					if c, ok := asks[id]; ok {
+						snap.Confirmations = append(snap.Confirmations, c)
+						continue
+					}
 					c, ok := uses[id]
 					if !ok {
 						// Announced before this stream opened, or not a
@@ -326,4 +343,26 @@ func (a *Anthropic) history(ctx context.Context, key, session, typ string, fn fu
 		page = *list.NextPage
 	}
 	return nil
+}
+
+// Confirm answers a server call that waits for permission:
+// user.tool_confirmation with result allow, or deny with the message (the
+// API takes deny_message with deny only).
+func (a *Anthropic) Confirm(ctx context.Context, key, session, callID string, allow bool, message string) error {
+	if err := CheckSession(session); err != nil {
+		return err
+	}
+	ev := map[string]any{"type": "user.tool_confirmation", "tool_use_id": callID, "result": "allow"}
+	if !allow {
+		ev["result"] = "deny"
+		if message != "" {
+			ev["deny_message"] = message
+		}
+	}
+	body, err := json.Marshal(map[string]any{"events": []any{ev}})
+	if err != nil {
+		return err
+	}
+	_, err = a.c.do(ctx, http.MethodPost, "/v1/sessions/"+session+"/events", key, body, nil, nil)
+	return err
 }

@@ -791,3 +791,54 @@ func TestHostileSession(t *testing.T) {
 		assertOnce(t, h, s, 2, []int{2})
 	})
 }
+
+// TestConfirmationsThroughApprovals: with upstream.confirmations:
+// approval, an Anthropic server call whose permission evaluated to ask
+// becomes an approval of the approval API; the sidecar answers its own
+// call of the block (a partial answer), then posts the person's decision
+// as user.tool_confirmation, and the session goes on. A denial carries
+// its reason as the deny_message.
+func TestConfirmationsThroughApprovals(t *testing.T) {
+	for _, decision := range []string{"approve", "deny"} {
+		t.Run(decision, func(t *testing.T) {
+			h := startHosted(t, config.UpstreamAnthropicAgents, simConfig{}, testenv.Options{Config: func(c *config.Config) {
+				c.Upstream.Confirmations = config.ConfirmByApproval
+			}}, echoTools(t)...)
+			rounds := [][]map[string]any{{{"name": "a", "arguments": map[string]any{"k": 0}}, {"name": "server:web_fetch", "arguments": map[string]any{"url": "https://example.com"}}}}
+			id := h.create(t, appKey, script(rounds, "done "))
+			var pending struct {
+				Approvals []struct {
+					ActionID string `json:"action_id"`
+					Tool     string `json:"tool"`
+				} `json:"approvals"`
+			}
+			poll.Until(t, "the server call's approval", func() bool {
+				resp, err := http.Get(h.env.URL + "/v1/approvals")
+				if err != nil {
+					return false
+				}
+				defer resp.Body.Close()
+				return json.NewDecoder(resp.Body).Decode(&pending) == nil && len(pending.Approvals) == 1
+			})
+			if pending.Approvals[0].Tool != "web_fetch" {
+				t.Fatalf("approvals %+v", pending)
+			}
+			poll.Until(t, "the sidecar's own call answered", func() bool { return len(h.session(id).Posts) == 1 })
+			body, _ := json.Marshal(map[string]string{"decision": decision, "reason": "not that site"})
+			resp, err := http.Post(h.env.URL+"/v1/approvals/"+pending.Approvals[0].ActionID, "application/json", bytes.NewReader(body))
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("deciding: %v %v", resp, err)
+			}
+			resp.Body.Close()
+			s := h.final(t, id)
+			want := "allow"
+			if decision == "deny" {
+				want = "deny: not that site"
+			}
+			if !strings.Contains(s.Final, want) {
+				t.Fatalf("final %q, want %q in it", s.Final, want)
+			}
+			assertOnce(t, h, s, 2, []int{1, 1})
+		})
+	}
+}

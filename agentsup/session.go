@@ -28,6 +28,8 @@ type session struct {
 	status  string // an agentsapi status; "" before the first read
 	why     string
 	pending []agentsapi.Call      // as the session last listed them, the posted ones left out
+	asks    []agentsapi.Call      // server calls awaiting permission, as last listed
+	asked   map[string]bool       // the confirmations posted, by call id
 	calls   map[string]*callState // by action id: every call a batch took
 	batch   []string              // action ids of the batch in progress
 	final   int                   // its calls finalised
@@ -108,6 +110,7 @@ func (s *session) apply(snap agentsapi.Snapshot) {
 
 func (s *session) applyLocked(snap agentsapi.Snapshot) {
 	s.status, s.why = snap.Status, snap.Why
+	s.asks = snap.Confirmations
 	s.pending = s.pending[:0]
 	for _, c := range snap.Pending {
 		if cs := s.calls[actionID(s.id, c.ID)]; cs != nil && (cs.posted || cs.voided) {
@@ -375,6 +378,40 @@ func (s *session) busy() bool {
 		}
 	}
 	return false
+}
+
+// nextAsk waits for a server call awaiting permission that no
+// confirmation answered; false when the session ended or ctx did.
+func (s *session) nextAsk(ctx context.Context) (agentsapi.Call, bool) {
+	for {
+		s.mu.Lock()
+		ended, wake := s.endedLocked(), s.wake
+		for _, c := range s.asks {
+			if !s.asked[c.ID] {
+				s.mu.Unlock()
+				return c, true
+			}
+		}
+		s.mu.Unlock()
+		if ended {
+			return agentsapi.Call{}, false
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return agentsapi.Call{}, false
+		}
+	}
+}
+
+// confirmed marks a confirmation posted.
+func (s *session) confirmed(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.asked == nil {
+		s.asked = map[string]bool{}
+	}
+	s.asked[id] = true
 }
 
 // journaledBefore reports a result whose answer a sidecar before this

@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"github.com/projectdavid/toolsidecar/agentsapi"
+	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/runstore"
 )
@@ -43,7 +44,12 @@ type Config struct {
 	// runs an unsafe call again nor posts another answer. nil: nothing
 	// is journaled.
 	Journal runstore.Journal
-	Logger  *slog.Logger
+	// Approvals, when set, gets a person's decision on each server call
+	// that waits for the client's permission (Anthropic's ask-gated
+	// agent.tool_use and agent.mcp_tool_use), which the sidecar then
+	// posts (user.tool_confirmation). nil: they are the application's.
+	Approvals approval.Store
+	Logger    *slog.Logger
 }
 
 // Upstream is the executor's Upstream on hosted sessions. It holds the

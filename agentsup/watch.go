@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/agentsapi"
+	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // WatcherConfig configures the watches.
@@ -95,6 +97,9 @@ func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *ses
 			follow(ctx, s)
 			cancel() // the session ended, or needs the sidecar no more: its drive ends too
 		})
+		if confirmer, ok := u.cfg.API.(agentsapi.Confirmer); ok && u.cfg.Approvals != nil {
+			inner.Go(func() { w.confirm(ctx, s, confirmer) })
+		}
 		w.drive(ctx, s)
 		w.drivers.Done()
 		inner.Wait()
@@ -238,6 +243,55 @@ func (w *Watcher) poll(ctx context.Context, s *session) {
 		}
 	}
 }
+
+// confirm asks a person, through the approval API, for each server call
+// of the session that waits for permission, and posts the decision.
+func (w *Watcher) confirm(ctx context.Context, s *session, confirmer agentsapi.Confirmer) {
+	u := w.cfg.Upstream
+	for {
+		c, ok := s.nextAsk(ctx)
+		if !ok {
+			return
+		}
+		id := actionID(s.id, "confirm/"+c.ID)
+		now := time.Now()
+		entry, err := u.cfg.Approvals.Open(ctx, approval.Request{ActionID: id, RunID: s.id, ToolCallID: c.ID, Tool: c.Name,
+			Arguments: approval.Arguments(c.Args), RequestedAt: now, Deadline: now.Add(confirmWait)})
+		verdict := entry.Verdict
+		if err == nil && verdict == nil {
+			var v approval.Verdict
+			v, err = u.cfg.Approvals.Await(ctx, id)
+			verdict = &v
+		}
+		if err == nil {
+			err = confirmer.Confirm(ctx, s.credential(u.cfg.APIKey), s.id, c.ID, verdict.Outcome == approval.Approved, verdict.Reason)
+		}
+		var he *agentsapi.HTTPError
+		if errors.As(err, &he) && (he.Status == http.StatusBadRequest || he.Status == http.StatusConflict) {
+			// The session no longer waits for it (answered, or the turn
+			// ended): nothing to ask again.
+			u.log.Warn("a server call's confirmation was refused", "session", s.id, "call", tool.Excerpt(c.ID), "err", err)
+			s.confirmed(c.ID)
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			u.log.Warn("confirming a server call failed; asking again", "session", s.id, "call", tool.Excerpt(c.ID), "err", err)
+			if clock.Sleep(ctx, reopenFirst) != nil {
+				return
+			}
+			continue
+		}
+		u.log.Info("server call confirmed", "session", s.id, "call", tool.Excerpt(c.ID), "tool", tool.Excerpt(c.Name), "outcome", verdict.Outcome)
+		s.confirmed(c.ID)
+	}
+}
+
+// confirmWait is how long an approval of a server call is shown as open:
+// the session waits for it as long as it takes (the API sets no expiry).
+const confirmWait = 24 * time.Hour
 
 // drive drives the session's batches: a drive from each block on the
 // sidecar's calls to the session's next idle.

@@ -69,7 +69,21 @@ type Upstream struct {
 	// required), reading it without a stream until its calls are
 	// answered. Optional.
 	WebhookSecretFile string `koanf:"webhook_secret_file"`
+	// Confirmations says who answers the server calls of a session that
+	// wait for the client's permission (Anthropic's ask-gated
+	// agent.tool_use and agent.mcp_tool_use), for kind anthropic-agents:
+	// application (the sidecar leaves them) or approval (each becomes an
+	// approval of the approval API, GET /v1/approvals, and the sidecar
+	// posts the person's decision as user.tool_confirmation). default:
+	// application
+	Confirmations string `koanf:"confirmations"`
 }
+
+// Who answers a hosted session's permission requests.
+const (
+	ConfirmByApplication = "application"
+	ConfirmByApproval    = "approval"
+)
 
 // Upstream kinds.
 const (
@@ -121,6 +135,12 @@ func (u Upstream) validate() []error {
 		p.positive(map[string]int64{"max_sessions": int64(u.MaxSessions)}, numberText)
 	} else if u.WebhookSecretFile != "" {
 		p.add("webhook_secret_file", "is for kinds openai-agents and anthropic-agents, not %s", u.Kind)
+	}
+	switch {
+	case u.Confirmations != ConfirmByApplication && u.Confirmations != ConfirmByApproval:
+		p.add("confirmations", "must be application or approval, got %q", u.Confirmations)
+	case u.Confirmations == ConfirmByApproval && u.Kind != UpstreamAnthropicAgents:
+		p.add("confirmations", "approval is for kind anthropic-agents (the only API whose server calls ask the client), not %s", u.Kind)
 	}
 	return p.list
 }

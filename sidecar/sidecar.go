@@ -602,7 +602,11 @@ func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
 	if s.ledger != nil {
 		journal = s.ledger.Journal()
 	}
-	s.agents, err = agentsup.New(agentsup.Config{API: api, APIKey: key, Logger: s.log, Journal: journal,
+	var approvals approval.Store // with confirmations: approval, the same store as the tools' approvals
+	if s.cfg.Upstream.Confirmations == config.ConfirmByApproval {
+		approvals = s.approvals
+	}
+	s.agents, err = agentsup.New(agentsup.Config{API: api, APIKey: key, Logger: s.log, Journal: journal, Approvals: approvals,
 		Owns: func(name string) bool { _, ok := s.live.Load().Lookup(name); return ok },
 		Unsafe: func(name string) bool {
 			t, ok := s.live.Load().Lookup(name)

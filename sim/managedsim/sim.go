@@ -11,7 +11,11 @@
 //
 // A session's first user.message is a simbase script: each round is one
 // block; "fail_after": n terminates the session once n rounds are
-// answered; "threads": true puts a session_thread_id on every call.
+// answered; "threads": true puts a session_thread_id on every call. A
+// call named "server:<name>" is a server tool whose permission policy
+// evaluated to ask: an agent.tool_use with evaluated_permission "ask" in
+// the block, answered by user.tool_confirmation (allow, or deny with an
+// optional deny_message).
 //
 // It shares no code with the sidecar's adapter (package agentsup), so
 // that each checks the other.
@@ -23,6 +27,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -84,6 +89,7 @@ func (s *Sim) CutStream(n int) { s.cuts.Add(n) }
 
 type call struct {
 	id, name, thread string
+	confirm          bool // an ask-gated agent.tool_use: answered by user.tool_confirmation
 }
 
 type session struct {
@@ -169,6 +175,8 @@ type userEvent struct {
 	ToolUseID       string          `json:"tool_use_id"`
 	IsError         bool            `json:"is_error"`
 	SessionThreadID string          `json:"session_thread_id"`
+	Result          string          `json:"result"`       // user.tool_confirmation: allow | deny
+	DenyMessage     *string         `json:"deny_message"` // with deny only
 }
 
 func (s *Sim) create(w http.ResponseWriter, r *http.Request) {
@@ -281,14 +289,19 @@ func (s *Sim) advance(ss *session) {
 			args = json.RawMessage("{}")
 		}
 		ev := map[string]any{"type": "agent.custom_tool_use", "name": c.Name, "input": args}
+		server, confirm := strings.CutPrefix(c.Name, "server:")
+		if confirm {
+			// A server tool whose permission policy evaluated to ask.
+			ev = map[string]any{"type": "agent.tool_use", "name": server, "input": args, "evaluated_permission": "ask"}
+		}
 		thread := ""
-		if ss.threads {
+		if ss.threads && !confirm {
 			thread = "sthr_" + strconv.Itoa(i%2)
 			ev["session_thread_id"] = thread
 		}
 		ev = s.persist(ss, ev)
 		id := ev["id"].(string)
-		ss.block = append(ss.block, call{id: id, name: c.Name, thread: thread})
+		ss.block = append(ss.block, call{id: id, name: c.Name, thread: thread, confirm: confirm})
 		ids = append(ids, id)
 	}
 	ss.answers.Blocked()
@@ -366,7 +379,7 @@ func (s *Sim) post(w http.ResponseWriter, r *http.Request) {
 	}
 	results := 0
 	for _, e := range body.Events {
-		if e.Type == "user.custom_tool_result" || e.Type == "user.tool_result" {
+		if e.Type == "user.custom_tool_result" || e.Type == "user.tool_result" || e.Type == "user.tool_confirmation" {
 			results++
 		}
 	}
@@ -409,6 +422,22 @@ func (s *Sim) post(w http.ResponseWriter, r *http.Request) {
 			answered++
 			for i, c := range ss.pending {
 				if c.id == e.CustomToolUseID {
+					ss.pending = append(ss.pending[:i:i], ss.pending[i+1:]...)
+					break
+				}
+			}
+		case "user.tool_confirmation":
+			ev := map[string]any{"type": e.Type, "tool_use_id": e.ToolUseID, "result": e.Result}
+			echoed = append(echoed, s.persist(ss, ev))
+			text := e.Result
+			if e.DenyMessage != nil {
+				text += ": " + *e.DenyMessage
+			}
+			ss.answers.Take(e.ToolUseID, text)
+			ss.results[e.ToolUseID] = text
+			answered++
+			for i, c := range ss.pending {
+				if c.id == e.ToolUseID {
 					ss.pending = append(ss.pending[:i:i], ss.pending[i+1:]...)
 					break
 				}
@@ -459,12 +488,32 @@ func (s *Sim) check(ss *session, events []userEvent) string {
 				return refusal
 			}
 			c, ok := pending[id]
+			if ok && c.confirm {
+				s.Violate("wrong_result_kind", "user.custom_tool_result for %s, an ask-gated agent.tool_use", id)
+				return "`custom_tool_use_id` \"" + id + "\" is an agent.tool_use awaiting a user.tool_confirmation"
+			}
 			if !ok {
 				s.Violate("unknown_call", "a result for %s, which is not pending", id)
 				return "`custom_tool_use_id` \"" + id + "\" does not match any pending agent.custom_tool_use event in this session"
 			}
 			if c.thread != e.SessionThreadID {
 				s.Violate("thread_not_echoed", "the result for %s has session_thread_id %q, the call %q", id, e.SessionThreadID, c.thread)
+			}
+		case "user.tool_confirmation":
+			c, ok := pending[e.ToolUseID]
+			if refusal := ss.answers.Check(s, e.ToolUseID, e.Result); refusal != "" {
+				return refusal
+			}
+			switch {
+			case !ok || !c.confirm:
+				s.Violate("unknown_call", "a confirmation for %s, which awaits none", e.ToolUseID)
+				return "`tool_use_id` \"" + e.ToolUseID + "\" awaits no confirmation"
+			case e.Result != "allow" && e.Result != "deny":
+				s.Violate("bad_confirmation", "result %q is not allow or deny", e.Result)
+				return "result must be allow or deny"
+			case e.DenyMessage != nil && e.Result != "deny":
+				s.Violate("bad_confirmation", "deny_message with result %q", e.Result)
+				return "deny_message is allowed only with deny"
 			}
 		case "user.tool_result":
 			if _, custom := pending[e.ToolUseID]; custom {
