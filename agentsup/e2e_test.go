@@ -842,3 +842,25 @@ func TestConfirmationsThroughApprovals(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamedCreate: a session created with stream: true (201 and the
+// session's events) is watched from the first event that names it, as
+// the stream passes to the application unchanged; its calls are answered.
+func TestStreamedCreate(t *testing.T) {
+	h := startHosted(t, config.UpstreamOpenAIAgents, simConfig{}, testenv.Options{}, echoTools(t)...)
+	body, _ := json.Marshal(map[string]any{"agent": map[string]any{"model": "gpt-sim"}, "environment": map[string]any{"type": "none"},
+		"input": script(threeCalls, "done "), "stream": true})
+	status, data := h.call(t, http.MethodPost, "/v1/agents/sessions", appKey, body)
+	if status != http.StatusCreated || !bytes.Contains(data, []byte("agent.session.requires_action")) {
+		t.Fatalf("the streamed create: %d %s", status, data)
+	}
+	var first struct {
+		Session struct{ ID string }
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &first); err != nil || first.Session.ID == "" {
+		t.Fatalf("the stream's first event %q: %v", line, err)
+	}
+	s := h.final(t, first.Session.ID)
+	assertOnce(t, h, s, 3, []int{3})
+}

@@ -140,6 +140,11 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	rel := strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(mustPath(e.cfg.URL), "/"))
 	var id string
 	switch rest, ok := strings.CutPrefix(rel, e.api.sessions); {
+	case rel == e.api.create && r.Method == http.MethodPost && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+		// A streamed create: the session is watched once an event of the
+		// stream names it, as the stream passes.
+		resp.Body = &sniff{rc: resp.Body, bound: e.cfg.MaxBodyBytes, found: func(id string) { e.follow(id, r.Header) }}
+		return nil
 	case rel == e.api.create && r.Method == http.MethodPost:
 		if id = e.createdID(resp); id == "" {
 			return nil
@@ -153,13 +158,8 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	default:
 		return nil
 	}
-	key := e.cfg.OwnKey
-	if key == "" {
-		key = e.api.key(r.Header)
-	}
-	owner := executor.CallerOf(r.Header)
-	if err := e.cfg.Watcher.Watch(id, key, owner); err != nil {
-		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
+	owner, watched := e.follow(id, r.Header)
+	if !watched {
 		return nil
 	}
 	// The owner's own stream of the session also shows each call the
@@ -172,6 +172,80 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	}
 	return nil
 }
+
+// follow watches a session with the credential of the request that
+// created or read it; false when it is not watched.
+func (e *Endpoint) follow(id string, h http.Header) (owner string, watched bool) {
+	key := e.cfg.OwnKey
+	if key == "" {
+		key = e.api.key(h)
+	}
+	owner = executor.CallerOf(h)
+	if err := e.cfg.Watcher.Watch(id, key, owner); err != nil {
+		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
+		return owner, false
+	}
+	return owner, true
+}
+
+// sniff passes a streamed create's events on, and calls found with the
+// session's id from the first event that names it (in its session
+// object, or as session_id). A line past bound is not read for it.
+type sniff struct {
+	rc    io.ReadCloser
+	bound int
+	found func(id string)
+	line  []byte
+	done  bool
+}
+
+func (s *sniff) Read(p []byte) (int, error) {
+	n, err := s.rc.Read(p)
+	for b := p[:n]; !s.done && len(b) > 0; {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			s.keep(b)
+			break
+		}
+		s.keep(b[:i])
+		s.scan()
+		s.line, b = s.line[:0], b[i+1:]
+	}
+	return n, err
+}
+
+func (s *sniff) keep(b []byte) {
+	if len(s.line)+len(b) <= s.bound {
+		s.line = append(s.line, b...)
+	}
+}
+
+// scan reads a whole line of the stream.
+func (s *sniff) scan() {
+	data, ok := bytes.CutPrefix(bytes.TrimRight(s.line, "\r"), []byte("data:"))
+	if !ok {
+		return
+	}
+	var ev struct {
+		SessionID string `json:"session_id"`
+		Session   *struct {
+			ID string `json:"id"`
+		} `json:"session"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(data), &ev) != nil {
+		return
+	}
+	id := ev.SessionID
+	if ev.Session != nil && ev.Session.ID != "" {
+		id = ev.Session.ID
+	}
+	if id != "" {
+		s.done = true
+		s.found(id)
+	}
+}
+
+func (s *sniff) Close() error { return s.rc.Close() }
 
 // createdID reads the id of the session a create answered, leaving the
 // body for the caller; "" for a streamed create (the session is watched

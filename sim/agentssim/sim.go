@@ -17,6 +17,7 @@
 package agentssim
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -190,10 +191,6 @@ func (s *Sim) create(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "invalid_request_error", "Missing required parameter: 'agent.model'.")
 		return
 	}
-	if body.Stream {
-		apiError(w, http.StatusBadRequest, "invalid_request_error", "the simulator creates sessions without stream")
-		return
-	}
 	var input string
 	_ = json.Unmarshal(body.Input, &input)
 	s.mu.Lock()
@@ -202,6 +199,19 @@ func (s *Sim) create(w http.ResponseWriter, r *http.Request) {
 		race: s.cfg.RaceRejects,
 		idem: map[string]string{}}
 	s.sessions[ss.id] = ss
+	if body.Stream {
+		// 201 with the session's events from its creation, until its turn
+		// blocks or ends.
+		sub := ss.feed.Open()
+		s.emit(ss, map[string]any{"type": "agent.session.created", "session": ss.snapshot()})
+		s.startTurn(ss, input)
+		s.mu.Unlock()
+		ss.feed.Stream(w, r, &s.mu, sub, simbase.StreamOptions{Duplicate: s.cfg.Duplicate, Delay: s.cfg.Delay, Cut: -1, Until: func(frame []byte) bool {
+			return bytes.Contains(frame, []byte(`"type":"agent.session.requires_action"`)) || bytes.Contains(frame, []byte(`"type":"agent.session.idle"`)) ||
+				bytes.Contains(frame, []byte(`"type":"agent.session.failed"`))
+		}}, http.StatusCreated)
+		return
+	}
 	if input != "" {
 		s.startTurn(ss, input)
 	}

@@ -399,26 +399,45 @@ type StreamOptions struct {
 	Duplicate bool
 	// Delay is the wait before each event.
 	Delay time.Duration
+	// Until, when set, ends the stream after the event it is true of.
+	Until func(frame []byte) bool
 }
 
 // Serve writes the feed's events from now on to w until the client goes,
 // the feed ends, or the cut; mu is the simulator's lock, which guards f.
 func (f *Feed) Serve(w http.ResponseWriter, r *http.Request, mu *sync.Mutex, o StreamOptions) {
-	s := &feedSub{wake: make(chan struct{}, 1)}
 	mu.Lock()
+	s := f.Open()
+	mu.Unlock()
+	f.Stream(w, r, mu, s, o, http.StatusOK)
+}
+
+// FeedSub is one stream's subscription to a feed.
+type FeedSub = *feedSub
+
+// Open subscribes a stream to the feed from now on (the simulator's lock
+// held): a response that streams events it causes itself (a create with
+// stream) opens before causing them.
+func (f *Feed) Open() FeedSub {
+	s := &feedSub{wake: make(chan struct{}, 1)}
 	if f.subs == nil {
 		f.subs = map[*feedSub]struct{}{}
 	}
 	f.subs[s] = struct{}{}
 	f.opened++
-	mu.Unlock()
+	return s
+}
+
+// Stream writes the events of s to w, with status, until the client
+// goes, the feed ends, the cut, or an event o.Until says is the last.
+func (f *Feed) Stream(w http.ResponseWriter, r *http.Request, mu *sync.Mutex, s FeedSub, o StreamOptions, status int) {
 	defer func() {
 		mu.Lock()
 		delete(f.subs, s)
 		mu.Unlock()
 	}()
 	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	n := 0
@@ -440,6 +459,9 @@ func (f *Feed) Serve(w http.ResponseWriter, r *http.Request, mu *sync.Mutex, o S
 			}
 			_ = rc.Flush()
 			n++
+			if o.Until != nil && o.Until(frame) {
+				return
+			}
 		}
 		if done {
 			return
