@@ -446,16 +446,22 @@ func TestBackoff(t *testing.T) {
 }
 
 // TestCutAndDuplicates: every event delivered twice and the watch's
-// stream cut: the sidecar reopens it, reconciles from the session, and
-// answers each call once, one post per block.
+// stream cut at three points of a two-block turn (before its first event,
+// within the second block's events, after its post): the sidecar reopens
+// it, reconciles from the session, and answers
+// each call once, one post per block.
 func TestCutAndDuplicates(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
-		h := startHosted(t, kind, simConfig{Duplicate: true}, testenv.Options{}, echoTools(t)...)
-		h.sim.CutStream(1)
-		rounds := append(slices.Clone(threeCalls), threeCalls[0])
-		id := h.create(t, appKey, script(rounds, "done "))
-		s := h.final(t, id)
-		assertOnce(t, h, s, 6, []int{3, 3})
+		for _, cut := range []int{0, 2, 5} {
+			t.Run(fmt.Sprint("cut=", cut), func(t *testing.T) {
+				h := startHosted(t, kind, simConfig{Duplicate: true}, testenv.Options{}, echoTools(t)...)
+				h.sim.CutStream(cut)
+				rounds := append(slices.Clone(threeCalls), threeCalls[0])
+				id := h.create(t, appKey, script(rounds, "done "))
+				s := h.final(t, id)
+				assertOnce(t, h, s, 6, []int{3, 3})
+			})
+		}
 	})
 }
 
