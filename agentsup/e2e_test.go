@@ -154,10 +154,11 @@ func (h *hosted) create(t testing.TB, key, input string) string {
 	want := http.StatusCreated
 	if h.kind == config.UpstreamAnthropicAgents {
 		agent := h.post(t, "/v1/agents", key, map[string]any{"name": "a", "model": "claude-sim", "tools": []any{map[string]any{"type": "custom", "name": "a"}}}, http.StatusOK)
-		var in map[string]any
-		_ = json.Unmarshal([]byte(input), &in)
-		in["threads"] = true
-		threaded, _ := json.Marshal(in)
+		threaded := []byte(input) // a script: its calls on threads
+		if in := map[string]any{}; json.Unmarshal([]byte(input), &in) == nil {
+			in["threads"] = true
+			threaded, _ = json.Marshal(in)
+		}
 		path, want = "/v1/sessions", http.StatusOK
 		body = map[string]any{"agent": agent, "environment_id": "env_1",
 			"initial_events": []any{map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": string(threaded)}}}}}
