@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/projectdavid/toolsidecar/internal/clock"
 	"github.com/projectdavid/toolsidecar/internal/frames"
@@ -37,7 +38,11 @@ type Anthropic struct{ c *client }
 // NewAnthropic builds a client of Managed Agents. No I/O.
 func NewAnthropic(cfg Config) (*Anthropic, error) {
 	c, err := newClient(cfg, func(h http.Header, key string) {
-		h.Set("x-api-key", key)
+		if strings.HasPrefix(key, "Bearer ") {
+			h.Set("Authorization", key) // as the caller sent it
+		} else {
+			h.Set("x-api-key", key)
+		}
 		h.Set("anthropic-version", AnthropicVersion)
 		h.Set("anthropic-beta", AnthropicBeta)
 	})

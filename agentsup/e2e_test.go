@@ -8,11 +8,13 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -870,4 +872,71 @@ func TestStreamedCreate(t *testing.T) {
 	}
 	s := h.final(t, first.Session.ID)
 	assertOnce(t, h, s, 3, []int{3})
+}
+
+// TestOfficialAnthropicClient: @anthropic-ai/sdk (the version openaiup's
+// Node checks lock, which has client.beta.agents and .sessions) as the
+// application, its base URL at the sidecar: it creates the agent and the
+// session, follows the session's stream (which shows the sidecar's
+// toolsidecar.tool_result events, passed on by the client as any event),
+// and reads the answer from the history. The calls are held until the
+// client's stream is open.
+func TestOfficialAnthropicClient(t *testing.T) {
+	checker, _ := filepath.Abs("../openaiup/testdata/node/check-managed.mjs")
+	if _, err := os.Stat(filepath.Join(filepath.Dir(checker), "node_modules", "@anthropic-ai/sdk")); err != nil {
+		t.Fatalf("the @anthropic-ai/sdk Node package is missing: make openai-node installs it (%v)", err)
+	}
+	held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
+	h := startHosted(t, config.UpstreamAnthropicAgents, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
+	var out []byte
+	var runErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Timeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "node", checker, h.env.URL, script([][]map[string]any{{threeCalls[0][0]}}, "done "))
+		cmd.Stderr = os.Stderr
+		out, runErr = cmd.Output()
+	}()
+	poll.Until(t, "the client's stream and the held call", func() bool {
+		select {
+		case <-done: // the client ended early: its error says why
+			return true
+		default:
+		}
+		ms, ok := h.sim.(*managedsim.Sim)
+		if !ok || held.Count("a") < 1 {
+			return false
+		}
+		for _, id := range ms.Sessions() {
+			if s, _ := ms.Session(id); s.Streams >= 2 {
+				return true
+			}
+		}
+		return false
+	})
+	held.Release()
+	<-done
+	if runErr != nil {
+		t.Logf("violations %v", h.violations())
+		var ee *exec.ExitError
+		if errors.As(runErr, &ee) {
+			t.Fatalf("node: %v\n%s", runErr, ee.Stderr)
+		}
+		t.Fatal(runErr)
+	}
+	var got struct {
+		Session string
+		Types   []string
+		Told    []map[string]any
+		Answer  string
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node printed %q: %v", out, err)
+	}
+	if len(got.Told) != 1 || !strings.Contains(got.Answer, `"echo": {"k":0}`) {
+		t.Fatalf("the client saw %+v", got)
+	}
+	assertOnce(t, h, h.session(got.Session), 1, []int{1})
 }

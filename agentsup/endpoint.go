@@ -65,8 +65,16 @@ var surfaces = map[string]surface{
 		key:    func(h http.Header) string { return strings.TrimPrefix(h.Get("Authorization"), "Bearer ") },
 		setKey: func(h http.Header, key string) { h.Set("Authorization", "Bearer "+key) }},
 	agentsapi.KindAnthropic: {patterns: []string{"/v1/agents", "/v1/agents/", "/v1/sessions", "/v1/sessions/"}, create: "/v1/sessions", sessions: "/v1/sessions/",
-		key:    func(h http.Header) string { return h.Get("X-Api-Key") },
-		setKey: func(h http.Header, key string) { h.Set("X-Api-Key", key) }},
+		// x-api-key, or the whole Authorization (Bearer …), which
+		// @anthropic-ai/sdk 1.17 sends its apiKey as: agentsapi sends it
+		// back in the form it came.
+		key: func(h http.Header) string {
+			if k := h.Get("X-Api-Key"); k != "" {
+				return k
+			}
+			return h.Get("Authorization")
+		},
+		setKey: func(h http.Header, key string) { h.Del("Authorization"); h.Set("X-Api-Key", key) }},
 }
 
 // NewEndpoint builds the pass-through. No I/O.

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,7 +35,9 @@ import (
 	"github.com/projectdavid/toolsidecar/sim/internal/simbase"
 )
 
-// The headers every request must carry.
+// The headers every request must carry: the beta among anthropic-beta's
+// list, and an anthropic-version (the reference's clients send
+// 2023-06-01; @anthropic-ai/sdk 1.17 sends a later date).
 const (
 	Beta    = "managed-agents-2026-04-01"
 	Version = "2023-06-01"
@@ -118,13 +121,13 @@ func apiError(w http.ResponseWriter, status int, typ, msg string) {
 // admit checks the headers every request needs, and finds the caller's
 // session (another caller's is not found).
 func (s *Sim) admit(w http.ResponseWriter, r *http.Request, id string) (*session, bool) {
-	if r.Header.Get("anthropic-beta") != Beta || r.Header.Get("anthropic-version") != Version {
+	if !slices.Contains(strings.Split(strings.ReplaceAll(r.Header.Get("anthropic-beta"), " ", ""), ","), Beta) || r.Header.Get("anthropic-version") == "" {
 		s.Violate("missing_beta_header", "%s %s with anthropic-beta %q and anthropic-version %q", r.Method, r.URL.Path,
 			r.Header.Get("anthropic-beta"), r.Header.Get("anthropic-version"))
 		apiError(w, http.StatusBadRequest, "invalid_request_error", "managed agents require anthropic-beta: "+Beta)
 		return nil, false
 	}
-	if r.Header.Get("x-api-key") == "" {
+	if credential(r) == "" {
 		apiError(w, http.StatusUnauthorized, "authentication_error", "x-api-key header is required")
 		return nil, false
 	}
@@ -134,11 +137,20 @@ func (s *Sim) admit(w http.ResponseWriter, r *http.Request, id string) (*session
 	s.mu.Lock()
 	ss, ok := s.sessions[id]
 	s.mu.Unlock()
-	if !ok || ss.owner != r.Header.Get("x-api-key") {
+	if !ok || ss.owner != credential(r) {
 		apiError(w, http.StatusNotFound, "not_found_error", "session "+id+" not found")
 		return nil, false
 	}
 	return ss, true
+}
+
+// credential is the request's key: x-api-key, or a bearer token
+// (@anthropic-ai/sdk 1.17 sends its apiKey so).
+func credential(r *http.Request) string {
+	if k := r.Header.Get("x-api-key"); k != "" {
+		return k
+	}
+	return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 }
 
 func (s *Sim) createAgent(w http.ResponseWriter, r *http.Request) {
@@ -156,7 +168,7 @@ func (s *Sim) createAgent(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.seq++
 	id := fmt.Sprintf("agent_%d", s.seq)
-	s.agents[id] = r.Header.Get("x-api-key")
+	s.agents[id] = credential(r)
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "type": "agent", "name": body.Name, "model": body.Model})
 }
@@ -199,12 +211,12 @@ func (s *Sim) create(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if owner, ok := s.agents[agent]; !ok || owner != r.Header.Get("x-api-key") {
+	if owner, ok := s.agents[agent]; !ok || owner != credential(r) {
 		apiError(w, http.StatusNotFound, "not_found_error", "agent "+agent+" not found")
 		return
 	}
 	s.seq++
-	ss := &session{id: fmt.Sprintf("sesn_%d", s.seq), owner: r.Header.Get("x-api-key"), status: "idle"}
+	ss := &session{id: fmt.Sprintf("sesn_%d", s.seq), owner: credential(r), status: "idle"}
 	s.sessions[ss.id] = ss
 	for _, e := range body.InitialEvents {
 		if e.Type == "user.message" {
@@ -553,6 +565,17 @@ func (s *Sim) interrupt(ss *session) {
 
 // Session is what a test reads of a session.
 type Session = simbase.Session
+
+// Sessions lists the sessions' ids.
+func (s *Sim) Sessions() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for id := range s.sessions {
+		ids = append(ids, id)
+	}
+	return ids
+}
 
 // Session reads a session.
 func (s *Sim) Session(id string) (Session, bool) {
