@@ -30,6 +30,10 @@ type EndpointConfig struct {
 	// (the sidecar's API token is then what callers send): the sessions
 	// are the sidecar's key's.
 	OwnKey string
+	// SidecarToken: callers authenticate to the sidecar with
+	// Authorization: Bearer <its token>. That header is the sidecar's and
+	// never goes upstream, nor is it read as the caller's upstream key.
+	SidecarToken bool
 	// MaxBodyBytes bounds a session's JSON read to find its id.
 	MaxBodyBytes int
 	Logger       *slog.Logger
@@ -100,6 +104,9 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 			r.Out.URL.Path = base.Path + strings.TrimPrefix(r.In.URL.Path, api.trim)
 			r.Out.URL.RawPath = ""
 			r.Out.Host = base.Host
+			if cfg.SidecarToken {
+				r.Out.Header.Del("Authorization")
+			}
 			if cfg.OwnKey != "" {
 				api.setKey(r.Out.Header, cfg.OwnKey)
 			}
@@ -123,7 +130,36 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 // Patterns are the routes the endpoint serves.
 func (e *Endpoint) Patterns() []string { return e.api.patterns }
 
-func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.proxy.ServeHTTP(w, r) }
+// ServeHTTP refuses what the upstream must not see, then passes the
+// request on.
+func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodOptions {
+		// A CORS preflight: the sidecar grants none, and does not relay
+		// the upstream's grant either.
+		e.WriteError(w, http.StatusMethodNotAllowed, "the sidecar answers no cross-origin preflight")
+		return
+	}
+	if seg := escapingSegment(r.URL.EscapedPath()); seg != "" {
+		e.WriteError(w, http.StatusBadRequest, "the path has a segment that could leave the API's prefix upstream: "+strconv.Quote(tool.Excerpt(seg)))
+		return
+	}
+	e.proxy.ServeHTTP(w, r)
+}
+
+// escapingSegment is the first segment of an escaped path that an
+// upstream could read as another path than the one routed here: a dot
+// segment, or an encoded slash, backslash or dot (the pass-through sends
+// the decoded path, so %2F would become a separator and %2E%2E a parent).
+// "" when there is none.
+func escapingSegment(escaped string) string {
+	for seg := range strings.SplitSeq(escaped, "/") {
+		low := strings.ToLower(seg)
+		if seg == "." || seg == ".." || strings.Contains(low, "%2f") || strings.Contains(low, "%5c") || strings.Contains(low, "%2e") || strings.Contains(seg, "\\") {
+			return seg
+		}
+	}
+	return ""
+}
 
 // WriteError answers in the API's error shape.
 func (e *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
@@ -141,6 +177,11 @@ func (e *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
 // the create of a session (the id in the answer), a read of a session,
 // of its events or of its stream (the id in the path).
 func (e *Endpoint) watch(resp *http.Response) error {
+	for k := range resp.Header {
+		if strings.HasPrefix(k, "Access-Control-") {
+			resp.Header.Del(k) // the upstream's CORS grants are not the sidecar's
+		}
+	}
 	r := resp.Request
 	if r == nil || resp.StatusCode/100 != 2 {
 		return nil
@@ -186,6 +227,10 @@ func (e *Endpoint) watch(resp *http.Response) error {
 func (e *Endpoint) follow(id string, h http.Header) (owner string, watched bool) {
 	key := e.cfg.OwnKey
 	if key == "" {
+		if e.cfg.SidecarToken {
+			h = h.Clone()
+			h.Del("Authorization") // the sidecar's token, not an upstream key
+		}
 		key = e.api.key(h)
 	}
 	owner = executor.CallerOf(h)
@@ -256,20 +301,27 @@ func (s *sniff) scan() {
 func (s *sniff) Close() error { return s.rc.Close() }
 
 // createdID reads the id of the session a create answered, leaving the
-// body for the caller; "" for a streamed create (the session is watched
-// once read) or a body past the bound.
+// whole body for the caller; "" for a body past the bound, which passes
+// as it comes, its session not watched until it is read through the
+// sidecar.
 func (e *Endpoint) createdID(resp *http.Response) string {
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		return ""
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, int64(e.cfg.MaxBodyBytes)+1))
+	if err != nil || len(data) > e.cfg.MaxBodyBytes {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(data), resp.Body), resp.Body}
+		e.log.Warn("the session is not watched: its create answer is larger than the bound; a read of the session through the sidecar watches it",
+			"bound", e.cfg.MaxBodyBytes)
+		return ""
+	}
 	_ = resp.Body.Close()
 	resp.Body = io.NopCloser(bytes.NewReader(data))
 	resp.ContentLength = int64(len(data))
 	resp.Header.Set("Content-Length", strconv.Itoa(len(data)))
-	if err != nil || len(data) > e.cfg.MaxBodyBytes {
-		return ""
-	}
 	var s struct {
 		ID string `json:"id"`
 	}

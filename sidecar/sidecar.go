@@ -639,8 +639,14 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			if own, err = s.cfg.UpstreamAPIKey(); err != nil {
 				return err
 			}
+			// OpenAI's key travels in Authorization, which then carries
+			// the sidecar's token: without a key of its own the sidecar
+			// would have none to send.
+			if own == "" && s.cfg.Upstream.Kind == config.UpstreamOpenAIAgents {
+				return fmt.Errorf("upstream.kind %s with server.auth_token_file needs the sidecar's own upstream key (upstream.api_key_file or %s): callers' Authorization header carries the sidecar's token", s.cfg.Upstream.Kind, config.UpstreamAPIKeyEnv)
+			}
 		}
-		ep, err := agentsup.NewEndpoint(agentsup.EndpointConfig{URL: s.cfg.Upstream.URL, Kind: s.cfg.Upstream.Kind, Watcher: w, OwnKey: own,
+		ep, err := agentsup.NewEndpoint(agentsup.EndpointConfig{URL: s.cfg.Upstream.URL, Kind: s.cfg.Upstream.Kind, Watcher: w, OwnKey: own, SidecarToken: token != "",
 			Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone()), MaxBodyBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes), Logger: s.log})
 		if err != nil {
 			return err
