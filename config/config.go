@@ -47,7 +47,8 @@ type Config struct {
 func Default() Config {
 	return Config{
 		Durability: Durability{Enabled: true, Replicas: 1, LeaseTTL: 10 * time.Second, MaxBytes: 1 << 30},
-		Upstream:   Upstream{Kind: UpstreamCore, RetryBudget: 30 * time.Second, ConnectTimeout: 5 * time.Second, StreamIdleTimeout: 2 * time.Minute, JournalTTL: 24 * time.Hour},
+		Upstream: Upstream{Kind: UpstreamCore, RetryBudget: 30 * time.Second, ConnectTimeout: 5 * time.Second, StreamIdleTimeout: 2 * time.Minute, JournalTTL: 24 * time.Hour, MaxSessions: 1000,
+			Confirmations: ConfirmByApplication},
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, ConnectTimeout: 5 * time.Second, StreamIdleTimeout: 280 * time.Second,
 			MaxConnections: 64, IdleTimeout: 4 * time.Second},
 		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222", WorkerCredentials: true}, ConnectRetry: 30 * time.Second,

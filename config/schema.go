@@ -12,11 +12,12 @@ const durationPattern = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 
 // enums are the keys (by name) whose values are a fixed list.
 var enums = map[string][]string{
-	"side_effects": {ReadOnly, Idempotent, Unsafe},
-	"missing_tool": {MissingToolError, MissingToolFailRun},
-	"kind":         {UpstreamCore, UpstreamOpenAI, UpstreamAnthropic, UpstreamResponses},
-	"approval":     {ApprovalRequired},
-	"on_timeout":   {OnTimeoutDeny},
+	"side_effects":  {ReadOnly, Idempotent, Unsafe},
+	"missing_tool":  {MissingToolError, MissingToolFailRun},
+	"kind":          {UpstreamCore, UpstreamOpenAI, UpstreamAnthropic, UpstreamResponses, UpstreamOpenAIAgents, UpstreamAnthropicAgents},
+	"approval":      {ApprovalRequired},
+	"on_timeout":    {OnTimeoutDeny},
+	"confirmations": {ConfirmByApplication, ConfirmByApproval},
 }
 
 // JSONSchema describes config.yaml (JSON Schema 2020-12) for editors. It

@@ -14,21 +14,33 @@ type Upstream struct {
 	// OpenAI, vLLM, Ollama, llama.cpp, LiteLLM), which they reach at POST
 	// /v1/responses, or anthropic (a Messages API server: Anthropic,
 	// LiteLLM, vLLM, Ollama, llama.cpp), which they reach at POST
-	// /v1/messages. default: core
+	// /v1/messages. Two kinds watch hosted agent sessions instead of
+	// driving a model: openai-agents (the OpenAI Agents API, which
+	// applications reach under the sidecar's /v1/agents/) and
+	// anthropic-agents (Anthropic Managed Agents); when a session blocks on
+	// client tools of the registry, the sidecar runs them and posts their
+	// results. default: core
 	Kind string `koanf:"kind"`
 	// URL of the model's API as its official client takes it, for kinds
 	// openai, responses and anthropic: with its version for openai and
 	// responses (https://api.openai.com/v1, http://127.0.0.1:11434/v1),
-	// without for anthropic (https://api.anthropic.com).
+	// without for anthropic (https://api.anthropic.com). Likewise
+	// https://api.openai.com/v1 for openai-agents and
+	// https://api.anthropic.com for anthropic-agents.
 	URL string `koanf:"url"`
 	// APIKeyFile holds the key sent upstream, for kinds openai and
 	// responses (as a bearer token) and anthropic (as x-api-key). Optional:
 	// TOOLSIDECAR_UPSTREAM_API_KEY is read when it is empty. Without
-	// server.auth_token_file, a caller's own key is sent instead.
+	// server.auth_token_file, a caller's own key is sent instead. For
+	// kinds openai-agents and anthropic-agents it is the sidecar's own
+	// key: sessions that webhooks name are followed with it, and with
+	// server.auth_token_file every request passed through carries it.
 	APIKeyFile string `koanf:"api_key_file"`
 	// RetryBudget bounds the retries of one turn's request (429 after its
 	// Retry-After, 5xx, a failed connection, a stream cut before its
-	// finish chunk). default: 30s
+	// finish chunk); for kinds openai-agents and anthropic-agents, of one
+	// request to the hosted API (a post of a batch's results, a read).
+	// default: 30s
 	RetryBudget time.Duration `koanf:"retry_budget"`
 	// ConnectTimeout bounds how long a turn's request goes on trying to
 	// connect to the upstream (a refused connection, a failed DNS lookup,
@@ -38,8 +50,9 @@ type Upstream struct {
 	ConnectTimeout time.Duration `koanf:"connect_timeout"`
 	// StreamIdleTimeout bounds the silence of a turn's stream (no byte: an
 	// event or a keep-alive comment), for kinds openai, responses and
-	// anthropic; past it the turn is retried within retry_budget. default:
-	// 2m
+	// anthropic; past it the turn is retried within retry_budget. For
+	// kinds openai-agents and anthropic-agents, the silence of a watched
+	// session's stream, past which it is reopened. default: 2m
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout"`
 	// JournalTTL is how long the journal keeps a run of a model's API
 	// (kinds openai, responses, anthropic): a
@@ -48,7 +61,35 @@ type Upstream struct {
 	// In durable mode the journal is in JetStream; otherwise in memory,
 	// and a restart loses it. default: 24h
 	JournalTTL time.Duration `koanf:"journal_ttl"`
+	// MaxSessions bounds the hosted sessions watched at once, for kinds
+	// openai-agents and anthropic-agents: each is one open event stream
+	// and two goroutines; a session created or read past it is passed
+	// through, and not watched. default: 1000
+	MaxSessions int `koanf:"max_sessions"`
+	// WebhookSecretFile holds the signing secret (whsec_<base64>) of the
+	// hosted API's webhooks, for kinds openai-agents and anthropic-agents.
+	// When set, the sidecar takes POST /v1/sidecar/webhooks/<kind>
+	// without its API token, verifies each request's Standard Webhooks
+	// signature (a forged or stale one is refused), and follows the
+	// session that requires action with its own key (api_key_file, then
+	// required), reading it without a stream until its calls are
+	// answered. Optional.
+	WebhookSecretFile string `koanf:"webhook_secret_file"`
+	// Confirmations says who answers the server calls of a session that
+	// wait for the client's permission (Anthropic's ask-gated
+	// agent.tool_use and agent.mcp_tool_use), for kind anthropic-agents:
+	// application (the sidecar leaves them) or approval (each becomes an
+	// approval of the approval API, GET /v1/approvals, and the sidecar
+	// posts the person's decision as user.tool_confirmation). default:
+	// application
+	Confirmations string `koanf:"confirmations"`
 }
+
+// Who answers a hosted session's permission requests.
+const (
+	ConfirmByApplication = "application"
+	ConfirmByApproval    = "approval"
+)
 
 // Upstream kinds.
 const (
@@ -56,7 +97,17 @@ const (
 	UpstreamOpenAI    = "openai"
 	UpstreamAnthropic = "anthropic"
 	UpstreamResponses = "responses"
+	// The hosted agent loops: the sidecar watches sessions, it does not
+	// drive a model.
+	UpstreamOpenAIAgents    = "openai-agents"
+	UpstreamAnthropicAgents = "anthropic-agents"
 )
+
+// Hosted reports an upstream of hosted agent sessions (openai-agents,
+// anthropic-agents).
+func (u Upstream) Hosted() bool {
+	return u.Kind == UpstreamOpenAIAgents || u.Kind == UpstreamAnthropicAgents
+}
 
 // Model reports an upstream that is a model's API (openai, anthropic,
 // responses), which applications reach through the sidecar, rather than
@@ -73,19 +124,30 @@ func (u Upstream) validate() []error {
 	p := problems{prefix: "upstream"}
 	switch u.Kind {
 	case UpstreamCore:
-	case UpstreamOpenAI, UpstreamResponses:
+	case UpstreamOpenAI, UpstreamResponses, UpstreamOpenAIAgents:
 		if !httpURL(u.URL) {
 			p.add("url", "must be the http(s) URL of the API with its version (https://api.openai.com/v1), got %q", RedactURL(u.URL))
 		}
-	case UpstreamAnthropic:
+	case UpstreamAnthropic, UpstreamAnthropicAgents:
 		if !httpURL(u.URL) {
 			p.add("url", "must be the http(s) URL of the API as its client takes it (https://api.anthropic.com), got %q", RedactURL(u.URL))
 		}
 	default:
-		p.add("kind", "must be core, openai, anthropic or responses, got %q", u.Kind)
+		p.add("kind", "must be core, openai, anthropic, responses, openai-agents or anthropic-agents, got %q", u.Kind)
 	}
 	p.positive(map[string]int64{"retry_budget": int64(u.RetryBudget), "connect_timeout": int64(u.ConnectTimeout), "stream_idle_timeout": int64(u.StreamIdleTimeout),
 		"journal_ttl": int64(u.JournalTTL)}, durationText)
+	if u.Hosted() {
+		p.positive(map[string]int64{"max_sessions": int64(u.MaxSessions)}, numberText)
+	} else if u.WebhookSecretFile != "" {
+		p.add("webhook_secret_file", "is for kinds openai-agents and anthropic-agents, not %s", u.Kind)
+	}
+	switch {
+	case u.Confirmations != ConfirmByApplication && u.Confirmations != ConfirmByApproval:
+		p.add("confirmations", "must be application or approval, got %q", u.Confirmations)
+	case u.Confirmations == ConfirmByApproval && u.Kind != UpstreamAnthropicAgents:
+		p.add("confirmations", "approval is for kind anthropic-agents (the only API whose server calls ask the client), not %s", u.Kind)
+	}
 	return p.list
 }
 

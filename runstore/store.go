@@ -14,6 +14,8 @@
 //	turn.<run>.<n>    Turn, n from 1
 //	outs.<run>.<n>    the outputs of turn n that no later turn carries
 //	start.<action>    1: the unsafe call started
+//	answer.<action>   Answer: a hosted session's call, the result chosen
+//	                  to post (package agentsup)
 //	end.<run>         End
 //	key.<digest>      the index of a request: {"runs": [...]}
 //
@@ -112,6 +114,7 @@ func headerKey(runID string) string         { return "run." + runID }
 func turnKey(runID string, n int) string    { return fmt.Sprintf("turn.%s.%d", runID, n) }
 func outputsKey(runID string, n int) string { return fmt.Sprintf("outs.%s.%d", runID, n) }
 func startKey(actionID string) string       { return "start." + actionID }
+func answerKey(actionID string) string      { return "answer." + actionID }
 func endKey(runID string) string            { return "end." + runID }
 func indexKey(digest string) string         { return "key." + digest }
 
@@ -202,6 +205,48 @@ func (s *Store) WriteOutputs(ctx context.Context, runID string, n int, outs map[
 // without the mark never was.
 func (s *Store) MarkStarted(ctx context.Context, actionID string) error {
 	return s.j.Put(ctx, startKey(actionID), []byte("1"))
+}
+
+// Started reports an unsafe call whose start is marked.
+func (s *Store) Started(ctx context.Context, actionID string) (bool, error) {
+	data, _, err := s.j.Get(ctx, startKey(actionID))
+	return data != nil, err
+}
+
+// Answer is the result chosen for a call of a hosted session, written
+// before it is posted: a post after a crash sends this one, never
+// another.
+type Answer struct {
+	OK     bool   `json:"ok"`
+	Output string `json:"output"`
+}
+
+// WriteAnswer writes a call's answer, unless one is written already; it
+// returns the answer that stands, and whether it is this one (first).
+func (s *Store) WriteAnswer(ctx context.Context, actionID string, a Answer) (stands Answer, first bool, err error) {
+	data, err := json.Marshal(a)
+	if err != nil {
+		return a, false, err
+	}
+	if _, err := s.j.Create(ctx, answerKey(actionID), data); errors.Is(err, ErrExists) {
+		prev, err := s.Answer(ctx, actionID)
+		if err != nil || prev == nil {
+			return a, false, fmt.Errorf("runstore: the answer of %s exists, but could not be read: %v", actionID, err)
+		}
+		return *prev, false, nil
+	} else if err != nil {
+		return a, false, err
+	}
+	return a, true, nil
+}
+
+// Answer reads a call's answer; nil when none is written.
+func (s *Store) Answer(ctx context.Context, actionID string) (*Answer, error) {
+	var a Answer
+	if _, found, err := s.getJSON(ctx, answerKey(actionID), &a); err != nil || !found {
+		return nil, err
+	}
+	return &a, nil
 }
 
 // WriteEnd writes how a run ended.

@@ -360,3 +360,30 @@ func TestDigests(t *testing.T) {
 		t.Error("parts cut elsewhere digest alike")
 	}
 }
+
+// TestAnswerKeepsTheFirst: a hosted call's answer, once written, is the
+// one that stands: a later write (a sidecar that ran the call again after
+// a crash) gets the first back, and a start mark reads as started.
+func TestAnswerKeepsTheFirst(t *testing.T) {
+	ctx := context.Background()
+	s := runstore.New(runstore.NewMemoryJournal(time.Hour, 1<<20))
+	if a, err := s.Answer(ctx, "ha_1"); a != nil || err != nil {
+		t.Fatalf("no answer yet: %+v %v", a, err)
+	}
+	first := runstore.Answer{OK: true, Output: "one"}
+	if got, isFirst, err := s.WriteAnswer(ctx, "ha_1", first); err != nil || got != first || !isFirst {
+		t.Fatalf("first write: %+v %v %v", got, isFirst, err)
+	}
+	if got, isFirst, err := s.WriteAnswer(ctx, "ha_1", runstore.Answer{OK: false, Output: "two"}); err != nil || got != first || isFirst {
+		t.Fatalf("second write: %+v %v %v, want the first %+v", got, isFirst, err, first)
+	}
+	if started, err := s.Started(ctx, "ha_2"); started || err != nil {
+		t.Fatalf("not marked: %v %v", started, err)
+	}
+	if err := s.MarkStarted(ctx, "ha_2"); err != nil {
+		t.Fatal(err)
+	}
+	if started, err := s.Started(ctx, "ha_2"); !started || err != nil {
+		t.Fatalf("marked: %v %v", started, err)
+	}
+}

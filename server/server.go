@@ -116,6 +116,10 @@ type Config struct {
 	// loads before it has a token to send. Their data routes are in
 	// Routes, behind the token.
 	Pages []Route
+	// Signed are served without the token, their bodies bounded: routes
+	// whose requests carry a signature their handler verifies (a hosted
+	// API's webhooks, which cannot send the sidecar's token).
+	Signed []Route
 	// Gatherer serves /metrics. default: prometheus.DefaultGatherer
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
@@ -166,6 +170,13 @@ func New(cfg Config, drive executor.DriveFunc, tools Tools) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, driveRun: drive, tools: tools, log: cfg.Logger, mux: http.NewServeMux(), ops: http.NewServeMux(),
 		drives: make(chan struct{}, cfg.MaxDrives), pages: http.NewServeMux()}
+	for _, p := range cfg.Signed {
+		h := p.Handler
+		s.pages.Handle(p.Pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+			h.ServeHTTP(w, r)
+		}))
+	}
 	for _, p := range cfg.Pages {
 		s.pages.Handle(p.Pattern, p.Handler)
 	}

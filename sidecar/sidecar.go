@@ -29,6 +29,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
 
+	"github.com/projectdavid/toolsidecar/agentsapi"
+	"github.com/projectdavid/toolsidecar/agentsup"
 	"github.com/projectdavid/toolsidecar/approval"
 	"github.com/projectdavid/toolsidecar/bridge"
 	"github.com/projectdavid/toolsidecar/config"
@@ -117,6 +119,8 @@ type Sidecar struct {
 	reloader    *registry.Reloader // nil without WithReload
 	exec        *executor.Executor
 	openai      *openaiup.Upstream // nil unless upstream.kind is openai or anthropic
+	agents      *agentsup.Upstream // nil unless upstream.kind is openai-agents or anthropic-agents
+	watcher     *agentsup.Watcher  // the hosted sessions' watches, with agents
 	approvals   approval.Store     // the ledger's when durable
 	board       *live.Board        // nil with server.ui false
 	srv         *server.Server
@@ -539,6 +543,9 @@ func ExecutorConfig(c config.Executor) executor.Config {
 // upstream is the side where the model is: Core, or an OpenAI-compatible
 // server that the sidecar's POST /v1/chat/completions drives.
 func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
+	if s.cfg.Upstream.Hosted() {
+		return s.hostedUpstream()
+	}
 	if !s.cfg.Upstream.Model() {
 		return coreup.New(cc), nil
 	}
@@ -567,6 +574,50 @@ func (s *Sidecar) upstream(cc *core.Client) (executor.Upstream, error) {
 	return s.openai, err
 }
 
+// blockCalls sizes the bound of a hosted session's event: one that
+// carries every call of a block is read whole up to this many calls'
+// bounds (9.2 MiB at the default max_args_bytes), as a model API's turn.
+const blockCalls = 16
+
+// hostedUpstream is a hosted agent API's sessions (upstream.kind
+// openai-agents or anthropic-agents), watched for the registry's calls.
+func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
+	key, err := s.cfg.UpstreamAPIKey()
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone())}
+	// One event (OpenAI's requires_action) or read carries every pending
+	// call of a block with its arguments, each bounded by max_args_bytes
+	// (the executor refuses a longer one as invalid_args): sized for 16.
+	acfg := agentsapi.Config{URL: s.cfg.Upstream.URL, HTTP: client, MaxEventBytes: blockCalls * maxFrameBytes(s.cfg.Executor.MaxArgsBytes),
+		IdleTimeout: s.cfg.Upstream.StreamIdleTimeout, RetryBudget: s.cfg.Upstream.RetryBudget, Logger: s.log.With("component", s.cfg.Upstream.Kind)}
+	var api agentsapi.API
+	if s.cfg.Upstream.Kind == config.UpstreamAnthropicAgents {
+		api, err = agentsapi.NewAnthropic(acfg)
+	} else {
+		api, err = agentsapi.NewOpenAI(acfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var journal runstore.Journal // the ledger's, in durable mode: a restart finds what was started and answered
+	if s.ledger != nil {
+		journal = s.ledger.Journal()
+	}
+	var approvals approval.Store // with confirmations: approval, the same store as the tools' approvals
+	if s.cfg.Upstream.Confirmations == config.ConfirmByApproval {
+		approvals = s.approvals
+	}
+	s.agents, err = agentsup.New(agentsup.Config{API: api, APIKey: key, Logger: s.log, Journal: journal, Approvals: approvals,
+		Owns: func(name string) bool { _, ok := s.live.Load().Lookup(name); return ok },
+		Unsafe: func(name string) bool {
+			t, ok := s.live.Load().Lookup(name)
+			return ok && t.SideEffects == config.Unsafe
+		}})
+	return s.agents, err
+}
+
 // buildServer builds the API; coreRT reaches Core for the proxy and the
 // readiness probe, with the Core client's TLS.
 func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
@@ -581,6 +632,47 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), Live: s.natsLife.Err, ReadyInfo: s.readyInfo,
 		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
+	case s.agents != nil:
+		w, err := agentsup.NewWatcher(agentsup.WatcherConfig{Upstream: s.agents, Drive: s.exec.Drive, Max: s.cfg.Upstream.MaxSessions})
+		if err != nil {
+			return err
+		}
+		var own string // with the sidecar's own token, sessions are its upstream key's
+		if token != "" {
+			if own, err = s.cfg.UpstreamAPIKey(); err != nil {
+				return err
+			}
+			// OpenAI's key travels in Authorization, which then carries
+			// the sidecar's token: without a key of its own the sidecar
+			// would have none to send.
+			if own == "" && s.cfg.Upstream.Kind == config.UpstreamOpenAIAgents {
+				return fmt.Errorf("upstream.kind %s with server.auth_token_file needs the sidecar's own upstream key (upstream.api_key_file or %s): callers' Authorization header carries the sidecar's token", s.cfg.Upstream.Kind, config.UpstreamAPIKeyEnv)
+			}
+		}
+		ep, err := agentsup.NewEndpoint(agentsup.EndpointConfig{URL: s.cfg.Upstream.URL, Kind: s.cfg.Upstream.Kind, Watcher: w, OwnKey: own, SidecarToken: token != "",
+			Transport: coreTransport(s.tp, http.DefaultTransport.(*http.Transport).Clone()), MaxBodyBytes: maxFrameBytes(s.cfg.Executor.MaxArgsBytes), Logger: s.log})
+		if err != nil {
+			return err
+		}
+		s.watcher = w
+		for _, p := range ep.Patterns() {
+			scfg.Routes = append(scfg.Routes, server.Route{Pattern: p, Handler: ep, AnyBody: true, Errors: ep.WriteError})
+		}
+		if f := s.cfg.Upstream.WebhookSecretFile; f != "" {
+			secret, err := config.ReadSecret("upstream.webhook_secret_file", f)
+			if err != nil {
+				return err
+			}
+			key, err := s.cfg.UpstreamAPIKey()
+			if err != nil {
+				return err
+			}
+			wh, err := agentsup.NewWebhook(agentsup.WebhookConfig{Kind: s.cfg.Upstream.Kind, Watcher: w, Secret: secret, Key: key, Logger: s.log})
+			if err != nil {
+				return err
+			}
+			scfg.Signed = append(scfg.Signed, server.Route{Pattern: wh.Pattern(), Handler: wh})
+		}
 	case s.openai != nil:
 		var memo executor.Memo // memory, unless durable
 		if s.ledger != nil {
@@ -767,6 +859,9 @@ func (s *Sidecar) Shutdown(ctx context.Context) error {
 func (s *Sidecar) shutdown(ctx context.Context) error {
 	s.natsLife.Stopping()
 	s.exec.Drain()
+	if s.watcher != nil {
+		s.watcher.Close(ctx) // the drives finish their batches, then the watches end
+	}
 	if err := s.hs.Shutdown(ctx); err != nil {
 		s.log.Warn("shutdown deadline: the calls still running are left, open, for the next drive of their runs", "err", err)
 		s.exec.Abandon() // before the requests' contexts end, so that their cause is the executor's
@@ -887,7 +982,7 @@ func (s *Sidecar) registerInfo() {
 // its userinfo and without its query, where a key may be.
 func (s *Sidecar) upstreamURL() string {
 	raw := s.cfg.Core.URL
-	if s.cfg.Upstream.Model() {
+	if s.cfg.Upstream.Model() || s.cfg.Upstream.Hosted() {
 		raw = s.cfg.Upstream.URL
 	}
 	u, err := url.Parse(raw)

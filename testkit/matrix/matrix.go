@@ -273,7 +273,14 @@ func execute(ctx context.Context, dir string, tl Tool, m manifest) ([]byte, erro
 	}
 	appendLine(filepath.Join(dir, tl.Name+".args"), args)
 	appendLine(filepath.Join(dir, tl.Name+".actions"), []byte(m.ActionID))
-	first := count(dir, tl.Name) == 1
+	// The first is the execution that makes the marker: executions that
+	// start together each count, and more than one could see a count of 1
+	// only after the others had counted too.
+	first := false
+	if f, err := os.OpenFile(filepath.Join(dir, tl.Name+".first"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
+		f.Close()
+		first = true
+	}
 	for tl.Block && first {
 		if _, err := os.Stat(filepath.Join(dir, "release")); err == nil {
 			break

@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/sim/agentssim"
 	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
+	"github.com/projectdavid/toolsidecar/sim/managedsim"
 	"github.com/projectdavid/toolsidecar/sim/openaisim"
 	"github.com/projectdavid/toolsidecar/sim/responsesim"
 )
@@ -28,6 +30,8 @@ const (
 	envOpenAIProcess    = "TSC_TEST_OPENAISIM"
 	envMessagesProcess  = "TSC_TEST_ANTHROPICSIM"
 	envResponsesProcess = "TSC_TEST_RESPONSESIM"
+	envAgentsProcess    = "TSC_TEST_AGENTSSIM"
+	envManagedProcess   = "TSC_TEST_MANAGEDSIM"
 )
 
 // MaybeServe serves a simulator and exits when this process was started
@@ -48,6 +52,10 @@ func MaybeServe() {
 		url, stop = serveSim(envMessagesProcess, anthropicsim.New)
 	case os.Getenv(envResponsesProcess) != "":
 		url, stop = serveSim(envResponsesProcess, responsesim.New)
+	case os.Getenv(envAgentsProcess) != "":
+		url, stop = serveSim(envAgentsProcess, agentssim.New)
+	case os.Getenv(envManagedProcess) != "":
+		url, stop = serveSim(envManagedProcess, managedsim.New)
 	default:
 		return
 	}
@@ -172,4 +180,41 @@ func ResponsesProcess(t testing.TB, cfg responsesim.Config) (baseURL string, vio
 	url, stop := serveApart(t, envResponsesProcess, cfg)
 	t.Cleanup(stop)
 	return url + "/v1", func() []responsesim.Violation { return violationsAt[responsesim.Violation](t, url) }
+}
+
+// AgentsProcess serves an OpenAI Agents API simulator of cfg in a process
+// of its own, as [OpenAIProcess] does, until the test ends. It returns
+// the simulator's URL (the API's base is it with /v1), what reads the
+// contract log, and what reads a session.
+func AgentsProcess(t testing.TB, cfg agentssim.Config) (url string, violations func() []agentssim.Violation, session func(id string) agentssim.Session) {
+	url, stop := serveApart(t, envAgentsProcess, cfg)
+	t.Cleanup(stop)
+	return url, func() []agentssim.Violation { return violationsAt[agentssim.Violation](t, url) },
+		func(id string) agentssim.Session { return sessionAt[agentssim.Session](t, url, id) }
+}
+
+// ManagedProcess serves an Anthropic Managed Agents simulator of cfg in a
+// process of its own, as [AgentsProcess] does (the API's base is the URL).
+func ManagedProcess(t testing.TB, cfg managedsim.Config) (url string, violations func() []managedsim.Violation, session func(id string) managedsim.Session) {
+	url, stop := serveApart(t, envManagedProcess, cfg)
+	t.Cleanup(stop)
+	return url, func() []managedsim.Violation { return violationsAt[managedsim.Violation](t, url) },
+		func(id string) managedsim.Session { return sessionAt[managedsim.Session](t, url, id) }
+}
+
+// sessionAt reads a hosted simulator's session over HTTP; the zero
+// session when it has none.
+func sessionAt[S any](t testing.TB, url, id string) S {
+	var s S
+	resp, err := http.Get(url + "/_sim/sessions/" + id)
+	if err != nil {
+		t.Fatalf("reading the simulator's session: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+			t.Fatalf("reading the simulator's session: %v", err)
+		}
+	}
+	return s
 }

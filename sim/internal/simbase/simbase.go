@@ -1,4 +1,4 @@
-// Package simbase is what the upstream simulators (openaisim,
+// Package simbase is what the upstream simulators (openaisim, agentssim,
 // anthropicsim) share: the faults queued for the requests to come, the
 // contract log, and the counts of requests and of turns delivered whole.
 // It knows nothing of the sidecar, so that the simulators still share no
@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -351,4 +352,262 @@ func (s Script) Reply(round int, results []string) Reply {
 		r.Calls = append(r.Calls, Call{Name: c.Name, Args: args})
 	}
 	return r
+}
+
+// Feed is a session's event stream for the hosted-loop simulators: events
+// go to every open stream from the moment it opens (no replay). The zero
+// Feed is ready; its simulator's lock guards it (passed to Serve, and
+// held around Send and End).
+type Feed struct {
+	subs   map[*feedSub]struct{}
+	opened int
+}
+
+// Opened counts the streams opened.
+func (f *Feed) Opened() int { return f.opened }
+
+type feedSub struct {
+	queue [][]byte
+	wake  chan struct{}
+	done  bool
+}
+
+// Send queues an event (named typ, or unnamed with "") for every open
+// stream.
+func (f *Feed) Send(typ string, data []byte) {
+	frame := fmt.Appendf(nil, "data: %s\n\n", data)
+	if typ != "" {
+		frame = fmt.Appendf(nil, "event: %s\ndata: %s\n\n", typ, data)
+	}
+	for s := range f.subs {
+		s.queue = append(s.queue, frame)
+		s.poke()
+	}
+}
+
+// End ends every open stream after what it has queued.
+func (f *Feed) End() {
+	for s := range f.subs {
+		s.done = true
+		s.poke()
+	}
+}
+
+func (s *feedSub) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// StreamOptions are how one stream is served.
+type StreamOptions struct {
+	// Cut, when 0 or more, cuts the connection after that many events.
+	Cut int
+	// Duplicate writes every event twice.
+	Duplicate bool
+	// Delay is the wait before each event.
+	Delay time.Duration
+	// Until, when set, ends the stream after the event it is true of.
+	Until func(frame []byte) bool
+}
+
+// Serve writes the feed's events from now on to w until the client goes,
+// the feed ends, or the cut; mu is the simulator's lock, which guards f.
+func (f *Feed) Serve(w http.ResponseWriter, r *http.Request, mu *sync.Mutex, o StreamOptions) {
+	mu.Lock()
+	s := f.Open()
+	mu.Unlock()
+	f.Stream(w, r, mu, s, o, http.StatusOK)
+}
+
+// FeedSub is one stream's subscription to a feed.
+type FeedSub = *feedSub
+
+// Open subscribes a stream to the feed from now on (the simulator's lock
+// held): a response that streams events it causes itself (a create with
+// stream) opens before causing them.
+func (f *Feed) Open() FeedSub {
+	s := &feedSub{wake: make(chan struct{}, 1)}
+	if f.subs == nil {
+		f.subs = map[*feedSub]struct{}{}
+	}
+	f.subs[s] = struct{}{}
+	f.opened++
+	return s
+}
+
+// Stream writes the events of s to w, with status, until the client
+// goes, the feed ends, the cut, or an event o.Until says is the last.
+func (f *Feed) Stream(w http.ResponseWriter, r *http.Request, mu *sync.Mutex, s FeedSub, o StreamOptions, status int) {
+	defer func() {
+		mu.Lock()
+		delete(f.subs, s)
+		mu.Unlock()
+	}()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	n := 0
+	for {
+		mu.Lock()
+		batch, done := s.queue, s.done
+		s.queue = nil
+		mu.Unlock()
+		for _, frame := range batch {
+			if o.Cut >= 0 && n >= o.Cut {
+				panic(http.ErrAbortHandler)
+			}
+			if o.Delay > 0 {
+				time.Sleep(o.Delay)
+			}
+			_, _ = w.Write(frame)
+			if o.Duplicate {
+				_, _ = w.Write(frame)
+			}
+			_ = rc.Flush()
+			n++
+			if o.Until != nil && o.Until(frame) {
+				return
+			}
+		}
+		if done {
+			return
+		}
+		select {
+		case <-s.wake:
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// Answers is what a hosted-loop simulator keeps of a session's results:
+// the answer each call got, how many times, the calls of cancelled turns,
+// and how many results each post carried. The zero Answers is ready; its
+// simulator's lock guards it.
+type Answers struct {
+	given   map[string]string
+	count   map[string]int
+	void    map[string]bool
+	posts   []int
+	blocked []time.Time // when each block was first announced
+	posted  []time.Time // when each post was taken
+}
+
+// Check checks a result for call id (answer is its content, as compared)
+// against the results taken: a second answer, the same one again, or one
+// for a call of a cancelled turn is a violation; it returns the refusal's
+// text, "" when the result may be taken.
+func (a *Answers) Check(log interface {
+	Violate(code, format string, args ...any) string
+}, id, answer string) string {
+	if prev, done := a.given[id]; done {
+		if prev != answer {
+			log.Violate("second_answer", "call %s answered again with another result", id)
+		} else {
+			log.Violate("duplicate_result", "call %s answered twice", id)
+		}
+		return "the tool call " + id + " already has a result"
+	}
+	if a.void[id] {
+		log.Violate("late_result", "a result for call %s of a cancelled turn", id)
+		return "the turn of " + id + " was cancelled"
+	}
+	return ""
+}
+
+// Take records a result taken.
+func (a *Answers) Take(id, answer string) {
+	if a.given == nil {
+		a.given, a.count = map[string]string{}, map[string]int{}
+	}
+	a.given[id] = answer
+	a.count[id]++
+}
+
+// Posted records a post that carried n results.
+func (a *Answers) Posted(n int) {
+	a.posts = append(a.posts, n)
+	a.posted = append(a.posted, time.Now())
+}
+
+// Blocked records that a block was announced (not its re-announcements).
+func (a *Answers) Blocked() { a.blocked = append(a.blocked, time.Now()) }
+
+// Void marks calls of a cancelled turn.
+func (a *Answers) Void(ids ...string) {
+	if a.void == nil {
+		a.void = map[string]bool{}
+	}
+	for _, id := range ids {
+		a.void[id] = true
+	}
+}
+
+// Session is what a test reads of a hosted session.
+type Session struct {
+	Status string
+	// Answers counts the results taken per call.
+	Answers map[string]int
+	// Posts is the number of results of each post that carried some.
+	Posts []int
+	// Pending lists the calls waiting for a result, sorted.
+	Pending []string
+	// Final is the last turn's answer.
+	Final string
+	Turns int
+	// BlockedAt is when each block was announced; PostedAt when each post
+	// of results was taken.
+	BlockedAt, PostedAt []time.Time
+	// Streams counts the event streams opened on the session.
+	Streams int
+}
+
+// View is the session as a test reads it.
+func (a *Answers) View(status string, pending []string, final string, turns int) Session {
+	out := Session{Status: status, Answers: map[string]int{}, Posts: append([]int(nil), a.posts...), Final: final, Turns: turns,
+		Pending: slices.Sorted(slices.Values(pending)), BlockedAt: slices.Clone(a.blocked), PostedAt: slices.Clone(a.posted)}
+	for k, v := range a.count {
+		out.Answers[k] = v
+	}
+	return out
+}
+
+// Cuts are the stream opens to cut, each after its number of events. The
+// zero Cuts is ready, and safe for concurrent use.
+type Cuts struct {
+	mu   sync.Mutex
+	next []int
+}
+
+// Add makes the next stream opened end, cut, after n events.
+func (c *Cuts) Add(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next = append(c.next, n)
+}
+
+// Take is the cut of a stream being opened: -1 for none.
+func (c *Cuts) Take() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.next) == 0 {
+		return -1
+	}
+	n := c.next[0]
+	c.next = c.next[1:]
+	return n
+}
+
+// ServeSession answers a session as a test reads it (GET
+// /_sim/sessions/{id}), for a simulator in a process of its own.
+func ServeSession(w http.ResponseWriter, s Session, ok bool) {
+	if !ok {
+		http.NotFound(w, nil)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s)
 }

@@ -1,0 +1,310 @@
+package agentsup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/projectdavid/toolsidecar/agentsapi"
+	"github.com/projectdavid/toolsidecar/approval"
+	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/internal/clock"
+	"github.com/projectdavid/toolsidecar/tool"
+)
+
+// WatcherConfig configures the watches.
+type WatcherConfig struct {
+	Upstream *Upstream
+	// Drive drives a session's batches (executor.Drive).
+	Drive executor.DriveFunc
+	// Max bounds the sessions watched at once. Required.
+	Max int
+}
+
+// Watcher follows sessions: for each, one goroutine reads its event
+// stream (reopened and reconciled from a read of the session after a
+// cut) and one drives its batches. It owns them: a watch ends when its
+// session fails, terminates or is deleted, when its credential is refused,
+// or at Close.
+type Watcher struct {
+	cfg  WatcherConfig
+	base context.Context
+	stop context.CancelFunc
+	// drained ends at Drain: no drive begins after it.
+	drained context.Context
+	drain   context.CancelFunc
+
+	mu      sync.Mutex
+	watches map[string]context.CancelFunc
+	wg      sync.WaitGroup // every watch's goroutines
+	drivers sync.WaitGroup // the drive loops
+}
+
+// ErrTooManyWatches: the sidecar watches WatcherConfig.Max sessions.
+var ErrTooManyWatches = errors.New("agentsup: too many sessions watched")
+
+// NewWatcher builds the watches. No I/O.
+func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
+	if cfg.Upstream == nil || cfg.Drive == nil || cfg.Max <= 0 {
+		return nil, fmt.Errorf("agentsup: a watcher needs its Upstream, Drive and a positive Max (%d)", cfg.Max)
+	}
+	base, stop := context.WithCancel(context.Background())
+	drained, drain := context.WithCancel(context.Background())
+	return &Watcher{cfg: cfg, base: base, stop: stop, drained: drained, drain: drain, watches: map[string]context.CancelFunc{}}, nil
+}
+
+// Watch follows a session with the caller's credential (key; owner is the
+// caller's identity, executor.CallerOf), unless it is followed already:
+// its event stream, open until the session ends. The credential stays in
+// memory, and is used for this session only.
+func (w *Watcher) Watch(id, key, owner string) error { return w.watch(id, key, owner, w.follow) }
+
+// Poll follows a session by reading it, with no stream, until it is idle
+// with nothing of the sidecar's left to answer (a webhook said it requires
+// action: the next webhook starts another watch). Many sessions then
+// hold no open stream between their blocks.
+func (w *Watcher) Poll(id, key, owner string) error { return w.watch(id, key, owner, w.poll) }
+
+func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *session)) error {
+	if err := agentsapi.CheckSession(id); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.drained.Err() != nil:
+		return errors.New("agentsup: the sidecar is shutting down")
+	case w.watches[id] != nil:
+		return nil
+	case len(w.watches) >= w.cfg.Max:
+		return fmt.Errorf("%w (%d)", ErrTooManyWatches, w.cfg.Max)
+	}
+	u := w.cfg.Upstream
+	s := newSession(id, key, owner)
+	u.mu.Lock()
+	u.sessions[id] = s
+	u.mu.Unlock()
+	ctx, cancel := context.WithCancel(w.base)
+	w.watches[id] = cancel
+	w.drivers.Add(1)
+	w.wg.Go(func() {
+		defer w.forget(id, s)
+		var inner sync.WaitGroup
+		inner.Go(func() {
+			follow(ctx, s)
+			cancel() // the session ended, or needs the sidecar no more: its drive ends too
+		})
+		if confirmer, ok := u.cfg.API.(agentsapi.Confirmer); ok && u.cfg.Approvals != nil {
+			inner.Go(func() { w.confirm(ctx, s, confirmer) })
+		}
+		w.drive(ctx, s)
+		w.drivers.Done()
+		inner.Wait()
+	})
+	u.log.Info("watching session", "session", id)
+	return nil
+}
+
+// Watching reports the sessions watched.
+func (w *Watcher) Watching() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.watches)
+}
+
+func (w *Watcher) forget(id string, s *session) {
+	w.mu.Lock()
+	cancel := w.watches[id]
+	delete(w.watches, id)
+	w.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	u := w.cfg.Upstream
+	u.mu.Lock()
+	if u.sessions[id] == s {
+		delete(u.sessions, id)
+	}
+	u.mu.Unlock()
+	u.log.Info("session no longer watched", "session", id)
+}
+
+// Close starts no more drives, waits until the drives in progress have
+// ended (the executor's own drain lets each finish its batch, whose
+// results are posted) or ctx has, then ends every watch and waits for
+// them.
+func (w *Watcher) Close(ctx context.Context) {
+	w.mu.Lock()
+	w.drain()
+	w.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		w.drivers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	w.stop()
+	w.wg.Wait()
+	<-done
+}
+
+// Streams after a cut are reopened after a wait from reopenFirst,
+// doubling to reopenMax.
+const (
+	reopenFirst = 500 * time.Millisecond
+	reopenMax   = 10 * time.Second
+)
+
+// follow reads the session's events until it ends: it opens the stream,
+// then reads the session (the stream does not replay what it missed), and
+// applies each event once.
+func (w *Watcher) follow(ctx context.Context, s *session) {
+	u := w.cfg.Upstream
+	api := u.cfg.API
+	wait := reopenFirst
+	for ctx.Err() == nil {
+		key := s.credential(u.cfg.APIKey)
+		st, err := api.Stream(ctx, key, s.id)
+		if err == nil {
+			var snap agentsapi.Snapshot
+			if snap, err = api.Read(ctx, key, s.id); err == nil {
+				s.apply(snap)
+				wait = reopenFirst
+				if s.ended() {
+					st.Close()
+					return
+				}
+				for ev, rerr := range st.Updates {
+					if rerr != nil {
+						err = rerr
+						break
+					}
+					if s.update(ev) {
+						st.Close()
+						return
+					}
+				}
+			}
+			st.Close()
+		}
+		var he *agentsapi.HTTPError
+		if errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden) {
+			u.log.Info("session gone or its credential refused; its watch ends", "session", s.id, "status", he.Status)
+			s.apply(agentsapi.Snapshot{Status: agentsapi.StatusEnded, Why: he.Error()})
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		u.log.Info("session stream cut; reopening it", "session", s.id, "wait", wait, "err", err)
+		if clock.Sleep(ctx, wait) != nil {
+			return
+		}
+		wait = min(2*wait, reopenMax)
+	}
+}
+
+// pollEvery is how often a session followed without a stream is read.
+const pollEvery = 500 * time.Millisecond
+
+// poll reads the session every pollEvery until it ends, or is idle with
+// no call of the sidecar's taken and not answered.
+func (w *Watcher) poll(ctx context.Context, s *session) {
+	u := w.cfg.Upstream
+	wait := reopenFirst
+	for ctx.Err() == nil {
+		snap, err := u.cfg.API.Read(ctx, s.credential(u.cfg.APIKey), s.id)
+		var he *agentsapi.HTTPError
+		switch {
+		case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden):
+			s.apply(agentsapi.Snapshot{Status: agentsapi.StatusEnded, Why: he.Error()})
+			return
+		case err != nil:
+			u.log.Info("reading the session failed; reading it again", "session", s.id, "wait", wait, "err", err)
+			if clock.Sleep(ctx, wait) != nil {
+				return
+			}
+			wait = min(2*wait, reopenMax)
+			continue
+		}
+		wait = reopenFirst
+		s.apply(snap)
+		if s.ended() || (snap.Status == agentsapi.StatusIdle && !s.busy()) {
+			return
+		}
+		if clock.Sleep(ctx, pollEvery) != nil {
+			return
+		}
+	}
+}
+
+// confirm asks a person, through the approval API, for each server call
+// of the session that waits for permission, and posts the decision.
+func (w *Watcher) confirm(ctx context.Context, s *session, confirmer agentsapi.Confirmer) {
+	u := w.cfg.Upstream
+	for {
+		c, ok := s.nextAsk(ctx)
+		if !ok {
+			return
+		}
+		id := actionID(s.id, "confirm/"+c.ID)
+		now := time.Now()
+		entry, err := u.cfg.Approvals.Open(ctx, approval.Request{ActionID: id, RunID: s.id, ToolCallID: c.ID, Tool: c.Name,
+			Arguments: approval.Arguments(c.Args), RequestedAt: now, Deadline: now.Add(confirmWait)})
+		verdict := entry.Verdict
+		if err == nil && verdict == nil {
+			var v approval.Verdict
+			v, err = u.cfg.Approvals.Await(ctx, id)
+			verdict = &v
+		}
+		if err == nil {
+			err = confirmer.Confirm(ctx, s.credential(u.cfg.APIKey), s.id, c.ID, verdict.Outcome == approval.Approved, verdict.Reason)
+		}
+		var he *agentsapi.HTTPError
+		if errors.As(err, &he) && (he.Status == http.StatusBadRequest || he.Status == http.StatusConflict) {
+			// The session no longer waits for it (answered, or the turn
+			// ended): nothing to ask again.
+			u.log.Warn("a server call's confirmation was refused", "session", s.id, "call", tool.Excerpt(c.ID), "err", err)
+			s.confirmed(c.ID)
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			u.log.Warn("confirming a server call failed; asking again", "session", s.id, "call", tool.Excerpt(c.ID), "err", err)
+			if clock.Sleep(ctx, reopenFirst) != nil {
+				return
+			}
+			continue
+		}
+		u.log.Info("server call confirmed", "session", s.id, "call", tool.Excerpt(c.ID), "tool", tool.Excerpt(c.Name), "outcome", verdict.Outcome)
+		s.confirmed(c.ID)
+	}
+}
+
+// confirmWait is how long an approval of a server call is shown as open:
+// the session waits for it as long as it takes (the API sets no expiry).
+const confirmWait = 24 * time.Hour
+
+// drive drives the session's batches: a drive from each block on the
+// sidecar's calls to the session's next idle.
+func (w *Watcher) drive(ctx context.Context, s *session) {
+	u := w.cfg.Upstream
+	wait, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(w.drained, stop)()
+	for s.waitWork(wait, u.cfg.Owns) {
+		sum, err := w.cfg.Drive(ctx, executor.Request{RunID: s.id, CallerKey: s.key, Caller: s.owner}, nil)
+		u.log.Debug("session drive ended", "session", s.id, "status", sum.Status, "calls", len(sum.Calls), "err", err)
+		if sum.Status != executor.StatusCompleted && clock.Sleep(wait, reopenFirst) != nil {
+			return
+		}
+	}
+}
