@@ -940,3 +940,68 @@ func TestOfficialAnthropicClient(t *testing.T) {
 	}
 	assertOnce(t, h, h.session(got.Session), 1, []int{1})
 }
+
+// TestOfficialOpenAIClient: the official openai Node client (7.60.0, the
+// first release line with the Agents API, installed as openai7 beside
+// the 6.x that openaiup's tests use) is the application of a hosted
+// session through the sidecar, unmodified but for its base URL. Its
+// session's one call runs on the sidecar's worker and is answered once;
+// the client's own stream of the session shows the sidecar's
+// toolsidecar.tool_result event, and the client reads the session idle.
+func TestOfficialOpenAIClient(t *testing.T) {
+	checker, _ := filepath.Abs("../openaiup/testdata/node/check-agents.mjs")
+	if _, err := os.Stat(filepath.Join(filepath.Dir(checker), "node_modules", "openai7")); err != nil {
+		t.Fatalf("the openai 7 Node package is missing: make openai-node installs it (%v)", err)
+	}
+	held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
+	h := startHosted(t, config.UpstreamOpenAIAgents, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
+	var out []byte
+	var runErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Timeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "node", checker, h.env.URL, script([][]map[string]any{{threeCalls[0][0]}}, "done "))
+		cmd.Stderr = os.Stderr
+		out, runErr = cmd.Output()
+	}()
+	// The call is held until the client's stream is open, so that the
+	// sidecar's result event is one the stream can show.
+	poll.Until(t, "the client's stream and the held call", func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		as, ok := h.sim.(*agentssim.Sim)
+		if !ok || held.Count("a") < 1 {
+			return false
+		}
+		for _, id := range as.Sessions() {
+			if s, _ := as.Session(id); s.Streams >= 2 {
+				return true
+			}
+		}
+		return false
+	})
+	held.Release()
+	<-done
+	if runErr != nil {
+		t.Logf("violations %v", h.violations())
+		t.Fatalf("node: %v", runErr)
+	}
+	var got struct {
+		Session string
+		Types   []string
+		Told    []map[string]any
+		Status  string
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node printed %q: %v", out, err)
+	}
+	if len(got.Told) != 1 || got.Status != "idle" {
+		t.Fatalf("the client saw %d results of the sidecar and the session %q, want 1 and idle: %+v", len(got.Told), got.Status, got)
+	}
+	assertOnce(t, h, h.session(got.Session), 1, []int{1})
+}

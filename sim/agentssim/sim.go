@@ -511,6 +511,17 @@ func callIndex(id string) int {
 // Session is what a test reads of a session.
 type Session = simbase.Session
 
+// Sessions lists the sessions' ids.
+func (s *Sim) Sessions() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]string, 0, len(s.sessions))
+	for id := range s.sessions {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // Session reads a session.
 func (s *Sim) Session(id string) (Session, bool) {
 	s.mu.Lock()
