@@ -35,6 +35,7 @@ import (
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
+	"github.com/projectdavid/toolsidecar/testkit/syncbuf"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
 
@@ -890,13 +891,14 @@ func TestOfficialAnthropicClient(t *testing.T) {
 	h := startHosted(t, config.UpstreamAnthropicAgents, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
 	var out []byte
 	var runErr error
+	var stderr syncbuf.Buffer
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		ctx, cancel := context.WithTimeout(context.Background(), poll.Timeout)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "node", checker, h.env.URL, script([][]map[string]any{{threeCalls[0][0]}}, "done "))
-		cmd.Stderr = os.Stderr
+		cmd.Stderr = io.MultiWriter(os.Stderr, &stderr)
 		out, runErr = cmd.Output()
 	}()
 	poll.Until(t, "the client's stream and the held call", func() bool {
@@ -905,16 +907,9 @@ func TestOfficialAnthropicClient(t *testing.T) {
 			return true
 		default:
 		}
-		ms, ok := h.sim.(*managedsim.Sim)
-		if !ok || held.Count("a") < 1 {
-			return false
-		}
-		for _, id := range ms.Sessions() {
-			if s, _ := ms.Session(id); s.Streams >= 2 {
-				return true
-			}
-		}
-		return false
+		// Once the client has its stream's headers, the sidecar has
+		// subscribed it to the session's results.
+		return held.Count("a") >= 1 && strings.Contains(stderr.String(), "stream open")
 	})
 	held.Release()
 	<-done
@@ -957,33 +952,27 @@ func TestOfficialOpenAIClient(t *testing.T) {
 	h := startHosted(t, config.UpstreamOpenAIAgents, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
 	var out []byte
 	var runErr error
+	var stderr syncbuf.Buffer
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		ctx, cancel := context.WithTimeout(context.Background(), poll.Timeout)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "node", checker, h.env.URL, script([][]map[string]any{{threeCalls[0][0]}}, "done "))
-		cmd.Stderr = os.Stderr
+		cmd.Stderr = io.MultiWriter(os.Stderr, &stderr)
 		out, runErr = cmd.Output()
 	}()
 	// The call is held until the client's stream is open, so that the
-	// sidecar's result event is one the stream can show.
+	// sidecar's result event is one the stream can show (no stream replays).
 	poll.Until(t, "the client's stream and the held call", func() bool {
 		select {
 		case <-done:
 			return true
 		default:
 		}
-		as, ok := h.sim.(*agentssim.Sim)
-		if !ok || held.Count("a") < 1 {
-			return false
-		}
-		for _, id := range as.Sessions() {
-			if s, _ := as.Session(id); s.Streams >= 2 {
-				return true
-			}
-		}
-		return false
+		// Once the client has its stream's headers, the sidecar has
+		// subscribed it to the session's results.
+		return held.Count("a") >= 1 && strings.Contains(stderr.String(), "stream open")
 	})
 	held.Release()
 	<-done

@@ -62,13 +62,24 @@ func (s *session) listen() (results <-chan agentsapi.Result, cancel func()) {
 	}
 }
 
-// tell queues results posted for every listening stream, without
-// waiting for any.
+// tell queues results about to be posted for every listening stream,
+// without waiting for any; a result told before (its post tried again)
+// is not told twice.
 func (s *session) tell(results []agentsapi.Result) (dropped int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fresh := results[:0:0]
+	for _, r := range results {
+		if cs := s.calls[actionID(s.id, r.Call.ID)]; cs != nil {
+			if cs.told {
+				continue
+			}
+			cs.told = true
+		}
+		fresh = append(fresh, r)
+	}
 	for ch := range s.tells {
-		for _, r := range results {
+		for _, r := range fresh {
 			select {
 			case ch <- r:
 			default:
@@ -89,6 +100,7 @@ type callState struct {
 	posting  bool
 	posted   bool
 	voided   bool // its turn was cancelled or interrupted: never answered
+	told     bool // shown on the application's streams
 }
 
 func newSession(id, key, owner string) *session {

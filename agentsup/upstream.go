@@ -254,14 +254,17 @@ func (u *Upstream) post(ctx context.Context, s *session, results []agentsapi.Res
 			return nil
 		}
 	}
+	// The application's streams are told before the post: once the
+	// upstream takes it, the session goes on at once, and a result told
+	// after could follow the turn's end, where a client stops reading.
+	if dropped := s.tell(results); dropped > 0 {
+		u.log.Warn("an application stream reads too slowly: results not shown on it", "session", s.id, "dropped", dropped)
+	}
 	if err := u.cfg.API.Post(ctx, key, s.id, results); err != nil {
 		s.unpost(results)
 		return fmt.Errorf("agentsup: posting %d results to session %s: %w", len(results), s.id, err)
 	}
 	s.posted(results)
-	if dropped := s.tell(results); dropped > 0 {
-		u.log.Warn("an application stream reads too slowly: results not shown on it", "session", s.id, "dropped", dropped)
-	}
 	u.log.Debug("results posted", "session", s.id, "results", len(results))
 	return nil
 }

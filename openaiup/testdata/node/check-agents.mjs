@@ -20,6 +20,9 @@ const session = await client.beta.agents.sessions.create({
 const types = [];
 const told = [];
 const stream = await client.beta.agents.sessions.events.stream(session.id);
+// The sidecar adds its results to this stream from the moment it opened:
+// the test holds the call until then.
+console.error('stream open');
 let ended = false;
 for await (const ev of stream) {
   types.push(ev.type);

@@ -19,6 +19,9 @@ const session = await client.beta.sessions.create({
 const types = [];
 const told = [];
 const stream = await client.beta.sessions.events.stream(session.id);
+// The sidecar adds its results to this stream from the moment it opened:
+// the test holds the call until then.
+console.error('stream open');
 for await (const ev of stream) {
   types.push(ev.type);
   if (ev.type === 'toolsidecar.tool_result') told.push(ev);
