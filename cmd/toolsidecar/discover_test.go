@@ -43,7 +43,9 @@ func TestCheckAndToolsReadDeclarations(t *testing.T) {
 
 	dir := t.TempDir()
 	bare := filepath.Join(dir, "bare.yaml")
-	os.WriteFile(bare, []byte("nats: {url: "+url+"}\n"), 0o600)
+	// No sidecar answers at server.listen: these read the bus, not a daemon.
+	away := "server: {listen: \"" + testenv.FreeAddr(t) + "\"}\n"
+	os.WriteFile(bare, []byte(away+"nats: {url: "+url+"}\n"), 0o600)
 	var out, errOut bytes.Buffer
 	if code := run([]string{"tools", "--source", "--config", bare}, &out, &errOut); code != 0 {
 		t.Fatalf("tools exit %d: %s", code, errOut.String())
@@ -56,7 +58,7 @@ func TestCheckAndToolsReadDeclarations(t *testing.T) {
 	}
 
 	contra := filepath.Join(dir, "contra.yaml")
-	os.WriteFile(contra, []byte("nats: {url: "+url+"}\ntools:\n  - {name: lookup, parameters: {type: object, properties: {town: {type: string}}}}\n"), 0o600)
+	os.WriteFile(contra, []byte(away+"nats: {url: "+url+"}\ntools:\n  - {name: lookup, parameters: {type: object, properties: {town: {type: string}}}}\n"), 0o600)
 	out.Reset()
 	errOut.Reset()
 	if code := run([]string{"check", "--config", contra}, &out, &errOut); code != 1 {

@@ -45,15 +45,19 @@ func TestMain(m *testing.M) {
 }
 
 func TestCheckAndTools(t *testing.T) {
+	// check and tools ask a sidecar running at the config's server.listen:
+	// none runs at a free address, whatever else runs on the machine (the
+	// README's test serves the shipped config's 127.0.0.1:8741).
+	away := "server.listen=" + testenv.FreeAddr(t)
 	var out, errOut bytes.Buffer
-	if code := run([]string{"check", "--config", "../../config.yaml"}, &out, &errOut); code != 0 {
+	if code := run([]string{"check", "--config", "../../config.yaml", "--set", away}, &out, &errOut); code != 0 {
 		t.Fatalf("check exit %d: %s", code, errOut.String())
 	}
 	if !strings.Contains(out.String(), "get_flight_times  config  nats") || !strings.Contains(out.String(), "configuration valid: 4 tools") {
 		t.Errorf("check output:\n%s", out.String())
 	}
 	out.Reset()
-	if code := run([]string{"tools", "--config", "../../config.yaml"}, &out, &errOut); code != 0 {
+	if code := run([]string{"tools", "--config", "../../config.yaml", "--set", away}, &out, &errOut); code != 0 {
 		t.Fatalf("tools exit %d", code)
 	}
 	var tools []core.FunctionTool
@@ -66,7 +70,7 @@ func TestCheckAndTools(t *testing.T) {
 	cc := filepath.Join(dir, "claim-check.yaml")
 	os.WriteFile(cc, []byte("executor: {claim_check_bytes: 4096}\ntools:\n  - {name: report}\n"), 0o600)
 	out.Reset()
-	if code := run([]string{"tools", "--config", cc}, &out, &errOut); code != 0 {
+	if code := run([]string{"tools", "--config", cc, "--set", away}, &out, &errOut); code != 0 {
 		t.Fatalf("tools exit %d: %s", code, errOut.String())
 	}
 	tools = nil
