@@ -31,8 +31,7 @@ type session struct {
 	asks    []agentsapi.Call      // server calls awaiting permission, as last listed
 	asked   map[string]bool       // the confirmations posted, by call id
 	calls   map[string]*callState // by action id: every call a batch took
-	batch   []string              // action ids of the batch in progress
-	final   int                   // its calls finalised
+	batch   []string              // action ids of the batch in progress, each once
 	seen    map[string]bool       // event ids, the last seenWindow
 	order   []string
 	wake    chan struct{} // closed and replaced when the session changes
@@ -112,7 +111,14 @@ func (s *session) applyLocked(snap agentsapi.Snapshot) {
 	s.status, s.why = snap.Status, snap.Why
 	s.asks = snap.Confirmations
 	s.pending = s.pending[:0]
+	// A block that lists one call identity twice (a hostile or broken
+	// upstream) would put one action id in a batch twice: the first stands.
+	listed := make(map[string]bool, len(snap.Pending))
 	for _, c := range snap.Pending {
+		if listed[c.ID] {
+			continue
+		}
+		listed[c.ID] = true
 		if cs := s.calls[actionID(s.id, c.ID)]; cs != nil && (cs.posted || cs.voided) {
 			continue // a stale list: answered, or its turn cancelled
 		}
@@ -231,7 +237,7 @@ func (s *session) next(ctx context.Context, owns func(string) bool) ([]*executor
 		}
 		if work := s.work(owns); len(work) > 0 {
 			out := make([]*executor.ToolCall, len(work))
-			s.batch, s.final = make([]string, len(work)), 0
+			s.batch = make([]string, len(work))
 			for i, c := range work {
 				id := actionID(s.id, c.ID)
 				s.calls[id] = &callState{call: c}
@@ -280,7 +286,7 @@ func (s *session) takeJournaled(calls []journaledCall) []executor.OpenCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []executor.OpenCall
-	s.batch, s.final = nil, 0
+	s.batch = nil
 	for _, jc := range calls {
 		id := actionID(s.id, jc.call.ID)
 		if s.calls[id] != nil {
@@ -322,8 +328,15 @@ func (s *session) finalise(actionID, status string) []agentsapi.Result {
 		return nil
 	}
 	cs.status = status
-	s.final++
-	if s.final < len(s.batch) {
+	// Done when every call of the batch is final, counted from the calls
+	// themselves: a counter drifts when an id is listed twice or a call
+	// outside the batch is finalised.
+	for _, id := range s.batch {
+		if b := s.calls[id]; b != nil && b.status == "" {
+			return nil
+		}
+	}
+	if len(s.batch) == 0 {
 		return nil
 	}
 	batch := s.batch
