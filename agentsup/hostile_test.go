@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/sim/agentssim"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
@@ -25,11 +26,14 @@ type rawAgents struct {
 	status  string
 	actions []map[string]any
 	posts   [][]byte
-	// hold, when set, decides per result post whether to fail it (its
-	// status, 0 to accept it).
+	// hold, when set, decides per result post (n from 1) whether to fail
+	// it: its status, 0 to accept it, hang to answer it never.
 	hold func(n int) int
 	n    int
 }
+
+// hang is rawAgents.hold's answer for a post never answered.
+const hang = -1
 
 func (u *rawAgents) snapshot() []byte {
 	u.mu.Lock()
@@ -65,6 +69,10 @@ func (u *rawAgents) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			u.status, u.actions = "idle", nil
 		}
 		u.mu.Unlock()
+		if fail == hang {
+			<-r.Context().Done() // until the sidecar gives up on it
+			return
+		}
 		if fail != 0 {
 			w.Header().Set("Retry-After", "3600")
 			w.WriteHeader(fail)
@@ -142,4 +150,33 @@ func TestDuplicateCallIdentity(t *testing.T) {
 	if n := served.Count("a"); n != 1 {
 		t.Errorf("a ran %d times, want 1", n)
 	}
+}
+
+// TestPostPastBudget: a result post that fails past the retry budget (a
+// 429 whose Retry-After is an hour, or a post never answered) is posted
+// again, though no new block comes to start a drive: every call
+// answered once, in one accepted post, nothing against the contract.
+func TestPostPastBudget(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.RetryBudget = time.Second }}, echoTools(t)...)
+		h.sim.Inject(agentssim.Fault{Status: http.StatusTooManyRequests, RetryAfter: "3600"})
+		id := h.create(t, appKey, script(threeCalls, "done "))
+		s := h.final(t, id)
+		assertOnce(t, h, s, 3, []int{3})
+	})
+	t.Run("hung", func(t *testing.T) {
+		served := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Echo: true})
+		u := &rawAgents{status: "requires_action", actions: []map[string]any{functionCall("turn_1", "call_1", "a", `{}`)},
+			hold: func(n int) int {
+				if n == 1 {
+					return hang
+				}
+				return 0
+			}}
+		startRaw(t, u, testenv.Options{}, served.EnvTools(5*time.Second)...)
+		poll.Until(t, "the results to be posted again", func() bool { return len(u.accepted(t)) > 0 })
+		if posts := u.accepted(t); len(posts) != 1 || len(posts[0]) != 1 || posts[0][0]["call_id"] != "call_1" {
+			t.Fatalf("result posts %v, want one answering call_1", posts)
+		}
+	})
 }

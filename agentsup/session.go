@@ -204,12 +204,30 @@ func (s *session) work(owns func(string) bool) []agentsapi.Call {
 	return out
 }
 
-// waitWork waits until the session blocks on calls for the sidecar; it
-// reports false when the session ended or ctx did.
+// unpostedLocked reports results that a post failed to deliver (past its
+// retry budget) of calls the session still waits on, with no batch in
+// progress: a drive posts them (Turn), since no new block may come to
+// start one. s.mu is held.
+func (s *session) unpostedLocked() bool {
+	if len(s.batch) > 0 {
+		return false
+	}
+	for _, c := range s.pending {
+		cs := s.calls[actionID(s.id, c.ID)]
+		if cs != nil && cs.recorded && cs.status != "" && cs.status != executor.CallCancelled && !cs.voided && !cs.posted && !cs.posting {
+			return true
+		}
+	}
+	return false
+}
+
+// waitWork waits until the session blocks on calls for the sidecar, or
+// holds results of such calls still to post; it reports false when the
+// session ended or ctx did.
 func (s *session) waitWork(ctx context.Context, owns func(string) bool) bool {
 	for {
 		s.mu.Lock()
-		ended, work, wake := s.endedLocked(), len(s.work(owns)) > 0, s.wake
+		ended, work, wake := s.endedLocked(), len(s.work(owns)) > 0 || s.unpostedLocked(), s.wake
 		s.mu.Unlock()
 		switch {
 		case ended:

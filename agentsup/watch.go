@@ -300,11 +300,22 @@ func (w *Watcher) drive(ctx context.Context, s *session) {
 	wait, stop := context.WithCancel(ctx)
 	defer stop()
 	defer context.AfterFunc(w.drained, stop)()
+	// A drive that did not complete (a post past its retry budget: its
+	// results are still to post) is tried again after a wait that doubles.
+	pause := reopenFirst
 	for s.waitWork(wait, u.cfg.Owns) {
 		sum, err := w.cfg.Drive(ctx, executor.Request{RunID: s.id, CallerKey: s.key, Caller: s.owner}, nil)
 		u.log.Debug("session drive ended", "session", s.id, "status", sum.Status, "calls", len(sum.Calls), "err", err)
-		if sum.Status != executor.StatusCompleted && clock.Sleep(wait, reopenFirst) != nil {
+		if sum.Status == executor.StatusCompleted {
+			pause = reopenFirst
+			continue
+		}
+		if err != nil {
+			u.log.Warn("a session's drive failed; driving it again", "session", s.id, "wait", pause, "err", err)
+		}
+		if clock.Sleep(wait, pause) != nil {
 			return
 		}
+		pause = min(2*pause, reopenMax)
 	}
 }
