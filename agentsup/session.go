@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/projectdavid/toolsidecar/agentsapi"
 	"github.com/projectdavid/toolsidecar/executor"
@@ -35,6 +36,10 @@ type session struct {
 	seen    map[string]bool       // event ids, the last seenWindow
 	order   []string
 	wake    chan struct{} // closed and replaced when the session changes
+	// idleSince is when the session was last seen going idle; zero while
+	// it is not idle. The watch of the longest idle goes first when the
+	// table is full (Watcher.evictLocked).
+	idleSince time.Time
 	// tells are the application's streams through the sidecar that are
 	// told of each result posted (Endpoint.merge).
 	tells map[chan agentsapi.Result]struct{}
@@ -108,6 +113,12 @@ func (s *session) apply(snap agentsapi.Snapshot) {
 }
 
 func (s *session) applyLocked(snap agentsapi.Snapshot) {
+	switch {
+	case snap.Status != agentsapi.StatusIdle:
+		s.idleSince = time.Time{}
+	case s.idleSince.IsZero():
+		s.idleSince = time.Now()
+	}
 	s.status, s.why = snap.Status, snap.Why
 	s.asks = snap.Confirmations
 	s.pending = s.pending[:0]
@@ -396,10 +407,32 @@ func (s *session) resultsLocked(ids []string) []agentsapi.Result {
 	return out
 }
 
+// releasable reports, for a session idle with nothing of the sidecar's
+// in flight (no call taken and not answered, no call untaken, no server
+// call waiting for its confirmation), since when it is idle: its watch
+// may end, and a read or webhook starts another.
+func (s *session) releasable(owns func(string) bool) (since time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.status != agentsapi.StatusIdle || s.busyLocked() || len(s.work(owns)) > 0 {
+		return time.Time{}, false
+	}
+	for _, c := range s.asks {
+		if !s.asked[c.ID] {
+			return time.Time{}, false
+		}
+	}
+	return s.idleSince, true
+}
+
 // busy reports a batch in progress, or a call taken and not answered.
 func (s *session) busy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.busyLocked()
+}
+
+func (s *session) busyLocked() bool {
 	if len(s.batch) > 0 {
 		return true
 	}
