@@ -223,6 +223,9 @@ func (w *Watcher) follow(ctx context.Context, s *session) {
 			}
 			st.Close()
 		}
+		if tooLarge(u, s, err) {
+			return
+		}
 		var he *agentsapi.HTTPError
 		if errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden) {
 			u.log.Info("session gone or its credential refused; its watch ends", "session", s.id, "status", he.Status)
@@ -240,6 +243,19 @@ func (w *Watcher) follow(ctx context.Context, s *session) {
 	}
 }
 
+// tooLarge reports a read of the session past its bound (a block of more
+// or larger calls than the sidecar reads, or a history page): the same
+// read would fail again, so the watch ends, said at error level, rather
+// than reading it on and on; a read through the sidecar watches the
+// session again.
+func tooLarge(u *Upstream, s *session, err error) bool {
+	if !errors.Is(err, agentsapi.ErrTooLarge) {
+		return false
+	}
+	u.log.Error("a read of the session is larger than the sidecar reads: its calls are not answered; its watch ends", "session", s.id, "err", err)
+	return true
+}
+
 // pollEvery is how often a session followed without a stream is read.
 const pollEvery = 500 * time.Millisecond
 
@@ -254,6 +270,8 @@ func (w *Watcher) poll(ctx context.Context, s *session) {
 		switch {
 		case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden):
 			s.apply(agentsapi.Snapshot{Status: agentsapi.StatusEnded, Why: he.Error()})
+			return
+		case tooLarge(u, s, err):
 			return
 		case err != nil:
 			u.log.Info("reading the session failed; reading it again", "session", s.id, "wait", wait, "err", err)
