@@ -327,16 +327,23 @@ var readTypes = []string{"agent.custom_tool_use", "agent.tool_use", "agent.mcp_t
 // history reads the session's events of the types named, oldest first,
 // page by page, and hands each to fn.
 func (a *Anthropic) history(ctx context.Context, key, session string, types []string, fn func(anEvent)) error {
-	page := ""
+	page, limit := "", historyPage
 	for range historyPages {
-		q := url.Values{"limit": {fmt.Sprint(historyPage)}, "order": {"asc"}, "types[]": types}
+		q := url.Values{"limit": {fmt.Sprint(limit)}, "order": {"asc"}, "types[]": types}
 		if page != "" {
 			q.Set("page", page)
 		}
 		data, err := a.c.do(ctx, http.MethodGet, "/v1/sessions/"+session+"/events?"+q.Encode(), key, nil, nil, nil)
+		if errors.Is(err, ErrTooLarge) && limit > 1 {
+			// Large events (results near max_result_bytes) fill a page
+			// past the bound: the same page again, in fewer events.
+			limit = max(1, limit/8)
+			continue
+		}
 		if err != nil {
 			return err
 		}
+		limit = historyPage
 		var list struct {
 			Data     []anEvent `json:"data"`
 			NextPage *string   `json:"next_page"`
