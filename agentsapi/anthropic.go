@@ -120,7 +120,7 @@ func (a *Anthropic) Read(ctx context.Context, key, session string) (Snapshot, er
 	answered := map[string]bool{}
 	snap := Snapshot{Status: StatusIdle}
 	var blocked []string
-	err := a.history(ctx, key, session, "", func(e anEvent) {
+	err := a.history(ctx, key, session, readTypes, func(e anEvent) {
 		switch {
 		case e.Type == "agent.custom_tool_use":
 			uses[e.ID] = e.call()
@@ -299,7 +299,7 @@ func (a *Anthropic) Post(ctx context.Context, key, session string, results []Res
 // answered.
 func (a *Anthropic) unanswered(ctx context.Context, key, session string, results []Result) ([]Result, error) {
 	answered := map[string]bool{}
-	err := a.history(ctx, key, session, "user.custom_tool_result", func(e anEvent) {
+	err := a.history(ctx, key, session, []string{"user.custom_tool_result"}, func(e anEvent) {
 		if e.Type == "user.custom_tool_result" {
 			answered[e.AnswerOf] = true
 		}
@@ -316,22 +316,34 @@ func (a *Anthropic) unanswered(ctx context.Context, key, session string, results
 	return left, nil
 }
 
-// history reads the session's events, oldest first, page by page (of
-// type typ only, unless ""), and hands each to fn.
-func (a *Anthropic) history(ctx context.Context, key, session, typ string, fn func(anEvent)) error {
-	page := ""
+// readTypes are the event types Read needs: a page of the history holds
+// no others (a user's message, an agent's text, a document: as large as
+// the session's, and nothing to the sidecar), which keeps pages within
+// the read's bound.
+var readTypes = []string{"agent.custom_tool_use", "agent.tool_use", "agent.mcp_tool_use", "user.custom_tool_result",
+	"user.tool_confirmation", "session.error", "session.status_idle", "session.status_running", "session.status_rescheduled",
+	"session.status_terminated", "session.deleted"}
+
+// history reads the session's events of the types named, oldest first,
+// page by page, and hands each to fn.
+func (a *Anthropic) history(ctx context.Context, key, session string, types []string, fn func(anEvent)) error {
+	page, limit := "", historyPage
 	for range historyPages {
-		q := url.Values{"limit": {fmt.Sprint(historyPage)}, "order": {"asc"}}
-		if typ != "" {
-			q.Set("types[]", typ)
-		}
+		q := url.Values{"limit": {fmt.Sprint(limit)}, "order": {"asc"}, "types[]": types}
 		if page != "" {
 			q.Set("page", page)
 		}
 		data, err := a.c.do(ctx, http.MethodGet, "/v1/sessions/"+session+"/events?"+q.Encode(), key, nil, nil, nil)
+		if errors.Is(err, ErrTooLarge) && limit > 1 {
+			// Large events (results near max_result_bytes) fill a page
+			// past the bound: the same page again, in fewer events.
+			limit = max(1, limit/8)
+			continue
+		}
 		if err != nil {
 			return err
 		}
+		limit = historyPage
 		var list struct {
 			Data     []anEvent `json:"data"`
 			NextPage *string   `json:"next_page"`

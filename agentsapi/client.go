@@ -87,6 +87,8 @@ func (c *client) do(ctx context.Context, method, path, key string, body []byte, 
 		}
 		var he *HTTPError
 		switch {
+		case errors.Is(err, ErrTooLarge): // the same answer again: final
+			return nil, err
 		case errors.As(err, &he) && retryable(he.Status):
 			wait = max(wait, b.NextBackOff())
 		case errors.As(err, &he) && again != nil:
@@ -137,14 +139,18 @@ func (c *client) once(ctx context.Context, method, path, key string, body []byte
 	if err != nil {
 		return nil, 0, err
 	}
-	if len(data) > c.cfg.MaxEventBytes {
-		return nil, 0, fmt.Errorf("agentsapi: %s %s: the answer is larger than %d bytes", method, path, c.cfg.MaxEventBytes)
-	}
-	if resp.StatusCode/100 != 2 {
+	if resp.StatusCode/100 != 2 { // its message, cut at the bound
 		return nil, clock.RetryAfter(resp.Header.Get("Retry-After"), time.Now()), &HTTPError{Status: resp.StatusCode, Message: errorMessage(data)}
+	}
+	if len(data) > c.cfg.MaxEventBytes {
+		return nil, 0, fmt.Errorf("%w: %s %s: more than %d bytes", ErrTooLarge, method, path, c.cfg.MaxEventBytes)
 	}
 	return data, 0, nil
 }
+
+// ErrTooLarge: an answer passed Config.MaxEventBytes. It is final, not
+// tried again: the API would send the same answer.
+var ErrTooLarge = errors.New("agentsapi: the answer is larger than its bound")
 
 // errorMessage reads {"error": {"message": ...}}, both APIs' shape, or
 // the body.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/projectdavid/toolsidecar/agentsapi"
 	"github.com/projectdavid/toolsidecar/executor"
@@ -31,11 +32,14 @@ type session struct {
 	asks    []agentsapi.Call      // server calls awaiting permission, as last listed
 	asked   map[string]bool       // the confirmations posted, by call id
 	calls   map[string]*callState // by action id: every call a batch took
-	batch   []string              // action ids of the batch in progress
-	final   int                   // its calls finalised
+	batch   []string              // action ids of the batch in progress, each once
 	seen    map[string]bool       // event ids, the last seenWindow
 	order   []string
 	wake    chan struct{} // closed and replaced when the session changes
+	// idleSince is when the session was last seen going idle; zero while
+	// it is not idle. The watch of the longest idle goes first when the
+	// table is full (Watcher.evictLocked).
+	idleSince time.Time
 	// tells are the application's streams through the sidecar that are
 	// told of each result posted (Endpoint.merge).
 	tells map[chan agentsapi.Result]struct{}
@@ -121,10 +125,23 @@ func (s *session) apply(snap agentsapi.Snapshot) {
 }
 
 func (s *session) applyLocked(snap agentsapi.Snapshot) {
+	switch {
+	case snap.Status != agentsapi.StatusIdle:
+		s.idleSince = time.Time{}
+	case s.idleSince.IsZero():
+		s.idleSince = time.Now()
+	}
 	s.status, s.why = snap.Status, snap.Why
 	s.asks = snap.Confirmations
 	s.pending = s.pending[:0]
+	// A block that lists one call identity twice (a hostile or broken
+	// upstream) would put one action id in a batch twice: the first stands.
+	listed := make(map[string]bool, len(snap.Pending))
 	for _, c := range snap.Pending {
+		if listed[c.ID] {
+			continue
+		}
+		listed[c.ID] = true
 		if cs := s.calls[actionID(s.id, c.ID)]; cs != nil && (cs.posted || cs.voided) {
 			continue // a stale list: answered, or its turn cancelled
 		}
@@ -210,12 +227,30 @@ func (s *session) work(owns func(string) bool) []agentsapi.Call {
 	return out
 }
 
-// waitWork waits until the session blocks on calls for the sidecar; it
-// reports false when the session ended or ctx did.
+// unpostedLocked reports results that a post failed to deliver (past its
+// retry budget) of calls the session still waits on, with no batch in
+// progress: a drive posts them (Turn), since no new block may come to
+// start one. s.mu is held.
+func (s *session) unpostedLocked() bool {
+	if len(s.batch) > 0 {
+		return false
+	}
+	for _, c := range s.pending {
+		cs := s.calls[actionID(s.id, c.ID)]
+		if cs != nil && cs.recorded && cs.status != "" && cs.status != executor.CallCancelled && !cs.voided && !cs.posted && !cs.posting {
+			return true
+		}
+	}
+	return false
+}
+
+// waitWork waits until the session blocks on calls for the sidecar, or
+// holds results of such calls still to post; it reports false when the
+// session ended or ctx did.
 func (s *session) waitWork(ctx context.Context, owns func(string) bool) bool {
 	for {
 		s.mu.Lock()
-		ended, work, wake := s.endedLocked(), len(s.work(owns)) > 0, s.wake
+		ended, work, wake := s.endedLocked(), len(s.work(owns)) > 0 || s.unpostedLocked(), s.wake
 		s.mu.Unlock()
 		switch {
 		case ended:
@@ -243,7 +278,7 @@ func (s *session) next(ctx context.Context, owns func(string) bool) ([]*executor
 		}
 		if work := s.work(owns); len(work) > 0 {
 			out := make([]*executor.ToolCall, len(work))
-			s.batch, s.final = make([]string, len(work)), 0
+			s.batch = make([]string, len(work))
 			for i, c := range work {
 				id := actionID(s.id, c.ID)
 				s.calls[id] = &callState{call: c}
@@ -292,7 +327,7 @@ func (s *session) takeJournaled(calls []journaledCall) []executor.OpenCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []executor.OpenCall
-	s.batch, s.final = nil, 0
+	s.batch = nil
 	for _, jc := range calls {
 		id := actionID(s.id, jc.call.ID)
 		if s.calls[id] != nil {
@@ -334,8 +369,15 @@ func (s *session) finalise(actionID, status string) []agentsapi.Result {
 		return nil
 	}
 	cs.status = status
-	s.final++
-	if s.final < len(s.batch) {
+	// Done when every call of the batch is final, counted from the calls
+	// themselves: a counter drifts when an id is listed twice or a call
+	// outside the batch is finalised.
+	for _, id := range s.batch {
+		if b := s.calls[id]; b != nil && b.status == "" {
+			return nil
+		}
+	}
+	if len(s.batch) == 0 {
 		return nil
 	}
 	batch := s.batch
@@ -377,10 +419,32 @@ func (s *session) resultsLocked(ids []string) []agentsapi.Result {
 	return out
 }
 
+// releasable reports, for a session idle with nothing of the sidecar's
+// in flight (no call taken and not answered, no call untaken, no server
+// call waiting for its confirmation), since when it is idle: its watch
+// may end, and a read or webhook starts another.
+func (s *session) releasable(owns func(string) bool) (since time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.status != agentsapi.StatusIdle || s.busyLocked() || len(s.work(owns)) > 0 {
+		return time.Time{}, false
+	}
+	for _, c := range s.asks {
+		if !s.asked[c.ID] {
+			return time.Time{}, false
+		}
+	}
+	return s.idleSince, true
+}
+
 // busy reports a batch in progress, or a call taken and not answered.
 func (s *session) busy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.busyLocked()
+}
+
+func (s *session) busyLocked() bool {
 	if len(s.batch) > 0 {
 		return true
 	}

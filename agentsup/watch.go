@@ -28,6 +28,7 @@ type WatcherConfig struct {
 // stream (reopened and reconciled from a read of the session after a
 // cut) and one drives its batches. It owns them: a watch ends when its
 // session fails, terminates or is deleted, when its credential is refused,
+// when its slot is taken while the session is idle with nothing in flight,
 // or at Close.
 type Watcher struct {
 	cfg  WatcherConfig
@@ -38,12 +39,19 @@ type Watcher struct {
 	drain   context.CancelFunc
 
 	mu      sync.Mutex
-	watches map[string]context.CancelFunc
+	watches map[string]*watching
 	wg      sync.WaitGroup // every watch's goroutines
 	drivers sync.WaitGroup // the drive loops
 }
 
-// ErrTooManyWatches: the sidecar watches WatcherConfig.Max sessions.
+// watching is one session's watch.
+type watching struct {
+	s      *session
+	cancel context.CancelFunc
+}
+
+// ErrTooManyWatches: the sidecar watches WatcherConfig.Max sessions, none
+// of them idle with nothing in flight.
 var ErrTooManyWatches = errors.New("agentsup: too many sessions watched")
 
 // NewWatcher builds the watches. No I/O.
@@ -53,7 +61,7 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 	}
 	base, stop := context.WithCancel(context.Background())
 	drained, drain := context.WithCancel(context.Background())
-	return &Watcher{cfg: cfg, base: base, stop: stop, drained: drained, drain: drain, watches: map[string]context.CancelFunc{}}, nil
+	return &Watcher{cfg: cfg, base: base, stop: stop, drained: drained, drain: drain, watches: map[string]*watching{}}, nil
 }
 
 // Watch follows a session with the caller's credential (key; owner is the
@@ -79,8 +87,8 @@ func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *ses
 		return errors.New("agentsup: the sidecar is shutting down")
 	case w.watches[id] != nil:
 		return nil
-	case len(w.watches) >= w.cfg.Max:
-		return fmt.Errorf("%w (%d)", ErrTooManyWatches, w.cfg.Max)
+	case len(w.watches) >= w.cfg.Max && !w.evictLocked():
+		return fmt.Errorf("%w (%d, none idle)", ErrTooManyWatches, w.cfg.Max)
 	}
 	u := w.cfg.Upstream
 	s := newSession(id, key, owner)
@@ -88,7 +96,7 @@ func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *ses
 	u.sessions[id] = s
 	u.mu.Unlock()
 	ctx, cancel := context.WithCancel(w.base)
-	w.watches[id] = cancel
+	w.watches[id] = &watching{s: s, cancel: cancel}
 	w.drivers.Add(1)
 	w.wg.Go(func() {
 		defer w.forget(id, s)
@@ -115,14 +123,36 @@ func (w *Watcher) Watching() int {
 	return len(w.watches)
 }
 
+// evictLocked ends the watch of the session idle the longest with nothing
+// in flight, to free its slot; false when there is none. Its session is
+// watched again when a caller reads it through the sidecar, or a webhook
+// names it. w.mu is held.
+func (w *Watcher) evictLocked() bool {
+	var oldest *watching
+	var since time.Time
+	for _, wt := range w.watches {
+		if t, ok := wt.s.releasable(w.cfg.Upstream.cfg.Owns); ok && (oldest == nil || t.Before(since)) {
+			oldest, since = wt, t
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	delete(w.watches, oldest.s.id)
+	oldest.cancel()
+	w.cfg.Upstream.log.Info("an idle session's watch ended to free its slot", "session", oldest.s.id, "idle_since", since)
+	return true
+}
+
 func (w *Watcher) forget(id string, s *session) {
 	w.mu.Lock()
-	cancel := w.watches[id]
-	delete(w.watches, id)
-	w.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	// An evicted watch is no longer in the table, which may hold a newer
+	// watch of the same session.
+	if wt := w.watches[id]; wt != nil && wt.s == s {
+		delete(w.watches, id)
+		wt.cancel()
 	}
+	w.mu.Unlock()
 	u := w.cfg.Upstream
 	u.mu.Lock()
 	if u.sessions[id] == s {
@@ -193,6 +223,9 @@ func (w *Watcher) follow(ctx context.Context, s *session) {
 			}
 			st.Close()
 		}
+		if tooLarge(u, s, err) {
+			return
+		}
 		var he *agentsapi.HTTPError
 		if errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden) {
 			u.log.Info("session gone or its credential refused; its watch ends", "session", s.id, "status", he.Status)
@@ -210,6 +243,19 @@ func (w *Watcher) follow(ctx context.Context, s *session) {
 	}
 }
 
+// tooLarge reports a read of the session past its bound (a block of more
+// or larger calls than the sidecar reads, or a history page): the same
+// read would fail again, so the watch ends, said at error level, rather
+// than reading it on and on; a read through the sidecar watches the
+// session again.
+func tooLarge(u *Upstream, s *session, err error) bool {
+	if !errors.Is(err, agentsapi.ErrTooLarge) {
+		return false
+	}
+	u.log.Error("a read of the session is larger than the sidecar reads: its calls are not answered; its watch ends", "session", s.id, "err", err)
+	return true
+}
+
 // pollEvery is how often a session followed without a stream is read.
 const pollEvery = 500 * time.Millisecond
 
@@ -224,6 +270,8 @@ func (w *Watcher) poll(ctx context.Context, s *session) {
 		switch {
 		case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden):
 			s.apply(agentsapi.Snapshot{Status: agentsapi.StatusEnded, Why: he.Error()})
+			return
+		case tooLarge(u, s, err):
 			return
 		case err != nil:
 			u.log.Info("reading the session failed; reading it again", "session", s.id, "wait", wait, "err", err)
@@ -300,11 +348,22 @@ func (w *Watcher) drive(ctx context.Context, s *session) {
 	wait, stop := context.WithCancel(ctx)
 	defer stop()
 	defer context.AfterFunc(w.drained, stop)()
+	// A drive that did not complete (a post past its retry budget: its
+	// results are still to post) is tried again after a wait that doubles.
+	pause := reopenFirst
 	for s.waitWork(wait, u.cfg.Owns) {
 		sum, err := w.cfg.Drive(ctx, executor.Request{RunID: s.id, CallerKey: s.key, Caller: s.owner}, nil)
 		u.log.Debug("session drive ended", "session", s.id, "status", sum.Status, "calls", len(sum.Calls), "err", err)
-		if sum.Status != executor.StatusCompleted && clock.Sleep(wait, reopenFirst) != nil {
+		if sum.Status == executor.StatusCompleted {
+			pause = reopenFirst
+			continue
+		}
+		if err != nil {
+			u.log.Warn("a session's drive failed; driving it again", "session", s.id, "wait", pause, "err", err)
+		}
+		if clock.Sleep(wait, pause) != nil {
 			return
 		}
+		pause = min(2*pause, reopenMax)
 	}
 }

@@ -63,8 +63,14 @@ type Upstream struct {
 	JournalTTL time.Duration `koanf:"journal_ttl"`
 	// MaxSessions bounds the hosted sessions watched at once, for kinds
 	// openai-agents and anthropic-agents: each is one open event stream
-	// and two goroutines; a session created or read past it is passed
-	// through, and not watched. default: 1000
+	// and two goroutines. A session that is idle with nothing of the
+	// sidecar's in flight keeps its slot until another session needs it:
+	// then the watch of the session idle the longest ends, and that
+	// session is watched again when it is next read through the sidecar or
+	// a webhook names it (a turn it starts meanwhile is not answered until
+	// then). When every slot holds a session at work, a session created or
+	// read is passed through and not watched (logged at warn; a webhook is
+	// answered 503, which the API sends again). default: 1000
 	MaxSessions int `koanf:"max_sessions"`
 	// WebhookSecretFile holds the signing secret (whsec_<base64>) of the
 	// hosted API's webhooks, for kinds openai-agents and anthropic-agents.

@@ -348,6 +348,9 @@ func (s *Sim) list(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	all := ss.events
 	s.mu.Unlock()
+	if types := r.URL.Query()["types[]"]; len(types) > 0 {
+		all = ofTypes(all, types)
+	}
 	from = min(max(from, 0), len(all))
 	to := min(from+limit, len(all))
 	var next any
@@ -355,6 +358,18 @@ func (s *Sim) list(w http.ResponseWriter, r *http.Request) {
 		next = strconv.Itoa(to)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"data": all[from:to], "next_page": next})
+}
+
+// ofTypes are the events of the types named (types[]), in order.
+func ofTypes(events []json.RawMessage, types []string) []json.RawMessage {
+	var out []json.RawMessage
+	for _, raw := range events {
+		var e struct{ Type string }
+		if json.Unmarshal(raw, &e) == nil && slices.Contains(types, e.Type) {
+			out = append(out, raw)
+		}
+	}
+	return out
 }
 
 func (s *Sim) stream(w http.ResponseWriter, r *http.Request) {
