@@ -12,9 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/projectdavid/toolsidecar/cmd/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/core"
 	"github.com/projectdavid/toolsidecar/sim/agentssim"
-	"github.com/projectdavid/toolsidecar/sim/managedsim"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -110,14 +110,7 @@ func hostedAnswer(t *testing.T, kind, base, sim string) string {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		if kind == "anthropic-agents" {
-			req.Header.Set("X-Api-Key", "sk-app")
-			req.Header.Set("anthropic-version", managedsim.Version)
-			req.Header.Set("anthropic-beta", managedsim.Beta)
-		} else {
-			req.Header.Set("Authorization", "Bearer sk-app")
-			req.Header.Set("OpenAI-Beta", agentssim.Beta)
-		}
+		demo.HostedHeaders(req.Header, kind, "sk-app")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
