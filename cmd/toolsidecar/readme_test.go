@@ -146,7 +146,7 @@ func (sh *shell) stop() {
 }
 
 // readmePorts are the addresses the README's path serves on.
-var readmePorts = []string{"127.0.0.1:8741", "127.0.0.1:4222", "127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"}
+var readmePorts = []string{"127.0.0.1:8741", "127.0.0.1:4222", "127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003", "127.0.0.1:9004"}
 
 // lockREADME keeps two runs of the README's path on one machine (two
 // checkouts' tests) apart: they serve on the same ports.

@@ -12,7 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/projectdavid/toolsidecar/cmd/toolsidecar/internal/demo"
 	"github.com/projectdavid/toolsidecar/core"
+	"github.com/projectdavid/toolsidecar/sim/agentssim"
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -33,7 +36,7 @@ func startSim(t *testing.T, kind string, extra ...string) string {
 	cmd := exec.Command(os.Args[0], append([]string{"sim", kind, "--listen", addr}, extra...)...)
 	cmd.Env = append(os.Environ(), "TSC_TEST_DAEMON=1")
 	testenv.StartProcess(t, cmd, "sim "+kind+": serving http://"+addr)
-	if kind == "openai" || kind == "responses" {
+	if kind == "openai" || kind == "responses" || kind == "openai-agents" {
 		return "http://" + addr + "/v1"
 	}
 	return "http://" + addr
@@ -42,6 +45,9 @@ func startSim(t *testing.T, kind string, extra ...string) string {
 // TestSimDrivesOneCall: each "toolsidecar sim" kind, a process of its own
 // playing a script file, drives one call through a sidecar process whose
 // upstream it is, to a worker, and its answer quotes the worker's result.
+// A hosted kind's session, created through the sidecar with a question,
+// blocks on the call, which the sidecar answers; the session's answer is
+// read from the simulator's own view of it.
 func TestSimDrivesOneCall(t *testing.T) {
 	script := filepath.Join(t.TempDir(), "one-call.yaml")
 	if err := os.WriteFile(script, []byte(oneCall), 0o600); err != nil {
@@ -52,7 +58,7 @@ func TestSimDrivesOneCall(t *testing.T) {
 		"responses": {"/v1/responses", `{"model": "m", "input": "How long to New York?"}`},
 		"anthropic": {"/v1/messages", `{"model": "m", "max_tokens": 1024, "messages": [{"role": "user", "content": "How long to New York?"}]}`},
 	}
-	for _, kind := range []string{"core", "openai", "responses", "anthropic"} {
+	for _, kind := range []string{"core", "openai", "responses", "anthropic", "openai-agents", "anthropic-agents"} {
 		t.Run(kind, func(t *testing.T) {
 			url := startSim(t, kind, "--script", script)
 			upstream := ""
@@ -69,14 +75,17 @@ func TestSimDrivesOneCall(t *testing.T) {
 				return []byte("7h 5m from " + a.Departure), nil // text, not JSON: the answer quotes it as it is
 			}})
 			var answer string
-			if kind == "core" {
+			switch kind {
+			case "openai-agents", "anthropic-agents":
+				answer = hostedAnswer(t, kind, p.base, strings.TrimSuffix(url, "/v1"))
+			case "core":
 				run, msgID := newRun(t, url)
 				res := <-p.drive(run, msgID)
 				if res.err != nil || res.sum.Status != "completed" || len(res.sum.Calls) != 1 || !res.sum.Calls[0].OK {
 					t.Fatalf("drive: %v %+v\n%s", res.err, res.sum, p.stderr.String())
 				}
 				answer = res.sum.Content
-			} else {
+			default:
 				resp, err := http.Post(p.base+asks[kind].path, "application/json", strings.NewReader(asks[kind].body))
 				if err != nil {
 					t.Fatal(err)
@@ -90,6 +99,47 @@ func TestSimDrivesOneCall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hostedAnswer creates a session through the sidecar at base, as the
+// hosted API's client does, with a question rather than a script, and
+// returns its answer once its turn has ended, from the simulator at sim.
+func hostedAnswer(t *testing.T, kind, base, sim string) string {
+	t.Helper()
+	call := func(path, body string, want int) string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		demo.HostedHeaders(req.Header, kind, "sk-app")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var o struct{ ID string }
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want || json.Unmarshal(b, &o) != nil || o.ID == "" {
+			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, b)
+		}
+		return o.ID
+	}
+	var id string
+	if kind == "anthropic-agents" {
+		agent := call("/v1/agents", `{"name": "travel", "model": "m"}`, http.StatusOK)
+		id = call("/v1/sessions", `{"agent": "`+agent+`", "environment_id": "env_1", "initial_events": [{"type": "user.message", "content": [{"type": "text", "text": "How long to New York?"}]}]}`, http.StatusOK)
+	} else {
+		id = call("/v1/agents/sessions", `{"agent": {"model": "m"}, "environment": {"type": "none"}, "input": "How long to New York?"}`, http.StatusCreated)
+	}
+	var s agentssim.Session // managedsim.Session too
+	poll.Until(t, "session "+id+" to end its turn", func() bool {
+		resp, err := http.Get(sim + "/_sim/sessions/" + id)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return json.NewDecoder(resp.Body).Decode(&s) == nil && s.Final != ""
+	})
+	return s.Final
 }
 
 // TestSimCoreFreshIDs: two starts of "toolsidecar sim core" issue

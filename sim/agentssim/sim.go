@@ -44,6 +44,10 @@ type Config struct {
 	Duplicate bool
 	// Delay is the wait before each streamed event.
 	Delay time.Duration
+	// Script is what the model does with an input that is not a script
+	// (a person's question): "toolsidecar sim openai-agents" plays its
+	// scenario so. Without rounds, such an input is answered at once.
+	Script simbase.Script
 }
 
 // Fault is what the next result post (POST .../events carrying results)
@@ -227,7 +231,10 @@ func (s *Sim) startTurn(ss *session, input string) {
 	var extra struct {
 		FailAfter int `json:"fail_after"`
 	}
-	ss.script, _ = simbase.ParseScript(input)
+	var ok bool
+	if ss.script, ok = simbase.ParseScript(input); !ok {
+		ss.script = s.cfg.Script
+	}
 	_ = json.Unmarshal([]byte(input), &extra)
 	ss.failAfter, ss.round, ss.results = extra.FailAfter, 0, nil
 	ss.turns++

@@ -49,6 +49,10 @@ type Config struct {
 	Duplicate bool
 	// Delay is the wait before each streamed event.
 	Delay time.Duration
+	// Script is what the model does with a message that is not a script
+	// (a person's question): "toolsidecar sim anthropic-agents" plays its
+	// scenario so. Without rounds, such a message is answered at once.
+	Script simbase.Script
 }
 
 // Fault is what the next result post gets instead of its answer: Status
@@ -263,7 +267,10 @@ func (s *Sim) startTurn(ss *session, input string) {
 		FailAfter int  `json:"fail_after"`
 		Threads   bool `json:"threads"`
 	}
-	ss.script, _ = simbase.ParseScript(input)
+	var ok bool
+	if ss.script, ok = simbase.ParseScript(input); !ok {
+		ss.script = s.cfg.Script
+	}
 	_ = json.Unmarshal([]byte(input), &extra)
 	ss.failAfter, ss.threads, ss.round, ss.turns = extra.FailAfter, extra.Threads, 0, ss.turns+1
 	ss.status = "running"

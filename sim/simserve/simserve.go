@@ -5,7 +5,9 @@
 // One script format serves every kind: coresim's scenario (a YAML file of
 // turns, each with its calls or its content). The model-API simulators
 // play its calls turn by turn, then the last turn's content, in which
-// "{{results}}" stands for the last turn's results.
+// "{{results}}" stands for the last turn's results. The hosted-agent
+// simulators (openai-agents, anthropic-agents) play it in each session
+// whose input is a person's question rather than a script of its own.
 package simserve
 
 import (
@@ -21,15 +23,17 @@ import (
 	"slices"
 	"time"
 
+	"github.com/projectdavid/toolsidecar/sim/agentssim"
 	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/sim/internal/simbase"
+	"github.com/projectdavid/toolsidecar/sim/managedsim"
 	"github.com/projectdavid/toolsidecar/sim/openaisim"
 	"github.com/projectdavid/toolsidecar/sim/responsesim"
 )
 
 // Kinds are the simulators, named as the upstream.kind each stands in for.
-var Kinds = []string{"core", "openai", "responses", "anthropic"}
+var Kinds = []string{"core", "openai", "responses", "anthropic", "openai-agents", "anthropic-agents"}
 
 // Options configure a simulator.
 type Options struct {
@@ -55,13 +59,14 @@ func DefaultListen(kind string) string {
 	return map[string]string{
 		"core": "127.0.0.1:9000", "openai": "127.0.0.1:9001",
 		"responses": "127.0.0.1:9002", "anthropic": "127.0.0.1:9003",
+		"openai-agents": "127.0.0.1:9004", "anthropic-agents": "127.0.0.1:9005",
 	}[kind]
 }
 
 // basePath is where the kind's API lives under the server's URL: the
 // upstream.url a sidecar is given.
 func basePath(kind string) string {
-	if kind == "openai" || kind == "responses" {
+	if kind == "openai" || kind == "responses" || kind == "openai-agents" {
 		return "/v1"
 	}
 	return ""
@@ -92,6 +97,10 @@ func Handler(o Options) (http.Handler, string, error) {
 		return openaisim.New(openaisim.Config{Model: openaisim.Play(script)}), sc.Name, nil
 	case "responses":
 		return responsesim.New(responsesim.Config{Model: responsesim.Play(script)}), sc.Name, nil
+	case "openai-agents":
+		return agentssim.New(agentssim.Config{Script: script}), sc.Name, nil
+	case "anthropic-agents":
+		return managedsim.New(managedsim.Config{Script: script}), sc.Name, nil
 	}
 	return anthropicsim.New(anthropicsim.Config{APIKey: o.APIKey, Model: anthropicsim.Play(script)}), sc.Name, nil
 }

@@ -178,7 +178,17 @@ func run(ctx context.Context, out io.Writer) (_ prometheus.Gatherer, err error) 
 	if err := runMessages(ctx, out, filepath.Join(dir, "worker-password"), password); err != nil {
 		return s.Metrics(), err
 	}
-	return s.Metrics(), runResponses(ctx, out, filepath.Join(dir, "worker-password"), password)
+	if err := runResponses(ctx, out, filepath.Join(dir, "worker-password"), password); err != nil {
+		return s.Metrics(), err
+	}
+	if err := runHosted(ctx, out, filepath.Join(dir, "worker-password"), password,
+		"part 5: a hosted agent session on the OpenAI Agents API (a simulator whose session blocks on three get_flight_times calls)",
+		config.UpstreamOpenAIAgents); err != nil {
+		return s.Metrics(), err
+	}
+	return s.Metrics(), runHosted(ctx, out, filepath.Join(dir, "worker-password"), password,
+		"part 6: a hosted agent session on Anthropic Managed Agents (a simulator whose session blocks on three get_flight_times calls)",
+		config.UpstreamAnthropicAgents)
 }
 
 const apiKey = "demo-key"

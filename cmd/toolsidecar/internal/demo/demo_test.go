@@ -46,13 +46,25 @@ func TestDemo(t *testing.T) {
 		"part 4: the same tools behind an OpenAI Responses upstream",
 		"sequence_numbers in order (true), response.created 1,",
 		"at dense indexes (true), response.completed (status completed)",
+		"part 5: a hosted agent session on the OpenAI Agents API",
+		"/v1/agents/sessions: session sess_1, status requires_action",
+		"part 6: a hosted agent session on Anthropic Managed Agents",
+		"/v1/sessions: session sesn_2, status idle",
+		`get_flight_times  call_turn_1_0_2  ok  {"route":"SEA-BOS"`,
+		`get_flight_times  sevt_7  ok  {"route":"SEA-BOS"`,
+		`answer: Here are the flight times: {"route":"LAX-JFK"`,
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("transcript lacks %q:\n%s", want, s)
 		}
 	}
-	if n := strings.Count(s, "upstream contract log: 0 violations"); n != 3 {
-		t.Errorf("%d empty upstream contract logs, want one per model API:\n%s", n, s)
+	if n := strings.Count(s, "upstream contract log: 0 violations"); n != 5 {
+		t.Errorf("%d empty upstream contract logs, want one per model API and per hosted API:\n%s", n, s)
+	}
+	// Each hosted session's three calls were answered by the sidecar in
+	// one post.
+	if n := strings.Count(s, "session idle: 3 call(s) answered in 1 post(s)"); n != 2 {
+		t.Errorf("%d hosted sessions answered whole, want one per hosted API:\n%s", n, s)
 	}
 	// Each problem of the invalid call is a line of its own under it.
 	if !regexp.MustCompile(`invalid_args: invalid arguments for tool "get_flight_times":\n {20,}- at `).MatchString(s) {

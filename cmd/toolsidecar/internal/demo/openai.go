@@ -15,6 +15,7 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/executor"
+	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/sim/openaisim"
 	"github.com/projectdavid/toolsidecar/sim/responsesim"
@@ -190,33 +191,11 @@ func runResponses(ctx context.Context, out io.Writer, passwordFile, password str
 // the answer as it comes, the calls the sidecar ran, the usage and the
 // simulator's contract log.
 func runModel(ctx context.Context, out io.Writer, passwordFile, password string, m modelPart) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	s, stop, err := inFront(ctx, m.sim, m.kind, m.base, passwordFile, password)
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: m.sim, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = hs.Serve(ln)
-	}()
-	defer func() {
-		_ = hs.Close()
-		<-served
-	}()
-	s, err := startSidecar("http://127.0.0.1:9", passwordFile, func(c *config.Config) {
-		c.Upstream.Kind, c.Upstream.URL = m.kind, "http://"+ln.Addr().String()+m.base
-	})
-	if err != nil {
-		return err
-	}
-	// The application reaches this sidecar over HTTP: its API is served.
-	defer serve(ctx, s)()
-	stopWorkers, err := startWorkers(s, password)
-	if err != nil {
-		return err
-	}
-	defer stopWorkers()
+	defer stop()
 	url := "http://" + s.Addr() + m.path
 	fmt.Fprintf(out, "\n%s\nPOST %s, stream: true\n", m.heading, url)
 	body, _ := json.Marshal(m.body)
@@ -278,18 +257,67 @@ func runModel(ctx context.Context, out io.Writer, passwordFile, password string,
 		}
 	}
 	fmt.Fprintf(out, "usage over the turns: %d input + %d output tokens\n", end.input, end.output)
-	v := m.violations()
-	fmt.Fprintf(out, "upstream contract log: %d violations\n", len(v))
-	for _, x := range v {
-		fmt.Fprintf(out, "  %s: %s\n", x.Code, x.Detail)
+	if err := contractLog(out, m.violations()); err != nil {
+		return err
 	}
 	switch {
-	case len(v) > 0:
-		return ErrContract
 	case !end.whole || len(end.calls) != len(Scenario().Turns[0].Calls):
 		return fmt.Errorf("demo: the %s stream is not whole: %s, %d calls", m.kind, end.summary, len(end.calls))
 	}
 	return nil
+}
+
+// contractLog prints an upstream simulator's contract log, and is
+// ErrContract when it is not empty.
+func contractLog(out io.Writer, v []openaisim.Violation) error {
+	fmt.Fprintf(out, "upstream contract log: %d violations\n", len(v))
+	for _, x := range v {
+		fmt.Fprintf(out, "  %s: %s\n", x.Code, x.Detail)
+	}
+	if len(v) > 0 {
+		return ErrContract
+	}
+	return nil
+}
+
+// inFront serves sim, an upstream of kind whose API lives under base,
+// and starts a sidecar in front of it, its API served (the application
+// reaches it over HTTP), with the demo's workers; stop ends them all.
+func inFront(ctx context.Context, sim http.Handler, kind, base, passwordFile, password string) (_ *sidecar.Sidecar, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	hs := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = hs.Serve(ln)
+	}()
+	stops := []func(){func() { _ = hs.Close(); <-served }}
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	s, err := startSidecar("http://127.0.0.1:9", passwordFile, func(c *config.Config) {
+		c.Upstream.Kind, c.Upstream.URL = kind, "http://"+ln.Addr().String()+base
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	stops = append(stops, serve(ctx, s))
+	stopWorkers, err := startWorkers(s, password)
+	if err != nil {
+		return nil, nil, err
+	}
+	stops = append(stops, stopWorkers)
+	return s, stop, nil
 }
 
 // readChatStream reads chat.completion.chunk events: one id, one finish
