@@ -71,6 +71,8 @@ type hosted struct {
 	// base is where the application's requests go: the sidecar, unless a
 	// test speaks to the API directly.
 	base string
+	// onAnswer, when set, sees each answer call reads.
+	onAnswer func(*http.Response)
 }
 
 // simConfig configures either simulator.
@@ -194,6 +196,9 @@ func (h *hosted) call(t testing.TB, method, path, key string, body []byte) (int,
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if h.onAnswer != nil {
+		h.onAnswer(resp)
+	}
 	data, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, data
 }

@@ -192,7 +192,7 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	case rel == e.api.create && r.Method == http.MethodPost && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
 		// A streamed create: the session is watched once an event of the
 		// stream names it, as the stream passes.
-		resp.Body = &sniff{rc: resp.Body, bound: e.cfg.MaxBodyBytes, found: func(id string) { e.follow(id, r.Header) }}
+		resp.Body = &sniff{rc: resp.Body, bound: e.cfg.MaxBodyBytes, found: func(id string) { _, _ = e.follow(id, r.Header) }}
 		return nil
 	case rel == e.api.create && r.Method == http.MethodPost:
 		if id = e.createdID(resp); id == "" {
@@ -207,8 +207,11 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	default:
 		return nil
 	}
-	owner, watched := e.follow(id, r.Header)
-	if !watched {
+	owner, err := e.follow(id, r.Header)
+	if err != nil {
+		// The session exists upstream, but its client tools will not run
+		// here: the application hears it, not only the log.
+		resp.Header.Set(WatchHeader, "refused: "+tool.Truncate(err.Error(), 200))
 		return nil
 	}
 	// The owner's own stream of the session also shows each call the
@@ -222,9 +225,15 @@ func (e *Endpoint) watch(resp *http.Response) error {
 	return nil
 }
 
+// WatchHeader, on the answer to a create or read of a session, says that
+// the sidecar does not watch it, and why (every one of
+// upstream.max_sessions at work): its client tools are left to the
+// application until a later read is watched.
+const WatchHeader = "Toolsidecar-Watch"
+
 // follow watches a session with the credential of the request that
-// created or read it; false when it is not watched.
-func (e *Endpoint) follow(id string, h http.Header) (owner string, watched bool) {
+// created or read it; the error says why it is not watched.
+func (e *Endpoint) follow(id string, h http.Header) (owner string, err error) {
 	key := e.cfg.OwnKey
 	if key == "" {
 		if e.cfg.SidecarToken {
@@ -236,9 +245,9 @@ func (e *Endpoint) follow(id string, h http.Header) (owner string, watched bool)
 	owner = executor.CallerOf(h)
 	if err := e.cfg.Watcher.Watch(id, key, owner); err != nil {
 		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
-		return owner, false
+		return owner, err
 	}
-	return owner, true
+	return owner, nil
 }
 
 // sniff passes a streamed create's events on, and calls found with the

@@ -2,10 +2,14 @@ package agentsup_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/projectdavid/toolsidecar/agentsup"
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/sim/agentssim"
+	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 )
@@ -40,4 +44,38 @@ func TestIdleSessionsFreeTheirSlots(t *testing.T) {
 		})
 		assertOnce(t, h, s, 6, []int{3, 3})
 	})
+}
+
+// TestFullTableSaid: with upstream.max_sessions 1 and the one session at
+// work (its call held), a second session created through the sidecar is
+// not watched, and the create's answer says so in Toolsidecar-Watch; the
+// first's answer had no such header, and its call is answered once.
+func TestFullTableSaid(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 1 }}, held.EnvTools(10*time.Second)...)
+		one := script([][]map[string]any{{threeCalls[0][0]}}, "done ")
+		first, firstHeader := h.createHeader(t, one)
+		poll.Until(t, "the first session's call to start", func() bool { return held.Count("a") >= 1 })
+		_, second := h.createHeader(t, one)
+		if firstHeader != "" {
+			t.Errorf("the first session, watched, was answered %s: %q", agentsup.WatchHeader, firstHeader)
+		}
+		if !strings.HasPrefix(second, "refused: ") || !strings.Contains(second, "too many sessions") {
+			t.Errorf("the second session, past upstream.max_sessions, was answered %s: %q", agentsup.WatchHeader, second)
+		}
+		held.Release()
+		assertOnce(t, h, h.final(t, first), 1, []int{1})
+	})
+}
+
+// createHeader creates a session through the sidecar as create does, and
+// returns its id and the answer's Toolsidecar-Watch header.
+func (h *hosted) createHeader(t *testing.T, input string) (id, watch string) {
+	t.Helper()
+	var got http.Header
+	h.onAnswer = func(resp *http.Response) { got = resp.Header }
+	defer func() { h.onAnswer = nil }()
+	id = h.create(t, appKey, input)
+	return id, got.Get(agentsup.WatchHeader)
 }
