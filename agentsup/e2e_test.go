@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -885,15 +884,55 @@ func TestStreamedCreate(t *testing.T) {
 // application, its base URL at the sidecar: it creates the agent and the
 // session, follows the session's stream (which shows the sidecar's
 // toolsidecar.tool_result events, passed on by the client as any event),
-// and reads the answer from the history. The calls are held until the
-// client's stream is open.
+// and reads the answer from the history.
 func TestOfficialAnthropicClient(t *testing.T) {
-	checker, _ := filepath.Abs("../openaiup/testdata/node/check-managed.mjs")
-	if _, err := os.Stat(filepath.Join(filepath.Dir(checker), "node_modules", "@anthropic-ai/sdk")); err != nil {
-		t.Fatalf("the @anthropic-ai/sdk Node package is missing: make openai-node installs it (%v)", err)
+	var got struct {
+		Session string
+		Types   []string
+		Told    []map[string]any
+		Answer  string
+	}
+	h := officialClient(t, config.UpstreamAnthropicAgents, "check-managed.mjs", "@anthropic-ai/sdk", &got)
+	if len(got.Told) != 1 || !strings.Contains(got.Answer, `"echo": {"k":0}`) {
+		t.Fatalf("the client saw %+v", got)
+	}
+	assertOnce(t, h, h.session(got.Session), 1, []int{1})
+}
+
+// TestOfficialOpenAIClient: the official openai Node client (7.60.0, the
+// first release line with the Agents API, installed as openai7 beside
+// the 6.x that openaiup's tests use) is the application of a hosted
+// session through the sidecar, unmodified but for its base URL. Its
+// session's one call runs on the sidecar's worker and is answered once;
+// the client's own stream of the session shows the sidecar's
+// toolsidecar.tool_result event, and the client reads the session idle.
+func TestOfficialOpenAIClient(t *testing.T) {
+	var got struct {
+		Session string
+		Types   []string
+		Told    []map[string]any
+		Status  string
+	}
+	h := officialClient(t, config.UpstreamOpenAIAgents, "check-agents.mjs", "openai7", &got)
+	if len(got.Told) != 1 || got.Status != "idle" {
+		t.Fatalf("the client saw %d results of the sidecar and the session %q, want 1 and idle: %+v", len(got.Told), got.Status, got)
+	}
+	assertOnce(t, h, h.session(got.Session), 1, []int{1})
+}
+
+// officialClient runs the Node script checker (in openaiup's Node checks,
+// where pkg is installed) as the application of a session of kind with
+// one call, and decodes what it printed into got. The call is held until
+// the client says its stream is open: the sidecar adds its results to a
+// stream from the moment it opened, and no stream replays.
+func officialClient(t *testing.T, kind, checker, pkg string, got any) *hosted {
+	t.Helper()
+	checker, _ = filepath.Abs(filepath.Join("../openaiup/testdata/node", checker))
+	if _, err := os.Stat(filepath.Join(filepath.Dir(checker), "node_modules", pkg)); err != nil {
+		t.Fatalf("the %s Node package is missing: make openai-node installs it (%v)", pkg, err)
 	}
 	held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
-	h := startHosted(t, config.UpstreamAnthropicAgents, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
+	h := startHosted(t, kind, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
 	var out []byte
 	var runErr error
 	var stderr syncbuf.Buffer
@@ -920,82 +959,10 @@ func TestOfficialAnthropicClient(t *testing.T) {
 	<-done
 	if runErr != nil {
 		t.Logf("violations %v", h.violations())
-		var ee *exec.ExitError
-		if errors.As(runErr, &ee) {
-			t.Fatalf("node: %v\n%s", runErr, ee.Stderr)
-		}
-		t.Fatal(runErr)
-	}
-	var got struct {
-		Session string
-		Types   []string
-		Told    []map[string]any
-		Answer  string
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("node printed %q: %v", out, err)
-	}
-	if len(got.Told) != 1 || !strings.Contains(got.Answer, `"echo": {"k":0}`) {
-		t.Fatalf("the client saw %+v", got)
-	}
-	assertOnce(t, h, h.session(got.Session), 1, []int{1})
-}
-
-// TestOfficialOpenAIClient: the official openai Node client (7.60.0, the
-// first release line with the Agents API, installed as openai7 beside
-// the 6.x that openaiup's tests use) is the application of a hosted
-// session through the sidecar, unmodified but for its base URL. Its
-// session's one call runs on the sidecar's worker and is answered once;
-// the client's own stream of the session shows the sidecar's
-// toolsidecar.tool_result event, and the client reads the session idle.
-func TestOfficialOpenAIClient(t *testing.T) {
-	checker, _ := filepath.Abs("../openaiup/testdata/node/check-agents.mjs")
-	if _, err := os.Stat(filepath.Join(filepath.Dir(checker), "node_modules", "openai7")); err != nil {
-		t.Fatalf("the openai 7 Node package is missing: make openai-node installs it (%v)", err)
-	}
-	held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
-	h := startHosted(t, config.UpstreamOpenAIAgents, simConfig{}, testenv.Options{}, held.EnvTools(10*time.Second)...)
-	var out []byte
-	var runErr error
-	var stderr syncbuf.Buffer
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), poll.Timeout)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "node", checker, h.env.URL, script([][]map[string]any{{threeCalls[0][0]}}, "done "))
-		cmd.Stderr = io.MultiWriter(os.Stderr, &stderr)
-		out, runErr = cmd.Output()
-	}()
-	// The call is held until the client's stream is open, so that the
-	// sidecar's result event is one the stream can show (no stream replays).
-	poll.Until(t, "the client's stream and the held call", func() bool {
-		select {
-		case <-done:
-			return true
-		default:
-		}
-		// Once the client has its stream's headers, the sidecar has
-		// subscribed it to the session's results.
-		return held.Count("a") >= 1 && strings.Contains(stderr.String(), "stream open")
-	})
-	held.Release()
-	<-done
-	if runErr != nil {
-		t.Logf("violations %v", h.violations())
 		t.Fatalf("node: %v", runErr)
 	}
-	var got struct {
-		Session string
-		Types   []string
-		Told    []map[string]any
-		Status  string
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
+	if err := json.Unmarshal(out, got); err != nil {
 		t.Fatalf("node printed %q: %v", out, err)
 	}
-	if len(got.Told) != 1 || got.Status != "idle" {
-		t.Fatalf("the client saw %d results of the sidecar and the session %q, want 1 and idle: %+v", len(got.Told), got.Status, got)
-	}
-	assertOnce(t, h, h.session(got.Session), 1, []int{1})
+	return h
 }
