@@ -56,8 +56,8 @@ type Config struct {
 	// default: 3; negative disables retries
 	Retries int
 	// MaxConns bounds the connections of short calls (every call but the
-	// completions streams, which have one each); more requests wait in
-	// net/http's Transport for one.
+	// completions streams, which have one each); more requests wait for
+	// one, where a write no longer needed can still be withdrawn.
 	// default: 64
 	MaxConns int
 	// IdleTimeout is how long a connection to Core is kept idle. Below
@@ -103,12 +103,18 @@ func WithHTTPClient(hc *http.Client) Option {
 // bounds, which WithHTTPClient replaces.
 func WithTLS(tc *tls.Config) Option {
 	return func(c *Client) error {
+		host := c.host()
 		for _, hc := range c.clients() {
-			t, ok := hc.Transport.(*http.Transport)
-			if !ok {
+			switch t := hc.Transport.(type) {
+			case *http.Transport:
+				t.TLSClientConfig = tc.Clone()
+			case *conns:
+				if t.tls != nil { // https: plain HTTP stays plain, as net/http would have it
+					t.tls = tlsFor(tc, host)
+				}
+			default:
 				return fmt.Errorf("core: WithTLS needs the client's own transports, the client has a %T", hc.Transport)
 			}
-			t.TLSClientConfig = tc.Clone()
 		}
 		return nil
 	}
@@ -191,30 +197,44 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
 		slots: make(chan struct{}, cfg.MaxConns)}
-	// Short calls share at most MaxConns connections; completions streams,
-	// each holding one for a whole turn, and requests on others' behalf
-	// have transports of their own, so that neither waits behind the other.
-	c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, cfg.IdleTimeout, cfg.ConnectTimeout, &c.dialed)}
-	// A completions stream is a POST that must not be sent twice, and
-	// net/http does not resend one that meets a connection Core closed
-	// (Core restarted, or its keep-alive ended) as it left. Each stream
-	// therefore opens a connection of its own: one handshake per turn of
-	// model inference. (A negative MaxIdleConnsPerHost keeps no idle
-	// connection without asking Core to close: DisableKeepAlives would
-	// send "Connection: close", after which Go's server no longer watches
-	// the connection for the client going away.)
-	streams := newTransport(0, cfg.IdleTimeout, cfg.ConnectTimeout, &c.streamsDialed)
-	streams.MaxIdleConnsPerHost = -1
-	c.streamHC = &http.Client{Transport: streams}
-	c.otherHC = &http.Client{Transport: newTransport(0, cfg.IdleTimeout, cfg.ConnectTimeout, &c.streamsDialed)}
 	// The proxy (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) is read now, not once
 	// per process as http.ProxyFromEnvironment does.
 	proxy, err := httpproxy.FromEnvironment().ProxyFunc()(u)
 	if err != nil {
 		return nil, fmt.Errorf("core: the proxy for %s: %w", u.Redacted(), err)
 	}
+	// Short calls share at most MaxConns connections; completions streams,
+	// each holding one for a whole turn, and requests on others' behalf
+	// have transports of their own, so that neither waits behind the other.
+	//
+	// A completions stream is a POST that must not be sent twice, and
+	// net/http does not resend one that meets a connection Core closed
+	// (Core restarted, or its keep-alive ended) as it left. Each stream
+	// therefore opens a connection of its own: one handshake per turn of
+	// model inference.
+	if proxy == nil {
+		var tc *tls.Config
+		if u.Scheme == "https" {
+			tc = tlsFor(nil, u.Hostname())
+		}
+		addr := hostPort(u)
+		c.hc = &http.Client{Transport: newConns(addr, tc, cfg.ConnectTimeout, cfg.IdleTimeout, true, max(cfg.MaxConns, 64), &c.dialed)}
+		c.streamHC = &http.Client{Transport: newConns(addr, tc, cfg.ConnectTimeout, cfg.IdleTimeout, false, 0, &c.streamsDialed)}
+	} else {
+		c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, cfg.IdleTimeout, cfg.ConnectTimeout, &c.dialed)}
+		// A negative MaxIdleConnsPerHost keeps no idle connection without
+		// asking Core to close: DisableKeepAlives would send "Connection:
+		// close", after which Go's server no longer watches the connection
+		// for the client going away.
+		streams := newTransport(0, cfg.IdleTimeout, cfg.ConnectTimeout, &c.streamsDialed)
+		streams.MaxIdleConnsPerHost = -1
+		c.streamHC = &http.Client{Transport: streams}
+	}
+	c.otherHC = &http.Client{Transport: newTransport(0, cfg.IdleTimeout, cfg.ConnectTimeout, &c.streamsDialed)}
 	for _, hc := range c.clients() {
-		hc.Transport.(*http.Transport).Proxy = http.ProxyURL(proxy)
+		if t, ok := hc.Transport.(*http.Transport); ok {
+			t.Proxy = http.ProxyURL(proxy)
+		}
 	}
 	for _, o := range opts {
 		if err := o(c); err != nil {

@@ -66,7 +66,10 @@ type Reader struct {
 
 // NewReader reads r as frames of kind, each at most max bytes.
 func NewReader(r io.Reader, kind Kind, max int, replace func(Oversized) []byte) *Reader {
-	return &Reader{r: bufio.NewReaderSize(r, 32<<10), max: max, kind: kind, replace: replace}
+	// A line longer than the buffer is read on in pieces (ReadSlice), so
+	// the buffer need not fit a frame: at thousands of open streams its
+	// size is allocated per stream.
+	return &Reader{r: bufio.NewReaderSize(r, 4<<10), max: max, kind: kind, replace: replace}
 }
 
 // Read implements io.Reader.

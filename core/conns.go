@@ -1,0 +1,294 @@
+package core
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// conns is the round tripper of the client's own requests to Core over
+// HTTP/1.1: net/http writes each request (Request.Write) and reads each
+// answer (ReadResponse); conns only keeps the connections. A request is
+// written and its answer read on the caller's goroutine, where net/http's
+// Transport hands both to two goroutines of the connection's: at 1,000
+// runs those hand-offs and their wake-ups were a third of the sidecar's
+// CPU per call (BENCHMARKS.md, "CPU per call"). It serves plain HTTP and
+// TLS; a proxy is left to net/http's Transport (New).
+//
+// A kept connection is used again only while it has been idle for less
+// than idle, and only once a peek at its socket (one system call, where
+// net/http's Transport has a goroutine reading each idle connection)
+// finds it open and silent: Core closed it (a restart, its keep-alive),
+// or sent bytes that answer nothing, and it is closed instead.
+type conns struct {
+	addr    string      // host:port
+	tls     *tls.Config // nil: plain HTTP
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	connect time.Duration // bounds a connection's opening and its TLS handshake
+	idle    time.Duration
+	keep    bool // false: one connection per request (completions streams)
+	maxIdle int
+	dialed  *atomic.Int64
+
+	mu     sync.Mutex
+	free   []*conn // idle, the most recently used last
+	reaper *time.Timer
+}
+
+// conn is one connection to Core with its buffers.
+type conn struct {
+	nc   net.Conn
+	raw  syscall.Conn // the socket under TLS, for the peek
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	used time.Time
+}
+
+// newConns is a round tripper to addr, over TLS when tc is set, that
+// keeps up to maxIdle connections idle for idle each, or none when keep
+// is false.
+func newConns(addr string, tc *tls.Config, connect, idle time.Duration, keep bool, maxIdle int, dialed *atomic.Int64) *conns {
+	return &conns{addr: addr, tls: tc, dial: (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
+		connect: connect, idle: idle, keep: keep, maxIdle: maxIdle, dialed: dialed}
+}
+
+// RoundTrip sends req on a kept connection, or a new one, and returns
+// the answer; its body is read on the caller's goroutine, and the
+// connection is kept once it has been read to the end.
+func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	c, err := p.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The request's context ends a request in flight by ending the
+	// connection's reads and writes; the connection is then not kept.
+	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		c.nc.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (%v)", context.Cause(ctx), err)
+		}
+		return nil, err
+	}
+	if err := req.Write(c.bw); err != nil {
+		return fail(err)
+	}
+	if err := c.bw.Flush(); err != nil {
+		return fail(err)
+	}
+	resp, err := http.ReadResponse(c.br, req)
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(c.br, req) // an informational answer precedes the answer
+	}
+	if err != nil {
+		return fail(err)
+	}
+	resp.Body = &body{ReadCloser: resp.Body, p: p, c: c, stop: stop, reuse: p.keep && !resp.Close, length: resp.ContentLength}
+	return resp, nil
+}
+
+// get is a kept connection found open, or a new one.
+func (p *conns) get(ctx context.Context) (*conn, error) {
+	for {
+		p.mu.Lock()
+		n := len(p.free)
+		if n == 0 {
+			p.mu.Unlock()
+			break
+		}
+		c := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		if time.Since(c.used) < p.idle && open(c.raw) {
+			return c, nil
+		}
+		c.nc.Close()
+	}
+	nc, err := p.dial(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, err
+	}
+	p.dialed.Add(1)
+	raw, _ := nc.(syscall.Conn)
+	if p.tls != nil {
+		tc := tls.Client(nc, p.tls)
+		hctx, cancel := context.WithTimeout(ctx, p.connect) // as for the connection itself
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		nc = tc
+	}
+	return &conn{nc: nc, raw: raw, br: bufio.NewReader(nc), bw: bufio.NewWriter(nc)}, nil
+}
+
+// put keeps c for the next request, or closes it when enough are kept.
+func (p *conns) put(c *conn) {
+	c.used = time.Now()
+	p.mu.Lock()
+	if len(p.free) >= p.maxIdle {
+		p.mu.Unlock()
+		c.nc.Close()
+		return
+	}
+	p.free = append(p.free, c)
+	if p.reaper == nil {
+		p.reaper = time.AfterFunc(p.idle, p.reap)
+	}
+	p.mu.Unlock()
+}
+
+// reap closes the connections idle for idle, and comes back while some
+// are kept: a connection is not left open on the sidecar's side after
+// Core has closed it.
+func (p *conns) reap() {
+	now := time.Now()
+	p.mu.Lock()
+	var stale []*conn
+	kept := p.free[:0]
+	for _, c := range p.free {
+		if now.Sub(c.used) >= p.idle {
+			stale = append(stale, c)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(p.free[len(kept):])
+	p.free = kept
+	if len(kept) > 0 {
+		p.reaper.Reset(p.idle - now.Sub(kept[0].used))
+	} else {
+		p.reaper = nil
+	}
+	p.mu.Unlock()
+	for _, c := range stale {
+		c.nc.Close()
+	}
+}
+
+// CloseIdleConnections closes the kept connections.
+func (p *conns) CloseIdleConnections() {
+	p.mu.Lock()
+	free := p.free
+	p.free = nil
+	p.mu.Unlock()
+	for _, c := range free {
+		c.nc.Close()
+	}
+}
+
+// open peeks at a kept connection's socket without waiting: it is open
+// when nothing is there to read. End of stream (Core closed it), bytes
+// that answer no request, or an error, and it is not used again.
+func open(raw syscall.Conn) bool {
+	if raw == nil {
+		return true
+	}
+	sc, err := raw.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok := false
+	var b [1]byte
+	err = sc.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		ok = n < 0 && errors.Is(err, syscall.EAGAIN)
+		return true // never wait for the socket to be readable
+	})
+	return err == nil && ok
+}
+
+// body is an answer's body: read to the end, it gives its connection
+// back to be kept; closed before, it closes the connection, without
+// reading the rest (an error's excerpt is not followed by megabytes).
+type body struct {
+	io.ReadCloser
+	p      *conns
+	c      *conn
+	stop   func() bool
+	reuse  bool
+	length int64 // the announced length, or -1
+	n      int64 // read so far
+	eof    bool
+	done   bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	if err == io.EOF || b.n == b.length {
+		b.eof = true
+	}
+	return n, err
+}
+
+// Close gives the connection back when the body was read to the end, the
+// request's context did not end it, and nothing follows the answer.
+func (b *body) Close() error {
+	if b.done {
+		return nil
+	}
+	b.done = true
+	if b.ReadCloser == http.NoBody || b.length == 0 {
+		b.eof = true
+	}
+	if !b.eof {
+		b.stop()
+		b.c.nc.Close() // before the body's Close, which would read the rest
+		return b.ReadCloser.Close()
+	}
+	err := b.ReadCloser.Close()
+	if b.stop() && b.reuse && b.c.br.Buffered() == 0 {
+		b.p.put(b.c)
+		return err
+	}
+	b.c.nc.Close()
+	return err
+}
+
+// tlsFor is tc (nil: the defaults) for a connection to host over
+// HTTP/1.1.
+func tlsFor(tc *tls.Config, host string) *tls.Config {
+	if tc == nil {
+		tc = &tls.Config{}
+	}
+	tc = tc.Clone()
+	if tc.ServerName == "" {
+		tc.ServerName = host
+	}
+	tc.NextProtos = []string{"http/1.1"}
+	return tc
+}
+
+// hostPort is u's host and port, the scheme's port when u names none.
+func hostPort(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// host is the name of Core's host, as its certificate names it.
+func (c *Client) host() string {
+	u, _ := url.Parse(c.base)
+	return u.Hostname()
+}

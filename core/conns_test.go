@@ -1,0 +1,162 @@
+package core
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestKeptConnectionFoundClosed: Core closes a kept connection while it
+// is idle. The next POST, which the client never sends twice, goes out on
+// a new connection, once, and is answered: the peek found the kept one
+// closed before anything was written to it.
+func TestKeptConnectionFoundClosed(t *testing.T) {
+	var posts atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id": "msg_1", "role": "tool"}`)
+	}))
+	conns := logConns(srv)
+	srv.Start()
+	defer srv.Close()
+	c, err := New(Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := ToolOutput{ThreadID: "t", ToolID: "act_1", ToolCallID: "call_1", Content: "ok"}
+	if _, err := c.SubmitToolOutput(context.Background(), out); err != nil {
+		t.Fatal(err)
+	}
+	srv.CloseClientConnections()
+	conns.waitClosed(t)
+	if _, err := c.SubmitToolOutput(context.Background(), out); err != nil {
+		t.Fatalf("a POST after Core closed the kept connection: %v", err)
+	}
+	if n, p := conns.opened.Load(), posts.Load(); n != 2 || p != 2 {
+		t.Errorf("Core accepted %d connections and %d POSTs, want 2 and 2", n, p)
+	}
+}
+
+// TestLateStrayBytes: Core answers, then writes on the same connection,
+// a moment later, bytes that answer nothing (a whole answer). The next
+// request does not read them as its answer: the connection they came on
+// is closed, and the request goes out on a new one.
+func TestLateStrayBytes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int32
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n := accepted.Add(1)
+			wg.Go(func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					body := fmt.Sprintf(`{"id": "run_%d", "status": "in_progress"}`, n)
+					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+					if n == 1 {
+						time.Sleep(20 * time.Millisecond)
+						stray := `{"id": "stray", "status": "cancelled"}`
+						fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(stray), stray)
+					}
+				}
+			})
+		}
+	})
+	c, err := New(Config{URL: "http://" + ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.GetRun(ctx, "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the stray answer is in the socket
+	run, err := c.GetRun(ctx, "run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.ID != "run_2" || run.Status != "in_progress" {
+		t.Errorf("the second request read %+v, want run_2 from a new connection", run)
+	}
+	if n := accepted.Load(); n != 2 {
+		t.Errorf("Core accepted %d connections, want 2", n)
+	}
+	c.hc.CloseIdleConnections()
+	ln.Close()
+}
+
+// TestNoGoroutinePerConnection: the client's requests and streams are
+// read on their callers' goroutines. With connections kept and a stream
+// open, no goroutine reads or writes a connection to Core on its own
+// (net/http's Transport has two per connection).
+func TestNoGoroutinePerConnection(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {\"type\": \"content\", \"content\": \"hi\"}\n\n")
+			w.(http.Flusher).Flush()
+			<-release
+			io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
+		runCore(w, r)
+	}))
+	defer srv.Close()
+	defer close(release)
+	c, err := New(Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 8 { // several connections kept at once
+		wg.Go(func() {
+			if _, err := c.GetRun(ctx, "run_1"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	s, err := c.Stream(ctx, CompletionRequest{RunID: "run_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Next(); err != nil {
+		t.Fatal(err)
+	}
+	var dump strings.Builder
+	pprof.Lookup("goroutine").WriteTo(&dump, 1)
+	for _, frame := range []string{"net/http.(*persistConn).readLoop", "net/http.(*persistConn).writeLoop"} {
+		if n := strings.Count(dump.String(), frame); n > 0 {
+			t.Errorf("%d goroutines in %s", n, frame)
+		}
+	}
+}
