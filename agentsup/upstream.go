@@ -206,7 +206,7 @@ func (u *Upstream) RecordOutput(_ context.Context, req executor.Request, c *exec
 // finalised posts the batch's results, in one request: the batch is
 // joined. A cancelled call, or one of a turn the session cancelled, is
 // not answered.
-func (u *Upstream) Finalise(ctx context.Context, c *executor.ToolCall, status string, _ map[string]any) error {
+func (u *Upstream) Finalise(ctx context.Context, c *executor.ToolCall, status string, _ executor.ResultSummary) error {
 	s, err := u.session(c.RunID)
 	if err != nil {
 		return err

@@ -45,13 +45,30 @@ type conns struct {
 	reaper *time.Timer
 }
 
-// conn is one connection to Core with its buffers.
+// conn is one connection to Core with its reader.
 type conn struct {
 	nc   net.Conn
 	raw  syscall.Conn // the socket under TLS, for the peek
 	br   *bufio.Reader
-	bw   *bufio.Writer
 	used time.Time
+}
+
+// writers buffer requests as they are written: a connection needs one
+// only then, and a turn's stream would otherwise hold its own for the
+// whole turn.
+var writers = sync.Pool{New: func() any { return bufio.NewWriter(nil) }}
+
+// write writes req to nc in one buffer's flushes.
+func write(nc net.Conn, req *http.Request) error {
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(nc)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	writers.Put(bw)
+	return err
 }
 
 // newConns is a round tripper to addr, over TLS when tc is set, that
@@ -82,10 +99,7 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	if err := req.Write(c.bw); err != nil {
-		return fail(err)
-	}
-	if err := c.bw.Flush(); err != nil {
+	if err := write(c.nc, req); err != nil {
 		return fail(err)
 	}
 	resp, err := http.ReadResponse(c.br, req)
@@ -134,7 +148,7 @@ func (p *conns) get(ctx context.Context) (*conn, error) {
 		}
 		nc = tc
 	}
-	return &conn{nc: nc, raw: raw, br: bufio.NewReader(nc), bw: bufio.NewWriter(nc)}, nil
+	return &conn{nc: nc, raw: raw, br: bufio.NewReader(nc)}, nil
 }
 
 // put keeps c for the next request, or closes it when enough are kept.

@@ -84,8 +84,9 @@ type ToolOutput struct {
 // ActionUpdate is the body of PUT /v1/actions/{id}. Core overwrites the
 // stored result with Result, to null when it is omitted.
 type ActionUpdate struct {
-	Status string         `json:"status"`
-	Result map[string]any `json:"result,omitempty"`
+	Status string `json:"status"`
+	// Result is any JSON object: Core keeps it as the Action's result.
+	Result any `json:"result,omitempty"`
 }
 
 // Action is an ActionRead row.

@@ -175,7 +175,7 @@ func (u *Upstream) RecordOutput(ctx context.Context, req executor.Request, c *ex
 
 // Finalise sets the call's Action to its final status, with the result
 // summary. The executor's final statuses are Core's Action statuses.
-func (u *Upstream) Finalise(ctx context.Context, c *executor.ToolCall, status string, result map[string]any) error {
+func (u *Upstream) Finalise(ctx context.Context, c *executor.ToolCall, status string, result executor.ResultSummary) error {
 	return budget(u.c.WriteAction(ctx, c.ActionID, core.ActionUpdate{Status: status, Result: result}))
 }
 

@@ -408,10 +408,8 @@ func (c *call) finalStatus(ctx context.Context) error {
 		o.res.Submitted = true // all of the outcome that can reach the upstream has
 		return nil
 	}
-	result := map[string]any{"ok": o.res.OK, "attempts": o.res.Attempts, "duration_ms": o.res.DurationMS, "bytes": len(o.content)}
-	if !o.res.OK {
-		result["error_type"], result["error"] = o.res.ErrorType, o.res.Error
-	}
+	result := ResultSummary{OK: o.res.OK, Attempts: o.res.Attempts, DurationMS: o.res.DurationMS, Bytes: len(o.content),
+		ErrorType: o.res.ErrorType, Error: o.res.Error}
 	if err := c.b.rec.Finalise(ctx, c.m, o.status, result); err != nil {
 		return c.keepAfter("action not finalised", err)
 	}

@@ -12,7 +12,7 @@ import (
 type recorder interface {
 	MarkStarted(ctx context.Context, c *ToolCall, withdraw <-chan struct{}) error
 	RecordOutput(ctx context.Context, req Request, c *ToolCall, content string) error
-	Finalise(ctx context.Context, c *ToolCall, status string, result map[string]any) error
+	Finalise(ctx context.Context, c *ToolCall, status string, result ResultSummary) error
 }
 
 // unrecorded records nothing: the calls of an MCP client have no Action
@@ -21,7 +21,7 @@ type unrecorded struct{}
 
 func (unrecorded) MarkStarted(context.Context, *ToolCall, <-chan struct{}) error  { return nil }
 func (unrecorded) RecordOutput(context.Context, Request, *ToolCall, string) error { return nil }
-func (unrecorded) Finalise(context.Context, *ToolCall, string, map[string]any) error {
+func (unrecorded) Finalise(context.Context, *ToolCall, string, ResultSummary) error {
 	return nil
 }
 

@@ -9,6 +9,17 @@ import (
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
+// ResultSummary is what the upstream keeps of a call's result beside its
+// final status (Core: the Action's result): never the tool's output.
+type ResultSummary struct {
+	OK         bool   `json:"ok"`
+	Attempts   int    `json:"attempts"`
+	DurationMS int64  `json:"duration_ms"`
+	Bytes      int    `json:"bytes"` // of the recorded output
+	ErrorType  string `json:"error_type,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
 // Upstream is the side of the loop where the model is, in the executor's
 // own terms: runs, turns streamed as events, and the records of each call
 // (started, its output, its final status). Package coreup adapts Project
@@ -39,7 +50,7 @@ type Upstream interface {
 	// Finalise records a call's final status (CallCompleted, CallFailed
 	// or CallCancelled) with a summary of its result, retrying as
 	// RecordOutput does.
-	Finalise(ctx context.Context, c *ToolCall, status string, result map[string]any) error
+	Finalise(ctx context.Context, c *ToolCall, status string, result ResultSummary) error
 	// OpenCalls lists the run's calls that have no final status, in the
 	// order the model made them, saying which were started and which have
 	// their output recorded already.

@@ -179,7 +179,7 @@ func (u *Upstream) MarkStarted(ctx context.Context, c *executor.ToolCall, _ <-ch
 }
 
 // Finalise records nothing: the output is the call's whole record.
-func (u *Upstream) Finalise(context.Context, *executor.ToolCall, string, map[string]any) error {
+func (u *Upstream) Finalise(context.Context, *executor.ToolCall, string, executor.ResultSummary) error {
 	return nil
 }
 
