@@ -103,6 +103,12 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 		return fmt.Errorf("core: %s %s: %w", method, endpoint, err)
 	}
 	withdraw, _ := ctx.Value(withdrawKey{}).(<-chan struct{})
+	if q := c.queued.Load(); withdraw != nil && q >= int64(c.cfg.MaxConns) {
+		// Core is a round of requests behind: a write that a later event
+		// makes needless is not queued behind the writes that count.
+		c.shed.Add(1)
+		return fmt.Errorf("core: %s %s: %w: %d requests wait for one of %d connections", method, path, ErrWithdrawn, q, c.cfg.MaxConns)
+	}
 	c.queued.Add(1)
 	select {
 	case c.slots <- struct{}{}:
@@ -240,7 +246,10 @@ type withdrawKey struct{}
 // yet sent fails with ErrWithdrawn and is never sent; one already sent
 // goes on to its answer. It is for a write that a later event makes
 // needless (a processing mark, once the call's tool has answered), when
-// Core is too far behind to take it in time.
+// Core is too far behind to take it in time. Such a write is not queued
+// at all (ErrWithdrawn at once) while as many requests as the client has
+// connections already wait for one: Core is then a round of requests
+// behind, and the writes that count come first.
 func WithWithdraw(ctx context.Context, withdraw <-chan struct{}) context.Context {
 	return context.WithValue(ctx, withdrawKey{}, withdraw)
 }

@@ -155,6 +155,8 @@ type Client struct {
 	// withdrawn (WithWithdraw). queued counts them.
 	slots  chan struct{}
 	queued atomic.Int64
+	// shed counts the withdrawable writes not queued (WithWithdraw).
+	shed atomic.Int64
 	// dialed counts the connections opened, for short calls and streams.
 	dialed, streamsDialed atomic.Int64
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projectdavid/toolsidecar/testkit/promtest"
 )
 
 // TestKeptConnectionFoundClosed: Core closes a kept connection while it
@@ -158,5 +163,55 @@ func TestNoGoroutinePerConnection(t *testing.T) {
 		if n := strings.Count(dump.String(), frame); n > 0 {
 			t.Errorf("%d goroutines in %s", n, frame)
 		}
+	}
+}
+
+// TestWithdrawableWriteShed: with the client's only connection held and
+// one request already waiting for it, a write under WithWithdraw is not
+// queued: it returns ErrWithdrawn at once, Core never receives it, and
+// toolsidecar_core_writes_shed_total counts it. A write that may not be
+// withdrawn waits for its turn and is sent.
+func TestWithdrawableWriteShed(t *testing.T) {
+	heldIn, releaseGet := make(chan struct{}), make(chan struct{})
+	var puts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet:
+			close(heldIn)
+			<-releaseGet
+		case http.MethodPut:
+			puts.Add(1)
+		}
+		runCore(w, r)
+	}))
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	c, err := New(Config{URL: srv.URL, MaxConns: 1}, WithMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	got := make(chan error, 2)
+	go func() { _, err := c.GetRun(ctx, "run_1"); got <- err }()
+	<-heldIn
+	go func() { got <- c.WriteAction(ctx, "act_1", ActionUpdate{Status: ActionCompleted}) }() // waits: it counts
+	for c.queued.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	err = c.WriteAction(WithWithdraw(ctx, make(chan struct{})), "act_2", ActionUpdate{Status: ActionProcessing})
+	if !errors.Is(err, ErrWithdrawn) {
+		t.Fatalf("a withdrawable write behind a full queue: %v, want ErrWithdrawn", err)
+	}
+	close(releaseGet)
+	for range 2 {
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := puts.Load(); n != 1 {
+		t.Errorf("Core received %d PUTs, want 1: the final status, not the shed mark", n)
+	}
+	if n := promtest.Value(t, reg, "toolsidecar_core_writes_shed_total"); n != 1 {
+		t.Errorf("toolsidecar_core_writes_shed_total %v, want 1", n)
 	}
 }

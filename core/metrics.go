@@ -26,6 +26,9 @@ func WithMetrics(reg prometheus.Registerer) Option {
 		f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "requests_queued",
 			Help: "Short requests to Core waiting for one of the client's core.max_connections: above zero for long, Core (or the way to it) is the bottleneck."},
 			func() float64 { return float64(c.queued.Load()) })
+		f.NewCounterFunc(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "writes_shed_total",
+			Help: "Writes that a later one makes needless (a call's processing mark) not sent because core.max_connections requests already waited for Core."},
+			func() float64 { return float64(c.shed.Load()) })
 		for use, n := range map[string]*atomic.Int64{"calls": &c.dialed, "streams": &c.streamsDialed} {
 			f.NewCounterFunc(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "connections_opened_total",
 				Help:        "Connections the sidecar opened to Core: for its short calls, or for completions streams and requests on others' behalf (proxy, probe); not counted with WithHTTPClient.",
