@@ -86,6 +86,9 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	c, err := p.get(ctx)
 	if err != nil {
+		if req.Body != nil {
+			req.Body.Close() // as a RoundTripper must, on errors too (Request.Write does once it runs)
+		}
 		return nil, err
 	}
 	// The request's context ends a request in flight by ending the
