@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -51,6 +52,28 @@ type conn struct {
 	raw  syscall.Conn // the socket under TLS, for the peek
 	br   *bufio.Reader
 	used time.Time
+	// limit is what may still be read from nc: the bound of an answer's
+	// headers while they are read, none while its body is.
+	limit int64
+}
+
+// maxHeaderBytes bounds an answer's headers, its informational answers'
+// included, as net/http's Transport's MaxResponseHeaderBytes does by
+// default: a Core whose headers never end fails the request, not the
+// sidecar's memory.
+const maxHeaderBytes = 10 << 20
+
+// Read reads nc, within the limit.
+func (c *conn) Read(p []byte) (int, error) {
+	if c.limit <= 0 {
+		return 0, fmt.Errorf("core: Core's response headers exceeded %d bytes", maxHeaderBytes)
+	}
+	if int64(len(p)) > c.limit {
+		p = p[:c.limit]
+	}
+	n, err := c.nc.Read(p)
+	c.limit -= int64(n)
+	return n, err
 }
 
 // writers buffer requests as they are written: a connection needs one
@@ -105,10 +128,12 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := write(c.nc, req); err != nil {
 		return fail(err)
 	}
+	c.limit = maxHeaderBytes
 	resp, err := http.ReadResponse(c.br, req)
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
 		resp, err = http.ReadResponse(c.br, req) // an informational answer precedes the answer
 	}
+	c.limit = math.MaxInt64
 	if err != nil {
 		return fail(err)
 	}
@@ -151,7 +176,9 @@ func (p *conns) get(ctx context.Context) (*conn, error) {
 		}
 		nc = tc
 	}
-	return &conn{nc: nc, raw: raw, br: bufio.NewReader(nc)}, nil
+	c := &conn{nc: nc, raw: raw, limit: math.MaxInt64}
+	c.br = bufio.NewReader(c)
+	return c, nil
 }
 
 // put keeps c for the next request, or closes it when enough are kept.
