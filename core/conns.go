@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -154,7 +155,7 @@ func (p *conns) get(ctx context.Context) (*conn, error) {
 		p.free[n-1] = nil
 		p.free = p.free[:n-1]
 		p.mu.Unlock()
-		if time.Since(c.used) < p.idle && open(c.raw) {
+		if time.Since(c.used) < p.idle && open(c.raw) && c.silent() {
 			return c, nil
 		}
 		c.nc.Close()
@@ -255,6 +256,21 @@ func open(raw syscall.Conn) bool {
 		return true // never wait for the socket to be readable
 	})
 	return err == nil && ok
+}
+
+// silent reports that nothing waits above the socket either: a TLS
+// connection reads from the socket all that has come, and keeps the
+// records after the one it was reading (stray bytes, Core's close_notify)
+// where the peek at the socket does not see them. It reads them, with a
+// deadline already past: none is there when the read times out.
+func (c *conn) silent() bool {
+	if _, ok := c.nc.(*tls.Conn); !ok {
+		return true
+	}
+	c.nc.SetReadDeadline(time.Unix(1, 0))
+	_, err := c.br.Peek(1)
+	c.nc.SetReadDeadline(time.Time{})
+	return errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // body is an answer's body: read to the end, it gives its connection

@@ -3,12 +3,16 @@ package core
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -81,5 +85,101 @@ func TestResponseHeadersBounded(t *testing.T) {
 				t.Fatalf("after %v: %v, want the header bound exceeded", time.Since(start), err)
 			}
 		})
+	}
+}
+
+// heldConn holds what is written to it while hold is set, and writes it
+// all at once on flush: two TLS records in one segment.
+type heldConn struct {
+	net.Conn
+	hold bool
+	buf  []byte
+}
+
+func (h *heldConn) Write(p []byte) (int, error) {
+	if h.hold {
+		h.buf = append(h.buf, p...)
+		return len(p), nil
+	}
+	return h.Conn.Write(p)
+}
+
+func (h *heldConn) flush() error {
+	h.hold = false
+	_, err := h.Conn.Write(h.buf)
+	return err
+}
+
+// TestStrayRecordOverTLS: over TLS, Core's answer and bytes that answer
+// nothing (a whole answer) come in two records of one segment. The TLS
+// connection reads both from the socket, so a peek at the socket finds
+// it silent; the next request still does not read the stray answer as
+// its own: it goes out on a new connection. A silent TLS connection is
+// still kept.
+func TestStrayRecordOverTLS(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.StartTLS()
+	serverTLS, clientTLS := srv.TLS.Clone(), srv.Client().Transport.(*http.Transport).TLSClientConfig
+	srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Go(func() {
+		for {
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n := accepted.Add(1)
+			wg.Go(func() {
+				hc := &heldConn{Conn: raw}
+				conn := tls.Server(hc, serverTLS)
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					body := fmt.Sprintf(`{"id": "run_%d", "status": "in_progress"}`, n)
+					hc.hold = n == 1
+					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+					if n == 1 {
+						stray := `{"id": "stray", "status": "cancelled"}`
+						fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(stray), stray)
+						hc.flush()
+					}
+				}
+			})
+		}
+	})
+	c, err := New(Config{URL: "https://" + ln.Addr().String()}, WithTLS(clientTLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.hc.CloseIdleConnections()
+	ctx := context.Background()
+	if _, err := c.GetRun(ctx, "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	run, err := c.GetRun(ctx, "run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.ID != "run_2" {
+		t.Errorf("the second request read %+v, want run_2 from a new connection", run)
+	}
+	if _, err := c.GetRun(ctx, "run_1"); err != nil { // on the second connection, kept
+		t.Fatal(err)
+	}
+	if n := accepted.Load(); n != 2 {
+		t.Errorf("Core accepted %d connections, want 2", n)
 	}
 }
