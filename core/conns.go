@@ -138,7 +138,7 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return fail(err)
 	}
-	resp.Body = &body{ReadCloser: resp.Body, p: p, c: c, stop: stop, reuse: p.keep && !resp.Close, length: resp.ContentLength}
+	resp.Body = &body{ReadCloser: resp.Body, p: p, c: c, stop: stop, reuse: p.keep && !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols, length: resp.ContentLength}
 	return resp, nil
 }
 

@@ -183,3 +183,42 @@ func TestStrayRecordOverTLS(t *testing.T) {
 		t.Errorf("Core accepted %d connections, want 2", n)
 	}
 }
+
+// TestSwitchingProtocolsNotKept: Core answers a request with 101
+// Switching Protocols, after which the connection speaks another
+// protocol. The connection is not kept: the next request goes out on a
+// new one.
+func TestSwitchingProtocolsNotKept(t *testing.T) {
+	var accepted atomic.Int32
+	url := rawCore(t, func(conn net.Conn, br *bufio.Reader) {
+		n := accepted.Add(1)
+		for served := 0; ; served++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if n == 1 && served == 0 {
+				io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: other\r\nConnection: Upgrade\r\n\r\n")
+				continue
+			}
+			body := fmt.Sprintf(`{"id": "run_%d", "status": "in_progress"}`, n)
+			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		}
+	})
+	c, err := New(Config{URL: url, Retries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.hc.CloseIdleConnections()
+	ctx := context.Background()
+	if _, err := c.GetRun(ctx, "run_1"); StatusCode(err) != http.StatusSwitchingProtocols {
+		t.Fatalf("the first request: %v, want HTTP 101", err)
+	}
+	if _, err := c.GetRun(ctx, "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := accepted.Load(); n != 2 {
+		t.Errorf("Core accepted %d connections, want 2: the switched one is not used again", n)
+	}
+}
