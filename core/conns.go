@@ -108,7 +108,18 @@ func newConns(addr string, tc *tls.Config, connect, idle time.Duration, keep boo
 // connection is kept once it has been read to the end.
 func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	c, err := p.get(ctx)
+	var (
+		c   *conn
+		err error
+	)
+	if ctx.Err() != nil {
+		// A request whose context has ended is not written, on a kept
+		// connection either: the deadline that AfterFunc sets below would
+		// come only after the write.
+		err = context.Cause(ctx)
+	} else {
+		c, err = p.get(ctx)
+	}
 	if err != nil {
 		if req.Body != nil {
 			req.Body.Close() // as a RoundTripper must, on errors too (Request.Write does once it runs)

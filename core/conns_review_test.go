@@ -222,3 +222,43 @@ func TestSwitchingProtocolsNotKept(t *testing.T) {
 		t.Errorf("Core accepted %d connections, want 2: the switched one is not used again", n)
 	}
 }
+
+// TestEndedContextNotSent: a request whose context has already ended is
+// not written, though a kept connection is there for it (net/http's
+// Transport checked the context first too): a write given up on must not
+// reach Core after the writes that follow it.
+func TestEndedContextNotSent(t *testing.T) {
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		runCore(w, r)
+	}))
+	defer srv.Close()
+	c, err := New(Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.hc.CloseIdleConnections()
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil { // a connection is kept
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 20 {
+		req, err := c.newRequest(ctx, http.MethodPut, "/v1/actions/act_1", []byte(`{"status": "processing"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := send(c.hc, req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a request whose context had ended: %v, want context.Canceled", err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := requests.Load(); n != 1 {
+		t.Errorf("Core received %d requests, want 1: none whose context had ended", n)
+	}
+}
