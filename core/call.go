@@ -120,6 +120,12 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 		c.queued.Add(-1)
 		return fmt.Errorf("core: %s %s: not sent: %w", method, path, context.Cause(ctx))
 	}
+	select {
+	case <-withdraw: // withdrawn as the slot came: the select above chose either
+		<-c.slots
+		return fmt.Errorf("core: %s %s: %w", method, path, ErrWithdrawn)
+	default:
+	}
 	defer func() { <-c.slots }()
 	req, err := c.newRequest(ctx, method, path, body)
 	if err != nil {

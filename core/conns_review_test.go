@@ -262,3 +262,31 @@ func TestEndedContextNotSent(t *testing.T) {
 		t.Errorf("Core received %d requests, want 1: none whose context had ended", n)
 	}
 }
+
+// TestWithdrawnNotSentWithSlotFree: a write whose withdrawal has come
+// before it is sent is never sent, even when a connection is free for
+// it at once (a select with both ready chose either).
+func TestWithdrawnNotSentWithSlotFree(t *testing.T) {
+	var puts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		puts.Add(1)
+		runCore(w, r)
+	}))
+	defer srv.Close()
+	c, err := New(Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.hc.CloseIdleConnections()
+	withdrawn := make(chan struct{})
+	close(withdrawn)
+	ctx := WithWithdraw(context.Background(), withdrawn)
+	for range 20 {
+		if err := c.WriteAction(ctx, "act_1", ActionUpdate{Status: ActionProcessing}); !errors.Is(err, ErrWithdrawn) {
+			t.Fatalf("a withdrawn write: %v, want ErrWithdrawn", err)
+		}
+	}
+	if n := puts.Load(); n != 0 {
+		t.Errorf("Core received %d withdrawn writes, want 0", n)
+	}
+}
