@@ -64,6 +64,10 @@ type conn struct {
 // sidecar's memory.
 const maxHeaderBytes = 10 << 20
 
+// earlyAnswerWait is how long an answer is waited for once its request
+// could not be written whole (net/http's maxWriteWaitBeforeConnReuse).
+const earlyAnswerWait = 50 * time.Millisecond
+
 // Read reads nc, within the limit.
 func (c *conn) Read(p []byte) (int, error) {
 	if c.limit <= 0 {
@@ -137,8 +141,15 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	if err := write(c.nc, req); err != nil {
-		return fail(err)
+	werr := write(c.nc, req)
+	if werr != nil {
+		if ctx.Err() != nil {
+			return fail(werr)
+		}
+		// Core may have answered before it read the whole request (a 413,
+		// a 401) and closed: that answer, come already, is the request's,
+		// as net/http's Transport has it.
+		c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
 	}
 	c.limit = maxHeaderBytes
 	resp, err := http.ReadResponse(c.br, req)
@@ -147,9 +158,13 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	c.limit = math.MaxInt64
 	if err != nil {
+		if werr != nil {
+			err = werr
+		}
 		return fail(err)
 	}
-	resp.Body = &body{ReadCloser: resp.Body, p: p, c: c, stop: stop, reuse: p.keep && !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols, length: resp.ContentLength}
+	reuse := werr == nil && p.keep && !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols
+	resp.Body = &body{ReadCloser: resp.Body, p: p, c: c, stop: stop, reuse: reuse, length: resp.ContentLength}
 	return resp, nil
 }
 

@@ -290,3 +290,25 @@ func TestWithdrawnNotSentWithSlotFree(t *testing.T) {
 		t.Errorf("Core received %d withdrawn writes, want 0", n)
 	}
 }
+
+// TestAnswerBeforeTheBody: Core answers a request before it has read its
+// body (a 413 here; a proxy's 401 alike) and closes the connection, so
+// the rest of the body cannot be written. The call fails with Core's
+// answer, as it did through net/http's Transport, not with the write's
+// broken pipe, which would be a failure to retry.
+func TestAnswerBeforeTheBody(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+	}))
+	defer srv.Close()
+	c, err := New(Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.hc.CloseIdleConnections()
+	_, err = c.SubmitToolOutput(context.Background(), ToolOutput{ThreadID: "t", ToolID: "act_1", Content: strings.Repeat("x", 32<<20)})
+	if StatusCode(err) != http.StatusRequestEntityTooLarge {
+		t.Fatalf("a request answered before its body was written: %v, want HTTP 413", err)
+	}
+}
