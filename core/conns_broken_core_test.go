@@ -21,11 +21,21 @@ import (
 // it accepts, its requests read with br.
 func rawCore(t *testing.T, serve func(conn net.Conn, br *bufio.Reader)) string {
 	t.Helper()
+	addr, _ := rawListener(t, func(_ int32, conn net.Conn) { serve(conn, bufio.NewReader(conn)) })
+	return "http://" + addr
+}
+
+// rawListener serves each connection it accepts with serve, numbered
+// from 1, and closes it after; it returns its address and the count of
+// connections accepted. Its goroutines end with the test.
+func rawListener(t *testing.T, serve func(n int32, conn net.Conn)) (string, *atomic.Int32) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
+	accepted := new(atomic.Int32)
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Go(func() {
 		for {
@@ -33,13 +43,34 @@ func rawCore(t *testing.T, serve func(conn net.Conn, br *bufio.Reader)) string {
 			if err != nil {
 				return
 			}
+			n := accepted.Add(1)
 			wg.Go(func() {
 				defer conn.Close()
-				serve(conn, bufio.NewReader(conn))
+				serve(n, conn)
 			})
 		}
 	})
-	return "http://" + ln.Addr().String()
+	return ln.Addr().String(), accepted
+}
+
+// answerJSON writes a whole 200 answer with a JSON body.
+func answerJSON(w io.Writer, body string) {
+	fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+// serveRuns answers each request read from conn with run_<n>, the
+// connection's number, then calls after.
+func serveRuns(n int32, conn net.Conn, after func(n int32)) {
+	br := bufio.NewReader(conn)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		answerJSON(conn, fmt.Sprintf(`{"id": "run_%d", "status": "in_progress"}`, n))
+		after(n)
+	}
 }
 
 // TestResponseHeadersBounded: a Core whose answer's headers never end,
@@ -121,45 +152,22 @@ func TestStrayRecordOverTLS(t *testing.T) {
 	srv.StartTLS()
 	serverTLS, clientTLS := srv.TLS.Clone(), srv.Client().Transport.(*http.Transport).TLSClientConfig
 	srv.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var accepted atomic.Int32
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer ln.Close()
-	wg.Go(func() {
-		for {
-			raw, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			n := accepted.Add(1)
-			wg.Go(func() {
-				hc := &heldConn{Conn: raw}
-				conn := tls.Server(hc, serverTLS)
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					body := fmt.Sprintf(`{"id": "run_%d", "status": "in_progress"}`, n)
-					hc.hold = n == 1
-					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-					if n == 1 {
-						stray := `{"id": "stray", "status": "cancelled"}`
-						fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(stray), stray)
-						hc.flush()
-					}
-				}
-			})
+	addr, accepted := rawListener(t, func(n int32, raw net.Conn) {
+		hc := &heldConn{Conn: raw}
+		conn := tls.Server(hc, serverTLS)
+		defer conn.Close()
+		if conn.Handshake() != nil {
+			return
 		}
+		hc.hold = n == 1 // the first connection's answer and the stray one go out in one segment
+		serveRuns(n, conn, func(n int32) {
+			if n == 1 {
+				answerJSON(conn, `{"id": "stray", "status": "cancelled"}`)
+				hc.flush()
+			}
+		})
 	})
-	c, err := New(Config{URL: "https://" + ln.Addr().String()}, WithTLS(clientTLS))
+	c, err := New(Config{URL: "https://" + addr}, WithTLS(clientTLS))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +211,7 @@ func TestSwitchingProtocolsNotKept(t *testing.T) {
 				continue
 			}
 			body := fmt.Sprintf(`{"id": "run_%d", "status": "in_progress"}`, n)
-			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			answerJSON(conn, body)
 		}
 	})
 	c, err := New(Config{URL: url, Retries: -1})
@@ -223,22 +231,30 @@ func TestSwitchingProtocolsNotKept(t *testing.T) {
 	}
 }
 
+// countingCore is a client of a Core that answers every request with a
+// run and counts the requests it receives.
+func countingCore(t *testing.T) (*Client, *atomic.Int32) {
+	t.Helper()
+	requests := new(atomic.Int32)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		runCore(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := New(Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.hc.CloseIdleConnections)
+	return c, requests
+}
+
 // TestEndedContextNotSent: a request whose context has already ended is
 // not written, though a kept connection is there for it (net/http's
 // Transport checked the context first too): a write given up on must not
 // reach Core after the writes that follow it.
 func TestEndedContextNotSent(t *testing.T) {
-	var requests atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		requests.Add(1)
-		runCore(w, r)
-	}))
-	defer srv.Close()
-	c, err := New(Config{URL: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.hc.CloseIdleConnections()
+	c, requests := countingCore(t)
 	if _, err := c.GetRun(context.Background(), "run_1"); err != nil { // a connection is kept
 		t.Fatal(err)
 	}
@@ -267,17 +283,7 @@ func TestEndedContextNotSent(t *testing.T) {
 // before it is sent is never sent, even when a connection is free for
 // it at once (a select with both ready chose either).
 func TestWithdrawnNotSentWithSlotFree(t *testing.T) {
-	var puts atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		puts.Add(1)
-		runCore(w, r)
-	}))
-	defer srv.Close()
-	c, err := New(Config{URL: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.hc.CloseIdleConnections()
+	c, puts := countingCore(t)
 	withdrawn := make(chan struct{})
 	close(withdrawn)
 	ctx := WithWithdraw(context.Background(), withdrawn)

@@ -1,10 +1,8 @@
 package core
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -58,42 +56,15 @@ func TestKeptConnectionFoundClosed(t *testing.T) {
 // request does not read them as its answer: the connection they came on
 // is closed, and the request goes out on a new one.
 func TestLateStrayBytes(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var accepted atomic.Int32
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
+	addr, accepted := rawListener(t, func(n int32, conn net.Conn) {
+		serveRuns(n, conn, func(n int32) {
+			if n == 1 {
+				time.Sleep(20 * time.Millisecond)
+				answerJSON(conn, `{"id": "stray", "status": "cancelled"}`)
 			}
-			n := accepted.Add(1)
-			wg.Go(func() {
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					body := fmt.Sprintf(`{"id": "run_%d", "status": "in_progress"}`, n)
-					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-					if n == 1 {
-						time.Sleep(20 * time.Millisecond)
-						stray := `{"id": "stray", "status": "cancelled"}`
-						fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(stray), stray)
-					}
-				}
-			})
-		}
+		})
 	})
-	c, err := New(Config{URL: "http://" + ln.Addr().String()})
+	c, err := New(Config{URL: "http://" + addr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +84,6 @@ func TestLateStrayBytes(t *testing.T) {
 		t.Errorf("Core accepted %d connections, want 2", n)
 	}
 	c.hc.CloseIdleConnections()
-	ln.Close()
 }
 
 // TestNoGoroutinePerConnection: the client's requests and streams are
@@ -172,21 +142,10 @@ func TestNoGoroutinePerConnection(t *testing.T) {
 // toolsidecar_core_writes_shed_total counts it. A write that may not be
 // withdrawn waits for its turn and is sent.
 func TestWithdrawableWriteShed(t *testing.T) {
-	heldIn, releaseGet := make(chan struct{}), make(chan struct{})
 	var puts atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.Method {
-		case http.MethodGet:
-			close(heldIn)
-			<-releaseGet
-		case http.MethodPut:
-			puts.Add(1)
-		}
-		runCore(w, r)
-	}))
-	defer srv.Close()
+	url, heldIn, releaseGet := heldCore(t, func() { puts.Add(1) })
 	reg := prometheus.NewRegistry()
-	c, err := New(Config{URL: srv.URL, MaxConns: 1}, WithMetrics(reg))
+	c, err := New(Config{URL: url, MaxConns: 1}, WithMetrics(reg))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -418,28 +419,38 @@ func TestCoreRestarted(t *testing.T) {
 // countConns makes an unstarted srv count the connections it accepts.
 func countConns(srv *httptest.Server) *atomic.Int32 { return &logConns(srv).opened }
 
+// heldCore is a Core that holds the first GET it receives until
+// releaseGet is closed (heldIn is closed as it arrives), and calls onPut
+// for each PUT before it answers.
+func heldCore(t *testing.T, onPut func()) (url string, heldIn, releaseGet chan struct{}) {
+	heldIn, releaseGet = make(chan struct{}), make(chan struct{})
+	var held sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet:
+			held.Do(func() { close(heldIn); <-releaseGet })
+		case http.MethodPut:
+			onPut()
+		}
+		runCore(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, heldIn, releaseGet
+}
+
 // TestWithdrawnWhileQueued: with the client's only connection held by a
 // request that Core holds, a write under WithWithdraw waits; withdrawn, it
 // returns ErrWithdrawn at once and Core never receives it. A write
 // withdrawn after it has left goes on to its answer.
 func TestWithdrawnWhileQueued(t *testing.T) {
-	heldIn, putIn := make(chan struct{}), make(chan struct{}, 1)
-	releaseGet, releasePut := make(chan struct{}), make(chan struct{})
+	putIn, releasePut := make(chan struct{}, 1), make(chan struct{})
 	var puts atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.Method {
-		case http.MethodGet:
-			close(heldIn)
-			<-releaseGet
-		case http.MethodPut:
-			puts.Add(1)
-			putIn <- struct{}{}
-			<-releasePut
-		}
-		runCore(w, r)
-	}))
-	defer srv.Close()
-	c, _ := New(Config{URL: srv.URL, MaxConns: 1})
+	url, heldIn, releaseGet := heldCore(t, func() {
+		puts.Add(1)
+		putIn <- struct{}{}
+		<-releasePut
+	})
+	c, _ := New(Config{URL: url, MaxConns: 1})
 	ctx := context.Background()
 	got := make(chan error, 1)
 	go func() { _, err := c.GetRun(ctx, "run_1"); got <- err }()
