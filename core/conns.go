@@ -24,8 +24,8 @@ import (
 // written and its answer read on the caller's goroutine, where net/http's
 // Transport hands both to two goroutines of the connection's: at 1,000
 // runs those hand-offs and their wake-ups were a third of the sidecar's
-// CPU per call (BENCHMARKS.md, "CPU per call"). It serves plain HTTP and
-// TLS; a proxy is left to net/http's Transport (New).
+// CPU per call (BENCHMARKS.md, "CPU per call after #64"). It serves plain
+// HTTP and TLS; a proxy is left to net/http's Transport (New).
 //
 // A kept connection is used again only while it has been idle for less
 // than idle, and only once a peek at its socket (one system call, where
