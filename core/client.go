@@ -146,7 +146,7 @@ type Client struct {
 	base     string       // Core's URL, without userinfo or a trailing slash
 	basic    []string     // the Authorization header of the URL's userinfo, if any
 	hc       *http.Client // short calls: connections pooled and bounded
-	streamHC *http.Client // completions streams: one connection each
+	streamHC *http.Client // completions streams: one connection each at a time
 	otherHC  *http.Client // requests on others' behalf: see Transport
 	observe  Observer
 	gap      func(time.Duration)
@@ -209,11 +209,15 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	// each holding one for a whole turn, and requests on others' behalf
 	// have transports of their own, so that neither waits behind the other.
 	//
-	// A completions stream is a POST that must not be sent twice, and
-	// net/http does not resend one that meets a connection Core closed
-	// (Core restarted, or its keep-alive ended) as it left. Each stream
-	// therefore opens a connection of its own: one handshake per turn of
-	// model inference.
+	// A completions stream is a POST that must not be sent twice, so it
+	// must not meet a kept connection Core closes as it leaves. The
+	// client's own connections (conns) keep one only while it has been
+	// idle for less than IdleTimeout, under Core's keep-alive, and peek at
+	// it before it is used again: a stream then goes out on a kept
+	// connection, which spares each turn a handshake, and leaves no socket
+	// waiting out TIME_WAIT per turn. Through a proxy (net/http's
+	// Transport, which does not peek) each stream opens a connection of
+	// its own.
 	if proxy == nil {
 		var tc *tls.Config
 		if u.Scheme == "https" {
@@ -221,7 +225,7 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		}
 		addr := hostPort(u)
 		c.hc = &http.Client{Transport: newConns(addr, tc, cfg.ConnectTimeout, cfg.IdleTimeout, true, max(cfg.MaxConns, 64), &c.dialed)}
-		c.streamHC = &http.Client{Transport: newConns(addr, tc, cfg.ConnectTimeout, cfg.IdleTimeout, false, 0, &c.streamsDialed)}
+		c.streamHC = &http.Client{Transport: newConns(addr, tc, cfg.ConnectTimeout, cfg.IdleTimeout, true, maxIdleStreams, &c.streamsDialed)}
 	} else {
 		c.hc = &http.Client{Transport: newTransport(cfg.MaxConns, cfg.IdleTimeout, cfg.ConnectTimeout, &c.dialed)}
 		// A negative MaxIdleConnsPerHost keeps no idle connection without
@@ -262,6 +266,11 @@ func (c *Client) clients() []*http.Client {
 	}
 	return out
 }
+
+// maxIdleStreams bounds the connections kept for the next turns' streams:
+// one per drive whose turn ended in the last IdleTimeout, up to a
+// thousand sockets.
+const maxIdleStreams = 1024
 
 // DefaultMaxConns bounds the connections of short calls by default. A
 // batch of thousands of calls then queues for a connection instead of

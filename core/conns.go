@@ -323,6 +323,18 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// rest reads what is left of the body, for at most wait and 64 KiB, so
+// that its connection can be kept: after a stream's [DONE], Core's end of
+// the body comes in a write of its own.
+func (b *body) rest(wait time.Duration) {
+	if b.eof || b.done {
+		return
+	}
+	b.c.nc.SetReadDeadline(time.Now().Add(wait))
+	_, _ = io.CopyN(io.Discard, b, 64<<10)
+	b.c.nc.SetReadDeadline(time.Time{}) // Close follows: the connection is read no more before it is kept or closed
+}
+
 // Close gives the connection back when the body was read to the end, the
 // request's context did not end it, and nothing follows the answer.
 func (b *body) Close() error {

@@ -128,9 +128,18 @@ func (s *Stream) step(ev sse.Event, err error, ok bool) (c Chunk, cerr error, sk
 
 func (s *Stream) finish(err error) error {
 	s.done, s.err = true, err
+	if b, ok := s.body.(*body); ok && err == io.EOF {
+		b.rest(endWait) // [DONE]: the connection is kept once the body has ended
+	}
 	s.closeBody()
 	return err
 }
+
+// endWait is how long the end of a stream's body is waited for after its
+// [DONE]: Core ends it at once, a write behind (uvicorn ends a chunked
+// body in a write of its own). A body still open after it has its
+// connection closed.
+const endWait = 20 * time.Millisecond
 
 func (s *Stream) closeBody() {
 	s.read.Stop()

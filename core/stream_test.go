@@ -321,11 +321,12 @@ func TestMalformedManifests(t *testing.T) {
 	}
 }
 
-// TestStreamOwnConnection: each turn's stream opens a connection of its
-// own and closes it, whether Core ends the body right after [DONE] or
-// keeps it open: a completions POST never meets a kept connection that
-// Core may have closed as it left.
-func TestStreamOwnConnection(t *testing.T) {
+// TestStreamConnectionKept: a turn's stream whose body Core ends after
+// [DONE] (in a write of its own, as uvicorn does) leaves its connection
+// kept, and the next turns' streams go out on it; once Core has closed
+// it, the next goes out on a new one. A stream whose body Core holds open
+// after [DONE] has its connection closed, and each turn opens one.
+func TestStreamConnectionKept(t *testing.T) {
 	for _, holdOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("held open=%v", holdOpen), func(t *testing.T) {
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -340,6 +341,7 @@ func TestStreamOwnConnection(t *testing.T) {
 			srv.Start()
 			defer srv.Close()
 			c, _ := New(Config{URL: srv.URL})
+			defer c.streamHC.CloseIdleConnections()
 			for turn := range 3 {
 				s, err := c.Stream(context.Background(), CompletionRequest{})
 				if err != nil {
@@ -349,10 +351,34 @@ func TestStreamOwnConnection(t *testing.T) {
 					t.Fatalf("turn %d: got %v, want [content \"hi\", end done]", turn, got)
 				}
 				s.Close()
-				conns.waitClosed(t)
+				if holdOpen {
+					conns.waitClosed(t)
+				}
 			}
-			if n := conns.opened.Load(); n != 3 {
-				t.Errorf("3 streams used %d connections, want 3", n)
+			want := int32(1)
+			if holdOpen {
+				want = 3
+			}
+			if n := conns.opened.Load(); n != want {
+				t.Errorf("3 streams used %d connections, want %d", n, want)
+			}
+			if holdOpen {
+				return
+			}
+			// Core closes the kept connection: the next turn's stream goes
+			// out on a new one, and is answered.
+			srv.CloseClientConnections()
+			conns.waitClosed(t)
+			s, err := c.Stream(context.Background(), CompletionRequest{})
+			if err != nil {
+				t.Fatalf("a stream after Core closed the kept connection: %v", err)
+			}
+			if got := drain(s); len(got) != 2 {
+				t.Fatalf("a stream after Core closed the kept connection: %v", got)
+			}
+			s.Close()
+			if n := conns.opened.Load(); n != 2 {
+				t.Errorf("%d connections, want 2", n)
 			}
 		})
 	}

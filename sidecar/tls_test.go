@@ -200,8 +200,9 @@ func TestCoreOverTLS(t *testing.T) {
 	if writes < runs*calls*2 {
 		t.Fatalf("Core saw %d writes, want at least %d", writes, runs*calls*2)
 	}
-	// Short calls: at most maxConns at once, kept. Streams: one for each
-	// turn (two per run), never kept. And the readiness probe's own, made
+	// Short calls: at most maxConns at once, kept. Streams: at most one
+	// for each turn (two per run), kept once Core ends them. And the
+	// readiness probe's own, made
 	// while the test waited for the workers (/readyz asks Core here).
 	if n, most := sidecarConns.Load(), int64(maxConns+2*runs+1); n < 1 || n > most {
 		t.Errorf("the sidecar opened %d TLS connections to Core for %d writes and %d runs, want 1 to %d", n, writes, runs, most)
