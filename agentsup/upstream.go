@@ -55,6 +55,8 @@ type Config struct {
 // Upstream is the executor's Upstream on hosted sessions. It holds the
 // sessions being watched (Watcher), each with the calls it waits on.
 type Upstream struct {
+	executor.CallerInContext // requests carry the caller's key
+
 	cfg   Config
 	log   *slog.Logger
 	store *runstore.Store // nil without a journal
@@ -336,19 +338,6 @@ func (u *Upstream) journaled(ctx context.Context, s *session) ([]journaledCall, 
 
 // LastAnswer is not kept: the application reads the session.
 func (u *Upstream) LastAnswer(context.Context, executor.Request) (string, error) { return "", nil }
-
-type callerKey struct{}
-
-// AsCaller makes requests under ctx carry the caller's key.
-func (u *Upstream) AsCaller(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, callerKey{}, key)
-}
-
-// Caller is the caller's key under ctx, or "".
-func (u *Upstream) Caller(ctx context.Context) string {
-	k, _ := ctx.Value(callerKey{}).(string)
-	return k
-}
 
 // actionID names a call for the executor (its idempotency key, the
 // ledger's key, the cancel subject's token): a digest of the session and

@@ -103,14 +103,13 @@ func WithHTTPClient(hc *http.Client) Option {
 // bounds, which WithHTTPClient replaces.
 func WithTLS(tc *tls.Config) Option {
 	return func(c *Client) error {
-		host := c.host()
 		for _, hc := range c.clients() {
 			switch t := hc.Transport.(type) {
 			case *http.Transport:
 				t.TLSClientConfig = tc.Clone()
 			case *conns:
 				if t.tls != nil { // https: plain HTTP stays plain, as net/http would have it
-					t.tls = tlsFor(tc, host)
+					t.tls = tlsFor(tc, c.host)
 				}
 			default:
 				return fmt.Errorf("core: WithTLS needs the client's own transports, the client has a %T", hc.Transport)
@@ -144,6 +143,7 @@ func WithObserver(o Observer) Option {
 type Client struct {
 	cfg      Config
 	base     string       // Core's URL, without userinfo or a trailing slash
+	host     string       // Core's host name, as its certificate names it
 	basic    []string     // the Authorization header of the URL's userinfo, if any
 	hc       *http.Client // short calls: connections pooled and bounded
 	streamHC *http.Client // completions streams: one connection each at a time
@@ -197,7 +197,7 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		basic = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))}
 		u.User = nil
 	}
-	c := &Client{cfg: cfg, base: u.String(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
+	c := &Client{cfg: cfg, base: u.String(), host: u.Hostname(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
 		slots: make(chan struct{}, cfg.MaxConns)}
 	// The proxy (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) is read now, not once
 	// per process as http.ProxyFromEnvironment does.
@@ -221,7 +221,7 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	if proxy == nil {
 		var tc *tls.Config
 		if u.Scheme == "https" {
-			tc = tlsFor(nil, u.Hostname())
+			tc = tlsFor(nil, c.host)
 		}
 		addr := hostPort(u)
 		c.hc = &http.Client{Transport: newConns(addr, tc, cfg.ConnectTimeout, cfg.IdleTimeout, true, max(cfg.MaxConns, 64), &c.dialed)}

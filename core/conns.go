@@ -384,9 +384,3 @@ func hostPort(u *url.URL) string {
 	}
 	return net.JoinHostPort(u.Hostname(), port)
 }
-
-// host is the name of Core's host, as its certificate names it.
-func (c *Client) host() string {
-	u, _ := url.Parse(c.base)
-	return u.Hostname()
-}

@@ -224,3 +224,21 @@ func (m *ToolCall) body() []byte {
 	}
 	return tool.EncodeManifest(m.RunID, m.ActionID, m.ToolCallID, m.Tool, m.Args)
 }
+
+// CallerInContext gives an upstream adapter AsCaller and Caller for a
+// caller's credential that travels in the context, as the model APIs'
+// and the hosted agents' adapters carry it: embed it.
+type CallerInContext struct{}
+
+type callerCredential struct{}
+
+// AsCaller makes the requests under ctx carry the caller's credential.
+func (CallerInContext) AsCaller(ctx context.Context, credential string) context.Context {
+	return context.WithValue(ctx, callerCredential{}, credential)
+}
+
+// Caller is the caller's credential under ctx, or "".
+func (CallerInContext) Caller(ctx context.Context) string {
+	k, _ := ctx.Value(callerCredential{}).(string)
+	return k
+}

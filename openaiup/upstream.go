@@ -73,6 +73,8 @@ type Config struct {
 // run's conversation in memory: Begin starts a run, the executor's turns
 // extend it, and Result reads how it ended.
 type Upstream struct {
+	executor.CallerInContext // the turns carry the caller's own key
+
 	cfg    Config
 	api    modelapi.Codec
 	client *modelapi.Client // posts the turns
@@ -239,19 +241,6 @@ func (u *Upstream) LastAnswer(_ context.Context, req executor.Request) (string, 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.result.Content, nil
-}
-
-type callerKey struct{}
-
-// AsCaller makes the turns under ctx carry the caller's own key.
-func (u *Upstream) AsCaller(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, callerKey{}, key)
-}
-
-// Caller is the caller's key under ctx, or "".
-func (u *Upstream) Caller(ctx context.Context) string {
-	k, _ := ctx.Value(callerKey{}).(string)
-	return k
 }
 
 // key is the key a turn under ctx is sent with: the caller's, or the

@@ -23,7 +23,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -522,11 +524,7 @@ type Session = simbase.Session
 func (s *Sim) Sessions() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ids := make([]string, 0, len(s.sessions))
-	for id := range s.sessions {
-		ids = append(ids, id)
-	}
-	return ids
+	return slices.Collect(maps.Keys(s.sessions))
 }
 
 // Session reads a session.

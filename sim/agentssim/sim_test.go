@@ -94,10 +94,7 @@ func TestContract(t *testing.T) {
 	if got.Status != "idle" || got.Final != "ok results: one | three" || !slices.Equal(got.Posts, []int{1, 1}) {
 		t.Errorf("session %+v", got)
 	}
-	var codes []string
-	for _, v := range sim.Violations() {
-		codes = append(codes, v.Code)
-	}
+	codes := sim.ViolationCodes()
 	if want := []string{"missing_beta_header", "wrong_result_kind", "unknown_call", "second_answer"}; !slices.Equal(codes, want) {
 		t.Errorf("violations %v, want %v", codes, want)
 	}

@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -592,11 +593,7 @@ type Session = simbase.Session
 func (s *Sim) Sessions() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var ids []string
-	for id := range s.sessions {
-		ids = append(ids, id)
-	}
-	return ids
+	return slices.Collect(maps.Keys(s.sessions))
 }
 
 // Session reads a session.

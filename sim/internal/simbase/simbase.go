@@ -92,6 +92,15 @@ func (l *Base[F]) Violations() []Violation {
 	return append([]Violation(nil), l.violations...)
 }
 
+// ViolationCodes is the contract log's codes, in order.
+func (l *Base[F]) ViolationCodes() []string {
+	var codes []string
+	for _, v := range l.Violations() {
+		codes = append(codes, v.Code)
+	}
+	return codes
+}
+
 // ServeViolations answers the contract log as JSON (GET /_sim/violations).
 func (l *Base[F]) ServeViolations(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
