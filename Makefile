@@ -19,9 +19,11 @@ demo:
 test: fmt-check vet staticcheck workflow-lint loadgen-check static-build node-build openai-node test-python test-node chart-test browser test-go
 
 ## test-go: the Go tests, the live view's browser test included (it fails
-## instead of skipping when Chromium is missing).
+## instead of skipping when Chromium is missing). The README's Go worker is
+## built offline against a module cache of its own holding only what the
+## checkout's build and tests fetch, as on a machine whose cache was empty.
 test-go:
-	TSC_TEST_REQUIRE_BROWSER=1 $(GO) test -race -count=1 $(PKGS)
+	TSC_TEST_REQUIRE_BROWSER=1 TSC_TEST_FRESH_MODCACHE=1 $(GO) test -race -count=1 $(PKGS)
 
 ## browser: Debian's Chromium, for the live view's browser test, installed
 ## with apt-get when missing (as root, or through sudo).

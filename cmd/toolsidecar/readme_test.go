@@ -262,8 +262,12 @@ func runUntilPrints(t *testing.T, dir string, env []string, b block, want []stri
 }
 
 // TestREADMEGoWorker builds the README's Go worker in a module of its own
-// that reaches the project through a replace directive, offline with the
-// checkout's go.sum, as the README says a worker outside the checkout does.
+// that reaches the project through a Go workspace, offline, as the README
+// says a worker outside the checkout does. The workspace reads the
+// checkout's own requirements and go.sum, so the build needs only what the
+// checkout's build put in the module cache: on a machine whose cache was
+// empty before make test, `go mod tidy` would also want modules that only
+// the tests of dependencies import, which nothing downloaded.
 func TestREADMEGoWorker(t *testing.T) {
 	var src []string
 	for _, b := range readmeBlocks(t) {
@@ -281,19 +285,35 @@ func TestREADMEGoWorker(t *testing.T) {
 	root, _ := filepath.Abs("../..")
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "main.go"), code, 0o600)
-	sum, _ := os.ReadFile(filepath.Join(root, "go.sum"))
-	os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o600) // what the checkout fetched already
+	// GOWORK and GOFLAGS of the caller's would change what the go command
+	// reads.
+	env := append(os.Environ(), "GOWORK=", "GOFLAGS=-modcacherw")
+	if os.Getenv("TSC_TEST_FRESH_MODCACHE") == "1" {
+		// As on a machine whose module cache was empty: a cache holding
+		// only what the checkout's packages and their tests need, which is
+		// what the checkout's own build and tests fetch there (make test
+		// sets this).
+		env = append(env, "GOMODCACHE="+t.TempDir())
+		goCommand(t, root, env, "list", "-deps", "-test", "./...")
+	}
+	env = append(env, "GOPROXY=off") // offline, as the README says it works
 	for _, args := range [][]string{
 		{"mod", "init", "example.com/weather"},
-		{"mod", "edit", "-require=github.com/projectdavid/toolsidecar@v0.0.0", "-replace=github.com/projectdavid/toolsidecar=" + root},
-		{"mod", "tidy"},
+		{"work", "init", ".", root},
 		{"vet", "."},
 		{"build", "-o", os.DevNull, "."},
 	} {
-		cmd := exec.Command("go", args...)
-		cmd.Dir, cmd.Env = dir, append(os.Environ(), "GOPROXY=off") // offline, as the README says it works
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
+		goCommand(t, dir, env, args...)
+	}
+}
+
+// goCommand runs the go command in dir and fails the test with its output
+// when it fails.
+func goCommand(t *testing.T, dir string, env []string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("go", args...)
+	cmd.Dir, cmd.Env = dir, env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
