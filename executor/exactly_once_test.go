@@ -381,3 +381,63 @@ func TestPanicOutsideWorker(t *testing.T) {
 		t.Errorf("violations %v", v)
 	}
 }
+
+// TestMarkHeldPastSubmitBudget: Core holds a call's processing mark past
+// the submit budget and applies it after the sidecar gave up on it. The
+// drive must not record the call's output and final status while the
+// mark may still land (Core would reopen the finalised Action), nor say
+// completed: it ends interrupted, keeping the outcome, and the next drive,
+// once the mark has landed, completes the run with every Action final and
+// the contract log empty.
+func TestMarkHeldPastSubmitBudget(t *testing.T) {
+	for _, side := range []string{config.ReadOnly, config.Unsafe} {
+		t.Run(side, func(t *testing.T) {
+			c := &counted{}
+			h := newHarness(t, twoTurns(calls("look", "look")...), config.Executor{SubmitBudget: 300 * time.Millisecond},
+				spec{config.Tool{Name: "look", SideEffects: side}, c.handler})
+			h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hold: time.Second})
+			sum, err := h.drive(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			poll.Until(t, "Core to apply the held mark", func() bool { return h.sim.Holding() == 0 })
+			if v := h.sim.Violations(); len(v) != 0 {
+				t.Fatalf("contract log %v after the held mark landed (drive %s)", v, sum.Status)
+			}
+			if sum.Status != executor.StatusInterrupted || !strings.Contains(sum.Error, "kept") {
+				t.Fatalf("drive %s (%s), want interrupted keeping the outcome: the mark could still land", sum.Status, sum.Error)
+			}
+			// What the drive reports submitted is what Core has final.
+			final := map[string]bool{}
+			for _, a := range h.sim.Actions(h.req.RunID) {
+				final[a.ID] = a.Status != core.ActionPending && a.Status != core.ActionProcessing
+			}
+			kept := 0
+			for _, call := range sum.Calls {
+				if call.Submitted != final[call.ActionID] {
+					t.Errorf("call %s reported submitted %v, its Action final in Core %v", call.ToolCallID, call.Submitted, final[call.ActionID])
+				}
+				if !call.Submitted {
+					kept++
+				}
+			}
+			if kept == 0 {
+				t.Error("every call reported submitted, the one whose mark Core held included")
+			}
+			sum, err = h.drive(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if side != config.Unsafe {
+				assertCompletedOnce(t, h, sum, 2, c)
+				return
+			}
+			// The unsafe call whose mark was held never ran (it runs only
+			// once Core knows it started); the other ran once.
+			assertCompletedOnce(t, h, sum, 2, nil)
+			if n, runs := c.total(); n != 1 || runs != 1 {
+				t.Errorf("%d calls ran %d times, want 1 once", n, runs)
+			}
+		})
+	}
+}
