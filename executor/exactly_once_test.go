@@ -2,7 +2,10 @@ package executor_test
 
 import (
 	"context"
+	"bufio"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -439,5 +442,109 @@ func TestMarkHeldPastSubmitBudget(t *testing.T) {
 				t.Errorf("%d calls ran %d times, want 1 once", n, runs)
 			}
 		})
+	}
+}
+
+// TestStrayAnswers: between the sidecar and Core, a proxy sends a second
+// whole answer, "200 {}", 3 ms after each answer: the next request on
+// the kept connection would read it as its own, and take a write as
+// recorded before Core had it. Each drive must still record every output
+// once, in order, before its Action's final status and the next turn (the
+// contract log is empty), and report submitted only what Core has final.
+func TestStrayAnswers(t *testing.T) {
+	c := &counted{}
+	h := newHarnessWith(t, threeEcho(), testenv.Options{ServeCore: strayCore(t)}, spec{config.Tool{Name: "echo"}, c.handler})
+	for i := range 4 {
+		if i > 0 {
+			h.req = h.setupRun()
+		}
+		sum, err := h.drive(context.Background())
+		if err != nil || sum.Status != executor.StatusCompleted {
+			t.Fatalf("drive %d: summary %+v err %v", i, sum, err)
+		}
+		acts := h.assertWholeBatches(3)
+		final := map[string]string{}
+		for _, a := range acts {
+			final[a.ID] = a.Status
+		}
+		for _, call := range sum.Calls {
+			if !call.Submitted || final[call.ActionID] != core.ActionCompleted {
+				t.Errorf("drive %d: call %s submitted %v, its Action %q in Core", i, call.ToolCallID, call.Submitted, final[call.ActionID])
+			}
+		}
+	}
+	if n, runs := c.total(); n != 12 || runs != 12 {
+		t.Errorf("%d calls ran %d times, want 12 once each", n, runs)
+	}
+}
+
+// strayCore serves the simulator behind a proxy on a raw listener that,
+// 3 ms after each answer, sends a second complete answer that answers
+// nothing. It is an [testenv.Options.ServeCore].
+func strayCore(t *testing.T) func(*coresim.Sim) (string, *core.Client, func()) {
+	return func(sim *coresim.Sim) (string, *core.Client, func()) {
+		simURL, app, stopSim := testenv.CoreApart(t, nil)(sim)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		toSim := &http.Transport{}
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			conns = map[net.Conn]bool{}
+		)
+		wg.Go(func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns[conn] = true
+				mu.Unlock()
+				wg.Go(func() {
+					defer conn.Close()
+					relayWithStrays(conn, strings.TrimPrefix(simURL, "http://"), toSim)
+				})
+			}
+		})
+		return "http://" + ln.Addr().String(), app, func() {
+			ln.Close()
+			mu.Lock()
+			for conn := range conns {
+				conn.Close()
+			}
+			mu.Unlock()
+			wg.Wait()
+			toSim.CloseIdleConnections()
+			stopSim()
+		}
+	}
+}
+
+// relayWithStrays relays each request read from conn to Core at host and
+// writes its answer back, then, 3 ms later, a stray answer.
+func relayWithStrays(conn net.Conn, host string, toSim http.RoundTripper) {
+	br := bufio.NewReader(conn)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		req.URL.Scheme, req.URL.Host, req.RequestURI = "http", host, ""
+		resp, err := toSim.RoundTrip(req)
+		if err != nil {
+			return
+		}
+		err = resp.Write(conn)
+		resp.Body.Close()
+		if err != nil {
+			return
+		}
+		time.Sleep(3 * time.Millisecond)
+		if _, err := io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+			return
+		}
 	}
 }
