@@ -1,8 +1,8 @@
 package executor_test
 
 import (
-	"context"
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
