@@ -142,29 +142,53 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 	if resp.StatusCode/100 != 2 {
 		return c.httpError(req, resp)
 	}
-	if out == nil {
-		// The 2xx says the request took effect; its answer is not read.
-		// It is drained up to the bound so that the connection is kept,
-		// and past it the connection is dropped, never the answer: an
-		// Action whose arguments are huge answers a write with all of them.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, c.cfg.MaxBodyBytes))
-		return nil
-	}
 	data, err := readBody(resp, c.cfg.MaxBodyBytes)
 	n := int64(len(data))
-	if err != nil {
+	rec, isRecord := out.(record)
+	switch {
+	case isRecord && method != http.MethodGet && (err != nil || n > c.cfg.MaxBodyBytes):
+		// The 2xx says the write took effect; its record is too long to
+		// read (an Action with huge arguments) or cut, and its connection
+		// is not kept. A stray answer comes whole, and short.
+		return nil
+	case err != nil:
 		return fmt.Errorf("core: %s %s: reading body: %w", method, req.URL.Path, err)
-	}
-	if n > c.cfg.MaxBodyBytes {
+	case n > c.cfg.MaxBodyBytes:
 		return fmt.Errorf("core: %s %s: response body over %d bytes", method, req.URL.Path, c.cfg.MaxBodyBytes)
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
+	case !isRecord && len(bytes.TrimSpace(data)) == 0:
 		return nil
 	}
 	if err := json.Unmarshal(data, out); err != nil {
+		c.dropConns(resp) // an answer that is not the request's may have put its connection out of step
 		return fmt.Errorf("core: %s %s: decoding response: %w", method, req.URL.Path, err)
 	}
+	if isRecord && rec.check() != nil {
+		c.dropConns(resp)
+		return fmt.Errorf("core: %s %s: %w", method, req.URL.Path, ErrOutOfStep)
+	}
 	return nil
+}
+
+// record is an answer that names its request: Core's record of a write
+// that makes an outcome count, or of the resource read. check tells it
+// from the answer to another request.
+type record interface{ check() error }
+
+// ErrOutOfStep: the answer read is not Core's record of its request.
+// A Core or a proxy that sent an answer no request asked for (a second
+// one after an answer) puts a kept connection out of step: the next
+// request on it reads that answer as its own, while Core has perhaps not
+// taken the request yet. The write's effect is then unknown, as after a
+// dropped connection.
+var ErrOutOfStep = errors.New("the answer is not Core's record of the request: the connection is out of step with its requests")
+
+// dropConns closes resp and the idle connections, which the one that
+// read it, perhaps out of step, may be among (a transport keeps a
+// connection as its answer is read to the end). The request's error is
+// then a transport's: a read is sent again, a write's effect is unknown.
+func (c *Client) dropConns(resp *http.Response) {
+	resp.Body.Close()
+	c.hc.CloseIdleConnections()
 }
 
 // readBody reads a response's body, up to one byte more than max. A body

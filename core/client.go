@@ -393,8 +393,24 @@ func (c *Client) UpdateAction(ctx context.Context, actionID string, upd ActionUp
 // GetAction reads one Action.
 func (c *Client) GetAction(ctx context.Context, actionID string) (Action, error) {
 	var a Action
-	err := c.call(ctx, http.MethodGet, "/v1/actions/"+url.PathEscape(actionID), "actions_get", nil, &a)
+	err := c.call(ctx, http.MethodGet, "/v1/actions/"+url.PathEscape(actionID), "actions_get", nil, &named[Action]{v: &a, id: &a.ID})
 	return a, err
+}
+
+// named is the answer to a read of one resource, which must name one
+// (an id): "{}" answers another request.
+type named[T any] struct {
+	v  *T
+	id *string
+}
+
+func (n *named[T]) UnmarshalJSON(data []byte) error { return json.Unmarshal(data, n.v) }
+
+func (n *named[T]) check() error {
+	if *n.id == "" {
+		return ErrOutOfStep
+	}
+	return nil
 }
 
 // PendingActions lists a run's Actions still pending. Core leaves
@@ -416,7 +432,7 @@ func (c *Client) ActionsByStatus(ctx context.Context, runID, status string) ([]A
 // GetRun reads a run.
 func (c *Client) GetRun(ctx context.Context, runID string) (Run, error) {
 	var r Run
-	err := c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID), "runs_get", nil, &r)
+	err := c.call(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID), "runs_get", nil, &named[Run]{v: &r, id: &r.ID})
 	return r, err
 }
 

@@ -42,7 +42,7 @@ func (c *Client) RecordToolOutput(ctx context.Context, out ToolOutput) (Message,
 		return ok, err
 	}
 	write := func(ctx context.Context) error {
-		err := c.write(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), (*storedMessage)(&m))
+		err := c.write(ctx, http.MethodPost, "/v1/messages/tools", "messages_tools", toolMessage(out), &postedOutput{storedMessage: (*storedMessage)(&m), of: out})
 		if err == nil {
 			m.Content = out.Content
 		}
@@ -64,14 +64,44 @@ type storedMessage struct {
 	ToolCallID string `json:"tool_call_id,omitempty"`
 }
 
+// postedOutput is Core's answer to a posted tool output: a message, of
+// the output's thread and call where it names them.
+type postedOutput struct {
+	*storedMessage
+	of ToolOutput
+}
+
+func (p *postedOutput) check() error {
+	if p.ID == "" || (p.ThreadID != "" && p.ThreadID != p.of.ThreadID) || (p.ToolCallID != "" && p.ToolCallID != p.of.ToolCallID) {
+		return ErrOutOfStep
+	}
+	return nil
+}
+
 // WriteAction sets an Action's status and result (PUT /v1/actions/{id},
-// idempotent), retrying transient failures until ctx ends. Core's answer
-// is not decoded.
+// idempotent), retrying transient failures until ctx ends. Of Core's
+// answer only the Action's id and status are read: they must be the
+// write's.
 func (c *Client) WriteAction(ctx context.Context, actionID string, upd ActionUpdate) error {
 	path := "/v1/actions/" + url.PathEscape(actionID)
 	return c.persist(ctx, "actions_update", nil, func(ctx context.Context) error {
-		return c.write(ctx, http.MethodPut, path, "actions_update", upd, nil)
+		return c.write(ctx, http.MethodPut, path, "actions_update", upd, &writtenAction{id: actionID, status: upd.Status})
 	})
+}
+
+// writtenAction is Core's answer to an Action write: the Action written,
+// in the status written.
+type writtenAction struct {
+	ID         string `json:"id"`
+	Status     string `json:"status"`
+	id, status string
+}
+
+func (a *writtenAction) check() error {
+	if a.ID != a.id || a.Status != a.status {
+		return ErrOutOfStep
+	}
+	return nil
 }
 
 // write is one attempt of a write that makes an outcome count. It waits
@@ -128,12 +158,17 @@ func (l *messageList) UnmarshalJSON(data []byte) error {
 		return nil
 	}
 	var env struct {
-		Data []Message `json:"data"`
+		Data *[]Message `json:"data"`
 	}
 	if err := json.Unmarshal(data, &env); err != nil {
 		return err
 	}
-	l.items = env.Data
+	if env.Data == nil {
+		// Not a listing (a stray answer, "{}", say): read as an empty
+		// one, it would have a landed output posted again.
+		return errors.New("core: a list of messages is neither a list nor an envelope with data")
+	}
+	l.items = *env.Data
 	return nil
 }
 

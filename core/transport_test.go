@@ -3,6 +3,7 @@ package core
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -53,9 +54,16 @@ func (l *connLog) waitClosed(t *testing.T) {
 	}
 }
 
-// runCore answers every request with a run.
-func runCore(w http.ResponseWriter, _ *http.Request) {
+// runCore answers an Action write with the Action written, and every
+// other request with a run.
+func runCore(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
+	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/actions/"); ok && r.Method == http.MethodPut {
+		var upd ActionUpdate
+		json.NewDecoder(r.Body).Decode(&upd)
+		json.NewEncoder(w).Encode(Action{ID: id, Status: upd.Status})
+		return
+	}
 	io.WriteString(w, `{"id": "run_1", "status": "in_progress"}`)
 }
 

@@ -170,8 +170,11 @@ func (c *call) dispatch(ctx context.Context) tool.Outcome {
 	// so that a reconciliation never runs it twice. Any other tool is
 	// marked as its first attempt leaves, and its output waits for that
 	// mark's answer.
-	if c.def.Unsafe() && !c.e.markProcessing(ctx, c.b.rec, c.m, c.b.log) {
-		return tool.Outcome{Err: unsafeNotMarked(c.m)}
+	if c.def.Unsafe() {
+		c.mark.send(func(<-chan struct{}) error { return c.e.markProcessing(ctx, c.b.rec, c.m, c.b.log) })
+		if c.mark.await() != nil {
+			return tool.Outcome{Err: unsafeNotMarked(c.m)}
+		}
 	}
 	// 4. Attempts, until success, a final error or the retry budget.
 	reply := c.attempts(ctx, &c.o.res)
@@ -268,22 +271,27 @@ func final(out tool.Outcome, req tool.Request) bool {
 	}
 }
 
-// startMark is the record that a call of a tool that is not unsafe
-// started: sent as its first attempt leaves, on a goroutine that the call
-// awaits before its output, and withdrawn if it still waits to leave once
-// the tool has answered (the upstream, so far behind, would hear that the
-// call started after it had ended; pending to final is allowed).
+// startMark is the record that a call started. An unsafe call's is sent
+// before the call and awaited there. Another's is sent as its first
+// attempt leaves, on a goroutine that the call awaits before its output,
+// and withdrawn if it still waits to leave once the tool has answered (the
+// upstream, so far behind, would hear that the call started after it had
+// ended; pending to final is allowed).
 type startMark struct {
 	once     sync.Once
-	answered chan error    // the mark's answer; nil when none was sent
+	answered chan struct{} // closed once err is the mark's answer; nil when none was sent
+	err      error
 	withdraw chan struct{} // closed once no mark may leave any more
 }
 
 // send sends the mark with f, once, unless the mark was closed.
 func (m *startMark) send(f func(withdraw <-chan struct{}) error) {
 	m.once.Do(func() {
-		m.answered, m.withdraw = make(chan error, 1), make(chan struct{})
-		go func() { m.answered <- f(m.withdraw) }()
+		m.answered, m.withdraw = make(chan struct{}), make(chan struct{})
+		go func() {
+			m.err = f(m.withdraw)
+			close(m.answered)
+		}()
 	})
 }
 
@@ -305,7 +313,8 @@ func (m *startMark) await() error {
 	if m.answered == nil {
 		return nil
 	}
-	return <-m.answered
+	<-m.answered
+	return m.err
 }
 
 // markOnSend is the attempts' OnSent for a tool that is not unsafe: the
@@ -334,13 +343,22 @@ func (c *call) progress() {
 // spends none of it; the final record that follows spends the rest. What
 // the outcome leaves decides what is recorded.
 func (c *call) record(ctx context.Context) (submit context.Context, cancel context.CancelFunc) {
-	if err := c.mark.await(); err != nil && !errors.Is(err, ErrWithdrawn) {
-		// The mark is the upstream's notice that the call started; the
-		// outcome is what counts.
-		callLog(c.b.log, c.m).Warn("recording that the call started failed", "err", err)
+	mark := c.mark.await()
+	if mark != nil && !errors.Is(mark, ErrWithdrawn) && !errors.Is(mark, ErrSubmitBudget) && !c.def.Unsafe() {
+		// The upstream refused the mark, its notice that the call
+		// started: the outcome is what counts. (An unsafe call's mark
+		// failure was logged as it kept the call from running.)
+		callLog(c.b.log, c.m).Warn("recording that the call started failed", "err", mark)
 	}
 	c.place.InOrder(func() {
 		submit, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.e.cfg.SubmitBudget)
+		if errors.Is(mark, ErrSubmitBudget) {
+			// The mark was given up unanswered, and the upstream may still
+			// apply it: after the final status it would reopen the call.
+			// The outcome waits for the next drive, as one not recorded.
+			c.err = c.keepAfter("the call's started mark went unanswered, and may still be applied; its output not recorded", mark)
+			return
+		}
 		c.err = c.recordOutput(submit)
 	})
 	c.o.res.Timeline.Recorded = time.Now()
@@ -446,7 +464,7 @@ const intendTimeout = 2 * time.Second
 // markProcessing records that an unsafe call started before it is sent
 // (Core: its Action to processing): the record must land (within the
 // submit budget), or the call does not run.
-func (e *Executor) markProcessing(ctx context.Context, rec recorder, m *ToolCall, log *slog.Logger) bool {
+func (e *Executor) markProcessing(ctx context.Context, rec recorder, m *ToolCall, log *slog.Logger) error {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.SubmitBudget)
 	defer cancel()
 	if e.recoverer != nil {
@@ -460,11 +478,11 @@ func (e *Executor) markProcessing(ctx context.Context, rec recorder, m *ToolCall
 		}
 		icancel()
 	}
-	if err := rec.MarkStarted(pctx, m, nil); err != nil {
+	err := rec.MarkStarted(pctx, m, nil)
+	if err != nil {
 		callLog(log, m).Error("recording that an unsafe call started failed: not running it", "err", err)
-		return false
 	}
-	return true
+	return err
 }
 
 // unsafeNotMarked: an unsafe call runs only once the upstream knows it

@@ -1,8 +1,11 @@
 package executor_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -379,5 +382,169 @@ func TestPanicOutsideWorker(t *testing.T) {
 	}
 	if v := sim.Violations(); len(v) != 0 {
 		t.Errorf("violations %v", v)
+	}
+}
+
+// TestMarkHeldPastSubmitBudget: Core holds a call's processing mark past
+// the submit budget and applies it after the sidecar gave up on it. The
+// drive must not record the call's output and final status while the
+// mark may still land (Core would reopen the finalised Action), nor say
+// completed: it ends interrupted, keeping the outcome, and the next drive,
+// once the mark has landed, completes the run with every Action final and
+// the contract log empty.
+func TestMarkHeldPastSubmitBudget(t *testing.T) {
+	for _, side := range []string{config.ReadOnly, config.Unsafe} {
+		t.Run(side, func(t *testing.T) {
+			c := &counted{}
+			h := newHarness(t, twoTurns(calls("look", "look")...), config.Executor{SubmitBudget: 300 * time.Millisecond},
+				spec{config.Tool{Name: "look", SideEffects: side}, c.handler})
+			h.sim.AddFault(coresim.Fault{Method: "PUT", Path: "/v1/actions/", Hold: time.Second})
+			sum, err := h.drive(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			poll.Until(t, "Core to apply the held mark", func() bool { return h.sim.Holding() == 0 })
+			if v := h.sim.Violations(); len(v) != 0 {
+				t.Fatalf("contract log %v after the held mark landed (drive %s)", v, sum.Status)
+			}
+			if sum.Status != executor.StatusInterrupted || !strings.Contains(sum.Error, "kept") {
+				t.Fatalf("drive %s (%s), want interrupted keeping the outcome: the mark could still land", sum.Status, sum.Error)
+			}
+			// What the drive reports submitted is what Core has final.
+			final := map[string]bool{}
+			for _, a := range h.sim.Actions(h.req.RunID) {
+				final[a.ID] = a.Status != core.ActionPending && a.Status != core.ActionProcessing
+			}
+			kept := 0
+			for _, call := range sum.Calls {
+				if call.Submitted != final[call.ActionID] {
+					t.Errorf("call %s reported submitted %v, its Action final in Core %v", call.ToolCallID, call.Submitted, final[call.ActionID])
+				}
+				if !call.Submitted {
+					kept++
+				}
+			}
+			if kept == 0 {
+				t.Error("every call reported submitted, the one whose mark Core held included")
+			}
+			sum, err = h.drive(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if side != config.Unsafe {
+				assertCompletedOnce(t, h, sum, 2, c)
+				return
+			}
+			// The unsafe call whose mark was held never ran (it runs only
+			// once Core knows it started); the other ran once.
+			assertCompletedOnce(t, h, sum, 2, nil)
+			if n, runs := c.total(); n != 1 || runs != 1 {
+				t.Errorf("%d calls ran %d times, want 1 once", n, runs)
+			}
+		})
+	}
+}
+
+// TestStrayAnswers: between the sidecar and Core, a proxy sends a second
+// whole answer, "200 {}", 3 ms after each answer: the next request on
+// the kept connection would read it as its own, and take a write as
+// recorded before Core had it. Each drive must still record every output
+// once, in order, before its Action's final status and the next turn (the
+// contract log is empty), and report submitted only what Core has final.
+func TestStrayAnswers(t *testing.T) {
+	c := &counted{}
+	h := newHarnessWith(t, threeEcho(), testenv.Options{ServeCore: strayCore(t)}, spec{config.Tool{Name: "echo"}, c.handler})
+	for i := range 4 {
+		if i > 0 {
+			h.req = h.setupRun()
+		}
+		sum, err := h.drive(context.Background())
+		if err != nil || sum.Status != executor.StatusCompleted {
+			t.Fatalf("drive %d: summary %+v err %v", i, sum, err)
+		}
+		acts := h.assertWholeBatches(3)
+		final := map[string]string{}
+		for _, a := range acts {
+			final[a.ID] = a.Status
+		}
+		for _, call := range sum.Calls {
+			if !call.Submitted || final[call.ActionID] != core.ActionCompleted {
+				t.Errorf("drive %d: call %s submitted %v, its Action %q in Core", i, call.ToolCallID, call.Submitted, final[call.ActionID])
+			}
+		}
+	}
+	if n, runs := c.total(); n != 12 || runs != 12 {
+		t.Errorf("%d calls ran %d times, want 12 once each", n, runs)
+	}
+}
+
+// strayCore serves the simulator behind a proxy on a raw listener that,
+// 3 ms after each answer, sends a second complete answer that answers
+// nothing. It is an [testenv.Options.ServeCore].
+func strayCore(t *testing.T) func(*coresim.Sim) (string, *core.Client, func()) {
+	return func(sim *coresim.Sim) (string, *core.Client, func()) {
+		simURL, app, stopSim := testenv.CoreApart(t, nil)(sim)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		toSim := &http.Transport{}
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			conns = map[net.Conn]bool{}
+		)
+		wg.Go(func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns[conn] = true
+				mu.Unlock()
+				wg.Go(func() {
+					defer conn.Close()
+					relayWithStrays(conn, strings.TrimPrefix(simURL, "http://"), toSim)
+				})
+			}
+		})
+		return "http://" + ln.Addr().String(), app, func() {
+			ln.Close()
+			mu.Lock()
+			for conn := range conns {
+				conn.Close()
+			}
+			mu.Unlock()
+			wg.Wait()
+			toSim.CloseIdleConnections()
+			stopSim()
+		}
+	}
+}
+
+// relayWithStrays relays each request read from conn to Core at host and
+// writes its answer back, then, 3 ms later, a stray answer.
+func relayWithStrays(conn net.Conn, host string, toSim http.RoundTripper) {
+	br := bufio.NewReader(conn)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		req.URL.Scheme, req.URL.Host, req.RequestURI = "http", host, ""
+		resp, err := toSim.RoundTrip(req)
+		if err != nil {
+			return
+		}
+		err = resp.Write(conn)
+		resp.Body.Close()
+		if err != nil {
+			return
+		}
+		time.Sleep(3 * time.Millisecond)
+		if _, err := io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+			return
+		}
 	}
 }
