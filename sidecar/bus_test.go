@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
@@ -524,5 +525,76 @@ func TestNoWorkerReadsOrAnswersAnothersCall(t *testing.T) {
 	}
 	for _, e := range ears {
 		overheard(e)
+	}
+}
+
+// TestDocumentedWorkerPermissions: a NATS server run from the
+// configuration docs/worker-protocol.md gives an external cluster, the
+// default prefix. Its worker users, booker (book_flight) and helpers
+// (every other tool), subscribe to every wildcard form; the sidecars' user
+// publishes a reply of each instance, a run's event and its follow
+// announcement, and calls of look and book_flight. Neither worker hears a
+// reply or a run's event; helpers hears look's call and never book_flight's.
+func TestDocumentedWorkerPermissions(t *testing.T) {
+	doc, err := os.ReadFile("../docs/worker-protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```\nauthorization {")
+	block, _, _ = strings.Cut(block, "```")
+	if !ok {
+		t.Fatal("docs/worker-protocol.md gives no authorization block for an external cluster")
+	}
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte("authorization {"+block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"SIDECAR_PASSWORD", "BOOKER_PASSWORD", "HELPERS_PASSWORD"} {
+		t.Setenv(v, strings.ToLower(v))
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("the documented configuration: %v", err)
+	}
+	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the server is not ready")
+	}
+
+	prefix := config.Default().NATS.SubjectPrefix
+	forms := wildcardForms(prefix, "victim")
+	ears := []*eavesdropper{
+		eavesdrop(t, ns.ClientURL(), "booker", "booker_password", forms),
+		eavesdrop(t, ns.ClientURL(), "helpers", "helpers_password", forms),
+	}
+	side, _ := busClient(t, ns.ClientURL(), "toolsidecar", "sidecar_password")
+	for _, subj := range []string{prefix + ".replies.victim.AAAAAAAAAAAAAAAAAAAAAA", prefix + ".replies.other.AAAAAAAAAAAAAAAAAAAAAA",
+		prefix + ".runs.run_1", prefix + ".runs.run_1.follow", wire.Subject(prefix, "look"), wire.Subject(prefix, "book_flight")} {
+		if err := side.Publish(subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := side.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var helpersLooked bool
+	for _, e := range ears {
+		for _, m := range e.heard(t) {
+			switch {
+			case e.user == "helpers" && m.Subject == wire.Subject(prefix, "look"):
+				helpersLooked = true
+			case m.Subject != wire.Subject(prefix, "look"):
+				t.Errorf("%s heard %s (on %s)", e.user, m.Subject, m.Sub.Subject)
+			}
+		}
+	}
+	if !helpersLooked {
+		t.Error("helpers, who may serve look, did not receive its call")
 	}
 }
