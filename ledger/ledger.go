@@ -129,7 +129,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Ledger, error) {
 		// The last message of a subject is the one read (a final reply
 		// follows its progress): one is kept per subject, so that a
 		// worker repeating a reply stores it once.
-		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name + "_REPLIES", Subjects: []string{cfg.Prefix + ".replies.>"},
+		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name + "_REPLIES", Subjects: []string{wire.RepliesWildcard(cfg.Prefix)},
 			MaxAge: Retention, Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Description: "toolsidecar worker replies",
 			MaxBytes: cfg.MaxBytes, MaxMsgSize: cfg.MaxReplyBytes, MaxMsgsPerSubject: 1, Discard: jetstream.DiscardOld})
 	})

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
@@ -339,4 +340,261 @@ func TestRotatingDeclarerBounded(t *testing.T) {
 		t.Errorf("heap grew %d MiB over %d generations: want under 32", grown>>20, gen.Load())
 	}
 	t.Logf("%d generations of 200 tools; /metrics %d bytes; heap in use %d -> %d MiB", gen.Load(), len(body), before.HeapInuse>>20, after.HeapInuse>>20)
+}
+
+// wildcardForms are the subscriptions a hostile worker tries for the
+// traffic of calls it was not given under prefix (instance's replies among
+// it): the whole bus, the prefix and each of its namespaces by `>`, and
+// `*`s to every depth a request, a run's event or a reply has.
+func wildcardForms(prefix, instance string) []string {
+	first, _, _ := strings.Cut(prefix, ".")
+	forms := []string{">", "*.>", first + ".>", prefix + ".>", prefix + ".*.>", prefix + ".*.*", prefix + ".*.*.*", prefix + ".*.*.>",
+		prefix + ".replies.>", prefix + ".replies.*", prefix + ".replies.*.*", prefix + ".replies.*.>",
+		prefix + ".replies." + instance + ".*", prefix + ".replies." + instance + ".>",
+		prefix + ".runs.>", prefix + ".runs.*", prefix + ".runs.*.follow", prefix + ".cancel.>"}
+	tokens := strings.Count(prefix, ".") + 1
+	for depth := tokens + 1; depth <= tokens+3; depth++ {
+		stars := strings.Repeat("*.", depth-1)
+		forms = append(forms, stars+"*", stars+">")
+	}
+	return forms
+}
+
+// eavesdropper is a connection of a worker user subscribed to every
+// wildcard form, plain and in queue groups (the workers' one and another).
+type eavesdropper struct {
+	user string
+	nc   *nats.Conn
+	got  chan *nats.Msg
+}
+
+func eavesdrop(t *testing.T, url, user, pw string, forms []string) *eavesdropper {
+	t.Helper()
+	nc, _ := busClient(t, url, user, pw)
+	e := &eavesdropper{user: user, nc: nc, got: make(chan *nats.Msg, 1<<12)}
+	for _, f := range forms {
+		for _, q := range []string{"", wire.QueueGroup, "other"} {
+			var err error
+			if q == "" {
+				_, err = nc.ChanSubscribe(f, e.got)
+			} else {
+				_, err = nc.ChanQueueSubscribe(f, q, e.got)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := nc.Flush(); err != nil { // the server has every subscription before anything is sent
+		t.Fatal(err)
+	}
+	return e
+}
+
+// heard is what e has received so far. The round trip comes first: the
+// server answers it after every message it sent e before, and a channel
+// subscription holds a message as soon as it is read, so nothing sent
+// before the call is missed.
+func (e *eavesdropper) heard(t *testing.T) []*nats.Msg {
+	t.Helper()
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var out []*nats.Msg
+	for {
+		select {
+		case m := <-e.got:
+			out = append(out, m)
+		default:
+			return out
+		}
+	}
+}
+
+// TestNoWorkerReadsOrAnswersAnothersCall: durable mode on, the default
+// prefix, book_flight (unsafe) restricted to the user booker. Connections
+// of the issued credential, of mallory (named, serving other_tool) and of
+// booker itself (beside its worker's) subscribe to every wildcard form,
+// plain and in queue groups, and answer at once every reply-namespace
+// message they get, as a forger would. Booker's worker sends progress,
+// and answers only once each eavesdropper has had the progress and its
+// forgery has reached the server. Core records booker's booking, and no
+// eavesdropper hears book_flight's request, progress or result. Then
+// test-worker (named, every tool) joins them, and a client with every
+// permission publishes a reply of each sidecar instance and a run's event
+// and follow announcement: no worker user hears any of them.
+func TestNoWorkerReadsOrAnswersAnothersCall(t *testing.T) {
+	prefix, instance := config.Default().NATS.SubjectPrefix, "victim"
+	sc := coresim.Scenario{Turns: []coresim.Turn{
+		{Calls: []coresim.Call{{Tool: "book_flight", ArgsJSON: `{"flight": "LH400"}`}}},
+		{Content: "{{results}}"}}}
+	creds := filepath.Join(t.TempDir(), wire.CredentialsFile)
+	env := testenv.Start(t, sc, testenv.Options{
+		Workers: []config.Worker{
+			{Name: "booker", PasswordFile: secretFile(t, "booker", "booker-pw"), Tools: []string{"book_flight"}},
+			{Name: "mallory", PasswordFile: secretFile(t, "mallory", "mallory-pw"), Tools: []string{"other_tool"}},
+		},
+		NATS: func(n *config.NATS) {
+			n.SubjectPrefix = prefix
+			n.Embedded.WorkerCredentials, n.Embedded.WorkerCredentialsFile = true, creds
+			n.Embedded.AllowAnonymous = true // the publisher of the last part, with every permission
+		},
+		Config: func(c *config.Config) { c.InstanceID = instance },
+	}, testenv.Tool{Config: config.Tool{Name: "book_flight", SideEffects: config.Unsafe}})
+
+	started, release := make(chan struct{}), make(chan struct{})
+	bnc, _ := busClient(t, env.NATSURL, "booker", "booker-pw")
+	bw := worker.New(bnc, prefix)
+	bw.Handle("book_flight", func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		if err := c.Progress(); err != nil {
+			return nil, err
+		}
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []byte(`{"booked":"REAL-PNR-4711"}`), nil
+	})
+	if err := bw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bw.Stop(context.Background()) })
+
+	var issued wire.Credentials
+	poll.Until(t, "the issued credentials written", func() bool {
+		b, err := os.ReadFile(creds)
+		return err == nil && json.Unmarshal(b, &issued) == nil
+	})
+	forms := wildcardForms(prefix, instance)
+	ears := []*eavesdropper{
+		eavesdrop(t, env.NATSURL, issued.User, issued.Password, forms),
+		eavesdrop(t, env.NATSURL, "mallory", "mallory-pw", forms),
+		eavesdrop(t, env.NATSURL, "booker", "booker-pw", forms),
+	}
+	overheard := func(e *eavesdropper) {
+		t.Helper()
+		for _, m := range e.heard(t) {
+			if strings.HasPrefix(m.Subject, prefix+".replies.") || strings.HasPrefix(m.Subject, prefix+".runs.") || m.Subject == wire.Subject(prefix, "book_flight") {
+				t.Errorf("%s heard %s (on %s): %.80s", e.user, m.Subject, m.Sub.Subject, m.Data)
+			}
+			if strings.HasPrefix(m.Subject, prefix+".replies.") {
+				forged := nats.NewMsg(m.Subject)
+				forged.Data = []byte(`{"booked":"FORGED-BY-ANOTHER-WORKER"}`)
+				if err := e.nc.PublishMsg(forged); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := e.nc.Flush(); err != nil { // a forgery is in before the real answer
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitLive(t, env.URL, "book_flight")
+
+	r := env.NewRun()
+	driven := make(chan executor.Summary, 1)
+	go func() { sum, _ := env.Sidecar.Drive(context.Background(), testenv.Request(r), nil); driven <- sum }()
+	<-started
+	if err := bnc.Flush(); err != nil { // the progress is at the server
+		t.Fatal(err)
+	}
+	for _, e := range ears {
+		overheard(e)
+	}
+	close(release)
+	if sum := <-driven; sum.Status != executor.StatusCompleted {
+		t.Fatalf("summary %+v", sum)
+	}
+	env.AssertWholeBatches(r, 1)
+	if msgs := env.Sim.ToolMessages(r.ThreadID); !strings.Contains(msgs[0].Content, "REAL-PNR-4711") {
+		t.Errorf("Core recorded %s: want booker's booking", msgs[0].Content)
+	}
+
+	ears = append(ears, eavesdrop(t, env.NATSURL, testenv.WorkerUser, env.WorkerPassword, forms))
+	pub, _ := busClient(t, env.NATSURL, "", "")
+	for _, subj := range []string{prefix + ".replies." + instance + ".AAAAAAAAAAAAAAAAAAAAAA", prefix + ".replies.other-sidecar.AAAAAAAAAAAAAAAAAAAAAA",
+		prefix + ".runs.run_1", prefix + ".runs.run_1.follow"} {
+		if err := pub.Publish(subj, []byte(`{"secret":"of another call"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ears {
+		overheard(e)
+	}
+}
+
+// TestDocumentedWorkerPermissions: a NATS server run from the
+// configuration docs/worker-protocol.md gives an external cluster, the
+// default prefix. Its worker users, booker (book_flight) and helpers
+// (every other tool), subscribe to every wildcard form; the sidecars' user
+// publishes a reply of each instance, a run's event and its follow
+// announcement, and calls of look and book_flight. Neither worker hears a
+// reply or a run's event; helpers hears look's call and never book_flight's.
+func TestDocumentedWorkerPermissions(t *testing.T) {
+	doc, err := os.ReadFile("../docs/worker-protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```\nauthorization {")
+	block, _, _ = strings.Cut(block, "```")
+	if !ok {
+		t.Fatal("docs/worker-protocol.md gives no authorization block for an external cluster")
+	}
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte("authorization {"+block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"SIDECAR_PASSWORD", "BOOKER_PASSWORD", "HELPERS_PASSWORD"} {
+		t.Setenv(v, strings.ToLower(v))
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("the documented configuration: %v", err)
+	}
+	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the server is not ready")
+	}
+
+	prefix := config.Default().NATS.SubjectPrefix
+	forms := wildcardForms(prefix, "victim")
+	ears := []*eavesdropper{
+		eavesdrop(t, ns.ClientURL(), "booker", "booker_password", forms),
+		eavesdrop(t, ns.ClientURL(), "helpers", "helpers_password", forms),
+	}
+	side, _ := busClient(t, ns.ClientURL(), "toolsidecar", "sidecar_password")
+	for _, subj := range []string{prefix + ".replies.victim.AAAAAAAAAAAAAAAAAAAAAA", prefix + ".replies.other.AAAAAAAAAAAAAAAAAAAAAA",
+		prefix + ".runs.run_1", prefix + ".runs.run_1.follow", wire.Subject(prefix, "look"), wire.Subject(prefix, "book_flight")} {
+		if err := side.Publish(subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := side.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var helpersLooked bool
+	for _, e := range ears {
+		for _, m := range e.heard(t) {
+			switch {
+			case e.user == "helpers" && m.Subject == wire.Subject(prefix, "look"):
+				helpersLooked = true
+			case m.Subject != wire.Subject(prefix, "look"):
+				t.Errorf("%s heard %s (on %s)", e.user, m.Subject, m.Sub.Subject)
+			}
+		}
+	}
+	if !helpersLooked {
+		t.Error("helpers, who may serve look, did not receive its call")
+	}
 }

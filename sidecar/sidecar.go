@@ -390,10 +390,14 @@ func instanceID(cfg config.Config) string {
 // and publish replies: to the requests it got, and to the sidecar's
 // durable namespace, so that a reply buffered while NATS restarted is
 // still allowed after the reconnect (those subjects end in unguessable
-// tokens). Only the workers that may serve a tool receive its describe
-// requests, so only they declare it (discovery.Describe).
+// tokens). It may read nothing of the namespaces only sidecars read, not
+// even through a wildcard (wire.SidecarsOnly): another call's progress
+// would give away its reply subject, and with it the call's outcome.
+// Only the workers that may serve a tool receive its describe requests,
+// so only they declare it (discovery.Describe).
 func workerUser(prefix, name string, tools []string) embedded.Worker {
-	w := embedded.Worker{Name: name, Subscribe: []string{wire.CancelWildcard(prefix)}, Publish: []string{prefix + ".replies.>"}}
+	w := embedded.Worker{Name: name, Subscribe: []string{wire.CancelWildcard(prefix)}, DenySubscribe: wire.SidecarsOnly(prefix),
+		Publish: []string{wire.RepliesWildcard(prefix)}}
 	for _, t := range tools {
 		w.Subscribe = append(w.Subscribe, wire.Subject(prefix, t)+" "+wire.QueueGroup)
 	}

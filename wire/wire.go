@@ -67,6 +67,22 @@ func CancelSubject(prefix, actionID string) string { return prefix + ".cancel." 
 // CancelWildcard subscribes to every cancellation under prefix.
 func CancelWildcard(prefix string) string { return prefix + ".cancel.*" }
 
+// RepliesWildcard is every durable reply subject under prefix,
+// <prefix>.replies.<instance>.<token>: the reply stream captures them, and
+// workers may publish there (a reply buffered through a reconnect).
+func RepliesWildcard(prefix string) string { return prefix + ".replies.>" }
+
+// SidecarsOnly are the namespaces under prefix that only sidecars may read:
+// the durable replies, and the runs' events and follow announcements
+// between sidecars (<prefix>.runs.<run_id>[.follow]). Worker users are
+// denied them by name: a permission to serve every tool, <prefix>.* in the
+// queue group, also admits a subscription to <prefix>.> (NATS matches a
+// literal ">" against "*"), which would receive them, and a deny list also
+// filters what a wildcard subscription receives.
+func SidecarsOnly(prefix string) []string {
+	return []string{RepliesWildcard(prefix), prefix + ".runs.>"}
+}
+
 // oneLine keeps a message in one header line: a line break in a header
 // value would end the header block early, and the reply would not parse.
 var oneLine = strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ")
