@@ -299,7 +299,7 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 	}
 	s.nc = nc
 	s.closers = append(s.closers, nc.Close)
-	var bopts []bridge.Option
+	bopts := []bridge.Option{bridge.WithMetrics(s.metrics)}
 	if s.cfg.Durability.Enabled {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas,
