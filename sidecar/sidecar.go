@@ -667,7 +667,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			if err != nil {
 				return err
 			}
-			wh, err := agentsup.NewWebhook(agentsup.WebhookConfig{Kind: s.cfg.Upstream.Kind, Watcher: w, Secret: secret, Key: key, Logger: s.log})
+			wh, err := agentsup.NewWebhook(agentsup.WebhookConfig{Kind: s.cfg.Upstream.Kind, Watcher: w, Secret: secret, Key: key, Logger: s.log, Metrics: s.metrics})
 			if err != nil {
 				return err
 			}
