@@ -13,7 +13,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/projectdavid/toolsidecar/agentsapi"
 	"github.com/projectdavid/toolsidecar/tool"
@@ -30,6 +34,8 @@ type WebhookConfig struct {
 	// followed with it. Never logged.
 	Key    string
 	Logger *slog.Logger
+	// Metrics, when set, gets toolsidecar_webhooks_refused_total.
+	Metrics prometheus.Registerer
 	// Now is the clock the signature's timestamp is checked against.
 	// default: time.Now
 	Now func() time.Time
@@ -43,10 +49,26 @@ type WebhookConfig struct {
 // not verify, or whose timestamp is more than webhookTolerance away, is
 // refused (401) and changes nothing.
 type Webhook struct {
-	cfg WebhookConfig
-	key []byte
-	log *slog.Logger
+	cfg     WebhookConfig
+	key     []byte
+	log     *slog.Logger
+	refused *prometheus.CounterVec // by reason; nil: not counted
+	// Anyone may post a webhook: the refused are logged once a period,
+	// with how many came since the last line.
+	refusedLog      rate.Sometimes
+	refusedUnlogged atomic.Int64
 }
+
+// Why a webhook is refused: the reason label of
+// toolsidecar_webhooks_refused_total.
+const (
+	refusedUnsigned  = "unsigned"  // a Standard Webhooks header is missing
+	refusedTimestamp = "timestamp" // not Unix seconds, or past webhookTolerance
+	refusedSignature = "signature" // no signature matches
+)
+
+// refusedLogEvery is how often, at most, refused webhooks are logged.
+const refusedLogEvery = time.Minute
 
 // webhookTolerance bounds how old (or early) a signed timestamp may be: a
 // replayed webhook is refused past it.
@@ -72,7 +94,16 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Webhook{cfg: cfg, key: key, log: log.With("component", cfg.Kind)}, nil
+	h := &Webhook{cfg: cfg, key: key, log: log.With("component", cfg.Kind), refusedLog: rate.Sometimes{Interval: refusedLogEvery}}
+	if cfg.Metrics != nil {
+		h.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "webhooks_refused_total",
+			Help: "Webhooks refused (401): by reason, unsigned, timestamp (malformed, or more than 5 minutes away) or signature."}, []string{"reason"})
+		for _, r := range []string{refusedUnsigned, refusedTimestamp, refusedSignature} {
+			h.refused.WithLabelValues(r)
+		}
+		cfg.Metrics.MustRegister(h.refused)
+	}
+	return h, nil
 }
 
 // Pattern is the route the receiver serves.
@@ -84,8 +115,8 @@ func (h *Webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "reading the body: "+err.Error(), http.StatusRequestEntityTooLarge)
 		return
 	}
-	if err := h.verify(r.Header, body); err != nil {
-		h.log.Warn("webhook refused", "err", err)
+	if reason, err := h.verify(r.Header, body); err != nil {
+		h.refuse(reason, err)
 		http.Error(w, "the webhook's signature does not verify", http.StatusUnauthorized)
 		return
 	}
@@ -110,18 +141,31 @@ func (h *Webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // sidecar's own key.
 const webhookOwner = "toolsidecar-webhook"
 
-// verify checks the Standard Webhooks signature and its timestamp.
-func (h *Webhook) verify(hdr http.Header, body []byte) error {
+// refuse counts a refused webhook, and logs it unless another was
+// logged within refusedLogEvery.
+func (h *Webhook) refuse(reason string, err error) {
+	if h.refused != nil {
+		h.refused.WithLabelValues(reason).Inc()
+	}
+	h.refusedUnlogged.Add(1)
+	h.refusedLog.Do(func() {
+		h.log.Warn("webhooks refused since the last such line (logged once a minute at most)", "count", h.refusedUnlogged.Swap(0), "last_err", err)
+	})
+}
+
+// verify checks the Standard Webhooks signature and its timestamp; a
+// webhook refused gets its reason.
+func (h *Webhook) verify(hdr http.Header, body []byte) (reason string, _ error) {
 	id, ts, sigs := hdr.Get("webhook-id"), hdr.Get("webhook-timestamp"), hdr.Get("webhook-signature")
 	if id == "" || ts == "" || sigs == "" {
-		return errors.New("webhook-id, webhook-timestamp and webhook-signature are required")
+		return refusedUnsigned, errors.New("webhook-id, webhook-timestamp and webhook-signature are required")
 	}
 	secs, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
-		return fmt.Errorf("webhook-timestamp %s is not Unix seconds", tool.Excerpt(ts))
+		return refusedTimestamp, fmt.Errorf("webhook-timestamp %s is not Unix seconds", tool.Excerpt(ts))
 	}
 	if d := h.cfg.Now().Sub(time.Unix(secs, 0)); d > webhookTolerance || d < -webhookTolerance {
-		return fmt.Errorf("webhook-timestamp is %v away from now, past %v", d.Round(time.Second), webhookTolerance)
+		return refusedTimestamp, fmt.Errorf("webhook-timestamp is %v away from now, past %v", d.Round(time.Second), webhookTolerance)
 	}
 	mac := hmac.New(sha256.New, h.key)
 	fmt.Fprintf(mac, "%s.%s.", id, ts)
@@ -129,10 +173,10 @@ func (h *Webhook) verify(hdr http.Header, body []byte) error {
 	want := base64.StdEncoding.EncodeToString(mac.Sum(nil))
 	for _, sig := range strings.Fields(sigs) {
 		if v, ok := strings.CutPrefix(sig, "v1,"); ok && subtle.ConstantTimeCompare([]byte(v), []byte(want)) == 1 {
-			return nil
+			return "", nil
 		}
 	}
-	return errors.New("no signature matches")
+	return refusedSignature, errors.New("no signature matches")
 }
 
 // session is the id of the session an event says requires action:

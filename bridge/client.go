@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
@@ -38,6 +40,9 @@ type Client struct {
 	inbox  string
 	sub    *nats.Subscription
 	ledger Ledger // nil: not durable
+	// progressDropped counts the progress messages not shown (nil: not
+	// counted).
+	progressDropped prometheus.Counter
 
 	mu       sync.Mutex
 	pending  map[string]*waiter
@@ -71,6 +76,7 @@ type waiter struct {
 	settled  bool
 	final    *nats.Msg // a final reply that came before armed
 	progress int
+	shown    *rate.Limiter // the progress shown (OnProgress); made on the first
 }
 
 // newWaiter is the waiter pool's constructor.
@@ -100,6 +106,25 @@ func WithInbox(inbox string) Option { return func(c *Client) { c.inbox = inbox }
 
 // WithLedger records every attempt in l before it is sent.
 func WithLedger(l Ledger) Option { return func(c *Client) { c.ledger = l } }
+
+// WithMetrics registers the client's metrics on reg:
+// toolsidecar_nats_progress_dropped_total.
+func WithMetrics(reg prometheus.Registerer) Option {
+	return func(c *Client) {
+		c.progressDropped = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "nats", Name: "progress_dropped_total",
+			Help: "Progress messages past a call's rate (10 at once, then one per 100 ms): they keep the call alive, and are not shown to its followers."})
+		reg.MustRegister(c.progressDropped)
+	}
+}
+
+// A call's progress is shown to its followers (OnProgress) progressBurst
+// times at once, then once per progressEvery: a worker may send progress
+// as fast as the bus carries it, and showing each one took the sidecar's
+// cores.
+const (
+	progressEvery = 100 * time.Millisecond
+	progressBurst = 10
+)
 
 // Open subscribes the client's inbox on nc.
 func Open(nc *nats.Conn, subjectPrefix string, opts ...Option) (*Client, error) {
@@ -204,13 +229,26 @@ func (c *Client) route(m *nats.Msg) {
 	case w == nil:
 		c.mu.Unlock()
 	case progress:
+		// Cheap, whatever the rate: the deadline moves, and the timer,
+		// when it fires, sets itself to it (expire); the followers are
+		// told at the rate of progressEvery.
 		w.progress++
+		now := time.Now()
 		if w.armed {
-			c.resetLocked(w, w.req.TimeoutOrDefault())
+			w.due = now.Add(min(w.req.TimeoutOrDefault(), w.sent.Add(w.req.MaxDurationOrDefault()).Sub(now)))
 		}
+		if w.shown == nil {
+			w.shown = rate.NewLimiter(rate.Every(progressEvery), progressBurst)
+		}
+		show := w.shown.AllowN(now, 1)
 		onProgress := w.req.OnProgress
 		c.mu.Unlock()
-		if onProgress != nil {
+		switch {
+		case !show:
+			if c.progressDropped != nil {
+				c.progressDropped.Inc()
+			}
+		case onProgress != nil:
 			onProgress()
 		}
 	case !w.armed:
@@ -258,7 +296,7 @@ func (c *Client) send(ctx context.Context, req tool.Request, done func(tool.Outc
 		return tool.Outcome{Err: tool.NewError(tool.WorkerCrash, "%v", ErrClosed)}, false
 	}
 	w.token, w.req, w.ctx, w.done, w.sent = strs.token, req, ctx, done, sent
-	w.settled, w.armed, w.final, w.progress = false, false, nil, 0
+	w.settled, w.armed, w.final, w.progress, w.shown = false, false, nil, 0, nil
 	c.pending[strs.token] = w
 	subject := c.subject(req.Tool)
 	c.mu.Unlock()
@@ -330,12 +368,18 @@ func (c *Client) resetLocked(w *waiter, d time.Duration) {
 }
 
 // expire is w's timer: the timeout passed without progress, or
-// max_duration did.
+// max_duration did. Progress moves w.due without the timer, which then
+// sets itself to it.
 func (w *waiter) expire() {
 	c := w.c
 	c.mu.Lock()
-	if w.settled || !w.armed || time.Now().Before(w.due) {
+	if w.settled || !w.armed {
 		c.mu.Unlock() // settled meanwhile, or a late firing for a reused waiter
+		return
+	}
+	if d := time.Until(w.due); d > 0 {
+		w.timer.Reset(d) // progress came, or a late firing for a reused waiter: its due stands
+		c.mu.Unlock()
 		return
 	}
 	why := stopTimeout

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -93,16 +94,28 @@ type Answer struct {
 	Worker      string
 }
 
+// MaxDescribeBytes bounds the declarations one [Describe] keeps (past it,
+// it reads no further), and the answers it holds before it reads them
+// (past it, NATS drops them).
+const MaxDescribeBytes = 32 << 20
+
 // Described is what the workers of one tool answered a describe request.
 type Described struct {
-	// Answers are the declarations given, in the order they came; a
-	// queue group hands the request to one worker, so usually one.
+	// Answers holds the first declaration given, if any: a queue group
+	// hands the request to one worker, which answers once.
 	Answers []Answer
+	// Repeats count the declarations given after the first: a responder
+	// may answer one request as often as it likes, so they are dropped
+	// unkept.
+	Repeats int
 	// Refusals count the answers that were errors or oversized: the
 	// worker serves the tool without a declaration, or predates describe.
 	Refusals int
 	// NoResponders: nobody serves the tool's subject.
 	NoResponders bool
+	// Cut: this tool's declaration would have taken the describe past
+	// MaxDescribeBytes. It was dropped, and nothing after it was read.
+	Cut bool
 }
 
 // Describe asks, on each of subjects (a tool's own subject each), for the
@@ -110,23 +123,25 @@ type Described struct {
 // delivers each request only to the clients its permissions let
 // subscribe to that subject, and lets them alone answer it: the answers
 // come from workers that may serve the tool, whatever $SRV.INFO said. An
-// answer over maxBytes is refused.
+// answer over maxBytes is refused. Whatever the workers send, it keeps
+// one declaration a subject and MaxDescribeBytes in all.
 func Describe(ctx context.Context, nc *nats.Conn, subjects []string, wait time.Duration, maxBytes int) ([]Described, error) {
-	out := make([]Described, len(subjects))
+	l := &describing{out: make([]Described, len(subjects)), pending: len(subjects), maxBytes: maxBytes, done: make(chan struct{})}
 	if len(subjects) == 0 {
-		return out, nil
+		return l.out, nil
 	}
 	inbox := nc.NewInbox()
-	// A channel, not a sync subscription: nats.go turns a "no responders"
-	// status into an error on NextMsg, which would lose its subject. Room
-	// for two answers a subject: past it, nats.go drops answers (a slow
-	// consumer), which only further workers of one tool would send.
-	ch := make(chan *nats.Msg, 2*len(subjects)+64)
-	sub, err := nc.ChanSubscribe(inbox+".*", ch)
+	// A handler, not a sync subscription: nats.go turns a "no responders"
+	// status into an error on NextMsg, which would lose its subject. The
+	// pending limit bounds the bytes that wait for the handler.
+	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) { l.take(m, len(inbox)+1) })
 	if err != nil {
 		return nil, fmt.Errorf("discovery: describe: %w", err)
 	}
 	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(-1, MaxDescribeBytes); err != nil {
+		return nil, fmt.Errorf("discovery: describe: %w", err)
+	}
 	for i, subject := range subjects {
 		if err := nc.PublishMsg(wire.DescribeMsg(subject, inbox+"."+strconv.Itoa(i))); err != nil {
 			return nil, fmt.Errorf("discovery: describe %s: %w", subject, err)
@@ -134,31 +149,56 @@ func Describe(ctx context.Context, nc *nats.Conn, subjects []string, wait time.D
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	for pending := len(subjects); pending > 0; {
-		var m *nats.Msg
-		select {
-		case m = <-ch:
-		case <-timer.C:
-			return out, nil
-		case <-ctx.Done():
-			return out, nil
-		}
-		i, err := strconv.Atoi(m.Subject[len(inbox)+1:])
-		if err != nil || i < 0 || i >= len(out) {
-			continue
-		}
-		d := &out[i]
-		if len(d.Answers) == 0 && d.Refusals == 0 && !d.NoResponders {
-			pending--
-		}
-		switch {
-		case wire.IsNoResponders(m):
-			d.NoResponders = true
-		case len(m.Data) == 0 || len(m.Data) > maxBytes || m.Header.Get(tool.HeaderServiceCode) != "" || m.Header.Get(tool.HeaderErrorType) != "":
-			d.Refusals++
-		default:
-			d.Answers = append(d.Answers, Answer{Declaration: m.Data, Worker: m.Header.Get(tool.HeaderWorker)})
-		}
+	select {
+	case <-l.done:
+	case <-timer.C:
+	case <-ctx.Done():
 	}
-	return out, nil
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = true // the handler, still subscribed, writes no more
+	return l.out, nil
+}
+
+// describing is one Describe's answers as they come.
+type describing struct {
+	maxBytes int
+	done     chan struct{} // closed when every subject is answered, or the bytes bound is reached
+
+	mu      sync.Mutex
+	out     []Described
+	pending int  // subjects without an answer yet
+	kept    int  // bytes of the declarations kept
+	ended   bool // done is closed, or Describe returned
+}
+
+// take applies one answer; cut is where the subject's index starts.
+func (l *describing) take(m *nats.Msg, cut int) {
+	i, err := strconv.Atoi(m.Subject[cut:])
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended || err != nil || i < 0 || i >= len(l.out) {
+		return
+	}
+	d := &l.out[i]
+	if len(d.Answers)+d.Repeats+d.Refusals == 0 && !d.NoResponders {
+		l.pending--
+	}
+	switch {
+	case wire.IsNoResponders(m):
+		d.NoResponders = true
+	case len(m.Data) == 0 || len(m.Data) > l.maxBytes || m.Header.Get(tool.HeaderServiceCode) != "" || m.Header.Get(tool.HeaderErrorType) != "":
+		d.Refusals++
+	case len(d.Answers) > 0:
+		d.Repeats++
+	case l.kept+len(m.Data) > MaxDescribeBytes:
+		d.Cut = true
+	default:
+		l.kept += len(m.Data)
+		d.Answers = append(d.Answers, Answer{Declaration: m.Data, Worker: m.Header.Get(tool.HeaderWorker)})
+	}
+	if l.pending == 0 || d.Cut {
+		l.ended = true
+		close(l.done)
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/discovery"
 	"github.com/projectdavid/toolsidecar/executor"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
@@ -597,4 +598,54 @@ func TestDocumentedWorkerPermissions(t *testing.T) {
 	if !helpersLooked {
 		t.Error("helpers, who may serve look, did not receive its call")
 	}
+}
+
+// TestDescribeFlood: a worker with its own credential, which may serve
+// flood_a and flood_b, declares both, answers each describe request of
+// flood_a 400 times with 63 KiB, and never answers flood_b's, so every
+// look waits its whole second. flood_a comes in force with one
+// declaration, its worker's; the answers after the first are counted
+// (toolsidecar_declarations_left_out_total{reason="repeated"}), 399 a
+// look, and dropped unkept; the sidecar stays ready. Before, each look kept
+// every answer: 4,000 grew the sidecar from 40 to 952 MB.
+func TestDescribeFlood(t *testing.T) {
+	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{
+		Workers: []config.Worker{{Name: "mallory", PasswordFile: secretFile(t, "mallory", "mallory-pw"), Tools: []string{"flood_a", "flood_b"}}},
+		NATS:    func(n *config.NATS) { n.DiscoverInterval = 200 * time.Millisecond }})
+	mallory, _ := busClient(t, env.NATSURL, "mallory", "mallory-pw")
+	const repeats = 400
+	decl := `{"description":"flooded","side_effects":"read_only"}` + strings.Repeat(" ", 63<<10)
+	if _, err := mallory.Subscribe(discovery.InfoSubject, func(m *nats.Msg) {
+		_ = m.Respond(forgedInfo("MAL", map[string]string{"flood_a": "{}", "flood_b": "{}"}))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mallory.QueueSubscribe(wire.Subject(testenv.Prefix, "flood_a"), wire.QueueGroup, func(m *nats.Msg) {
+		if !wire.IsDescribe(m) {
+			return
+		}
+		r := nats.NewMsg(m.Reply)
+		r.Data = []byte(decl)
+		r.Header.Set(tool.HeaderWorker, "go MALLORY")
+		for range repeats {
+			_ = mallory.PublishMsg(r)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mallory.QueueSubscribe(wire.Subject(testenv.Prefix, "flood_b"), wire.QueueGroup, func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	tools := testenv.WaitDeclared(t, env.URL, map[string]string{"flood_a": "go"})
+	if by := tools["flood_a"].DeclaredBy; len(by) != 1 || by[0] != "go worker MALLORY" {
+		t.Errorf("flood_a declared by %q: want its one worker", by)
+	}
+	if _, ok := tools["flood_b"]; ok {
+		t.Error("flood_b is in force without a declaration")
+	}
+	poll.Until(t, "the repeated answers counted", func() bool {
+		repeated, _ := promtest.Sum(t, env.Sidecar.Metrics(), "toolsidecar_declarations_left_out_total", "reason=repeated")
+		return repeated >= repeats-1
+	})
+	assertReady(t, env.URL)
 }

@@ -57,6 +57,8 @@ const (
 	leftNotAllowed = "not_allowed" // outside nats.discover_allow
 	leftOverCap    = "over_cap"    // the bus declares more than maxDeclaredTools
 	leftRefused    = "refused"     // contradicts the configuration, or does not compile
+	leftRepeated   = "repeated"    // a worker answered one describe request again
+	leftOverBytes  = "over_bytes"  // the look's declarations passed discovery.MaxDescribeBytes
 )
 
 // declaredTool is a tool a worker declares, as discovery keeps it.
@@ -90,8 +92,8 @@ func newBusTools(n config.NATS, leftOut *prometheus.CounterVec) *busTools {
 // newLeftOutCounter registers toolsidecar_declarations_left_out_total.
 func newLeftOutCounter(reg prometheus.Registerer) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "toolsidecar", Name: "declarations_left_out_total",
-		Help: "Tool declarations of workers that discovery left out, by reason (invalid, conflict, not_allowed, over_cap, refused)."}, []string{"reason"})
-	for _, r := range []string{leftInvalid, leftConflict, leftNotAllowed, leftOverCap, leftRefused} {
+		Help: "Tool declarations of workers that discovery left out, by reason (invalid, conflict, not_allowed, over_cap, refused, repeated, over_bytes)."}, []string{"reason"})
+	for _, r := range []string{leftInvalid, leftConflict, leftNotAllowed, leftOverCap, leftRefused, leftRepeated, leftOverBytes} {
 		c.WithLabelValues(r)
 	}
 	reg.MustRegister(c)
@@ -158,6 +160,14 @@ func (b *busTools) announced(infos []discovery.ServiceInfo) (fresh []string, pro
 // through a silence shorter than the grace; it leaves at once when nobody
 // serves its subject. A new tool comes in with the first valid answer.
 func (b *busTools) answered(name string, d discovery.Described, now time.Time) (changed bool, problems []string) {
+	if d.Repeats > 0 {
+		// Logged once, whatever the count: the answers are the bus's.
+		b.countN(leftRepeated, d.Repeats)
+		problems = append(problems, fmt.Sprintf("tool %s: a worker answered its describe request more than once; the answers after the first are dropped", name))
+	}
+	if d.Cut {
+		problems = append(problems, b.leave(leftOverBytes, "tool %s is not read this look: the declarations of one look passed %d bytes", name, discovery.MaxDescribeBytes))
+	}
 	var valid []registry.Declared
 	for _, a := range d.Answers {
 		who := workerName(a.Worker)
@@ -201,9 +211,12 @@ func (b *busTools) leave(reason, format string, args ...any) string {
 }
 
 // count counts a declaration left out for reason.
-func (b *busTools) count(reason string) {
+func (b *busTools) count(reason string) { b.countN(reason, 1) }
+
+// countN counts n declarations left out for reason.
+func (b *busTools) countN(reason string, n int) {
 	if b.leftOut != nil {
-		b.leftOut.WithLabelValues(reason).Inc()
+		b.leftOut.WithLabelValues(reason).Add(float64(n))
 	}
 }
 

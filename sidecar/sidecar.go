@@ -299,7 +299,7 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 	}
 	s.nc = nc
 	s.closers = append(s.closers, nc.Close)
-	var bopts []bridge.Option
+	bopts := []bridge.Option{bridge.WithMetrics(s.metrics)}
 	if s.cfg.Durability.Enabled {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		l, err := ledger.Open(ctx, nc, ledger.Config{Prefix: s.cfg.NATS.SubjectPrefix, Instance: s.instance, Replicas: s.cfg.Durability.Replicas,
@@ -671,7 +671,7 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 			if err != nil {
 				return err
 			}
-			wh, err := agentsup.NewWebhook(agentsup.WebhookConfig{Kind: s.cfg.Upstream.Kind, Watcher: w, Secret: secret, Key: key, Logger: s.log})
+			wh, err := agentsup.NewWebhook(agentsup.WebhookConfig{Kind: s.cfg.Upstream.Kind, Watcher: w, Secret: secret, Key: key, Logger: s.log, Metrics: s.metrics})
 			if err != nil {
 				return err
 			}
