@@ -72,6 +72,10 @@ type hosted struct {
 	base string
 	// onAnswer, when set, sees each answer call reads.
 	onAnswer func(*http.Response)
+	// readBase, when set, is where answerOwn reads the session to find
+	// the application's call (the API itself: a read the sidecar does not
+	// see); its answer still goes to base.
+	readBase string
 }
 
 // simConfig configures either simulator.
@@ -250,7 +254,7 @@ func (h *hosted) message(t testing.TB, id, text string) {
 func (h *hosted) answerOwn(t testing.TB, id, tool, output string) {
 	t.Helper()
 	if h.kind == config.UpstreamAnthropicAgents {
-		status, data := h.call(t, http.MethodGet, "/v1/sessions/"+id+"/events?limit=100", appKey, nil)
+		status, data := h.read(t, "/v1/sessions/"+id+"/events?limit=100")
 		var list struct {
 			Data []struct {
 				ID, Type, Name string
@@ -269,7 +273,7 @@ func (h *hosted) answerOwn(t testing.TB, id, tool, output string) {
 		}
 		t.Fatalf("no call of %s in %s", tool, data)
 	}
-	status, data := h.call(t, http.MethodGet, "/v1/agents/sessions/"+id, appKey, nil)
+	status, data := h.read(t, "/v1/agents/sessions/"+id)
 	var snap struct {
 		RequiredActions []struct {
 			TurnID string `json:"turn_id"`
@@ -282,6 +286,18 @@ func (h *hosted) answerOwn(t testing.TB, id, tool, output string) {
 	}
 	a := snap.RequiredActions[0]
 	h.send(t, id, map[string]any{"type": "agent.session.input.tool_result", "turn_id": a.TurnID, "call_id": a.CallID, "success": true, "output": output})
+}
+
+// read GETs path as the application, at readBase when it is set.
+func (h *hosted) read(t testing.TB, path string) (int, []byte) {
+	t.Helper()
+	if h.readBase == "" {
+		return h.call(t, http.MethodGet, path, appKey, nil)
+	}
+	base := h.base
+	h.base = h.readBase
+	defer func() { h.base = base }()
+	return h.call(t, http.MethodGet, path, appKey, nil)
 }
 
 // final waits until the session's turn ends, and returns the session.

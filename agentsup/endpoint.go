@@ -234,6 +234,11 @@ const WatchHeader = "Toolsidecar-Watch"
 // follow watches a session with the credential of the request that
 // created or read it; the error says why it is not watched.
 func (e *Endpoint) follow(id string, h http.Header) (owner string, err error) {
+	// The owner is named by every credential the request carries, the
+	// sidecar's token included, as every other route names its caller
+	// (executor.CallerOf): the live view shows the session to the same
+	// headers.
+	owner = executor.CallerOf(h)
 	key := e.cfg.OwnKey
 	if key == "" {
 		if e.cfg.SidecarToken {
@@ -242,7 +247,6 @@ func (e *Endpoint) follow(id string, h http.Header) (owner string, err error) {
 		}
 		key = e.api.key(h)
 	}
-	owner = executor.CallerOf(h)
 	if err := e.cfg.Watcher.Watch(id, key, owner); err != nil {
 		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
 		return owner, err

@@ -64,6 +64,7 @@ var descriptions = map[string]string{
 	"Server.MaxConnections":           "MaxConnections bounds open connections; MaxDrives bounds drives in progress (more are answered 429 with Retry-After). defaults: 1024, 512",
 	"Server.MaxHeaderBytes":           "MaxHeaderBytes bounds request headers. default: 64 KiB",
 	"Server.MaxStreams":               "MaxStreams bounds the requests at once on one HTTP/2 connection. default: 250",
+	"Server.OperatorTokenFile":        "OperatorTokenFile holds the operator's bearer token: taken wherever the API token is, it shows the live view and GET /v1/sidecar/runs every caller's runs and hosted sessions; any other request sees only the runs its own credentials drove. It must differ from the API token. Optional: without it nobody sees the whole board.",
 	"Server.OpsListen":                "OpsListen, when set, serves /healthz, /readyz and /metrics, without the API token, on a listener of their own (probes and scraping). default: \"\" (off)",
 	"Server.Pprof":                    "Pprof serves Go's profiles under /debug/pprof/ on the ops listener (never on the API's), for an operator chasing CPU or memory. default: false",
 	"Server.Proxy":                    "Proxy answers Core's own API on /v1/... default: true",
