@@ -770,8 +770,10 @@ func TestSimulatorApart(t *testing.T) {
 }
 
 // TestLiveViewShowsSessions: the live view's runs API (what `toolsidecar
-// runs list/show` reads) shows a hosted session as a run, each block a
-// turn with its batch.
+// runs list/show` reads) shows a hosted session to its caller as a run,
+// each block a turn with its batch; to another caller, and to a request
+// with no credential, neither GET /v1/sidecar/runs nor /ui/events lists
+// it, and its id reads 404. Before, every request read it.
 func TestLiveViewShowsSessions(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
 		h := startHosted(t, kind, simConfig{}, testenv.Options{Server: func(s *config.Server) { s.UI = true }}, echoTools(t)...)
@@ -785,14 +787,24 @@ func TestLiveViewShowsSessions(t *testing.T) {
 				Calls []json.RawMessage
 			}
 		}
-		poll.Until(t, "the session's run on the board", func() bool {
-			resp, err := http.Get(h.env.URL + "/v1/sidecar/runs/" + id)
-			if err != nil {
-				return false
+		as := func(key string) http.Header {
+			req, _ := http.NewRequest(http.MethodGet, "/", nil)
+			if key != "" {
+				h.headers(req, key)
 			}
-			defer resp.Body.Close()
-			return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&run) == nil && run.Status == "completed"
+			return req.Header
+		}
+		poll.Until(t, "the session's run on the board", func() bool {
+			return testenv.BoardGet(t, h.env.URL+"/v1/sidecar/runs/"+id, as(appKey), &run) == http.StatusOK && run.Status == "completed"
 		})
+		for _, key := range []string{"sk-other", ""} {
+			if status := testenv.BoardGet(t, h.env.URL+"/v1/sidecar/runs/"+id, as(key), nil); status != http.StatusNotFound {
+				t.Errorf("caller %q reading the session's run: %d, want 404", key, status)
+			}
+			if listed, streamed := testenv.Board(t, h.env.URL, as(key)); len(listed) != 0 || len(streamed) != 0 {
+				t.Errorf("caller %q sees runs %v and %v, want none", key, listed, streamed)
+			}
+		}
 		var batches []int
 		for _, tr := range run.Turns {
 			if len(tr.Calls) > 0 {

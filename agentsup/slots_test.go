@@ -117,9 +117,6 @@ func TestApplicationOnlySessionsFreeTheirSlots(t *testing.T) {
 		}
 		assertOnce(t, h, h.final(t, a), 3, []int{3})
 		h.readBase = h.simURL
-		if kind == config.UpstreamOpenAIAgents {
-			h.readBase += "/v1"
-		}
 		h.answerOwn(t, ids[0], "app_lookup", "app answer")
 		h.readBase = ""
 		s := h.final(t, ids[0])

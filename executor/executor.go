@@ -112,7 +112,9 @@ func WithApprovals(s approval.Store) Option { return func(e *Executor) { e.appro
 // (the live view), as the drive emits it; an MCP client's call is a run
 // of its own there. tap is called from many goroutines and must not
 // block.
-func WithTap(tap func(runID, caller string, ev Event)) Option { return func(e *Executor) { e.tap = tap } }
+func WithTap(tap func(runID, caller string, ev Event)) Option {
+	return func(e *Executor) { e.tap = tap }
+}
 
 // tapped returns emit with the tap, if any, hearing each event after it.
 func (e *Executor) tapped(runID, caller string, emit Sink) Sink {

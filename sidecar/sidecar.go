@@ -642,7 +642,8 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
 	case s.agents != nil:
-		w, err := agentsup.NewWatcher(agentsup.WatcherConfig{Upstream: s.agents, Drive: s.exec.Drive, Max: s.cfg.Upstream.MaxSessions})
+		w, err := agentsup.NewWatcher(agentsup.WatcherConfig{Upstream: s.agents, Drive: s.exec.Drive, Max: s.cfg.Upstream.MaxSessions,
+			MaxPerOwner: s.cfg.Upstream.MaxSessionsPerOwner})
 		if err != nil {
 			return err
 		}
