@@ -72,6 +72,10 @@ type hosted struct {
 	base string
 	// onAnswer, when set, sees each answer call reads.
 	onAnswer func(*http.Response)
+	// readBase, when set, is where answerOwn reads the session to find
+	// the application's call (the API itself: a read the sidecar does not
+	// see); its answer still goes to base.
+	readBase string
 }
 
 // simConfig configures either simulator.
@@ -250,7 +254,7 @@ func (h *hosted) message(t testing.TB, id, text string) {
 func (h *hosted) answerOwn(t testing.TB, id, tool, output string) {
 	t.Helper()
 	if h.kind == config.UpstreamAnthropicAgents {
-		status, data := h.call(t, http.MethodGet, "/v1/sessions/"+id+"/events?limit=100", appKey, nil)
+		status, data := h.read(t, "/v1/sessions/"+id+"/events?limit=100")
 		var list struct {
 			Data []struct {
 				ID, Type, Name string
@@ -269,7 +273,7 @@ func (h *hosted) answerOwn(t testing.TB, id, tool, output string) {
 		}
 		t.Fatalf("no call of %s in %s", tool, data)
 	}
-	status, data := h.call(t, http.MethodGet, "/v1/agents/sessions/"+id, appKey, nil)
+	status, data := h.read(t, "/v1/agents/sessions/"+id)
 	var snap struct {
 		RequiredActions []struct {
 			TurnID string `json:"turn_id"`
@@ -282,6 +286,18 @@ func (h *hosted) answerOwn(t testing.TB, id, tool, output string) {
 	}
 	a := snap.RequiredActions[0]
 	h.send(t, id, map[string]any{"type": "agent.session.input.tool_result", "turn_id": a.TurnID, "call_id": a.CallID, "success": true, "output": output})
+}
+
+// read GETs path as the application, at readBase when it is set.
+func (h *hosted) read(t testing.TB, path string) (int, []byte) {
+	t.Helper()
+	if h.readBase == "" {
+		return h.call(t, http.MethodGet, path, appKey, nil)
+	}
+	base := h.base
+	h.base = h.readBase
+	defer func() { h.base = base }()
+	return h.call(t, http.MethodGet, path, appKey, nil)
 }
 
 // final waits until the session's turn ends, and returns the session.
@@ -754,8 +770,10 @@ func TestSimulatorApart(t *testing.T) {
 }
 
 // TestLiveViewShowsSessions: the live view's runs API (what `toolsidecar
-// runs list/show` reads) shows a hosted session as a run, each block a
-// turn with its batch.
+// runs list/show` reads) shows a hosted session to its caller as a run,
+// each block a turn with its batch; to another caller, and to a request
+// with no credential, neither GET /v1/sidecar/runs nor /ui/events lists
+// it, and its id reads 404. Before, every request read it.
 func TestLiveViewShowsSessions(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
 		h := startHosted(t, kind, simConfig{}, testenv.Options{Server: func(s *config.Server) { s.UI = true }}, echoTools(t)...)
@@ -769,14 +787,24 @@ func TestLiveViewShowsSessions(t *testing.T) {
 				Calls []json.RawMessage
 			}
 		}
-		poll.Until(t, "the session's run on the board", func() bool {
-			resp, err := http.Get(h.env.URL + "/v1/sidecar/runs/" + id)
-			if err != nil {
-				return false
+		as := func(key string) http.Header {
+			req, _ := http.NewRequest(http.MethodGet, "/", nil)
+			if key != "" {
+				h.headers(req, key)
 			}
-			defer resp.Body.Close()
-			return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&run) == nil && run.Status == "completed"
+			return req.Header
+		}
+		poll.Until(t, "the session's run on the board", func() bool {
+			return testenv.BoardGet(t, h.env.URL+"/v1/sidecar/runs/"+id, as(appKey), &run) == http.StatusOK && run.Status == "completed"
 		})
+		for _, key := range []string{"sk-other", ""} {
+			if status := testenv.BoardGet(t, h.env.URL+"/v1/sidecar/runs/"+id, as(key), nil); status != http.StatusNotFound {
+				t.Errorf("caller %q reading the session's run: %d, want 404", key, status)
+			}
+			if listed, streamed := testenv.Board(t, h.env.URL, as(key)); len(listed) != 0 || len(streamed) != 0 {
+				t.Errorf("caller %q sees runs %v and %v, want none", key, listed, streamed)
+			}
+		}
 		var batches []int
 		for _, tr := range run.Turns {
 			if len(tr.Calls) > 0 {

@@ -175,7 +175,10 @@ func (e *Endpoint) WriteError(w http.ResponseWriter, status int, msg string) {
 
 // watch starts following the session of a successful create or read:
 // the create of a session (the id in the answer), a read of a session,
-// of its events or of its stream (the id in the path).
+// of its events or of its stream, or a post of events to it (the
+// application's own tools' results, or its next message: the id in the
+// path). A session whose watch gave its slot up while it waited on the
+// application is so watched again as soon as the application answers.
 func (e *Endpoint) watch(resp *http.Response) error {
 	for k := range resp.Header {
 		if strings.HasPrefix(k, "Access-Control-") {
@@ -198,7 +201,7 @@ func (e *Endpoint) watch(resp *http.Response) error {
 		if id = e.createdID(resp); id == "" {
 			return nil
 		}
-	case ok && r.Method == http.MethodGet:
+	case ok && (r.Method == http.MethodGet || r.Method == http.MethodPost && strings.HasSuffix(rest, "/events")):
 		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "/stream"), "/events")
 		if strings.Contains(rest, "/") {
 			return nil
@@ -234,6 +237,11 @@ const WatchHeader = "Toolsidecar-Watch"
 // follow watches a session with the credential of the request that
 // created or read it; the error says why it is not watched.
 func (e *Endpoint) follow(id string, h http.Header) (owner string, err error) {
+	// The owner is named by every credential the request carries, the
+	// sidecar's token included, as every other route names its caller
+	// (executor.CallerOf): the live view shows the session to the same
+	// headers.
+	owner = executor.CallerOf(h)
 	key := e.cfg.OwnKey
 	if key == "" {
 		if e.cfg.SidecarToken {
@@ -242,7 +250,6 @@ func (e *Endpoint) follow(id string, h http.Header) (owner string, err error) {
 		}
 		key = e.api.key(h)
 	}
-	owner = executor.CallerOf(h)
 	if err := e.cfg.Watcher.Watch(id, key, owner); err != nil {
 		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
 		return owner, err

@@ -36,10 +36,10 @@ type session struct {
 	seen    map[string]bool       // event ids, the last seenWindow
 	order   []string
 	wake    chan struct{} // closed and replaced when the session changes
-	// idleSince is when the session was last seen going idle; zero while
-	// it is not idle. The watch of the longest idle goes first when the
-	// table is full (Watcher.evictLocked).
-	idleSince time.Time
+	// restSince is when the session was last seen going idle or
+	// blocking; zero while it runs. The watch of the one resting the
+	// longest goes first when the table is full (Watcher.evictLocked).
+	restSince time.Time
 	// tells are the application's streams through the sidecar that are
 	// told of each result posted (Endpoint.merge).
 	tells map[chan agentsapi.Result]struct{}
@@ -126,10 +126,10 @@ func (s *session) apply(snap agentsapi.Snapshot) {
 
 func (s *session) applyLocked(snap agentsapi.Snapshot) {
 	switch {
-	case snap.Status != agentsapi.StatusIdle:
-		s.idleSince = time.Time{}
-	case s.idleSince.IsZero():
-		s.idleSince = time.Now()
+	case snap.Status != agentsapi.StatusIdle && snap.Status != agentsapi.StatusBlocked:
+		s.restSince = time.Time{}
+	case s.restSince.IsZero() || snap.Status != s.status:
+		s.restSince = time.Now()
 	}
 	s.status, s.why = snap.Status, snap.Why
 	s.asks = snap.Confirmations
@@ -419,14 +419,21 @@ func (s *session) resultsLocked(ids []string) []agentsapi.Result {
 	return out
 }
 
-// releasable reports, for a session idle with nothing of the sidecar's
-// in flight (no call taken and not answered, no call untaken, no server
-// call waiting for its confirmation), since when it is idle: its watch
-// may end, and a read or webhook starts another.
+// releasable reports, for a session that rests with nothing of the
+// sidecar's in flight (no call taken and not answered, no call untaken, no
+// server call waiting for its confirmation), since when it rests: its
+// watch may end, and a read, a post or a webhook starts another. It rests
+// when idle, or blocked on calls of the application's own tools only:
+// what it waits for is the application's, which answers through the
+// sidecar or reads the session again.
 func (s *session) releasable(owns func(string) bool) (since time.Time, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.status != agentsapi.StatusIdle || s.busyLocked() || len(s.work(owns)) > 0 {
+	blocked := s.status == agentsapi.StatusBlocked && len(s.pending) > 0
+	for _, c := range s.pending {
+		blocked = blocked && !owns(c.Name)
+	}
+	if (s.status != agentsapi.StatusIdle && !blocked) || s.busyLocked() || len(s.work(owns)) > 0 {
 		return time.Time{}, false
 	}
 	for _, c := range s.asks {
@@ -434,7 +441,7 @@ func (s *session) releasable(owns func(string) bool) (since time.Time, ok bool) 
 			return time.Time{}, false
 		}
 	}
-	return s.idleSince, true
+	return s.restSince, true
 }
 
 // busy reports a batch in progress, or a call taken and not answered.

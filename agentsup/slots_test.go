@@ -1,6 +1,7 @@
 package agentsup_test
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/projectdavid/toolsidecar/testkit/matrix"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
+	"github.com/projectdavid/toolsidecar/tool"
 )
 
 // TestIdleSessionsFreeTheirSlots: with upstream.max_sessions 2, two
@@ -55,9 +57,9 @@ func TestFullTableSaid(t *testing.T) {
 		held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
 		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 1 }}, held.EnvTools(10*time.Second)...)
 		one := script([][]map[string]any{{threeCalls[0][0]}}, "done ")
-		first, firstHeader := h.createHeader(t, one)
+		first, firstHeader := h.createHeader(t, appKey, one)
 		poll.Until(t, "the first session's call to start", func() bool { return held.Count("a") >= 1 })
-		_, second := h.createHeader(t, one)
+		_, second := h.createHeader(t, appKey, one)
 		if firstHeader != "" {
 			t.Errorf("the first session, watched, was answered %s: %q", agentsup.WatchHeader, firstHeader)
 		}
@@ -71,11 +73,116 @@ func TestFullTableSaid(t *testing.T) {
 
 // createHeader creates a session through the sidecar as create does, and
 // returns its id and the answer's Toolsidecar-Watch header.
-func (h *hosted) createHeader(t *testing.T, input string) (id, watch string) {
+func (h *hosted) createHeader(t *testing.T, key, input string) (id, watch string) {
 	t.Helper()
 	var got http.Header
 	h.onAnswer = func(resp *http.Response) { got = resp.Header }
 	defer func() { h.onAnswer = nil }()
-	id = h.create(t, appKey, input)
+	id = h.create(t, key, input)
 	return id, got.Get(agentsup.WatchHeader)
+}
+
+// TestApplicationOnlySessionsFreeTheirSlots: with upstream.max_sessions
+// 3, caller B's three sessions wait on a call of the application's own
+// tool, which the registry does not hold; caller A's new session is
+// watched all the same (one of B's gives its slot up), and its calls are
+// answered once, in one post. B then answers its own call through the
+// sidecar, having read the session from the API itself: that post
+// watches the session again, and the call of the registry's tool that
+// follows is answered. Before, A's create was answered "Toolsidecar-Watch:
+// refused" and its calls were left pending.
+func TestApplicationOnlySessionsFreeTheirSlots(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) {
+			c.Upstream.MaxSessions, c.Upstream.MaxSessionsPerOwner = 3, 3
+		}}, echoTools(t)...)
+		parked := script([][]map[string]any{{{"name": "app_lookup", "arguments": map[string]any{"q": "x"}}}, {threeCalls[0][0]}}, "done ")
+		var ids []string
+		for range 3 {
+			id, watch := h.createHeader(t, appKey, parked)
+			if watch != "" {
+				t.Fatalf("caller B's session %s: %s %q", id, agentsup.WatchHeader, watch)
+			}
+			poll.Until(t, "the session to wait on the application's call", func() bool { return len(h.session(id).Pending) == 1 })
+			ids = append(ids, id)
+		}
+		// The sidecar may not have seen B's last block yet: then A's
+		// create is refused, and A reads its session again, which the
+		// sidecar watches once it has.
+		a, watch := h.createHeader(t, "sk-caller-a", script(threeCalls, "done "))
+		if watch != "" {
+			poll.Until(t, "caller A's session to be watched, B's three waiting on the application only", func() bool {
+				return h.readHeader(t, "sk-caller-a", a) == ""
+			})
+		}
+		assertOnce(t, h, h.final(t, a), 3, []int{3})
+		h.readBase = h.simURL
+		h.answerOwn(t, ids[0], "app_lookup", "app answer")
+		h.readBase = ""
+		s := h.final(t, ids[0])
+		if len(s.Posts) != 2 || s.Posts[1] != 1 {
+			t.Errorf("B's session after its own answer: posts %v, want the application's, then the sidecar's one call", s.Posts)
+		}
+	})
+}
+
+// TestSlotsPerOwner: with upstream.max_sessions 4 and the default per
+// caller (half of it: 2), caller B's two sessions at work (their calls
+// held) take its share: its third is answered "Toolsidecar-Watch:
+// refused", while caller A's session is watched and answered. Before, B's
+// third took a slot like any other.
+func TestSlotsPerOwner(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		release := make(chan struct{})
+		hold := testenv.Tool{Config: config.Tool{Name: "hold"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return []byte(`"held"`), nil
+		}}
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 4 }},
+			append(echoTools(t), hold)...)
+		held := script([][]map[string]any{{{"name": "hold", "arguments": map[string]any{}}}}, "done ")
+		var ids []string
+		for i := range 3 {
+			id, watch := h.createHeader(t, appKey, held)
+			switch {
+			case i < 2 && watch != "":
+				t.Fatalf("caller B's session %d: %s %q", i, agentsup.WatchHeader, watch)
+			case i == 2 && (!strings.HasPrefix(watch, "refused: ") || !strings.Contains(watch, "max_sessions_per_owner")):
+				t.Errorf("caller B's third session, past its share: %s %q", agentsup.WatchHeader, watch)
+			}
+			ids = append(ids, id)
+		}
+		a, watch := h.createHeader(t, "sk-caller-a", script(threeCalls, "done "))
+		if watch != "" {
+			t.Errorf("caller A's session: %s %q", agentsup.WatchHeader, watch)
+		}
+		assertOnce(t, h, h.final(t, a), 3, []int{3})
+		close(release)
+		for _, id := range ids[:2] {
+			if s := h.final(t, id); len(s.Posts) != 1 {
+				t.Errorf("B's session %s: posts %v", id, s.Posts)
+			}
+		}
+	})
+}
+
+// readHeader reads a session through the sidecar as key, and returns the
+// answer's Toolsidecar-Watch header.
+func (h *hosted) readHeader(t *testing.T, key, id string) string {
+	t.Helper()
+	path := "/v1/agents/sessions/" + id
+	if h.kind == config.UpstreamAnthropicAgents {
+		path = "/v1/sessions/" + id
+	}
+	var got http.Header
+	h.onAnswer = func(resp *http.Response) { got = resp.Header }
+	defer func() { h.onAnswer = nil }()
+	if status, data := h.call(t, http.MethodGet, path, key, nil); status != http.StatusOK {
+		t.Fatalf("reading %s: %d %s", id, status, data)
+	}
+	return got.Get(agentsup.WatchHeader)
 }

@@ -22,14 +22,18 @@ type WatcherConfig struct {
 	Drive executor.DriveFunc
 	// Max bounds the sessions watched at once. Required.
 	Max int
+	// MaxPerOwner bounds the sessions watched at once for one owner
+	// (executor.CallerOf), the sessions webhooks name excepted: one caller
+	// cannot take every slot. 0: Max/2, at least 1.
+	MaxPerOwner int
 }
 
 // Watcher follows sessions: for each, one goroutine reads its event
 // stream (reopened and reconciled from a read of the session after a
 // cut) and one drives its batches. It owns them: a watch ends when its
 // session fails, terminates or is deleted, when its credential is refused,
-// when its slot is taken while the session is idle with nothing in flight,
-// or at Close.
+// when its slot is taken while the session rests (idle, or waiting only on
+// the application's own tools) with nothing in flight, or at Close.
 type Watcher struct {
 	cfg  WatcherConfig
 	base context.Context
@@ -50,14 +54,18 @@ type watching struct {
 	cancel context.CancelFunc
 }
 
-// ErrTooManyWatches: the sidecar watches WatcherConfig.Max sessions, none
-// of them idle with nothing in flight.
+// ErrTooManyWatches: the sidecar watches WatcherConfig.Max sessions, or
+// the caller its WatcherConfig.MaxPerOwner, none of them resting with
+// nothing in flight.
 var ErrTooManyWatches = errors.New("agentsup: too many sessions watched")
 
 // NewWatcher builds the watches. No I/O.
 func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
-	if cfg.Upstream == nil || cfg.Drive == nil || cfg.Max <= 0 {
-		return nil, fmt.Errorf("agentsup: a watcher needs its Upstream, Drive and a positive Max (%d)", cfg.Max)
+	if cfg.Upstream == nil || cfg.Drive == nil || cfg.Max <= 0 || cfg.MaxPerOwner < 0 {
+		return nil, fmt.Errorf("agentsup: a watcher needs its Upstream, Drive, a positive Max (%d) and a MaxPerOwner not negative (%d)", cfg.Max, cfg.MaxPerOwner)
+	}
+	if cfg.MaxPerOwner == 0 {
+		cfg.MaxPerOwner = max(1, cfg.Max/2)
 	}
 	base, stop := context.WithCancel(context.Background())
 	drained, drain := context.WithCancel(context.Background())
@@ -87,8 +95,10 @@ func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *ses
 		return errors.New("agentsup: the sidecar is shutting down")
 	case w.watches[id] != nil:
 		return nil
-	case len(w.watches) >= w.cfg.Max && !w.evictLocked():
-		return fmt.Errorf("%w (%d, none idle)", ErrTooManyWatches, w.cfg.Max)
+	case owner != webhookOwner && w.ownedLocked(owner) >= w.cfg.MaxPerOwner && !w.evictLocked(owner):
+		return fmt.Errorf("%w for one caller (upstream.max_sessions_per_owner %d, none resting)", ErrTooManyWatches, w.cfg.MaxPerOwner)
+	case len(w.watches) >= w.cfg.Max && !w.evictLocked(""):
+		return fmt.Errorf("%w (%d, none resting)", ErrTooManyWatches, w.cfg.Max)
 	}
 	u := w.cfg.Upstream
 	s := newSession(id, key, owner)
@@ -123,14 +133,29 @@ func (w *Watcher) Watching() int {
 	return len(w.watches)
 }
 
-// evictLocked ends the watch of the session idle the longest with nothing
-// in flight, to free its slot; false when there is none. Its session is
-// watched again when a caller reads it through the sidecar, or a webhook
-// names it. w.mu is held.
-func (w *Watcher) evictLocked() bool {
+// ownedLocked counts owner's sessions watched. w.mu is held.
+func (w *Watcher) ownedLocked(owner string) int {
+	n := 0
+	for _, wt := range w.watches {
+		if wt.s.owner == owner {
+			n++
+		}
+	}
+	return n
+}
+
+// evictLocked ends the watch of the session resting the longest (idle, or
+// waiting only on the application's own tools) with nothing in flight, of
+// owner's ("": of any), to free its slot; false when there is none. Its
+// session is watched again when a caller reads it or posts to it through
+// the sidecar, or a webhook names it. w.mu is held.
+func (w *Watcher) evictLocked(owner string) bool {
 	var oldest *watching
 	var since time.Time
 	for _, wt := range w.watches {
+		if owner != "" && wt.s.owner != owner {
+			continue
+		}
 		if t, ok := wt.s.releasable(w.cfg.Upstream.cfg.Owns); ok && (oldest == nil || t.Before(since)) {
 			oldest, since = wt, t
 		}
@@ -140,7 +165,7 @@ func (w *Watcher) evictLocked() bool {
 	}
 	delete(w.watches, oldest.s.id)
 	oldest.cancel()
-	w.cfg.Upstream.log.Info("an idle session's watch ended to free its slot", "session", oldest.s.id, "idle_since", since)
+	w.cfg.Upstream.log.Info("a resting session's watch ended to free its slot", "session", oldest.s.id, "resting_since", since)
 	return true
 }
 

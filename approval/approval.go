@@ -54,7 +54,7 @@ type Verdict struct {
 	Outcome string `json:"outcome"`
 	Reason  string `json:"reason,omitempty"`
 	// Approver is the name the person gave, if any; AuthenticatedAs is how
-	// the request that decided was authenticated ("token", "key:<hash>",
+	// the request that decided was authenticated ("operator", "token", "key:<hash>",
 	// or "none" on an open loopback listener). Both empty for a timeout.
 	Approver        string    `json:"approver,omitempty"`
 	AuthenticatedAs string    `json:"authenticated_as,omitempty"`

@@ -72,6 +72,12 @@ type Server struct {
 	// AuthTokenFile holds a bearer token required on every route but
 	// health. Optional.
 	AuthTokenFile string `koanf:"auth_token_file"`
+	// OperatorTokenFile holds the operator's bearer token: taken wherever
+	// the API token is, it shows the live view and GET /v1/sidecar/runs
+	// every caller's runs and hosted sessions; any other request sees
+	// only the runs its own credentials drove. It must differ from the
+	// API token. Optional: without it nobody sees the whole board.
+	OperatorTokenFile string `koanf:"operator_token_file"`
 	// ShutdownTimeout bounds the drain of in-flight batches. default: 30s
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
 	// MaxBodyBytes bounds request bodies. default: 1 MiB

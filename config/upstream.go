@@ -63,15 +63,25 @@ type Upstream struct {
 	JournalTTL time.Duration `koanf:"journal_ttl"`
 	// MaxSessions bounds the hosted sessions watched at once, for kinds
 	// openai-agents and anthropic-agents: each is one open event stream
-	// and two goroutines. A session that is idle with nothing of the
-	// sidecar's in flight keeps its slot until another session needs it:
-	// then the watch of the session idle the longest ends, and that
-	// session is watched again when it is next read through the sidecar or
-	// a webhook names it (a turn it starts meanwhile is not answered until
-	// then). When every slot holds a session at work, a session created or
-	// read is passed through and not watched (logged at warn; a webhook is
-	// answered 503, which the API sends again). default: 1000
+	// and two goroutines. A session with nothing of the sidecar's in
+	// flight, idle or waiting only on calls of the application's own
+	// tools, keeps its slot until another session needs it: then the
+	// watch of the one resting the longest ends, and that session is
+	// watched again when it is next read through the sidecar, when the
+	// application posts to it through the sidecar (its own tools'
+	// results), or when a webhook names it (a block of the registry's
+	// tools it reaches meanwhile is not answered until then). When every
+	// slot holds a session at work, a session created or read is passed
+	// through and not watched (logged at warn; a webhook is answered 503,
+	// which the API sends again). default: 1000
 	MaxSessions int `koanf:"max_sessions"`
+	// MaxSessionsPerOwner bounds the sessions watched at once for one
+	// caller (the same credentials), so that one caller cannot take every
+	// slot; past it the caller's own resting session gives its slot up,
+	// or its new session is not watched. The sessions webhooks name,
+	// followed with the sidecar's own key, are not bounded by it. 0: half
+	// of max_sessions (at least 1). default: 0
+	MaxSessionsPerOwner int `koanf:"max_sessions_per_owner"`
 	// WebhookSecretFile holds the signing secret (whsec_<base64>) of the
 	// hosted API's webhooks, for kinds openai-agents and anthropic-agents.
 	// When set, the sidecar takes POST /v1/sidecar/webhooks/<kind>
@@ -145,6 +155,9 @@ func (u Upstream) validate() []error {
 		"journal_ttl": int64(u.JournalTTL)}, durationText)
 	if u.Hosted() {
 		p.positive(map[string]int64{"max_sessions": int64(u.MaxSessions)}, numberText)
+		if u.MaxSessionsPerOwner < 0 || u.MaxSessionsPerOwner > u.MaxSessions {
+			p.add("max_sessions_per_owner", "must be between 0 (half of max_sessions) and max_sessions (%d), got %d", u.MaxSessions, u.MaxSessionsPerOwner)
+		}
 	} else if u.WebhookSecretFile != "" {
 		p.add("webhook_secret_file", "is for kinds openai-agents and anthropic-agents, not %s", u.Kind)
 	}

@@ -107,18 +107,22 @@ type Option func(*Executor)
 // store in memory.
 func WithApprovals(s approval.Store) Option { return func(e *Executor) { e.approvals = s } }
 
-// WithTap hands every event of every drive, with its run, to tap (the live
-// view), as the drive emits it; an MCP client's call is a run of its own
-// there. tap is called from many goroutines and must not block.
-func WithTap(tap func(runID string, ev Event)) Option { return func(e *Executor) { e.tap = tap } }
+// WithTap hands every event of every drive, with its run and the caller
+// whose drive it is (Request.Caller: "" for an MCP client's call), to tap
+// (the live view), as the drive emits it; an MCP client's call is a run
+// of its own there. tap is called from many goroutines and must not
+// block.
+func WithTap(tap func(runID, caller string, ev Event)) Option {
+	return func(e *Executor) { e.tap = tap }
+}
 
 // tapped returns emit with the tap, if any, hearing each event after it.
-func (e *Executor) tapped(runID string, emit Sink) Sink {
+func (e *Executor) tapped(runID, caller string, emit Sink) Sink {
 	tap := e.tap
 	if tap == nil {
 		return emit
 	}
-	return func(ev Event) { emit(ev); tap(runID, ev) }
+	return func(ev Event) { emit(ev); tap(runID, caller, ev) }
 }
 
 // WithLogger sets the logger; default: discard.
@@ -180,7 +184,7 @@ type Executor struct {
 	// approvals holds the calls that wait for a person (approval.go).
 	approvals approval.Store
 	// tap hears every event of every drive (the live view).
-	tap func(runID string, ev Event)
+	tap func(runID, caller string, ev Event)
 	// dispatch is a call's steps 2 to 4: the policies around its mark and
 	// its attempts, composed once for each set of policies (policy.go).
 	dispatch *chains

@@ -26,7 +26,7 @@ func (e *Executor) run(ctx context.Context, req Request, run Run, emit Sink) (Su
 	if sc := span.SpanContext(); sc.IsValid() {
 		sum.TraceID = sc.TraceID().String()
 	}
-	emit = e.tapped(req.RunID, emit)
+	emit = e.tapped(req.RunID, req.Caller, emit)
 	replayed := run.Ended() // its drive counted when it ran
 	if !replayed {
 		e.obs.RunStarted()

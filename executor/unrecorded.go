@@ -42,7 +42,7 @@ func (e *Executor) Call(ctx context.Context, name string, args json.RawMessage) 
 	// The call's tool_result event carries its output, which the call
 	// drops once the event is out.
 	var res CallResult
-	emit := e.tapped(id, func(ev Event) {
+	emit := e.tapped(id, "", func(ev Event) {
 		if ev.Type == EventToolResult {
 			res = *ev.Call
 		}

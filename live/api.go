@@ -28,13 +28,16 @@ type RunList struct {
 // Runs answers GET /v1/sidecar/runs (the runs the board keeps, the most
 // recent first) and GET /v1/sidecar/runs/{run_id} (one run with its turns
 // and calls), for `toolsidecar runs` and scripts. They read the board the
-// live view draws: the runs in flight and the last server.ui_history.
-func Runs(b *Board) http.Handler {
+// live view draws: the runs in flight and the last server.ui_history, of
+// those the request may see (Access). Another caller's run is answered as
+// one the board does not keep: 404, which does not tell that it exists.
+func Runs(b *Board, access Access) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := access.viewer(r)
 		id := r.PathValue("run_id")
 		if id == "" {
 			list := RunList{Runs: []RunSummary{}}
-			for _, run := range b.snapshot() {
+			for _, run := range v.runs(b.snapshot()) {
 				list.Runs = append(list.Runs, RunSummary{ID: run.ID, Status: run.Status, Started: run.Started, Ended: run.Ended,
 					Turns: len(run.Turns), Calls: run.Calls, Errors: run.Errors, Error: run.Error})
 			}
@@ -46,7 +49,7 @@ func Runs(b *Board) http.Handler {
 			return
 		}
 		run, ok := b.run(id)
-		if !ok {
+		if !ok || !v.sees(&run) {
 			reply(w, http.StatusNotFound, map[string]string{"error": "run " + id + " is not among the runs this sidecar keeps (those in flight and the last server.ui_history)"})
 			return
 		}

@@ -33,6 +33,10 @@ type Run struct {
 	Error   string  `json:"error,omitempty"`
 	// TraceID is the last drive's trace, when it was traced.
 	TraceID string `json:"trace_id,omitempty"`
+	// owner is the caller whose drive began the row (executor.CallerOf, a
+	// digest; "" for a run of no caller): who may see it (Access). Never
+	// shown.
+	owner string
 }
 
 // Turn is one turn of a run and its batch.
@@ -121,8 +125,10 @@ func cut(s string) string {
 }
 
 // Observe is the executor's tap (executor.WithTap): it folds one event of
-// a run into the board.
-func (b *Board) Observe(runID string, ev executor.Event) {
+// a run, driven for caller, into the board. The row is the caller's whose
+// drive began it: a later drive of the run by another caller (one Core let
+// read it) leaves it so.
+func (b *Board) Observe(runID, caller string, ev executor.Event) {
 	switch ev.Type {
 	case executor.EventContent, executor.EventReasoning, executor.EventChunk, executor.EventError, executor.EventProgress:
 		return // text, raw chunks and progress: the view does not show them, and they are most events
@@ -133,7 +139,7 @@ func (b *Board) Observe(runID string, ev executor.Event) {
 	r := b.runs[runID]
 	switch {
 	case r == nil:
-		r = &Run{ID: runID, Status: "running", Started: now, Turns: []*Turn{}}
+		r = &Run{ID: runID, Status: "running", Started: now, Turns: []*Turn{}, owner: caller}
 		b.runs[runID] = r
 	case r.Ended != 0 && ev.Type == executor.EventDone:
 		// A drive of a run that had ended, answered with its state and
@@ -269,6 +275,14 @@ func (b *Board) run(id string) (Run, bool) {
 		return Run{}, false
 	}
 	return r.copy(), true
+}
+
+// visible reports a run the board keeps that v may see.
+func (b *Board) visible(id string, v viewer) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.runs[id]
+	return ok && v.sees(r)
 }
 
 // copy is a deep copy of the run, to encode outside the lock.

@@ -60,10 +60,11 @@ func browser(t *testing.T) string {
 // the API token: the page lists the pending approval with its arguments;
 // a click on Approve releases the call; the run completes, Core has one
 // output per call with every Action finalised, and the page's timeline
-// shows every call with its outcome.
+// shows every call with its outcome. The page opened with the operator's
+// token shows the run as well.
 func TestLiveViewInABrowser(t *testing.T) {
 	chrome := browser(t)
-	const token = "ui-token-55c0"
+	const token, operator = "ui-token-55c0", "ui-operator-9d21"
 	sc := coresim.Scenario{Turns: []coresim.Turn{
 		{Content: "Let me check.", Calls: []coresim.Call{
 			{Tool: "transfer_funds", ArgsJSON: `{"from": "ops", "to": "acme-supplies", "amount_eur": 1250}`},
@@ -74,7 +75,7 @@ func TestLiveViewInABrowser(t *testing.T) {
 	// Traced, with the runs linked to a tracing backend.
 	const traceID = "5b8efff798038103d269b633813fc60c"
 	traced := testenv.Traced(t)
-	env := testenv.Start(t, sc, testenv.Options{Token: token, Config: func(c *config.Config) {
+	env := testenv.Start(t, sc, testenv.Options{Token: token, Operator: operator, Config: func(c *config.Config) {
 		traced(c)
 		c.Server.UITraceURL = "https://traces.example/trace/{trace_id}"
 	}},
@@ -211,5 +212,13 @@ func TestLiveViewInABrowser(t *testing.T) {
 	screenshot(t, step, "live-view.png")
 	if err := chromedp.Do(step, chromedp.Click(chromedp.CSS(failing)), chromedp.WaitNotPresent(chromedp.CSS(detail))); err != nil {
 		t.Fatalf("a second click did not hide the details: %v", err)
+	}
+
+	// The operator's token, in a tab of its own, shows the run too.
+	tab, closeTab := chromedp.NewContext(step)
+	defer closeTab()
+	if err := chromedp.Do(tab, chromedp.Navigate(env.URL+"/ui#token="+operator),
+		chromedp.WaitVisible(chromedp.CSS(`#runs tr[data-run-id="`+r.RunID+`"] .status.completed`))); err != nil {
+		t.Fatalf("the page with the operator's token: %v", err)
 	}
 }

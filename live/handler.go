@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"slices"
 	"time"
 
 	sse "github.com/tmaxmax/go-sse"
@@ -20,7 +21,10 @@ var static embed.FS
 
 // Config configures the view's handlers.
 type Config struct {
-	Board     *Board
+	Board *Board
+	// Access decides the runs each page sees, and the pending approvals:
+	// those of the runs it sees (every one for the operator).
+	Access    Access
 	Approvals approval.Store
 	// Refresh is how often a page is sent the pending approvals even when
 	// this sidecar saw no change: another sidecar of the cluster may have
@@ -54,7 +58,8 @@ func Pages() http.Handler {
 
 // Events streams the board over SSE (GET /ui/events): a snapshot event
 // with every run kept and the pending approvals, then a run event per
-// changed run and an approvals event when they change.
+// changed run and an approvals event when they change; of each, what the
+// request may see (Config.Access).
 func Events(cfg Config) http.Handler {
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = 5 * time.Second
@@ -72,7 +77,7 @@ func Events(cfg Config) http.Handler {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		s := &stream{cfg: cfg, sess: sess, ctx: r.Context()}
+		s := &stream{cfg: cfg, sess: sess, ctx: r.Context(), viewer: cfg.Access.viewer(r)}
 		s.run()
 	})
 }
@@ -82,6 +87,7 @@ type stream struct {
 	cfg     Config
 	sess    *sse.Session
 	ctx     context.Context
+	viewer  viewer
 	pending []approval.Entry // as last sent
 }
 
@@ -106,14 +112,19 @@ func (s *stream) approvals() ([]approval.Entry, bool) {
 		s.cfg.Logger.Warn("live view: listing approvals failed", "err", err)
 		return nil, false
 	}
-	return es, true
+	if s.viewer.all {
+		return es, true
+	}
+	// A caller's page shows the approvals of its own runs: another's
+	// carry that run's arguments.
+	return slices.DeleteFunc(es, func(e approval.Entry) bool { return !s.cfg.Board.visible(e.RunID, s.viewer) }), true
 }
 
 func (s *stream) run() {
 	w, stop := s.cfg.Board.watch()
 	defer stop()
 	s.pending, _ = s.approvals()
-	snap := map[string]any{"runs": s.cfg.Board.snapshot(), "approvals": s.pending, "now": time.Now().UnixMilli()}
+	snap := map[string]any{"runs": s.viewer.runs(s.cfg.Board.snapshot()), "approvals": s.pending, "now": time.Now().UnixMilli()}
 	if s.cfg.TraceURL != "" {
 		snap["trace_url"] = s.cfg.TraceURL
 	}
@@ -143,7 +154,7 @@ func (s *stream) run() {
 		case <-w.wake:
 		}
 		runs, changed := s.cfg.Board.changes(w)
-		for _, r := range runs {
+		for _, r := range s.viewer.runs(runs) {
 			if !s.send("run", r) {
 				return
 			}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,4 +272,72 @@ func streamText(body []byte) string {
 		}
 	}
 	return out.String()
+}
+
+// TestLiveViewShowsACallerItsOwnRuns: in each model-API mode, key A's run
+// and key B's, each with a tool call, are on the board; each caller's
+// GET /v1/sidecar/runs and /ui/events list its own run only, and B reads
+// 404 for A's run as for one the board does not keep; a request with no
+// credential lists nothing; the operator's token lists both. Before,
+// every request listed both and B read A's calls and result previews.
+func TestLiveViewShowsACallerItsOwnRuns(t *testing.T) {
+	const operator = "operator-token-7f3e"
+	for _, api := range ownerAPIs() {
+		t.Run(api.kind, func(t *testing.T) {
+			srv := httptest.NewServer(api.sim)
+			defer srv.Close()
+			env, hc := startSidecar(t, api.kind, srv.URL+api.simPath, testenv.Options{Operator: operator})
+			user := script(echoCalls(1), "the answer")
+			as := func(key string) http.Header {
+				h := http.Header{}
+				if key != "" {
+					api.keyed(h, key)
+				}
+				return h
+			}
+			ids := map[string]string{}
+			for _, key := range []string{"key-A", "key-B"} {
+				req, _ := http.NewRequest("POST", env.URL+api.path, strings.NewReader(api.body(user)))
+				req.Header = as(key)
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := hc.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if ids[key] = resp.Header.Get("X-Toolsidecar-Run-Id"); resp.StatusCode != http.StatusOK || ids[key] == "" {
+					t.Fatalf("%s's request: %d %.300s", key, resp.StatusCode, body)
+				}
+			}
+			a, b := ids["key-A"], ids["key-B"]
+			both := []string{a, b}
+			slices.Sort(both)
+			opHeader := http.Header{"Authorization": {"Bearer " + operator}}
+			poll.Until(t, "both runs to end on the board", func() bool {
+				var run struct{ Status string }
+				return testenv.BoardGet(t, env.URL+"/v1/sidecar/runs/"+a, opHeader, &run) == http.StatusOK && run.Status == "completed" &&
+					testenv.BoardGet(t, env.URL+"/v1/sidecar/runs/"+b, opHeader, &run) == http.StatusOK && run.Status == "completed"
+			})
+			for _, c := range []struct {
+				who    string
+				header http.Header
+				want   []string
+			}{{"key A", as("key-A"), []string{a}}, {"key B", as("key-B"), []string{b}}, {"no credential", as(""), nil}, {"the operator", opHeader, both}} {
+				listed, streamed := testenv.Board(t, env.URL, c.header)
+				if !slices.Equal(listed, c.want) || !slices.Equal(streamed, c.want) {
+					t.Errorf("%s: GET /v1/sidecar/runs lists %v, /ui/events %v; want %v", c.who, listed, streamed, c.want)
+				}
+			}
+			for _, c := range []struct {
+				who    string
+				header http.Header
+				want   int
+			}{{"key B", as("key-B"), http.StatusNotFound}, {"no credential", as(""), http.StatusNotFound}, {"key A", as("key-A"), http.StatusOK}} {
+				if got := testenv.BoardGet(t, env.URL+"/v1/sidecar/runs/"+a, c.header, nil); got != c.want {
+					t.Errorf("%s reading A's run: %d, want %d", c.who, got, c.want)
+				}
+			}
+		})
+	}
 }

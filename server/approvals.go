@@ -77,10 +77,12 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 }
 
 // authenticatedAs names how a request was authenticated, without the
-// secret: the API token, a Core key (by a short hash), or nothing (an
-// open loopback listener).
+// secret: the operator's token, the API token, a Core key (by a short
+// hash), or nothing (an open loopback listener).
 func (s *Server) authenticatedAs(r *http.Request) string {
 	switch key := r.Header.Get("X-API-Key"); {
+	case bearer(r, s.cfg.Operator):
+		return "operator"
 	case s.cfg.Token != "":
 		return "token"
 	case key != "":

@@ -83,6 +83,10 @@ type Config struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every route but /healthz and /readyz.
 	Token string
+	// Operator is the operator's token (server.operator_token_file): it
+	// is taken wherever Token is, and the live view shows its holder every
+	// caller's runs. "": none.
+	Operator string
 	// AllowedHosts are the names, beside localhost and IP addresses, that
 	// a request's Host may give (browser.go).
 	AllowedHosts []string
@@ -315,8 +319,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.Token != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+		if !bearer(r, s.cfg.Token) && !bearer(r, s.cfg.Operator) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="toolsidecar"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 			return
@@ -341,6 +344,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	// A caller's W3C trace context becomes the parent of the drive's spans.
 	r = r.WithContext(otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header)))
 	s.mux.ServeHTTP(w, r)
+}
+
+// bearer reports a request that presents token as its bearer token; never
+// for an empty token.
+func bearer(r *http.Request, token string) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return token != "" && ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
 // noRoute answers a request that no route serves (h is the mux's own 404

@@ -625,19 +625,29 @@ func (s *Sidecar) hostedUpstream() (executor.Upstream, error) {
 // buildServer builds the API; coreRT reaches Core for the proxy and the
 // readiness probe, with the Core client's TLS.
 func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
-	var token string
-	if f := s.cfg.Server.AuthTokenFile; f != "" {
+	var token, operator string
+	for _, sec := range []struct {
+		key, file string
+		into      *string
+	}{{"server.auth_token_file", s.cfg.Server.AuthTokenFile, &token}, {"server.operator_token_file", s.cfg.Server.OperatorTokenFile, &operator}} {
+		if sec.file == "" {
+			continue
+		}
 		var err error
-		if token, err = config.ReadSecret("server.auth_token_file", f); err != nil {
+		if *sec.into, err = config.ReadSecret(sec.key, sec.file); err != nil {
 			return err
 		}
 	}
-	scfg := server.Config{Token: token, AllowedHosts: s.cfg.Server.AllowedHosts, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive, SSEResumeGrace: s.cfg.Server.SSEResumeGrace,
+	if operator != "" && operator == token {
+		return errors.New("server.operator_token_file holds the API token of server.auth_token_file: every caller would see every other's runs; give the operator a token of its own")
+	}
+	scfg := server.Config{Token: token, Operator: operator, AllowedHosts: s.cfg.Server.AllowedHosts, MaxBodyBytes: s.cfg.Server.MaxBodyBytes, MaxDrives: s.cfg.Server.MaxDrives, Gatherer: s.metrics, SSEKeepalive: s.cfg.Server.SSEKeepalive, SSEResumeGrace: s.cfg.Server.SSEResumeGrace,
 		Logger: s.log.With("component", "server"), Ready: readiness(s.cfg.Core, coreRT, s.nc.IsConnected), Live: s.natsLife.Err, ReadyInfo: s.readyInfo,
 		Pprof: s.cfg.Server.Pprof, Approvals: s.approvals}
 	switch {
 	case s.agents != nil:
-		w, err := agentsup.NewWatcher(agentsup.WatcherConfig{Upstream: s.agents, Drive: s.exec.Drive, Max: s.cfg.Upstream.MaxSessions})
+		w, err := agentsup.NewWatcher(agentsup.WatcherConfig{Upstream: s.agents, Drive: s.exec.Drive, Max: s.cfg.Upstream.MaxSessions,
+			MaxPerOwner: s.cfg.Upstream.MaxSessionsPerOwner})
 		if err != nil {
 			return err
 		}
@@ -703,8 +713,9 @@ func (s *Sidecar) buildServer(coreRT http.RoundTripper) error {
 		for _, p := range []string{"GET /ui", "GET /ui/{$}", "GET /ui/app.js", "GET /ui/style.css"} {
 			scfg.Pages = append(scfg.Pages, server.Route{Pattern: p, Handler: pages})
 		}
-		runs := live.Runs(s.board)
-		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "GET /ui/events", Handler: live.Events(live.Config{Board: s.board,
+		access := live.Access{Operator: operator, Token: token}
+		runs := live.Runs(s.board, access)
+		scfg.Routes = append(scfg.Routes, server.Route{Pattern: "GET /ui/events", Handler: live.Events(live.Config{Board: s.board, Access: access,
 			Approvals: s.approvals, Keepalive: s.cfg.Server.SSEKeepalive, TraceURL: s.cfg.Server.UITraceURL, Logger: s.log.With("component", "ui")})},
 			// Under /v1/sidecar/, not /v1/runs/: in proxy mode that is Core's.
 			server.Route{Pattern: "GET /v1/sidecar/runs", Handler: runs}, server.Route{Pattern: "GET /v1/sidecar/runs/{run_id}", Handler: runs})

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,7 +42,8 @@ func runsCommand(stdout, stderr io.Writer) *cobra.Command {
 		Short: "list or show the runs a running daemon keeps (those in flight and the last server.ui_history)",
 		Long: "List or show the runs a running daemon keeps: those in flight and the last server.ui_history, as its live view shows them.\n\n" +
 			"The daemon is found at --url, or at the server.listen of --config. The API token comes from --token-file, " +
-			"TOOLSIDECAR_TOKEN, or the server.auth_token_file of --config.",
+			"TOOLSIDECAR_TOKEN, or the server.operator_token_file (else server.auth_token_file) of --config. " +
+			"The daemon lists the runs of the token's caller; the operator's token lists every run.",
 		Args: cobra.NoArgs,
 	}
 	pf := cmd.PersistentFlags()
@@ -159,7 +161,9 @@ func (f runsFlags) client() (*runsClient, error) {
 			rc.url = "http://" + reachable(cfg.Server.Listen)
 		}
 		if tokenFile == "" && os.Getenv("TOOLSIDECAR_TOKEN") == "" {
-			tokenFile = cfg.Server.AuthTokenFile
+			// The operator's token, where there is one: with any other a
+			// request sees only the runs its own credentials drove.
+			tokenFile = cmp.Or(cfg.Server.OperatorTokenFile, cfg.Server.AuthTokenFile)
 		}
 	}
 	return rc.resolve(tokenFile)

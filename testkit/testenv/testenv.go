@@ -61,6 +61,9 @@ type Options struct {
 	Executor config.Executor
 	// Token, when set, is required on the API (server.auth_token_file).
 	Token string
+	// Operator, when set, is the operator's token
+	// (server.operator_token_file): the live view shows it every run.
+	Operator string
 	// MaxBodyBytes sets server.max_body_bytes.
 	MaxBodyBytes int64
 	// CoreTimeout sets core.timeout (one request to Core); default 5s.
@@ -206,9 +209,15 @@ func Config(t testing.TB, coreURL string, opts Options, tools []Tool) (config.Co
 	if opts.MaxBodyBytes > 0 {
 		cfg.Server.MaxBodyBytes = opts.MaxBodyBytes
 	}
-	if opts.Token != "" {
-		cfg.Server.AuthTokenFile = filepath.Join(t.TempDir(), "token")
-		if err := os.WriteFile(cfg.Server.AuthTokenFile, []byte(opts.Token+"\n"), 0o600); err != nil {
+	for _, sec := range []struct {
+		value string
+		file  *string
+	}{{opts.Token, &cfg.Server.AuthTokenFile}, {opts.Operator, &cfg.Server.OperatorTokenFile}} {
+		if sec.value == "" {
+			continue
+		}
+		*sec.file = filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(*sec.file, []byte(sec.value+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

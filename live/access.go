@@ -1,0 +1,64 @@
+package live
+
+import (
+	"crypto/subtle"
+	"net/http"
+	"strings"
+
+	"github.com/projectdavid/toolsidecar/executor"
+)
+
+// Access decides which runs of the board a request sees: a caller its own
+// (those its credentials drove: the same executor.CallerOf), the operator
+// every one. A run of no caller (an MCP client's call) is the sidecar's
+// own: shown to a request that presents the API token alone, or, without
+// one, no credential at all.
+type Access struct {
+	// Operator is the operator's token (server.operator_token_file): a
+	// request that presents it as a bearer token sees the whole board.
+	// "": nobody does.
+	Operator string
+	// Token is the sidecar's API token (server.auth_token_file), or "".
+	Token string
+}
+
+// viewer is what one request may see.
+type viewer struct {
+	all    bool
+	caller string // executor.CallerOf of its credentials
+	own    bool   // its credentials are the sidecar's own: it sees the runs of no caller
+}
+
+// IsOperator reports a request that presents the operator's token.
+func (a Access) IsOperator(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return a.Operator != "" && ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Operator)) == 1
+}
+
+func (a Access) viewer(r *http.Request) viewer {
+	if a.IsOperator(r) {
+		return viewer{all: true}
+	}
+	own := http.Header{}
+	if a.Token != "" {
+		own.Set("Authorization", "Bearer "+a.Token)
+	}
+	caller := executor.CallerOf(r.Header)
+	return viewer{caller: caller, own: caller == executor.CallerOf(own)}
+}
+
+// sees reports a run the viewer may see.
+func (v viewer) sees(r *Run) bool {
+	return v.all || (r.owner == "" && v.own) || (r.owner != "" && r.owner == v.caller)
+}
+
+// runs keeps the runs the viewer sees.
+func (v viewer) runs(runs []Run) []Run {
+	out := runs[:0]
+	for i := range runs {
+		if v.sees(&runs[i]) {
+			out = append(out, runs[i])
+		}
+	}
+	return out
+}
