@@ -139,14 +139,14 @@ type message struct {
 
 type run struct {
 	core.Run
-	owner   string // the creating key, with PerKeyUsers
-	turns   int
+	owner string // the creating key, with PerKeyUsers
+	turns int
 	// createdAt and finishedAt (completed or cancelled) are Unix seconds,
 	// as Core stamps them; instructions are the run's or its assistant's.
 	createdAt, finishedAt int64
 	instructions          string
-	batches [][]*action // actions per tool turn, in call order
-	ended   bool
+	batches               [][]*action // actions per tool turn, in call order
+	ended                 bool
 }
 
 type action struct {
