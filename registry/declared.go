@@ -77,3 +77,9 @@ func DeclarationErrors(err error) []*DeclarationError {
 
 // Declared lists the declarations the registry was built with.
 func (r *Registry) Declared() []Declared { return r.declared }
+
+// Conflicts are the declarations that contradict the configuration's entry
+// of their tool: the entry is in force and they are left out. Start,
+// discovery, reload and `toolsidecar check` all report them, and check
+// fails on them.
+func (r *Registry) Conflicts() []*DeclarationError { return r.conflicts }

@@ -76,26 +76,30 @@ tools:
 		t.Errorf("policied without its declaration: %+v", tl)
 	}
 
-	// Contradictions name both sources; a declaration that does not
-	// compile names its worker.
-	for name, d := range map[string]Declared{
-		"schema": {Name: "same", Declaration: tool.Declaration{Parameters: schema}, By: by},
-		"bad":    {Name: "new", Declaration: tool.Declaration{Parameters: json.RawMessage(`{"type": 12}`)}, By: by},
-	} {
-		_, err := reg.Redeclare([]Declared{d})
-		var de *DeclarationError
-		if !errors.As(err, &de) || !errors.Is(err, ErrInvalidTool) || len(DeclarationErrors(err)) != 1 || de.Tool != d.Name || !strings.Contains(err.Error(), "go worker W1") {
-			t.Errorf("%s: %v", name, err)
-		}
-		if name == "schema" && (de.Key != "tools[2]" || !strings.Contains(err.Error(), `"n"`) || !strings.Contains(err.Error(), `"city"`)) {
-			t.Errorf("the schema conflict does not show both schemas: %v", err)
-		}
+	// A declaration that does not compile is an error naming its worker.
+	_, err = reg.Redeclare([]Declared{{Name: "new", Declaration: tool.Declaration{Parameters: json.RawMessage(`{"type": 12}`)}, By: by}})
+	var de *DeclarationError
+	if !errors.As(err, &de) || !errors.Is(err, ErrInvalidTool) || len(DeclarationErrors(err)) != 1 || de.Tool != "new" || !strings.Contains(err.Error(), "go worker W1") {
+		t.Errorf("bad: %v", err)
+	}
+	// One that contradicts the file is no error: the file's entry stays in
+	// force, and the conflict names both sources and both schemas.
+	conflicting, err := reg.Redeclare([]Declared{{Name: "same", Declaration: tool.Declaration{Parameters: schema}, By: by}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl, _ := conflicting.Lookup("same"); tl.Source != SourceConfig || tl.Validate(json.RawMessage(`{"n": 1}`)) != nil {
+		t.Errorf("same, contradicted: %+v, want the file's entry", tl)
+	}
+	if cs := conflicting.Conflicts(); len(cs) != 1 || cs[0].Key != "tools[2]" || !strings.Contains(cs[0].Error(), "go worker W1") ||
+		!strings.Contains(cs[0].Error(), `"n"`) || !strings.Contains(cs[0].Error(), `"city"`) {
+		t.Errorf("the schema conflict does not show both sources and schemas: %v", cs)
 	}
 }
 
 // TestReloadKeepsDeclarations: a reload of the file puts its entries in
-// force with the declarations in force, and one that contradicts them is
-// rejected as any bad file is.
+// force with the declarations in force; an entry that contradicts one is
+// put in force as a start puts it, the declaration left out.
 func TestReloadKeepsDeclarations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	os.WriteFile(path, []byte("tools:\n  - { name: a }\n"), 0o600)
@@ -115,10 +119,13 @@ func TestReloadKeepsDeclarations(t *testing.T) {
 		t.Errorf("w after the reload: %+v", tl)
 	}
 	os.WriteFile(path, []byte("tools:\n  - { name: w, parameters: { type: object } }\n"), 0o600)
-	if err := r.Reload(context.Background()); err == nil || !strings.Contains(err.Error(), "node worker N") {
-		t.Errorf("a file contradicting a declaration reloaded: %v", err)
+	if err := r.Reload(context.Background()); err != nil {
+		t.Fatalf("a file contradicting a declaration: %v", err)
 	}
-	if _, ok := live.Load().Lookup("a"); !ok {
-		t.Error("the rejected file replaced the registry in force")
+	if tl, ok := live.Load().Lookup("w"); !ok || tl.Source != SourceConfig {
+		t.Errorf("w after the contradicting reload: %+v, want the file's", tl)
+	}
+	if cs := live.Load().Conflicts(); len(cs) != 1 || !strings.Contains(cs[0].Error(), "node worker N") {
+		t.Errorf("conflicts %v", cs)
 	}
 }

@@ -120,6 +120,7 @@ type Registry struct {
 	cfg        config.Config
 	configured []config.Tool // the configuration's, imports read
 	declared   []Declared
+	conflicts  []*DeclarationError
 }
 
 // New compiles the tools of a configuration (its tools, and the built-in
@@ -186,7 +187,12 @@ func build(cfg config.Config, kinds Kinds, configured []config.Tool, declared []
 		delete(byName, tc.Name)
 		merged, err := tc.Declare(d.Declaration)
 		if err != nil {
-			errs = append(errs, &DeclarationError{Tool: tc.Name, Key: key, By: d.By, Err: err})
+			// The operator's entry stays in force and the declaration is
+			// left out, whoever comes first: a client of the bus can
+			// neither keep the sidecar from starting or reloading nor
+			// replace a tool the file defines (Conflicts).
+			r.conflicts = append(r.conflicts, &DeclarationError{Tool: tc.Name, Key: key, By: d.By, Err: err})
+			add(tc, key, source, nil)
 			continue
 		}
 		add(merged, key, SourceConfigAndWorker, &d)

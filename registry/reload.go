@@ -84,7 +84,8 @@ func (r *Reloader) Reload(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, importTimeout)
 		defer cancel()
 		// The tools that workers declare stay: the file is put in force
-		// with them, and one that contradicts them is rejected.
+		// with them; one that its entry contradicts is left out, as at
+		// start (Registry.Conflicts).
 		_, err = r.live.Update(func(cur *Registry) (*Registry, error) {
 			reg, err := New(ctx, cfg, cur.kinds, cur.declared...)
 			if err != nil {
@@ -95,6 +96,9 @@ func (r *Reloader) Reload(ctx context.Context) error {
 			r.total.WithLabelValues("success").Inc()
 			r.lastOK.Set(1)
 			r.log.Info("tools reloaded", "tools", len(reg.Names()))
+			for _, c := range reg.Conflicts() {
+				r.log.Error("a worker's tool declaration is left out", "tool", c.Tool, "err", c)
+			}
 			if keys := config.Changed(r.running, cfg); len(keys) > 0 {
 				r.log.Warn("the file changed keys that only a restart applies; they are not in force", "keys", keys)
 			}

@@ -315,8 +315,25 @@ func (s *Sidecar) redeclare(ctx context.Context) {
 		s.log.Error("the workers' tools are not put in force", "err", err)
 		return
 	}
+	for _, c := range s.bus.conflicts(reg) {
+		s.log.Error("a worker's tool declaration is left out", "tool", c.Tool, "err", c)
+	}
 	added, gone := diffNames(before.Names(), reg.Names())
 	s.log.Info("workers' tools in force", "declared", len(reg.Declared()), "added", added, "gone", gone)
+}
+
+// conflicts are reg's declarations that the configuration contradicts
+// (its entry is in force, they are left out), each counted and returned
+// once: discovery compiles again whenever any tool changes.
+func (b *busTools) conflicts(reg *registry.Registry) []*registry.DeclarationError {
+	var out []*registry.DeclarationError
+	for _, c := range reg.Conflicts() {
+		if len(b.unreported([]string{c.Error()})) > 0 {
+			b.count(leftRefused)
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // compile is reg with the declarations in force, leaving out (and
@@ -365,8 +382,8 @@ func (s *Sidecar) discover(ctx context.Context, every time.Duration) {
 
 // declaredAtStart adds the tools that the workers already on an external
 // bus declare. A declaration that contradicts the configuration is left
-// out with a warning, as a later discovery leaves it out: no bus client
-// can keep the sidecar from starting. An embedded server has no worker
+// out with an error, as a later discovery and a reload leave it out: no
+// bus client can keep the sidecar from starting. An embedded server has no worker
 // yet; discovery finds them once they connect.
 func (s *Sidecar) declaredAtStart(ctx context.Context, reg *registry.Registry) (*registry.Registry, error) {
 	s.bus = newBusTools(s.cfg.NATS, newLeftOutCounter(s.metrics))
@@ -381,10 +398,13 @@ func (s *Sidecar) declaredAtStart(ctx context.Context, reg *registry.Registry) (
 		s.log.Warn("a worker's tool declaration", "problem", p)
 	}
 	reg, bad, err := s.bus.compile(reg)
-	for _, de := range bad {
-		s.log.Warn("a worker's tool declaration is left out", "tool", de.Tool, "err", de)
+	if err != nil {
+		return nil, err
 	}
-	return reg, err
+	for _, de := range append(bad, s.bus.conflicts(reg)...) {
+		s.log.Error("a worker's tool declaration is left out", "tool", de.Tool, "err", de)
+	}
+	return reg, nil
 }
 
 // Redeclared is reg with the tools that the workers on the configuration's
@@ -411,10 +431,13 @@ func Redeclared(ctx context.Context, cfg config.Config, reg *registry.Registry) 
 		return nil, nil, false, &BusError{err}
 	}
 	reg, bad, err := bus.compile(reg)
-	for _, de := range bad {
+	if err != nil {
+		return nil, nil, false, err
+	}
+	for _, de := range append(bad, reg.Conflicts()...) {
 		problems = append(problems, de.Error())
 	}
-	return reg, problems, true, err
+	return reg, problems, true, nil
 }
 
 // BusError is a bus that Redeclared could not ask: its secrets, its

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,8 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectdavid/toolsidecar/config"
+	"github.com/projectdavid/toolsidecar/sidecar"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
+	"github.com/projectdavid/toolsidecar/testkit/syncbuf"
 	"github.com/projectdavid/toolsidecar/testkit/testenv"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/worker"
@@ -121,4 +124,93 @@ func TestToolsReadsTheRunningDaemon(t *testing.T) {
 		!strings.Contains(errOut.String(), "the configuration's tools only") {
 		t.Errorf("tools without a daemon: exit %d, out %q, err %q", code, out.String(), errOut.String())
 	}
+}
+
+// TestConflictOneAnswer: a file whose entry for a tool has another schema
+// than the one a real worker on the bus declares gets one answer from
+// check, from a start and from a reload alike: the file's entry is in
+// force and the declaration is left out, named with both sources and
+// both schemas in the same words. check, which cannot put anything in
+// force, fails on it; the start starts and the reload is put in force,
+// as no client of the bus may keep the operator's file out.
+func TestConflictOneAnswer(t *testing.T) {
+	url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	w := worker.New(nc, "toolsidecar.tools")
+	type args struct {
+		City string `json:"city" jsonschema:"the city"`
+	}
+	if err := worker.Declare(w, "lookup", worker.Spec{Description: "Look a city up", SideEffects: tool.ReadOnly},
+		func(context.Context, *tool.Call, args) (string, error) { return "", nil }); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Serve(t, w)
+
+	dir := t.TempDir()
+	head := "server: {listen: \"" + testenv.FreeAddr(t) + "\"}\nnats: {url: " + url + "}\n"
+	agreeing := head + "tools:\n  - {name: lookup, retries: 1}\n"
+	contra := head + "tools:\n  - {name: lookup, parameters: {type: object, properties: {town: {type: string}}}}\n"
+	// The conflict as every one of the three names it.
+	want := []string{"tools[0] (lookup) in the configuration and the tool declared by go worker ", "disagree", "town", "city"}
+	says := func(what, text string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(text, w) {
+				t.Errorf("%s does not say %q:\n%s", what, w, text)
+			}
+		}
+	}
+	fileOnly := func(what string, s *sidecar.Sidecar) {
+		t.Helper()
+		if tl, ok := s.Tools().Lookup("lookup"); !ok || tl.Source != "config" || !strings.Contains(string(tl.Parameters), `"town"`) {
+			t.Errorf("%s: lookup in force from %s with %s, want the file's entry", what, tl.Source, tl.Parameters)
+		}
+	}
+
+	path := filepath.Join(dir, "config.yaml")
+	os.WriteFile(path, []byte(contra), 0o600)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"check", "--config", path}, &out, &errOut); code != 1 {
+		t.Errorf("check: exit %d, want 1\n%s", code, errOut.String())
+	}
+	says("check", errOut.String())
+
+	var logs syncbuf.Buffer
+	start := func() *sidecar.Sidecar {
+		t.Helper()
+		cfg, err := config.Load(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := sidecar.Start(context.Background(), cfg, sidecar.WithReload(path, nil), sidecar.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		if err != nil {
+			t.Fatalf("start: %v", err)
+		}
+		t.Cleanup(func() { s.Shutdown(context.Background()) })
+		return s
+	}
+	s := start()
+	fileOnly("start", s)
+	says("the start's log", logs.String())
+	if !strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("the start's log has no error:\n%s", logs.String())
+	}
+	s.Shutdown(context.Background())
+
+	os.WriteFile(path, []byte(agreeing), 0o600)
+	s = start()
+	mark := len(logs.String())
+	if tl, _ := s.Tools().Lookup("lookup"); tl.Source != "config+worker" {
+		t.Fatalf("agreeing: lookup in force as %+v", tl)
+	}
+	os.WriteFile(path, []byte(contra), 0o600)
+	if err := s.Reload(context.Background()); err != nil {
+		t.Errorf("reload: %v, want the file in force as at start", err)
+	}
+	fileOnly("reload", s)
+	says("the reload's log", logs.String()[mark:])
 }

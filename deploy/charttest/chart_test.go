@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -771,5 +772,39 @@ func TestNativeNeedsKubernetes129(t *testing.T) {
 	}
 	if out, err := renderOn("1.29.0"); err != nil {
 		t.Errorf("native on 1.29: %v\n%.300s", err, out)
+	}
+}
+
+// TestDefaultToolsAgreeWithExampleWorker: every tool of the chart's
+// default tools that examples/go-worker declares gives no schema or
+// description of its own, so the worker's declaration fills them in and
+// cannot conflict (a conflict leaves the declaration out).
+func TestDefaultToolsAgreeWithExampleWorker(t *testing.T) {
+	src, err := os.ReadFile("../../examples/go-worker/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	declared := regexp.MustCompile(`worker\.Declare\(w, "([^"]+)"`).FindAllStringSubmatch(string(src), -1)
+	if len(declared) == 0 {
+		t.Fatal("examples/go-worker declares no tool")
+	}
+	var cfg struct {
+		Tools []map[string]any `json:"tools"`
+	}
+	if err := yaml.Unmarshal([]byte(configOf(t, decode(t, render(t, "")), "rel-toolsidecar-config")), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range declared {
+		for _, tl := range cfg.Tools {
+			if tl["name"] != d[1] {
+				continue
+			}
+			if _, ok := tl["parameters"]; ok {
+				t.Errorf("the default entry of %s gives a schema of its own: %v", d[1], tl["parameters"])
+			}
+			if _, ok := tl["description"]; ok {
+				t.Errorf("the default entry of %s gives a description of its own", d[1])
+			}
+		}
 	}
 }

@@ -184,7 +184,7 @@ func (p *player) play() {
 		text := content(t, p)
 		p.s.mu.Lock()
 		p.s.saveAssistant(p.rn, text)
-		p.rn.Status = core.RunCompleted
+		p.rn.Status, p.rn.finishedAt = core.RunCompleted, p.s.now().Unix()
 		p.s.endRunLocked(p.rn)
 		p.s.mu.Unlock()
 		if p.emit(object{{"type", "status"}, {"status", "complete"}, {"run_id", id}}) {
@@ -309,6 +309,6 @@ func toolCallsJSON(calls []Call) []byte {
 
 func (s *Sim) saveAssistant(rn *run, text string) {
 	if t := s.threads[rn.ThreadID]; t != nil {
-		t.messages = append(t.messages, message{id: s.newID("message_", 22), role: "assistant", content: text})
+		t.messages = append(t.messages, message{id: s.newID("message_", 22), role: "assistant", content: text, assistantID: rn.AssistantID, createdAt: s.now().Unix()})
 	}
 }

@@ -54,15 +54,20 @@ func (s *Sim) listMessages(w http.ResponseWriter, r *http.Request) {
 	if t == nil {
 		return
 	}
-	msgs := make([]core.Message, 0, len(t.messages))
+	msgs := make([]messageRead, 0, len(t.messages))
 	for _, m := range t.messages {
-		msgs = append(msgs, core.Message{ID: m.id, ThreadID: t.id, Role: m.role, Content: m.content, ToolID: m.toolID, ToolCallID: m.toolCallID})
+		msgs = append(msgs, m.read(t.id))
 	}
 	if r.URL.Query().Get("order") == "desc" {
 		slices.Reverse(msgs)
 	}
 	msgs = msgs[:min(limit, len(msgs))]
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": msgs, "has_more": len(t.messages) > limit})
+	// first_id and last_id are null on an empty page.
+	var first, last *string
+	if n := len(msgs); n > 0 {
+		first, last = &msgs[0].ID, &msgs[n-1].ID
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": msgs, "first_id": first, "last_id": last, "has_more": len(t.messages) > limit})
 }
 
 // ServeHTTP records the request, bounds its body and routes it.
@@ -175,11 +180,15 @@ func (s *Sim) createAssistant(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &in) {
 		return
 	}
+	if in.Tools == nil {
+		in.Tools = []core.FunctionTool{}
+	}
 	s.mu.Lock()
-	a := &core.Assistant{ID: s.newID("asst_", 22), Name: in.Name, Model: in.Model, Tools: in.Tools}
+	a := &assistant{Assistant: core.Assistant{ID: s.newID("asst_", 22), Name: in.Name, Model: in.Model, Tools: in.Tools},
+		instructions: in.Instructions, createdAt: s.now().Unix()}
 	s.assistants[a.ID] = a
 	s.mu.Unlock()
-	writeJSON(w, http.StatusOK, a)
+	writeJSON(w, http.StatusOK, a.read())
 }
 
 func (s *Sim) getAssistant(w http.ResponseWriter, r *http.Request) {
@@ -190,15 +199,15 @@ func (s *Sim) getAssistant(w http.ResponseWriter, r *http.Request) {
 		detail(w, http.StatusNotFound, "Assistant not found")
 		return
 	}
-	writeJSON(w, http.StatusOK, a)
+	writeJSON(w, http.StatusOK, a.read())
 }
 
 func (s *Sim) createThread(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	t := &thread{id: s.newID("thread_", 22), owner: s.user(r)}
+	t := &thread{id: s.newID("thread_", 22), owner: s.user(r), createdAt: s.now().Unix()}
 	s.threads[t.id] = t
 	s.mu.Unlock()
-	writeJSON(w, http.StatusOK, core.Thread{ID: t.id, MetaData: map[string]any{}})
+	writeJSON(w, http.StatusOK, t.read())
 }
 
 func (s *Sim) createMessage(w http.ResponseWriter, r *http.Request) {
@@ -212,9 +221,9 @@ func (s *Sim) createMessage(w http.ResponseWriter, r *http.Request) {
 	if t == nil {
 		return
 	}
-	m := message{id: s.newID("message_", 22), role: in.Role, content: in.Content}
+	m := message{id: s.newID("message_", 22), role: in.Role, content: in.Content, assistantID: in.AssistantID, createdAt: s.now().Unix()}
 	t.messages = append(t.messages, m)
-	writeJSON(w, http.StatusOK, core.Message{ID: m.id, ThreadID: t.id, Role: m.role, Content: m.content})
+	writeJSON(w, http.StatusOK, m.read(t.id))
 }
 
 // submitToolOutput stores a tool message, as Core does, without any
@@ -231,9 +240,10 @@ func (s *Sim) submitToolOutput(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.checkOutput(in)
-	m := message{id: s.newID("message_", 22), role: "tool", content: in.Content, toolID: in.ToolID, toolCallID: in.ToolCallID}
+	m := message{id: s.newID("message_", 22), role: "tool", content: in.Content, toolID: in.ToolID, toolCallID: in.ToolCallID,
+		assistantID: in.AssistantID, createdAt: s.now().Unix()}
 	t.messages = append(t.messages, m)
-	writeJSON(w, http.StatusOK, core.Message{ID: m.id, ThreadID: t.id, Role: "tool", Content: m.content, ToolID: m.toolID, ToolCallID: m.toolCallID})
+	writeJSON(w, http.StatusOK, m.read(t.id))
 }
 
 func (s *Sim) checkOutput(in core.ToolOutput) {
@@ -297,10 +307,10 @@ func (s *Sim) createRun(w http.ResponseWriter, r *http.Request) {
 		model = a.Model
 	}
 	rn := &run{Run: core.Run{ID: s.newID("run_", 22), AssistantID: in.AssistantID, ThreadID: in.ThreadID, Status: core.RunQueued, Model: model, MetaData: in.MetaData},
-		owner: s.user(r)}
+		owner: s.user(r), createdAt: s.now().Unix(), instructions: cmp.Or(in.Instructions, a.instructions)}
 	s.runs[rn.ID] = rn
 	s.byCreation = append(s.byCreation, rn)
-	writeJSON(w, http.StatusOK, rn.Run)
+	writeJSON(w, http.StatusOK, rn.read())
 }
 
 // lookupThread finds a thread the caller may use: 404 when there is
@@ -332,11 +342,10 @@ func (s *Sim) getRun(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rn := s.lookupRun(w, r, r.PathValue("id")); rn != nil {
-		out := rn.Run
 		writeJSON(w, http.StatusOK, struct {
-			core.Run
+			runRead
 			Actions []any `json:"actions"`
-		}{out, []any{}}) // Core always answers actions: []
+		}{rn.read(), []any{}}) // Core always answers actions: []
 	}
 }
 
@@ -363,7 +372,7 @@ func (s *Sim) listRuns(w http.ResponseWriter, r *http.Request) {
 	thread := q.Get("thread_id")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := core.RunList{Object: "list", Data: []core.Run{}}
+	data, hasMore := []runRead{}, false
 	all := slices.Values(s.byCreation)
 	if order == "desc" {
 		all = func(yield func(*run) bool) {
@@ -378,22 +387,18 @@ func (s *Sim) listRuns(w http.ResponseWriter, r *http.Request) {
 		if !s.owns(r, rn.owner) || (thread != "" && rn.ThreadID != thread) {
 			continue
 		}
-		if len(out.Data) == limit {
-			out.HasMore = true
+		if len(data) == limit {
+			hasMore = true
 			break
 		}
-		out.Data = append(out.Data, rn.Run)
+		data = append(data, rn.read())
 	}
 	// first_id and last_id are null on an empty page.
 	var first, last *string
-	if n := len(out.Data); n > 0 {
-		first, last = &out.Data[0].ID, &out.Data[n-1].ID
+	if n := len(data); n > 0 {
+		first, last = &data[0].ID, &data[n-1].ID
 	}
-	writeJSON(w, http.StatusOK, struct {
-		core.RunList
-		FirstID *string `json:"first_id"`
-		LastID  *string `json:"last_id"`
-	}{out, first, last})
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": hasMore})
 }
 
 func (s *Sim) cancelRun(w http.ResponseWriter, r *http.Request) {
@@ -407,8 +412,8 @@ func (s *Sim) cancelRun(w http.ResponseWriter, r *http.Request) {
 		detail(w, http.StatusBadRequest, "Run is already finished")
 		return
 	}
-	rn.Status = core.RunCancelled
-	writeJSON(w, http.StatusOK, rn.Run)
+	rn.Status, rn.finishedAt = core.RunCancelled, s.now().Unix()
+	writeJSON(w, http.StatusOK, rn.read())
 }
 
 // Cancel cancels a run as POST /v1/runs/{id}/cancel does, for tests.
@@ -416,7 +421,7 @@ func (s *Sim) Cancel(runID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rn := s.runs[runID]; rn != nil && rn.Status != core.RunCompleted {
-		rn.Status = core.RunCancelled
+		rn.Status, rn.finishedAt = core.RunCancelled, s.now().Unix()
 	}
 }
 

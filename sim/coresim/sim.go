@@ -106,7 +106,7 @@ type Sim struct {
 
 	mu         sync.Mutex
 	seq        int
-	assistants map[string]*core.Assistant
+	assistants map[string]*assistant
 	threads    map[string]*thread
 	runs       map[string]*run
 	byCreation []*run // the runs in creation order, for listings
@@ -121,9 +121,10 @@ type Sim struct {
 }
 
 type thread struct {
-	id       string
-	owner    string // the creating key, with PerKeyUsers
-	messages []message
+	id        string
+	owner     string // the creating key, with PerKeyUsers
+	createdAt int64
+	messages  []message
 	// calls are the thread's Actions by tool_call_id, the first of each:
 	// a tool output finds its Action without a scan of every run, which
 	// at 10,000 runs took most of the simulator's time under its lock.
@@ -132,14 +133,20 @@ type thread struct {
 
 type message struct {
 	id, role, content, toolID, toolCallID string
+	assistantID                           string
+	createdAt                             int64
 }
 
 type run struct {
 	core.Run
-	owner   string // the creating key, with PerKeyUsers
-	turns   int
-	batches [][]*action // actions per tool turn, in call order
-	ended   bool
+	owner string // the creating key, with PerKeyUsers
+	turns int
+	// createdAt and finishedAt (completed or cancelled) are Unix seconds,
+	// as Core stamps them; instructions are the run's or its assistant's.
+	createdAt, finishedAt int64
+	instructions          string
+	batches               [][]*action // actions per tool turn, in call order
+	ended                 bool
 }
 
 type action struct {
@@ -156,7 +163,7 @@ func New(cfg Config) *Sim {
 	}
 	s := &Sim{
 		cfg: cfg, mux: http.NewServeMux(),
-		assistants: map[string]*core.Assistant{}, threads: map[string]*thread{},
+		assistants: map[string]*assistant{}, threads: map[string]*thread{},
 		runs: map[string]*run{}, actions: map[string]*action{}, now: time.Now,
 	}
 	s.routes()
