@@ -778,6 +778,10 @@ func (s *Sidecar) OpsAddr() string {
 // Addr is the address the HTTP API listens on.
 func (s *Sidecar) Addr() string { return s.ln.Addr().String() }
 
+// Routes are the patterns the API listener serves (server.Server's
+// Patterns): which depend on upstream.kind and the server settings.
+func (s *Sidecar) Routes() []string { return s.srv.Patterns() }
+
 // NATSURL is the URL of the NATS server the sidecar uses; workers connect
 // there.
 func (s *Sidecar) NATSURL() string { return s.natsURL }
