@@ -432,8 +432,8 @@ func routeSidecar(t *testing.T, kind string) *sidecar {
 	return &sidecar{env: env, url: env.URL}
 }
 
-// TestOpenAPIEveryRoute: for each upstream kind, every route a real
-// sidecar serves (server.Server's Patterns) is in server/openapi.json, as
+// TestOpenAPIEveryRoute: for each upstream kind (each of which a drive's
+// Summary names), every route a real sidecar serves (server.Server's Patterns) is in server/openapi.json, as
 // an operation or a pass-through subtree; every route there is served by
 // some kind; and the document's security is the server's: without the
 // token, each route the document does not exempt (security: []) answers
@@ -455,8 +455,11 @@ func TestOpenAPIEveryRoute(t *testing.T) {
 	}
 	exempt := spec.routes()
 	served := map[route]bool{}
-	for _, kind := range []string{config.UpstreamCore, config.UpstreamOpenAI, config.UpstreamResponses, config.UpstreamAnthropic,
-		config.UpstreamOpenAIAgents, config.UpstreamAnthropicAgents} {
+	kinds, _ := spec.at("/components/schemas/Summary/properties/upstream/enum").([]any)
+	for _, kind := range config.UpstreamKinds {
+		if !slices.Contains(kinds, any(kind)) {
+			t.Errorf("Summary's upstream does not list kind %s", kind)
+		}
 		t.Run(kind, func(t *testing.T) {
 			sc := routeSidecar(t, kind)
 			for _, p := range sc.env.Sidecar.Routes() {

@@ -969,7 +969,7 @@ func (s *Sidecar) registerInfo() {
 		Help: "Always 1; the labels say which build runs."}, []string{"version", "revision", "goversion"})
 	info.WithLabelValues(v.Version, v.Revision, v.GoVersion).Set(1)
 	upstream := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "upstream_info",
-		Help: "Always 1; kind says which upstream the runs are driven on (core, openai), url where (no credentials, no query)."}, []string{"kind", "url"})
+		Help: "Always 1; kind says which upstream the runs are driven on (upstream.kind: core, openai, responses, anthropic, openai-agents, anthropic-agents), url where (no credentials, no query)."}, []string{"kind", "url"})
 	upstream.WithLabelValues(s.cfg.Upstream.Kind, s.upstreamURL()).Set(1)
 	s.metrics.MustRegister(upstream)
 	s.metrics.MustRegister(info, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "nats_connected",
