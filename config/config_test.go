@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/projectdavid/toolsidecar/tool"
 )
@@ -396,5 +399,73 @@ tools:
 	}
 	if cfg.Tools[1].Retries != 0 || cfg.Tools[1].SideEffects != Unsafe {
 		t.Errorf("before a declaration, open is %+v: want unsafe, no retries", cfg.Tools[1])
+	}
+}
+
+// TestShippedConfigShowsEveryKey: config.yaml, which says it shows every
+// key, shows every key of the schema (itself the Config type's): in its
+// YAML, or, for keys one writes only in some setups (lanes, embedded
+// worker users), in a commented example such as "# lanes: {...}".
+func TestShippedConfigShowsEveryKey(t *testing.T) {
+	data := mustRead(t, "../config.yaml")
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]bool{}
+	yamlKeys(&doc, "", shown)
+	commented := map[string]bool{} // keys of the commented examples, by name
+	for _, line := range strings.Split(string(data), "\n") {
+		_, text, ok := strings.Cut(line, "#")
+		var frag yaml.Node
+		if !ok || yaml.Unmarshal([]byte(strings.TrimSpace(text)), &frag) != nil {
+			continue
+		}
+		names := map[string]bool{}
+		yamlKeys(&frag, "", names)
+		for k := range names {
+			commented[k[strings.LastIndexAny(k, ".]")+1:]] = true
+		}
+	}
+	schema, err := json.Marshal(JSONSchema())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s map[string]any
+	if err := json.Unmarshal(schema, &s); err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	for _, key := range schemaKeys(s) {
+		if !shown[key] && !commented[key[strings.LastIndexAny(key, ".]")+1:]] {
+			missing = append(missing, key)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("config.yaml does not show %v: add each with its default (or a commented example)", missing)
+	}
+}
+
+// yamlKeys adds the dotted path of every mapping key under n to keys
+// (a sequence's items under "key[]").
+func yamlKeys(n *yaml.Node, prefix string, keys map[string]bool) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			yamlKeys(c, prefix, keys)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			if prefix != "" {
+				key = prefix + "." + key
+			}
+			keys[key] = true
+			yamlKeys(n.Content[i+1], key, keys)
+		}
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			yamlKeys(c, prefix+"[]", keys)
+		}
 	}
 }

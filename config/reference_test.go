@@ -124,24 +124,40 @@ func reference(schema map[string]any) string {
 }
 
 func section(b *strings.Builder, prefix string, p map[string]any) {
+	walkSchema(prefix, p, func(key string, c map[string]any) { row(b, key, c) })
+}
+
+// walkSchema calls fn with the dotted name and schema of each key under
+// p, a list of objects' keys under "key[]", down to the keys that hold a
+// value (a scalar, a list of scalars, a mapping of any names).
+func walkSchema(prefix string, p map[string]any, fn func(key string, p map[string]any)) {
 	if p["type"] == "array" {
-		items, _ := p["items"].(map[string]any)
-		if items == nil || items["type"] != "object" {
-			row(b, prefix, p)
+		if !isObjects(p) {
+			fn(prefix, p)
 			return
 		}
 		prefix += "[]"
-		p = items
+		p = p["items"].(map[string]any)
 	}
 	props, _ := p["properties"].(map[string]any)
 	for _, key := range slices.Sorted(maps.Keys(props)) {
 		c := props[key].(map[string]any)
+		if prefix != "" {
+			key = prefix + "." + key
+		}
 		if c["type"] == "object" && c["properties"] != nil || c["type"] == "array" && isObjects(c) {
-			section(b, prefix+"."+key, c)
+			walkSchema(key, c, fn)
 			continue
 		}
-		row(b, prefix+"."+key, c)
+		fn(key, c)
 	}
+}
+
+// schemaKeys lists every key of the schema, dotted (walkSchema).
+func schemaKeys(schema map[string]any) []string {
+	var keys []string
+	walkSchema("", schema, func(key string, _ map[string]any) { keys = append(keys, key) })
+	return keys
 }
 
 func isObjects(p map[string]any) bool {

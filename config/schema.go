@@ -14,7 +14,7 @@ const durationPattern = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 var enums = map[string][]string{
 	"side_effects":  {ReadOnly, Idempotent, Unsafe},
 	"missing_tool":  {MissingToolError, MissingToolFailRun},
-	"kind":          {UpstreamCore, UpstreamOpenAI, UpstreamAnthropic, UpstreamResponses, UpstreamOpenAIAgents, UpstreamAnthropicAgents},
+	"kind":          UpstreamKinds,
 	"approval":      {ApprovalRequired},
 	"on_timeout":    {OnTimeoutDeny},
 	"confirmations": {ConfirmByApplication, ConfirmByApproval},

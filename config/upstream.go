@@ -119,6 +119,9 @@ const (
 	UpstreamAnthropicAgents = "anthropic-agents"
 )
 
+// UpstreamKinds are the values upstream.kind takes.
+var UpstreamKinds = []string{UpstreamCore, UpstreamOpenAI, UpstreamAnthropic, UpstreamResponses, UpstreamOpenAIAgents, UpstreamAnthropicAgents}
+
 // Hosted reports an upstream of hosted agent sessions (openai-agents,
 // anthropic-agents).
 func (u Upstream) Hosted() bool {

@@ -377,8 +377,9 @@ type Timeline struct {
 // Summary is the result of a drive.
 type Summary struct {
 	RunID string `json:"run_id"`
-	// Upstream is the kind of upstream the run was driven on: core or
-	// openai; mcp for an MCP client's call, which has none.
+	// Upstream is the kind of upstream the run was driven on (its
+	// upstream.kind: core, openai, responses, anthropic, openai-agents,
+	// anthropic-agents); mcp for an MCP client's call, which has none.
 	Upstream string       `json:"upstream"`
 	Status   string       `json:"status"`
 	Turns    int          `json:"turns"`

@@ -86,6 +86,10 @@ func (m *Metrics) InitTools(tools []string) {
 		if !m.tools[t] {
 			m.calls.WithLabelValues(t, "ok")
 			m.callSeconds.WithLabelValues(t)
+			m.deduped.WithLabelValues(t)
+			for _, winner := range hedgeWinners {
+				m.hedges.WithLabelValues(t, winner)
+			}
 		}
 	}
 	for t := range m.tools {
@@ -155,6 +159,9 @@ func (m *Metrics) ApprovalDecided(outcome string, waited time.Duration) {
 	m.decisions.WithLabelValues(outcome).Inc()
 	m.approvalWait.Observe(waited.Seconds())
 }
+
+// hedgeWinners are the values of hedges_total's winner label.
+var hedgeWinners = []string{"hedge", "primary"}
 
 // Hedged implements [Observer].
 func (m *Metrics) Hedged(tool string, won bool) {

@@ -23,7 +23,7 @@ func apiDoc(doc map[string]any) string {
 	var b strings.Builder
 	info := doc["info"].(map[string]any)
 	fmt.Fprintf(&b, "# HTTP API\n\nGenerated from `server/openapi.json` (served at `GET /openapi.json`) by `go test ./server -run APIDocUpToDate -update`; a test fails when it is out of date, and another drives the real server through every route and checks its answers against that description. %v\n", info["description"])
-	b.WriteString("\nThe OpenAI-compatible `POST /v1/chat/completions` (with `upstream.kind: openai`) answers as the OpenAI API does, and `/mcp` (with `server.mcp: true`) speaks the Model Context Protocol: see [applications.md](applications.md) and [tools.md](tools.md).\n")
+	b.WriteString("\nThe model APIs' routes (`POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages`, with `upstream.kind` `openai`, `responses`, `anthropic`) answer as those APIs do, the hosted kinds (`openai-agents`, `anthropic-agents`) pass their API's routes through (see [Passed through](#passed-through)), and `/mcp` (with `server.mcp: true`) speaks the Model Context Protocol: see [applications.md](applications.md) and [tools.md](tools.md). A test lists the routes a real sidecar of each upstream kind serves and checks that this document names each one.\n")
 	for _, srv := range doc["servers"].([]any) {
 		sv := srv.(map[string]any)
 		fmt.Fprintf(&b, "\nServer: `%v`. %v\n", sv["url"], sv["description"])
@@ -69,6 +69,17 @@ func apiDoc(doc map[string]any) string {
 					fmt.Fprintf(&b, "| %s | %s | %s |\n", code, cell(r["description"]), contentOf(r))
 				}
 			}
+		}
+	}
+	if pass, ok := doc["x-toolsidecar-passthrough"].(map[string]any); ok {
+		b.WriteString("\n## Passed through\n\nSubtrees of paths (`x-toolsidecar-passthrough`, as Go's `http.ServeMux` matches a pattern: a path ending in `/` takes every path under it), any method, answered by the upstream as it answers them.\n\n| path | upstream kinds | what |\n|---|---|---|\n")
+		for _, path := range slices.Sorted(maps.Keys(pass)) {
+			p := pass[path].(map[string]any)
+			var kinds []string
+			for _, k := range p["kinds"].([]any) {
+				kinds = append(kinds, fmt.Sprintf("`%v`", k))
+			}
+			fmt.Fprintf(&b, "| `%s` | %s | %s |\n", path, strings.Join(kinds, ", "), cell(p["description"]))
 		}
 	}
 	b.WriteString("\n## Schemas\n")
@@ -158,7 +169,7 @@ func TestAPIDocUpToDate(t *testing.T) {
 	if got, err := os.ReadFile(apiDocFile); err != nil || string(got) != want {
 		t.Fatalf("%s is out of date (%v): run go test ./server -run APIDocUpToDate -update", apiDocFile, err)
 	}
-	for _, route := range []string{"`POST /v1/runs/{run_id}/drive`", "`GET /v1/tools`", "### Summary"} {
+	for _, route := range []string{"`POST /v1/runs/{run_id}/drive`", "`GET /v1/tools`", "### Summary", "`POST /v1/sidecar/webhooks/openai-agents`", "| `/v1/agents/` |"} {
 		if !strings.Contains(want, route) {
 			t.Errorf("the API doc lacks %s", route)
 		}

@@ -3,10 +3,14 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,8 +22,10 @@ import (
 
 	"github.com/projectdavid/toolsidecar/config"
 	"github.com/projectdavid/toolsidecar/server"
+	"github.com/projectdavid/toolsidecar/sim/agentssim"
 	"github.com/projectdavid/toolsidecar/sim/anthropicsim"
 	"github.com/projectdavid/toolsidecar/sim/coresim"
+	"github.com/projectdavid/toolsidecar/sim/managedsim"
 	"github.com/projectdavid/toolsidecar/sim/openaisim"
 	"github.com/projectdavid/toolsidecar/sim/responsesim"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
@@ -342,18 +348,104 @@ func modelSidecar(t *testing.T, sim http.Handler, kind, path, head string) (*sid
 	}
 }
 
-// TestOpenAPISecurityAsServed: the document's security is the server's:
-// with a token set, every operation that the document does not exempt
-// (security: []) answers 401 without it, and the exempt ones do not.
-func TestOpenAPISecurityAsServed(t *testing.T) {
-	var doc struct {
-		Servers []struct{ URL string }
-		Paths   map[string]map[string]struct {
-			Security *[]map[string][]string `json:"security"`
+// route is one route of server/openapi.json: an operation (method and
+// path), or a pass-through subtree (method "*", its path as
+// http.ServeMux takes it, under x-toolsidecar-passthrough).
+type route struct{ method, path string }
+
+// routes are the document's routes, each with whether it is exempt from
+// the token (security: []).
+func (s *apiSpec) routes() map[route]bool {
+	all := map[route]bool{}
+	for path, ops := range s.doc["paths"].(map[string]any) {
+		for method, op := range ops.(map[string]any) {
+			sec, ok := op.(map[string]any)["security"].([]any)
+			all[route{strings.ToUpper(method), path}] = ok && len(sec) == 0
 		}
+	}
+	pass, _ := s.doc["x-toolsidecar-passthrough"].(map[string]any)
+	for path := range pass {
+		all[route{"*", path}] = false
+	}
+	return all
+}
+
+// described returns the document's routes that serve an http.ServeMux
+// pattern: the operation of a pattern with a method; every operation of a
+// pattern's path without one (/mcp takes each method MCP uses), or its
+// pass-through subtree.
+func (s *apiSpec) described(pattern string) []route {
+	method, path, ok := strings.Cut(pattern, " ")
+	if !ok {
+		method, path = "", pattern
+	}
+	path = strings.Replace(path, "{$}", "", 1) // GET /ui/{$}: exactly /ui/
+	var got []route
+	for r := range s.routes() {
+		if r.path == path && (r.method == method || method == "" && r.method != "*") {
+			got = append(got, r)
+		}
+	}
+	pass, _ := s.doc["x-toolsidecar-passthrough"].(map[string]any)
+	if _, ok := pass[path]; ok && method == "" && len(got) == 0 {
+		got = append(got, route{"*", path})
+	}
+	return got
+}
+
+// routeSidecar starts a sidecar of upstream.kind kind, with every route
+// that kind can serve on: the live view and approvals, MCP, proxy mode
+// (core), a webhook secret (the hosted kinds), an API token.
+func routeSidecar(t *testing.T, kind string) *sidecar {
+	t.Helper()
+	var up http.Handler
+	path := "/v1"
+	switch kind {
+	case config.UpstreamOpenAI:
+		up = openaisim.New(openaisim.Config{})
+	case config.UpstreamResponses:
+		up = responsesim.New(responsesim.Config{})
+	case config.UpstreamAnthropic:
+		up, path = anthropicsim.New(anthropicsim.Config{}), ""
+	case config.UpstreamOpenAIAgents:
+		up = agentssim.New(agentssim.Config{})
+	case config.UpstreamAnthropicAgents:
+		up, path = managedsim.New(managedsim.Config{}), ""
+	}
+	dir := t.TempDir()
+	secretFile, keyFile := filepath.Join(dir, "secret"), filepath.Join(dir, "key")
+	if os.WriteFile(secretFile, []byte("whsec_"+base64.StdEncoding.EncodeToString([]byte("a secret"))), 0o600) != nil ||
+		os.WriteFile(keyFile, []byte("sk-test"), 0o600) != nil {
+		t.Fatal("writing the secrets")
+	}
+	env := testenv.Start(t, coresim.Scenario{}, testenv.Options{Token: "s3cret", Config: func(c *config.Config) {
+		c.Server.MCP, c.Server.UI, c.Server.Proxy = true, true, kind == config.UpstreamCore
+		if up != nil {
+			srv := httptest.NewServer(up)
+			t.Cleanup(srv.Close)
+			c.Upstream.Kind, c.Upstream.URL = kind, srv.URL+path
+		}
+		if c.Upstream.Hosted() {
+			c.Upstream.WebhookSecretFile, c.Upstream.APIKeyFile = secretFile, keyFile
+		}
+	}}, testenv.Tool{Config: config.Tool{Name: "echo"}, Handler: testenv.Echo})
+	return &sidecar{env: env, url: env.URL}
+}
+
+// TestOpenAPIEveryRoute: for each upstream kind (each of which a drive's
+// Summary names), every route a real sidecar serves (server.Server's Patterns) is in server/openapi.json, as
+// an operation or a pass-through subtree; every route there is served by
+// some kind; and the document's security is the server's: without the
+// token, each route the document does not exempt (security: []) answers
+// the sidecar's 401, and the exempt ones do not.
+func TestOpenAPIEveryRoute(t *testing.T) {
+	spec := loadSpec(t)
+	var doc struct {
+		Servers    []struct{ URL string }
 		Components struct {
 			SecuritySchemes map[string]struct{ Type, Scheme string } `json:"securitySchemes"`
 		}
+		Passthrough map[string]struct{ Kinds []string } `json:"x-toolsidecar-passthrough"`
 	}
 	if err := json.Unmarshal(server.OpenAPI, &doc); err != nil {
 		t.Fatal(err)
@@ -361,26 +453,48 @@ func TestOpenAPISecurityAsServed(t *testing.T) {
 	if len(doc.Servers) != 1 || doc.Servers[0].URL != "http://127.0.0.1:8741" || doc.Components.SecuritySchemes["bearerToken"].Scheme != "bearer" {
 		t.Fatalf("servers %+v, schemes %+v", doc.Servers, doc.Components.SecuritySchemes)
 	}
-	srv, err := server.New(server.Config{Token: "s3cret"}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
+	exempt := spec.routes()
+	served := map[route]bool{}
+	kinds, _ := spec.at("/components/schemas/Summary/properties/upstream/enum").([]any)
+	for _, kind := range config.UpstreamKinds {
+		if !slices.Contains(kinds, any(kind)) {
+			t.Errorf("Summary's upstream does not list kind %s", kind)
+		}
+		t.Run(kind, func(t *testing.T) {
+			sc := routeSidecar(t, kind)
+			for _, p := range sc.env.Sidecar.Routes() {
+				rs := spec.described(p)
+				if len(rs) == 0 {
+					t.Errorf("the sidecar serves %q, which server/openapi.json does not describe", p)
+				}
+				for _, r := range rs {
+					served[r] = true
+					if r.method == "*" && !slices.Contains(doc.Passthrough[r.path].Kinds, kind) {
+						t.Errorf("x-toolsidecar-passthrough %q does not list kind %s, which serves it", r.path, kind)
+					}
+					method, url := r.method, strings.NewReplacer("{run_id}", "run_1", "{action_id}", "act_1").Replace(r.path)
+					if method == "*" {
+						method = "GET"
+					}
+					if strings.HasSuffix(url, "/") && r.path != "/ui/" {
+						url += "x" // a path within the subtree
+					}
+					resp := sc.do(t, context.Background(), method, url, "{}")
+					resp.Body.Close()
+					tokenAsked := resp.StatusCode == http.StatusUnauthorized && strings.Contains(resp.Header.Get("WWW-Authenticate"), `realm="toolsidecar"`)
+					if tokenAsked == exempt[r] {
+						t.Errorf("%s %s without the token: %d; the document says exempt=%v", method, r.path, resp.StatusCode, exempt[r])
+					}
+				}
+			}
+		})
 	}
-	exempt := 0
-	for path, ops := range doc.Paths {
-		for method, op := range ops {
-			rec := httptest.NewRecorder()
-			url := "http://127.0.0.1" + strings.NewReplacer("{run_id}", "run_1", "{action_id}", "act_1").Replace(path)
-			srv.ServeHTTP(rec, httptest.NewRequest(strings.ToUpper(method), url, strings.NewReader("{}")))
-			open := op.Security != nil && len(*op.Security) == 0
-			if open {
-				exempt++
-			}
-			if (rec.Code == http.StatusUnauthorized) == open {
-				t.Errorf("%s %s: %d without the token; the document says exempt=%v", method, path, rec.Code, open)
-			}
+	for r := range exempt {
+		if !served[r] {
+			t.Errorf("server/openapi.json describes %s %s, which no upstream kind serves", r.method, r.path)
 		}
 	}
-	if exempt != 2 {
-		t.Errorf("%d operations exempt from the token, want /healthz and /readyz", exempt)
+	if t.Failed() {
+		t.Log("server/openapi.json and the server disagree: fix whichever is wrong")
 	}
 }

@@ -146,6 +146,21 @@ type Server struct {
 	// opsGuarded the ops handler.
 	guarded, opsGuarded http.Handler
 	routes              map[string]Route // Routes by pattern
+	// patterns are every pattern the API listener serves, in the order
+	// registered: what Patterns reports.
+	patterns []string
+}
+
+// Patterns are the routes the API listener serves, as http.ServeMux
+// patterns: the sidecar's own, its upstream's, the pages and the signed
+// routes. A test compares them with openapi.json, so that the description
+// names every route the server really has.
+func (s *Server) Patterns() []string { return slices.Clone(s.patterns) }
+
+// handle registers h on mux at pattern, and records the pattern.
+func (s *Server) handle(mux *http.ServeMux, pattern string, h http.Handler) {
+	mux.Handle(pattern, h)
+	s.patterns = append(s.patterns, pattern)
 }
 
 // Wait blocks until no request is being served.
@@ -176,17 +191,17 @@ func New(cfg Config, drive executor.DriveFunc, tools Tools) (*Server, error) {
 		drives: make(chan struct{}, cfg.MaxDrives), pages: http.NewServeMux()}
 	for _, p := range cfg.Signed {
 		h := p.Handler
-		s.pages.Handle(p.Pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.handle(s.pages, p.Pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 			h.ServeHTTP(w, r)
 		}))
 	}
 	for _, p := range cfg.Pages {
-		s.pages.Handle(p.Pattern, p.Handler)
+		s.handle(s.pages, p.Pattern, p.Handler)
 	}
 	if cfg.Approvals != nil {
-		s.mux.HandleFunc("GET /v1/approvals", s.listApprovals)
-		s.mux.HandleFunc("POST /v1/approvals/{action_id}", s.decide)
+		s.handle(s.mux, "GET /v1/approvals", http.HandlerFunc(s.listApprovals))
+		s.handle(s.mux, "POST /v1/approvals/{action_id}", http.HandlerFunc(s.decide))
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -198,17 +213,16 @@ func New(cfg Config, drive executor.DriveFunc, tools Tools) (*Server, error) {
 		if rt.Drive {
 			h = s.limited(rt.Handler.ServeHTTP)
 		}
-		s.mux.Handle(rt.Pattern, h)
+		s.handle(s.mux, rt.Pattern, h)
 	}
-	s.mux.HandleFunc("POST /v1/runs/{run_id}/drive", s.limited(s.drive))
-	s.mux.HandleFunc("GET /v1/tools", s.listTools)
-	s.mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) {
+	s.handle(s.mux, "POST /v1/runs/{run_id}/drive", s.limited(s.drive))
+	s.handle(s.mux, "GET /v1/tools", http.HandlerFunc(s.listTools))
+	s.handle(s.mux, "GET /openapi.json", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(OpenAPI)
-	})
-	for _, mux := range []*http.ServeMux{s.mux, s.ops} {
-		probes(mux, cfg.Live, s.ready, cfg.Gatherer)
-	}
+	}))
+	s.patterns = append(s.patterns, probes(s.mux, cfg.Live, s.ready, cfg.Gatherer)...)
+	probes(s.ops, cfg.Live, s.ready, cfg.Gatherer)
 	hs := newHosts(cfg.AllowedHosts)
 	s.guarded, s.opsGuarded = hs.guard(http.HandlerFunc(s.serve)), hs.guard(jsonErrors(s.ops))
 	if cfg.Pprof {
@@ -236,7 +250,9 @@ func Probes(live func() error, ready func(context.Context) error, g prometheus.G
 	return mux
 }
 
-func probes(mux *http.ServeMux, live func() error, ready http.HandlerFunc, g prometheus.Gatherer) {
+// probes registers /healthz, /readyz and /metrics on mux, and returns
+// their patterns.
+func probes(mux *http.ServeMux, live func() error, ready http.HandlerFunc, g prometheus.Gatherer) []string {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := live(); err != nil {
 			writeError(w, http.StatusServiceUnavailable, err.Error())
@@ -248,6 +264,7 @@ func probes(mux *http.ServeMux, live func() error, ready http.HandlerFunc, g pro
 	// OpenMetrics when the scraper asks for it (Prometheus does): the
 	// call and drive histograms carry trace_id exemplars there.
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{EnableOpenMetrics: true}))
+	return []string{"GET /healthz", "GET /readyz", "GET /metrics"}
 }
 
 // health answers liveness: the process serves.

@@ -793,6 +793,10 @@ func (s *Sidecar) OpsAddr() string {
 // Addr is the address the HTTP API listens on.
 func (s *Sidecar) Addr() string { return s.ln.Addr().String() }
 
+// Routes are the patterns the API listener serves (server.Server's
+// Patterns): which depend on upstream.kind and the server settings.
+func (s *Sidecar) Routes() []string { return s.srv.Patterns() }
+
 // NATSURL is the URL of the NATS server the sidecar uses; workers connect
 // there.
 func (s *Sidecar) NATSURL() string { return s.natsURL }
@@ -980,7 +984,7 @@ func (s *Sidecar) registerInfo() {
 		Help: "Always 1; the labels say which build runs."}, []string{"version", "revision", "goversion"})
 	info.WithLabelValues(v.Version, v.Revision, v.GoVersion).Set(1)
 	upstream := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "upstream_info",
-		Help: "Always 1; kind says which upstream the runs are driven on (core, openai), url where (no credentials, no query)."}, []string{"kind", "url"})
+		Help: "Always 1; kind says which upstream the runs are driven on (upstream.kind: core, openai, responses, anthropic, openai-agents, anthropic-agents), url where (no credentials, no query)."}, []string{"kind", "url"})
 	upstream.WithLabelValues(s.cfg.Upstream.Kind, s.upstreamURL()).Set(1)
 	s.metrics.MustRegister(upstream)
 	s.metrics.MustRegister(info, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Name: "nats_connected",

@@ -16,10 +16,15 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:4222", "host:port; port -1 picks a free one")
 	urlFile := flag.String("url-file", "", "write the client URL to this file once ready")
+	password := flag.String("worker-password", "", "let in only the user worker, with this password (a test of connecting without credentials)")
 	flag.Parse()
 	// A development server for worker authors and the worker libraries'
 	// tests: anyone on the listener may connect (bind it to loopback).
-	ns, err := embedded.Start(embedded.Config{Listen: *listen, AllowAnonymous: true})
+	cfg := embedded.Config{Listen: *listen, AllowAnonymous: *password == ""}
+	if *password != "" {
+		cfg.Workers = []embedded.Worker{{Name: "worker", Password: *password, Subscribe: []string{">"}}}
+	}
+	ns, err := embedded.Start(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "natsd:", err)
 		os.Exit(1)

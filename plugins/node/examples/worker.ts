@@ -10,9 +10,8 @@
  * TOOLSIDECAR_WORKER_CREDENTIALS names that file (the sidecar logs its
  * path), or NATS_URL, NATS_USER and NATS_PASSWORD name a server and a user.
  */
-import { connect } from "@nats-io/transport-node";
 import { z } from "zod";
-import { connectOptions, noCredentials, serve, tool } from "../src/index.js";
+import { connect, serve, tool } from "../src/index.js";
 
 const HotelQuery = z.object({
   city: z.string().min(1).describe("the city"),
@@ -30,17 +29,15 @@ const getHotelRates = tool(
   }),
 );
 
-const nc = await connect({ ...connectOptions(), name: "example-node-worker" }).catch((e: Error) => {
-  throw new Error(`connecting: ${e.message}${noCredentials() ? ` (${noCredentials()})` : ""}`);
+// A wrong URL or missing credentials: the error says why and what to
+// check, in one line.
+const nc = await connect({ name: "example-node-worker" }).catch((e: Error) => {
+  console.error(e.message);
+  process.exit(1);
 });
-const worker = await serve(nc, [getHotelRates], { prefix: process.env.TOOLSIDECAR_PREFIX });
-await nc.flush();
+const ac = new AbortController();
+for (const sig of ["SIGTERM", "SIGINT"] as const) process.once(sig, () => ac.abort());
+const worker = await serve(nc, [getHotelRates], { prefix: process.env.TOOLSIDECAR_PREFIX, signal: ac.signal });
 console.log("ready");
-
-for (const sig of ["SIGTERM", "SIGINT"] as const) {
-  process.once(sig, async () => {
-    await worker.stop();
-    await nc.drain();
-    process.exit(0);
-  });
-}
+await worker.stopped; // serving until a signal
+await nc.drain();

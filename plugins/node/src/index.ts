@@ -9,8 +9,9 @@
  * `Tool-Error-Type`. Progress messages (`Tool-Progress: 1`) keep a long call
  * alive; `<prefix>.cancel.<action_id>` aborts the call's signal.
  */
-import { headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
+import { headers, type ConnectionOptions, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
 import { Svcm, type Service, type ServiceMsg } from "@nats-io/services";
+import { connect as natsConnect } from "@nats-io/transport-node";
 import { readFileSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -80,6 +81,38 @@ export function noCredentials(env: NodeJS.ProcessEnv = process.env): string {
     return `NATS_URL is set and neither ${CREDENTIALS_ENV} (the sidecar's credentials file) nor NATS_USER is`;
   }
   return `no credentials file at ${defaultCredentials()}, where a sidecar on its defaults writes it (is the sidecar started?), and ${CREDENTIALS_ENV} names no other`;
+}
+
+/**
+ * Connect to the sidecar's NATS as a worker does: where and as whom
+ * connectOptions() says, reconnecting for ever once connected; opts come
+ * after those (a name, say). A first connection that fails rejects at once
+ * with an Error whose message names the server, the cause and what to
+ * check, as the Go library's Connect does (the cause is the NATS client's
+ * error, in `cause`): print its message, not its stack.
+ *
+ *   const nc = await connect({ name: "my-worker" }).catch((e) => { console.error(e.message); process.exit(1); });
+ */
+export async function connect(opts: ConnectionOptions = {}, env: NodeJS.ProcessEnv = process.env): Promise<NatsConnection> {
+  const all: ConnectionOptions = { maxReconnectAttempts: -1, ...connectOptions(env), ...opts };
+  try {
+    return await natsConnect(all);
+  } catch (e) {
+    const reason = e instanceof Error ? e.message : String(e);
+    throw new Error(`connecting to ${all.servers}: ${reason} (${connectFix(all, reason, env)})`, { cause: e });
+  }
+}
+
+/** What to check when a first connection failed for reason. */
+function connectFix(opts: ConnectionOptions, reason: string, env: NodeJS.ProcessEnv): string {
+  if (!opts.user && !opts.token && !opts.authenticator) {
+    // A server that wants credentials says only "Authorization Violation".
+    return noCredentials(env);
+  }
+  if (/authorization|authentication/i.test(reason)) {
+    return `the server refused user ${opts.user}: is ${CREDENTIALS_ENV} (or NATS_USER and NATS_PASSWORD) the current credentials of the sidecar behind this URL? It issues a new password at each start`;
+  }
+  return "is the sidecar started, with its NATS on that address? NATS_URL, or the url of the sidecar's credentials file, names it";
 }
 
 function readCredentials(path: string): { url?: string; user: string; password: string } {
@@ -198,11 +231,17 @@ export interface ServeOptions {
   signal?: AbortSignal;
 }
 
-/** A running worker. */
+/** A running worker, as serve() resolves it: serving until stopped. */
 export interface Worker {
   service: Service;
-  /** Stop taking calls and wait for those in flight. */
+  /** Stop taking calls and wait for those in flight; resolves as stopped does. */
   stop(): Promise<void>;
+  /**
+   * Resolves once the worker has stopped, by stop() or by serve()'s
+   * signal, and the calls in flight have ended: await it to serve until
+   * then (`await worker.stopped`).
+   */
+  stopped: Promise<void>;
 }
 
 const HEADER = {
@@ -300,10 +339,15 @@ function declaredHandler(t: DeclaredTool): Handler {
 }
 
 /**
- * Serve the given tools until stop() is called: a list of tools declared
- * with tool() (the sidecar learns their schemas from this worker), or a
- * record of name to handler (tools the sidecar's configuration declares)
- * or to a declared tool.
+ * Serve the given tools: a list of tools declared with tool() (the sidecar
+ * learns their schemas from this worker), or a record of name to handler
+ * (tools the sidecar's configuration declares) or to a declared tool. It
+ * resolves once the worker is serving (every endpoint known to the
+ * server), not when it stops: the worker serves until stop() is called or
+ * opts.signal aborts, and `worker.stopped` resolves then.
+ *
+ *   const worker = await serve(nc, tools, { signal });
+ *   await worker.stopped; // serving until the signal aborts
  */
 export async function serve(
   nc: NatsConnection,
@@ -373,13 +417,17 @@ export async function serve(
   await nc.flush();
 
   let stopping: Promise<void> | undefined;
+  let markStopped: () => void = () => {};
+  const stopped = new Promise<void>((resolve) => (markStopped = resolve));
   const worker: Worker = {
     service,
+    stopped,
     stop() {
       stopping ??= (async () => {
         await service.stop();
         cancelSub.unsubscribe();
         await Promise.allSettled([...running]);
+        markStopped();
       })();
       return stopping;
     },

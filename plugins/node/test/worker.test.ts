@@ -2,13 +2,15 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { createInbox, headers, type NatsConnection } from "@nats-io/nats-core";
-import { execFileSync } from "node:child_process";
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
+import { once } from "node:events";
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { z } from "zod";
 import {
   CancelledBySidecar,
+  connect as connectWorker,
   connectOptions,
   noCredentials,
   CREDENTIALS_ENV,
@@ -240,16 +242,114 @@ test("noCredentials names the file looked for and the variable, when no credenti
   }
 });
 
-test("serve({ signal }) stops the worker when the signal aborts", async () => {
+test("serve({ signal }) stops the worker when the signal aborts; worker.stopped resolves after the calls in flight", async () => {
   const conn = await connect({ servers: url });
   const ac = new AbortController();
-  const w = await serve(conn, { ping: () => "pong" }, { prefix: "nodestop", signal: ac.signal, name: "stoppable" });
+  let release: () => void = () => {};
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  let started: () => void = () => {};
+  const inFlight = new Promise<void>((resolve) => (started = resolve));
+  const order: string[] = [];
+  const w = await serve(
+    conn,
+    {
+      ping: () => "pong",
+      slow: async () => {
+        started();
+        await gate;
+        order.push("call ended");
+        return "late";
+      },
+    },
+    { prefix: "nodestop", signal: ac.signal, name: "stoppable" },
+  );
+  assert.ok(w.stopped instanceof Promise, "serve resolves a worker without a stopped promise");
   const ok = await side.request("nodestop.ping", manifest("ping", "act_p", {}), { timeout: 2000 });
   assert.equal(decoder.decode(ok.data), "pong");
+  const slow = side.request("nodestop.slow", manifest("slow", "act_s", {}), { timeout: 5000 });
+  await inFlight;
+  const done = w.stopped.then(() => order.push("stopped"));
   ac.abort();
-  await w.stop(); // the same stop, already under way
+  release();
+  await done;
+  assert.deepEqual(order, ["call ended", "stopped"]);
+  assert.equal(decoder.decode((await slow).data), "late");
+  await w.stop(); // the same stop, already done
   await assert.rejects(side.request("nodestop.ping", manifest("ping", "act_q", {}), { timeout: 500 }));
   await conn.drain();
+});
+
+/** Starts natsd (scripts/with-nats.sh's NATSD) letting in only user worker with password; resolves its URL. */
+async function natsdWithPassword(password: string): Promise<{ url: string; stop: () => Promise<void> }> {
+  const dir = mkdtempSync(join(tmpdir(), "natsd-"));
+  const file = join(dir, "url");
+  const p = spawn(process.env.NATSD ?? "", ["--listen", "127.0.0.1:-1", "--url-file", file, "--worker-password", password], { stdio: "ignore" });
+  while (!existsSync(file) || readFileSync(file, "utf8") === "") {
+    if (p.exitCode !== null) throw new Error(`natsd exited ${p.exitCode}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return {
+    url: readFileSync(file, "utf8"),
+    stop: async () => {
+      p.kill();
+      if (p.exitCode === null) await once(p, "exit");
+      rmSync(dir, { recursive: true });
+    },
+  };
+}
+
+test("connect(): a wrong URL, missing or refused credentials reject with an Error naming the cause and the fix", async () => {
+  await assert.rejects(connectWorker({}, { NATS_URL: "nats://127.0.0.1:1", NATS_USER: "worker", NATS_PASSWORD: "p" }), (e: Error) => {
+    assert.match(e.message, /^connecting to nats:\/\/127\.0\.0\.1:1: .*refused.* \(is the sidecar started, with its NATS on that address\?/);
+    return true;
+  });
+  const srv = await natsdWithPassword("s3cret");
+  try {
+    await assert.rejects(connectWorker({}, { NATS_URL: srv.url }), (e: Error) => {
+      assert.match(e.message, /Authorization Violation/i);
+      assert.ok(e.message.includes(`(NATS_URL is set and neither ${CREDENTIALS_ENV}`), e.message);
+      return true;
+    });
+    await assert.rejects(connectWorker({}, { NATS_URL: srv.url, NATS_USER: "worker", NATS_PASSWORD: "wrong" }), (e: Error) => {
+      assert.ok(e.message.includes("the server refused user worker"), e.message);
+      return true;
+    });
+    const nc = await connectWorker({}, { NATS_URL: srv.url, NATS_USER: "worker", NATS_PASSWORD: "s3cret" });
+    await nc.close();
+  } finally {
+    await srv.stop();
+  }
+});
+
+test("the example worker says in one line why it cannot connect, with no stack trace", () => {
+  const script = new URL("../examples/worker.js", import.meta.url);
+  const r = spawnSync("node", [script.pathname], { env: { ...process.env, NATS_URL: "nats://127.0.0.1:1", NATS_USER: "worker", NATS_PASSWORD: "p" }, encoding: "utf8" });
+  assert.equal(r.status, 1, r.stderr);
+  const lines = r.stderr.trim().split("\n");
+  assert.equal(lines.length, 1, r.stderr);
+  assert.match(lines[0], /^connecting to nats:\/\/127\.0\.0\.1:1: .*is the sidecar started/);
+});
+
+test("npm install <checkout>/plugins/node into a new application works offline, and the application serves a tool with it", () => {
+  // The folder is linked: the library's NATS client (its locked dev
+  // dependencies, which npm ci put in plugins/node) serves the application
+  // too, so nothing comes from the registry.
+  const app = mkdtempSync(join(tmpdir(), "node-app-"));
+  try {
+    writeFileSync(join(app, "package.json"), JSON.stringify({ name: "app", version: "1.0.0", type: "module", private: true }));
+    execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", new URL("../..", import.meta.url).pathname], { cwd: app, encoding: "utf8", stdio: "pipe" });
+    const program = `import { connect, serve } from "@toolsidecar/worker";
+      const nc = await connect({ name: "app" });
+      const w = await serve(nc, { ping: () => "pong" }, { prefix: "nodeapp" });
+      const r = await nc.request("nodeapp.ping", "{}", { timeout: 2000 });
+      await w.stop();
+      await nc.drain();
+      console.log(new TextDecoder().decode(r.data));`;
+    const out = execFileSync("node", ["--input-type=module", "-e", program], { cwd: app, encoding: "utf8" });
+    assert.equal(out.trim(), "pong");
+  } finally {
+    rmSync(app, { recursive: true });
+  }
 });
 
 test("typed handlers: Handler<A> gives call.args the type A", () => {

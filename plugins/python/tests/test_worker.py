@@ -5,6 +5,7 @@ nats-py cannot be imported the module is skipped as a whole, and says so.
 """
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -126,6 +127,45 @@ class ConnectWithoutCredentialsTest(unittest.IsolatedAsyncioTestCase):
         self.assertIn("without credentials", str(caught.exception))
         self.assertIn(os.path.join(d, "toolsidecar-nats-4222", "worker-credentials.json"), str(caught.exception))
         self.assertIn(CREDENTIALS_ENV, str(caught.exception))
+
+
+class ConnectFailsAtOnceTest(unittest.IsolatedAsyncioTestCase):
+    """A worker whose first connection fails says why at once, in one line.
+
+    nats-py on its defaults retries for two minutes, logging a traceback for
+    each attempt, before it raises; connect() raises at the first failure,
+    naming the URL and what to check, and logs no traceback.
+    """
+
+    async def test_one_attempt_no_traceback(self):
+        attempts = 0
+
+        async def refuse(reader, writer):  # a server that is not NATS: it hangs up
+            nonlocal attempts
+            attempts += 1
+            writer.close()
+
+        server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+        url = f"nats://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        records = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record)
+
+        handler = Keep()
+        logging.getLogger().addHandler(handler)
+        try:
+            with self.assertRaises(ConnectionError) as caught:
+                await connect(servers=[url], user="w", password="p")
+        finally:
+            logging.getLogger().removeHandler(handler)
+            server.close()
+            await server.wait_closed()
+        self.assertEqual(attempts, 1, "connect retried a first connection that failed")
+        self.assertIn(url, str(caught.exception))
+        self.assertIn("is the sidecar", str(caught.exception))
+        self.assertEqual([r.getMessage() for r in records if r.exc_info], [], "a traceback was logged")
 
 
 if __name__ == "__main__":

@@ -115,21 +115,72 @@ def no_credentials(env: Optional[Dict[str, str]] = None) -> str:
             f"(is the sidecar started?), and {CREDENTIALS_ENV} names no other")
 
 
+class _FirstConnectFailed(Exception):
+    """Raised from the error callback to end nats.connect at its first failure."""
+
+
 async def connect(**kwargs: Any):
     """nats.connect with connect_options(); kwargs add to them or override them.
 
-    Without credentials, a failure says which were looked for: a server that
-    wants them answers only "Authorization Violation".
+    Like the Go library's Connect, a first connection that fails raises at
+    once (nats-py would retry for two minutes, a traceback each time), with
+    a ConnectionError that names the URL, the cause and what to check. Once
+    connected, the connection reconnects for ever, logging one line for
+    each error, loss and return (no traceback): pass error_cb,
+    disconnected_cb or reconnected_cb to replace them.
     """
     import nats  # nats-py
 
-    opts = {**connect_options(), **kwargs}
+    opts = {"max_reconnect_attempts": -1, **connect_options(), **kwargs}
+    servers = opts.get("servers")
+    connected = False
+    later_error_cb = opts.pop("error_cb", None)
+
+    async def error_cb(e: Exception) -> None:
+        if not connected:
+            raise _FirstConnectFailed(e)
+        if later_error_cb is not None:
+            await later_error_cb(e)
+        else:
+            log.warning("nats: %s", _reason(e))
+
+    async def disconnected() -> None:
+        if nc.is_closed:  # closed on purpose: nothing to reconnect
+            return
+        log.warning("nats: disconnected from %s; reconnecting", _urls(servers))
+
+    async def reconnected() -> None:
+        log.warning("nats: reconnected to %s", _urls(servers))
+
+    opts.setdefault("disconnected_cb", disconnected)
+    opts.setdefault("reconnected_cb", reconnected)
+    nc = nats.NATS()
     try:
-        return await nats.connect(**opts)
+        await nc.connect(**opts, error_cb=error_cb)
     except Exception as e:
-        if "user" in opts or "token" in opts or "user_credentials" in opts or "nkeys_seed" in opts:
-            raise
-        raise ConnectionError(f"connecting to {opts.get('servers')} without credentials: {e!r} ({no_credentials()})") from e
+        await nc.close()
+        cause = e.args[0] if isinstance(e, _FirstConnectFailed) else e
+        raise ConnectionError(f"connecting to {_urls(servers)}: {_reason(cause)} ({_fix(opts)})") from None
+    connected = True
+    return nc
+
+
+def _urls(servers: Any) -> str:
+    return servers if isinstance(servers, str) else ", ".join(servers or [])
+
+
+def _reason(e: BaseException) -> str:
+    """An error in one line: its text, or its type when it has none."""
+    return str(e) or type(e).__name__
+
+
+def _fix(opts: Dict[str, Any]) -> str:
+    """What to check when the first connection fails, by the credentials used."""
+    if not any(k in opts for k in ("user", "token", "user_credentials", "nkeys_seed")):
+        return "without credentials: " + no_credentials()
+    return ("is the sidecar (its NATS server) running there, and are these its credentials? "
+            f"NATS_URL or {CREDENTIALS_ENV} names another")
+
 
 log = logging.getLogger("toolsidecar_worker")
 
