@@ -2,9 +2,11 @@ package charttest
 
 import (
 	"bufio"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -174,5 +176,27 @@ func TestImageMustBeSet(t *testing.T) {
 	_, c := app(t, decode(t, renderApp(t, "toolsidecar.image.digest="+digest)))
 	if c.Image != "registry.example.com/toolsidecar@"+digest {
 		t.Errorf("image %q: want the repository pinned by digest", c.Image)
+	}
+}
+
+// TestToolSchemaIsTheDaemons: the chart validates tools[] (and
+// workers.tools[]) with the tool schema of config.schema.json, so that
+// every key a tool may have is accepted and no other.
+func TestToolSchemaIsTheDaemons(t *testing.T) {
+	read := func(path string) map[string]any {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v map[string]any
+		if err := json.Unmarshal(data, &v); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return v
+	}
+	daemonTool := read("../../config.schema.json")["properties"].(map[string]any)["tools"].(map[string]any)["items"]
+	chartTool := read(filepath.Join(chart, "values.schema.json"))["$defs"].(map[string]any)["tool"]
+	if !reflect.DeepEqual(daemonTool, chartTool) {
+		t.Error("values.schema.json's $defs.tool differs from config.schema.json's tools items: copy it over")
 	}
 }
