@@ -141,6 +141,11 @@ type endpointStats struct {
 	Completed   atomic.Int64
 	Errors      atomic.Int64
 	HandlerTime atomic.Int64 // nanoseconds, summed
+	// Describes counts the sidecar's describe requests, which micro counts
+	// in the endpoint's num_requests as it does calls: every message on
+	// the tool's subject reaches micro's handler, and micro has no way to
+	// leave one out. The calls are num_requests less these.
+	Describes atomic.Int64
 }
 
 // StatsData is the "data" object of an endpoint in $SRV.STATS.
@@ -149,6 +154,7 @@ type StatsData struct {
 	Completed            int64  `json:"completed"`
 	Errors               int64  `json:"errors"`
 	AverageHandlerTimeNs int64  `json:"average_handler_time_ns"`
+	Describes            int64  `json:"describes"`
 	Runners              int    `json:"runners"`
 	Tool                 string `json:"tool"`
 }
@@ -162,7 +168,8 @@ func (w *Worker) statsData(e *micro.Endpoint) any {
 }
 
 func (st *endpointStats) data(name string, runners int) StatsData {
-	d := StatsData{InFlight: st.InFlight.Load(), Completed: st.Completed.Load(), Errors: st.Errors.Load(), Runners: runners, Tool: name}
+	d := StatsData{InFlight: st.InFlight.Load(), Completed: st.Completed.Load(), Errors: st.Errors.Load(),
+		Describes: st.Describes.Load(), Runners: runners, Tool: name}
 	if d.Completed > 0 {
 		d.AverageHandlerTimeNs = st.HandlerTime.Load() / d.Completed
 	}
@@ -435,6 +442,7 @@ func (w *Worker) cancelWhere(match func(action string, attempt int) bool, cause 
 func (w *Worker) serve(name string, h tool.Handler, st *endpointStats) micro.HandlerFunc {
 	return func(r micro.Request) {
 		if r.Headers().Get(tool.HeaderDescribe) != "" {
+			st.Describes.Add(1)
 			w.describe(name, r)
 			return
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/projectdavid/toolsidecar/discovery"
 	"github.com/projectdavid/toolsidecar/embedded"
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/testkit/poll"
@@ -276,6 +277,47 @@ func TestServiceStats(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("endpoints missing from stats: %v", want)
+	}
+}
+
+// TestStatsTellDescribesFromCalls: micro counts every message on a tool's
+// subject in num_requests, the sidecar's describe requests as well as
+// calls, so after N calls and M describes num_requests is N+M; the
+// endpoint's data says which is which: completed N, describes M.
+func TestStatsTellDescribesFromCalls(t *testing.T) {
+	side, work := natstest.Connect(t)
+	w := natstest.Worker(t, work, map[string]tool.Handler{
+		"ok": func(ctx context.Context, c *tool.Call) ([]byte, error) { return []byte("fine"), nil },
+	})
+	const calls, describes = 3, 5
+	c := natstest.Client(t, side, natstest.Prefix)
+	for range calls {
+		if r := c.Dispatch(context.Background(), natstest.Request("ok", time.Minute)); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	subject := wire.Subject(natstest.Prefix, "ok")
+	for range describes {
+		got, err := discovery.Describe(context.Background(), side, []string{subject}, 5*time.Second, tool.MaxDeclarationBytes)
+		if err != nil || got[0].Refusals != 1 {
+			t.Fatalf("describe: %+v, %v; want the refusal of a tool served without a declaration", got, err)
+		}
+	}
+	var stats micro.Stats
+	request(t, side, "$SRV.STATS."+wire.ServiceName, &stats)
+	if len(stats.Endpoints) != 1 {
+		t.Fatalf("stats endpoints %+v", stats.Endpoints)
+	}
+	e := stats.Endpoints[0]
+	var d worker.StatsData
+	if err := json.Unmarshal(e.Data, &d); err != nil {
+		t.Fatalf("data %s: %v", e.Data, err)
+	}
+	if e.NumRequests != calls+describes || d.Completed != calls || d.Describes != describes || int64(e.NumRequests)-d.Describes != calls {
+		t.Errorf("num_requests %d, data %s: want %d requests, of which %d describes and %d calls completed", e.NumRequests, e.Data, calls+describes, describes, calls)
+	}
+	if s := w.Stats(); len(s) != 1 || s[0].Describes != describes {
+		t.Errorf("Stats() %+v: want the describes counted as in $SRV.STATS", s)
 	}
 }
 

@@ -172,7 +172,7 @@ func TestLint(t *testing.T) {
 
 func examples(t *testing.T) []string {
 	files, err := filepath.Glob("../helm/examples/*.yaml")
-	if err != nil || len(files) != 3 {
+	if err != nil || len(files) != 4 {
 		t.Fatalf("example values: %v %v", files, err)
 	}
 	return files
@@ -294,13 +294,14 @@ func TestExampleAppNative(t *testing.T) {
 	if got := strings.Join(c.Args, " "); got != "run --config /etc/toolsidecar/config.yaml --log-level info" {
 		t.Errorf("args %q", got)
 	}
-	// The image make image builds (package image) is the chart's default.
+	// The tag defaults to the one make image builds (package image), on
+	// the repository the operator pushed it to.
 	built, err := image.Defaults(image.Spec{Root: "../.."})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Image != "ghcr.io/projectdavid/toolsidecar:0.1.0" || c.Image != built.Ref() {
-		t.Errorf("image %q (tag defaults to appVersion), want the one make image builds, %q", c.Image, built.Ref())
+	if _, tag, _ := strings.Cut(built.Ref(), ":"); c.Image != "registry.example.com/toolsidecar:"+tag {
+		t.Errorf("image %q (tag defaults to appVersion), want make image's tag, %q", c.Image, built.Ref())
 	}
 	if len(c.Ports) != 1 || c.Ports[0].Name != "ops" || c.Ports[0].ContainerPort != 8742 {
 		t.Errorf("ports %+v: only the ops port leaves the pod", c.Ports)
@@ -646,7 +647,8 @@ func TestWorkerChecksumFollowsNATS(t *testing.T) {
 func TestSchemaRejects(t *testing.T) {
 	for _, set := range []string{"executor.missingTool=ignore", "sidecar.port=0", "sidecar.opsPort=70000", "sidecar.mode=sideways",
 		"tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x", "workers.hpa.targetAverageValue=lots", "core.maxConnections=0",
-		"core.tls.caKey=", "core.tls.other=x", "sidecar.maxDrives=0", "sidecar.http2Cleartext=sometimes", "sidecar.ui=maybe"} {
+		"core.tls.caKey=", "core.tls.other=x", "sidecar.maxDrives=0", "sidecar.http2Cleartext=sometimes", "sidecar.ui=maybe",
+		"upstream.kind=gpt", "sidecar.uiHistory=-1", "executor.runBudget.onBudget=halt", "image.digest=latest"} {
 		renderFails(t, set)
 	}
 	if out := renderFails(t, "workers.enabled=true"); !strings.Contains(out, "workers.enabled needs nats.url") {

@@ -9,6 +9,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -66,16 +67,22 @@ type Spec struct {
 // Ref is the image's reference, Repository:Version.
 func (s Spec) Ref() string { return s.Repository + ":" + s.Version }
 
-// Defaults fills what spec leaves out from the chart under root, so that
-// the chart's default image is the one this builds.
+// DefaultRepository names the image when neither the build nor the chart
+// does: the chart has no default repository, since the operator pushes the
+// image to a registry of theirs; this is the name a release pushes it as.
+const DefaultRepository = "ghcr.io/projectdavid/toolsidecar"
+
+// Defaults fills what spec leaves out: the version from the chart under
+// root (its appVersion, the tag the chart defaults to), the repository
+// from the chart's image.repository or else DefaultRepository.
 func Defaults(spec Spec) (Spec, error) {
 	if spec.Repository == "" || spec.Version == "" {
 		repo, version, err := ChartImage(spec.Root)
 		if err != nil {
 			return spec, err
 		}
-		spec.Repository = cmpOr(spec.Repository, repo)
-		spec.Version = cmpOr(spec.Version, version)
+		spec.Repository = cmp.Or(spec.Repository, repo, DefaultRepository)
+		spec.Version = cmp.Or(spec.Version, version)
 	}
 	if len(spec.Platforms) == 0 {
 		spec.Platforms = []v1.Platform{{OS: "linux", Architecture: "amd64"}, {OS: "linux", Architecture: "arm64"}}
@@ -83,15 +90,9 @@ func Defaults(spec Spec) (Spec, error) {
 	return spec, nil
 }
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
 // ChartImage reads the chart's default image: values.yaml's
-// image.repository and Chart.yaml's appVersion (the tag's default).
+// image.repository (empty when it has none) and Chart.yaml's appVersion
+// (the tag's default).
 func ChartImage(root string) (repository, version string, err error) {
 	dir := filepath.Join(root, "deploy", "helm", "toolsidecar")
 	var values struct {
@@ -112,10 +113,10 @@ func ChartImage(root string) (repository, version string, err error) {
 			return "", "", fmt.Errorf("%s: %w", file, err)
 		}
 	}
-	if values.Image.Repository == "" || chart.AppVersion == "" {
-		return "", "", fmt.Errorf("the chart under %s names no image.repository or appVersion", dir)
+	if chart.AppVersion == "" {
+		return "", "", fmt.Errorf("the chart under %s has no appVersion", dir)
 	}
-	return values.Image.Repository, cmpOr(values.Image.Tag, chart.AppVersion), nil
+	return values.Image.Repository, cmp.Or(values.Image.Tag, chart.AppVersion), nil
 }
 
 // Build compiles the binary for each platform and assembles the index.
@@ -156,7 +157,7 @@ func Build(ctx context.Context, spec Spec) (v1.ImageIndex, error) {
 // trimmed, no VCS stamp (the version and revision are set at link time).
 func compile(ctx context.Context, spec Spec, p v1.Platform, out string) error {
 	ldflags := fmt.Sprintf("-s -w -X github.com/projectdavid/toolsidecar/internal/version.Version=%s -X github.com/projectdavid/toolsidecar/internal/version.Revision=%s",
-		spec.Version, cmpOr(spec.Revision, "unknown"))
+		spec.Version, cmp.Or(spec.Revision, "unknown"))
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", out, "./cmd/toolsidecar")
 	cmd.Dir = spec.Root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Architecture, "GOFLAGS=")
@@ -219,7 +220,7 @@ func Labels(spec Spec) map[string]string {
 		"org.opencontainers.image.title":       "toolsidecar",
 		"org.opencontainers.image.description": "Executes the tool calls of LLM runs over NATS, a whole batch at a time",
 		"org.opencontainers.image.version":     spec.Version,
-		"org.opencontainers.image.revision":    cmpOr(spec.Revision, "unknown"),
+		"org.opencontainers.image.revision":    cmp.Or(spec.Revision, "unknown"),
 		"org.opencontainers.image.source":      Source,
 		"org.opencontainers.image.created":     spec.Created.UTC().Format(time.RFC3339),
 		"org.opencontainers.image.licenses":    "Apache-2.0",

@@ -38,8 +38,25 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The image: no default repository, since none is published; a digest pins it. */}}
 {{- define "toolsidecar.image" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "image.repository: set it to the registry you pushed the image of `make image` to (docs/kubernetes.md, \"The image\"), and image.digest to pin it" -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The keys of a dict whose value is set, as YAML: a null leaves its key to the daemon's default. */}}
+{{- define "toolsidecar.setKeys" -}}
+{{- $set := dict -}}
+{{- range $k, $v := . -}}
+{{- if not (kindIs "invalid" $v) -}}{{- $_ := set $set $k $v -}}{{- end -}}
+{{- end -}}
+{{- with $set }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
 {{/* The NATS client settings, shared by the sidecar's and the workers' config.yaml. */}}
@@ -72,6 +89,20 @@ durability:
   enabled: {{ .Values.durability.enabled }}
   replicas: {{ .Values.durability.replicas }}
   lease_ttl: {{ .Values.durability.leaseTTL }}
+  {{- with include "toolsidecar.setKeys" (dict "max_bytes" .Values.durability.maxBytes) }}{{ . | nindent 2 }}{{ end }}
+upstream:
+  kind: {{ .Values.upstream.kind }}
+  url: {{ .Values.upstream.url | quote }}
+  {{- if .Values.upstream.apiKeySecret.name }}
+  api_key_file: /var/run/secrets/toolsidecar/upstream/{{ .Values.upstream.apiKeySecret.key }}
+  {{- end }}
+  {{- if .Values.upstream.webhookSecret.name }}
+  webhook_secret_file: /var/run/secrets/toolsidecar/webhook/{{ .Values.upstream.webhookSecret.key }}
+  {{- end }}
+  {{- with .Values.upstream }}
+  {{- with include "toolsidecar.setKeys" (dict "retry_budget" .retryBudget "connect_timeout" .connectTimeout "stream_idle_timeout" .streamIdleTimeout
+    "journal_ttl" .journalTTL "max_sessions" .maxSessions "confirmations" .confirmations) }}{{ . | nindent 2 }}{{ end }}
+  {{- end }}
 core:
   url: {{ .Values.core.url | quote }}
   {{- if .Values.core.apiKeySecret.name }}
@@ -82,11 +113,16 @@ core:
   readiness_check: {{ .Values.core.readinessCheck }}
   max_connections: {{ .Values.core.maxConnections }}
   idle_timeout: {{ .Values.core.idleTimeout }}
+  {{- with include "toolsidecar.setKeys" (dict "connect_timeout" .Values.core.connectTimeout) }}{{ . | nindent 2 }}{{ end }}
   {{- if .Values.core.tls.secretName }}
   {{- include "toolsidecar.tlsFiles" (dict "tls" .Values.core.tls "volume" "core-tls") | trim | nindent 2 }}
   {{- end }}
 nats:
   {{- include "toolsidecar.natsClient" . | nindent 2 }}
+  {{- with .Values.nats }}
+  {{- with include "toolsidecar.setKeys" (dict "connect_retry" .connectRetry "discover_interval" .discoverInterval "discover_grace" .discoverGrace
+    "discover_allow" .discoverAllow) }}{{ . | nindent 2 }}{{ end }}
+  {{- end }}
   embedded:
     listen: {{ .Values.nats.embedded.listen | quote }}
     allow_anonymous: {{ .Values.nats.embedded.allowAnonymous }}
@@ -113,14 +149,32 @@ server:
   max_drives: {{ .Values.sidecar.maxDrives }}
   http2_cleartext: {{ .Values.sidecar.http2Cleartext }}
   ui: {{ .Values.sidecar.ui }}
+  {{- with .Values.sidecar }}
+  {{- with include "toolsidecar.setKeys" (dict "mcp" .mcp "allowed_hosts" .allowedHosts "ui_trace_url" .uiTraceURL "ui_history" .uiHistory
+    "pprof" .pprof "idle_timeout" .idleTimeout "max_body_bytes" .maxBodyBytes "max_connections" .maxConnections
+    "max_header_bytes" .maxHeaderBytes "max_streams" .maxStreams "read_header_timeout" .readHeaderTimeout
+    "read_timeout" .readTimeout "sse_keepalive" .sseKeepalive "sse_resume_grace" .sseResumeGrace) }}{{ . | nindent 2 }}{{ end }}
+  {{- end }}
 executor:
   max_turns: {{ .Values.executor.maxTurns }}
   max_parallel: {{ .Values.executor.maxParallel }}
   missing_tool: {{ .Values.executor.missingTool }}
+  {{- with .Values.executor }}
+  {{- with include "toolsidecar.setKeys" (dict "max_args_bytes" .maxArgsBytes "max_result_bytes" .maxResultBytes "max_error_bytes" .maxErrorBytes
+    "max_exec_processes" .maxExecProcesses "cancel_poll" .cancelPoll "cancel_poll_rps" .cancelPollRPS "submit_budget" .submitBudget
+    "lanes" .lanes "claim_check_bytes" .claimCheckBytes "claim_check_preview_bytes" .claimCheckPreviewBytes "max_hedge_ratio" .maxHedgeRatio) }}{{ . | nindent 2 }}{{ end }}
+  {{- with .runBudget }}
+  {{- with include "toolsidecar.setKeys" (dict "max_calls" .maxCalls "max_tool_time" .maxToolTime "max_result_bytes" .maxResultBytes "on_budget" .onBudget) }}
+  run_budget:
+    {{- . | nindent 4 }}
+  {{- end }}
+  {{- end }}
+  {{- end }}
 tracing:
   otlp_endpoint: {{ .Values.tracing.otlpEndpoint | quote }}
   insecure: {{ .Values.tracing.insecure }}
   sample_ratio: {{ .Values.tracing.sampleRatio }}
+  {{- with include "toolsidecar.setKeys" (dict "service_name" .Values.tracing.serviceName) }}{{ . | nindent 2 }}{{ end }}
 tools:
 {{- toYaml .Values.tools | nindent 2 }}
 {{- end -}}
@@ -179,6 +233,18 @@ tools:
     secretName: {{ .Values.sidecar.authTokenSecret.name }}
     items: [{ key: {{ .Values.sidecar.authTokenSecret.key }}, path: {{ .Values.sidecar.authTokenSecret.key }} }]
 {{- end }}
+{{- if .Values.upstream.apiKeySecret.name }}
+- name: upstream-api-key
+  secret:
+    secretName: {{ .Values.upstream.apiKeySecret.name }}
+    items: [{ key: {{ .Values.upstream.apiKeySecret.key }}, path: {{ .Values.upstream.apiKeySecret.key }} }]
+{{- end }}
+{{- if .Values.upstream.webhookSecret.name }}
+- name: upstream-webhook-secret
+  secret:
+    secretName: {{ .Values.upstream.webhookSecret.name }}
+    items: [{ key: {{ .Values.upstream.webhookSecret.key }}, path: {{ .Values.upstream.webhookSecret.key }} }]
+{{- end }}
 {{- end -}}
 
 {{- define "toolsidecar.secretMounts" -}}
@@ -191,6 +257,12 @@ tools:
 {{- end }}
 {{- if .Values.sidecar.authTokenSecret.name }}
 - { name: auth-token, mountPath: /var/run/secrets/toolsidecar/token, readOnly: true }
+{{- end }}
+{{- if .Values.upstream.apiKeySecret.name }}
+- { name: upstream-api-key, mountPath: /var/run/secrets/toolsidecar/upstream, readOnly: true }
+{{- end }}
+{{- if .Values.upstream.webhookSecret.name }}
+- { name: upstream-webhook-secret, mountPath: /var/run/secrets/toolsidecar/webhook, readOnly: true }
 {{- end }}
 {{- end -}}
 
