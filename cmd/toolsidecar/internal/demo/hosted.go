@@ -50,13 +50,14 @@ func runHosted(ctx context.Context, out io.Writer, passwordFile, password, headi
 	defer stop()
 
 	sidecarURL := "http://" + s.Addr()
+	const appKey = "sk-demo-app"
 	post := func(path, body string) (map[string]any, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, sidecarURL+path, strings.NewReader(body))
 		if err != nil {
 			return nil, err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		HostedHeaders(req.Header, kind, "sk-demo-app")
+		HostedHeaders(req.Header, kind, appKey)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return nil, err
@@ -105,7 +106,7 @@ func runHosted(ctx context.Context, out io.Writer, passwordFile, password, headi
 		answered += n
 	}
 	fmt.Fprintf(out, "[%7s] session %s: %d call(s) answered in %d post(s)\n", ms(time.Since(t0)), sess.Status, answered, len(sess.Posts))
-	run, err := boardRun(ctx, sidecarURL, id)
+	run, err := boardRun(ctx, sidecarURL, id, func(h http.Header) { HostedHeaders(h, kind, appKey) })
 	if err != nil {
 		return err
 	}
@@ -150,8 +151,10 @@ type hostedRun struct {
 	Calls  []hostedCall
 }
 
-// boardRun is the sidecar's record of the session id once it completed.
-func boardRun(ctx context.Context, sidecarURL, id string) (run hostedRun, err error) {
+// boardRun is the sidecar's record of the session id once it completed,
+// read with the headers auth sets: the live view shows a caller its own
+// runs only, so the demo reads as the application that made the session.
+func boardRun(ctx context.Context, sidecarURL, id string, auth func(http.Header)) (run hostedRun, err error) {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var got struct {
 			Status string
@@ -160,6 +163,7 @@ func boardRun(ctx context.Context, sidecarURL, id string) (run hostedRun, err er
 			}
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, sidecarURL+"/v1/sidecar/runs/"+id, nil)
+		auth(req.Header)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
