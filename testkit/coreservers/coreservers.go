@@ -319,7 +319,9 @@ func (s *Server) Check(t testing.TB, r testenv.Run, wantCalls int) {
 		}
 		acts = append(acts, as...)
 	}
-	slices.SortFunc(acts, func(a, b core.Action) int { return strings.Compare(fmt.Sprint(a.TriggeredAt), fmt.Sprint(b.TriggeredAt)) })
+	slices.SortFunc(acts, func(a, b core.Action) int {
+		return strings.Compare(fmt.Sprint(a.TriggeredAt), fmt.Sprint(b.TriggeredAt))
+	})
 	msgs, err := s.App.ListMessages(ctx, r.ThreadID, 100)
 	if err != nil {
 		t.Fatal(err)
