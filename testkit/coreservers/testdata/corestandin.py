@@ -193,9 +193,11 @@ def found(v, msg):
 def serve_threading(core):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    # The handler as most Python peers have it: HTTP/1.0 (the default
+    # protocol_version), one connection per request, Nagle's algorithm on.
+    # (On a kept HTTP/1.1 connection, its two writes an answer, head and
+    # body, would meet the client's delayed ACK: 40 ms an answer.)
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # kept connections, as a client meets most servers
-
         def answer(self):
             n = int(self.headers.get("Content-Length") or 0)
             status, ctype, body = core.handle(self.command, self.path, self.rfile.read(n))
@@ -217,8 +219,6 @@ def serve_threading(core):
 
 
 def serve_uvicorn(core):
-    import socket
-
     import uvicorn
 
     async def app(scope, receive, send):
@@ -243,17 +243,19 @@ def serve_uvicorn(core):
                     "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))  # timeout_keep_alive: 5
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    # uvicorn binds as Core's does (uvicorn --host --port): asyncio then
+    # sets TCP_NODELAY on each connection, which it does not on a socket
+    # handed over without its protocol.
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))  # timeout_keep_alive: 5
+    threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
 
     def stop():
         server.should_exit = True
 
-    return "http://127.0.0.1:%d" % sock.getsockname()[1], stop
+    return "http://127.0.0.1:%d" % port, stop
 
 
 def main():
