@@ -215,7 +215,7 @@ def serve_threading(core):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # request_queue_size: 5
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return "http://127.0.0.1:%d" % srv.server_address[1], srv.shutdown
+    return "http://127.0.0.1:%d" % srv.server_address[1], srv.server_close  # its threads are daemons
 
 
 def serve_uvicorn(core):
