@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test test-go browser test-node test-python node-build openai-node vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
+.PHONY: all build demo test test-go browser core-servers test-node test-python node-build openai-node vet staticcheck fmt-check fuzz fuzz-long cover coresim clean \
 	chart-lint chart-test static-build image workflow-lint bench soak loadgen loadgen-check
 
 all: build
@@ -16,14 +16,14 @@ demo:
 	$(GO) run ./cmd/toolsidecar demo
 
 ## test: everything CI runs.
-test: fmt-check vet staticcheck workflow-lint loadgen-check static-build node-build openai-node test-python test-node chart-test browser test-go
+test: fmt-check vet staticcheck workflow-lint loadgen-check static-build node-build openai-node test-python test-node chart-test browser core-servers test-go
 
 ## test-go: the Go tests, the live view's browser test included (it fails
 ## instead of skipping when Chromium is missing). The README's Go worker is
 ## built offline against a module cache of its own holding only what the
 ## checkout's build and tests fetch, as on a machine whose cache was empty.
 test-go:
-	TSC_TEST_REQUIRE_BROWSER=1 TSC_TEST_FRESH_MODCACHE=1 $(GO) test -race -count=1 $(PKGS)
+	TSC_TEST_REQUIRE_BROWSER=1 TSC_TEST_REQUIRE_NGINX=1 TSC_TEST_FRESH_MODCACHE=1 $(GO) test -race -count=1 $(PKGS)
 
 ## browser: Debian's Chromium, for the live view's browser test, installed
 ## with apt-get when missing (as root, or through sudo).
@@ -32,6 +32,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		{ $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+## core-servers: Debian's nginx and uvicorn, for the Core server matrix
+## (testkit/coreservers: Core's shipped nginx front, its server), installed
+## with apt-get when missing, as browser installs Chromium.
+core-servers:
+	@{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } && /usr/bin/python3 -c 'import uvicorn' 2>/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx python3-uvicorn; }
 
 ## node-build: install the Node worker's locked dependencies and compile it
 ## (the Go end-to-end test runs its example worker).

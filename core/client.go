@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -307,14 +308,43 @@ func newTransport(maxConns int, idle, connect time.Duration, dialed *atomic.Int6
 	t.MaxIdleConnsPerHost = max(maxConns, 64)
 	t.MaxIdleConns = max(4*t.MaxIdleConnsPerHost, 256)
 	dial := t.DialContext
+	slots := make(chan struct{}, maxDials)
 	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := dial(ctx, network, addr)
-		if err == nil {
-			dialed.Add(1)
+		select { // as conns.dials
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
 		}
-		return conn, err
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			<-slots
+			return nil, err
+		}
+		dialed.Add(1)
+		return &unanswered{Conn: conn, answered: sync.OnceFunc(func() { <-slots })}, nil
 	}
 	return t
+}
+
+// unanswered is a new connection that holds its place among the
+// transport's new connections until the first bytes from Core (its
+// answer, or a proxy's, or a TLS handshake's), or its end.
+type unanswered struct {
+	net.Conn
+	answered func()
+}
+
+func (c *unanswered) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 || err != nil {
+		c.answered()
+	}
+	return n, err
+}
+
+func (c *unanswered) Close() error {
+	c.answered()
+	return c.Conn.Close()
 }
 
 // HTTPError is a non-2xx answer from Core. Body is a bounded excerpt.

@@ -42,10 +42,26 @@ type conns struct {
 	maxIdle int
 	dialed  *atomic.Int64
 
+	// dials bounds the new connections not yet answered on: a batch's
+	// requests all at once would otherwise open one each, more than a
+	// small accept queue takes (Python's ThreadingHTTPServer: 5), and the
+	// attempts it drops wait out the kernel's 1 s retransmission timeout.
+	// A connection holds its place until Core's first answer on it, which
+	// shows that Core accepted it: the kernel completes a connection
+	// before the server accepts it.
+	dials chan struct{}
+	// handoff gives a connection put back to a request waiting to dial:
+	// a kept connection is used before a new one is opened.
+	handoff chan *conn
+
 	mu     sync.Mutex
 	free   []*conn // idle, the most recently used last
 	reaper *time.Timer
 }
+
+// maxDials bounds the connections a transport opens at once (see
+// conns.dials), under the smallest listen backlog of Core's servers.
+const maxDials = 4
 
 // conn is one connection to Core with its reader.
 type conn struct {
@@ -56,6 +72,8 @@ type conn struct {
 	// limit is what may still be read from nc: the bound of an answer's
 	// headers while they are read, none while its body is.
 	limit int64
+	// new holds a place in conns.dials until the first answer.
+	new bool
 }
 
 // maxHeaderBytes bounds an answer's headers, its informational answers'
@@ -104,7 +122,8 @@ func write(nc net.Conn, req *http.Request) error {
 // is false.
 func newConns(addr string, tc *tls.Config, connect, idle time.Duration, keep bool, maxIdle int, dialed *atomic.Int64) *conns {
 	return &conns{addr: addr, tls: tc, dial: (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
-		connect: connect, idle: idle, keep: keep, maxIdle: maxIdle, dialed: dialed}
+		connect: connect, idle: idle, keep: keep, maxIdle: maxIdle, dialed: dialed,
+		dials: make(chan struct{}, maxDials), handoff: make(chan *conn)}
 }
 
 // RoundTrip sends req on a kept connection, or a new one, and returns
@@ -134,6 +153,7 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	// connection's reads and writes; the connection is then not kept.
 	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
 	fail := func(err error) (*http.Response, error) {
+		p.answered(c)
 		stop()
 		c.nc.Close()
 		if ctx.Err() != nil {
@@ -156,6 +176,7 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
 		resp, err = http.ReadResponse(c.br, req) // an informational answer precedes the answer
 	}
+	p.answered(c)
 	c.limit = math.MaxInt64
 	if err != nil {
 		if werr != nil {
@@ -168,8 +189,49 @@ func (p *conns) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// get is a kept connection found open, or a new one.
+// get is a kept connection found open, or one put back while it waits
+// for its turn to dial, or a new one.
 func (p *conns) get(ctx context.Context) (*conn, error) {
+	if c := p.kept(); c != nil {
+		return c, nil
+	}
+	for {
+		select {
+		case p.dials <- struct{}{}:
+			c, err := p.open(ctx)
+			if err != nil {
+				<-p.dials
+				return nil, err
+			}
+			c.new = true
+			return c, nil
+		case c := <-p.handoff:
+			if p.usable(c) {
+				return c, nil
+			}
+			c.nc.Close()
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+// answered gives back c's place among the new connections, once Core
+// has answered on it (or it failed).
+func (p *conns) answered(c *conn) {
+	if c.new {
+		c.new = false
+		<-p.dials
+	}
+}
+
+// usable reports whether kept connection c may carry a request.
+func (p *conns) usable(c *conn) bool {
+	return time.Since(c.used) < p.idle && open(c.raw) && c.silent()
+}
+
+// kept is a kept connection found open, or nil.
+func (p *conns) kept() *conn {
 	for {
 		p.mu.Lock()
 		n := len(p.free)
@@ -181,11 +243,16 @@ func (p *conns) get(ctx context.Context) (*conn, error) {
 		p.free[n-1] = nil
 		p.free = p.free[:n-1]
 		p.mu.Unlock()
-		if time.Since(c.used) < p.idle && open(c.raw) && c.silent() {
-			return c, nil
+		if p.usable(c) {
+			return c
 		}
 		c.nc.Close()
 	}
+	return nil
+}
+
+// open opens a new connection.
+func (p *conns) open(ctx context.Context) (*conn, error) {
 	nc, err := p.dial(ctx, "tcp", p.addr)
 	if err != nil {
 		return nil, err
@@ -211,6 +278,11 @@ func (p *conns) get(ctx context.Context) (*conn, error) {
 // put keeps c for the next request, or closes it when enough are kept.
 func (p *conns) put(c *conn) {
 	c.used = time.Now()
+	select {
+	case p.handoff <- c: // a request waiting to dial takes it
+		return
+	default:
+	}
 	p.mu.Lock()
 	if len(p.free) >= p.maxIdle {
 		p.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/projectdavid/toolsidecar/testkit/poll"
 	"github.com/projectdavid/toolsidecar/testkit/promtest"
 )
 
@@ -173,4 +174,55 @@ func TestWithdrawableWriteShed(t *testing.T) {
 	if n := promtest.Value(t, reg, "toolsidecar_core_writes_shed_total"); n != 1 {
 		t.Errorf("toolsidecar_core_writes_shed_total %v, want 1", n)
 	}
+}
+
+// TestNewConnectionsBounded: Core accepts slowly (a small accept queue,
+// a busy server): 16 requests at once, with one connection kept, open at
+// most maxDials new ones while Core has answered on none of them, and
+// the others wait for the kept connection instead: opening one each
+// overflowed the listen backlog of Python's ThreadingHTTPServer (5), and
+// each dropped attempt waited out the kernel's 1 s retransmission
+// timeout (#76).
+func TestNewConnectionsBounded(t *testing.T) {
+	gate := make(chan struct{})
+	var held atomic.Int32
+	addr, _ := rawListener(t, func(n int32, conn net.Conn) {
+		if n > 1 { // the first is the kept one; the others wait for the gate
+			held.Add(1)
+			<-gate
+		}
+		serveRuns(n, conn, func(int32) {})
+	})
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release) // before the listener's cleanup waits for its connections
+	c, err := New(Config{URL: "http://" + addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.GetRun(ctx, "run_1"); err != nil { // the kept connection
+		t.Fatal(err)
+	}
+	const requests = 16
+	var done atomic.Int32
+	var wg sync.WaitGroup
+	for range requests {
+		wg.Go(func() {
+			if _, err := c.GetRun(ctx, "run_1"); err != nil {
+				t.Error(err)
+			}
+			done.Add(1)
+		})
+	}
+	// Every request is either answered or on a new connection Core holds,
+	// unless more new connections than the bound were opened.
+	poll.Until(t, "every request answered or held", func() bool {
+		return done.Load()+held.Load() == requests || held.Load() > maxDials
+	})
+	if n := held.Load(); n > maxDials {
+		t.Errorf("%d new connections opened at once, want at most %d", n, maxDials)
+	}
+	release()
+	wg.Wait()
+	c.hc.CloseIdleConnections() // the listener's cleanup waits for every connection to end
 }
