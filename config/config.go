@@ -51,7 +51,7 @@ func Default() Config {
 			Confirmations: ConfirmByApplication},
 		Core: Core{URL: "http://127.0.0.1:9000", Timeout: 30 * time.Second, ConnectTimeout: 5 * time.Second, StreamIdleTimeout: 280 * time.Second,
 			MaxConnections: 64, IdleTimeout: 4 * time.Second},
-		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222", WorkerCredentials: true}, ConnectRetry: 30 * time.Second,
+		NATS: NATS{SubjectPrefix: "toolsidecar.tools", Embedded: Embedded{Listen: "127.0.0.1:4222", WorkerCredentials: true, Sync: SyncAlways}, ConnectRetry: 30 * time.Second,
 			DiscoverInterval: 2 * time.Second, DiscoverGrace: 10 * time.Second},
 		Server: Server{Listen: "127.0.0.1:8741", Proxy: true, UI: true, UIHistory: 200, ShutdownTimeout: 30 * time.Second,
 			MaxBodyBytes: 1 << 20, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,

@@ -66,6 +66,7 @@ func TestInvalidConfigs(t *testing.T) {
 		"invalid-max-turns.yaml":        "executor.max_turns",
 		"invalid-yaml.yaml":             "invalid-yaml.yaml",
 		"invalid-sample-ratio.yaml":     "tracing.sample_ratio",
+		"invalid-sync.yaml":             "nats.embedded.sync",
 	}
 	files, _ := filepath.Glob("testdata/invalid-*.yaml")
 	if len(files) != len(cases) {

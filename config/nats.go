@@ -101,7 +101,20 @@ type Embedded struct {
 	// TLS serves the listener over TLS: CertFile and KeyFile, and CAFile
 	// to require client certificates signed by it. Optional.
 	TLS TLS `koanf:"tls"`
+	// Sync says when JetStream writes the ledger and the captured replies
+	// to disk: always (each write is synced before it is acknowledged) or
+	// periodic (nats-server's own default, every 2 minutes: a power
+	// failure or an OS crash loses the writes acknowledged since the last
+	// sync, and an unsafe call whose record is lost may run again).
+	// default: always
+	Sync string `koanf:"sync"`
 }
+
+// The values of nats.embedded.sync.
+const (
+	SyncAlways   = "always"
+	SyncPeriodic = "periodic"
+)
 
 // Worker is a user of the embedded server: a worker process that may
 // serve the listed tools (subscribe to their subjects, the cancel subject
@@ -163,6 +176,9 @@ func (n NATS) validateWorkers(p *problems) {
 	}
 	if (n.User == "") != (n.PasswordFile == "") {
 		bad("user", "user and password_file go together")
+	}
+	if n.Embedded.Sync != SyncAlways && n.Embedded.Sync != SyncPeriodic {
+		bad("embedded.sync", "must be always or periodic, got %q", n.Embedded.Sync)
 	}
 	if (n.Embedded.TLS.CertFile == "") != (n.Embedded.TLS.KeyFile == "") {
 		bad("embedded.tls", "cert_file and key_file go together")

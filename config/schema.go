@@ -18,6 +18,7 @@ var enums = map[string][]string{
 	"approval":      {ApprovalRequired},
 	"on_timeout":    {OnTimeoutDeny},
 	"confirmations": {ConfirmByApplication, ConfirmByApproval},
+	"sync":          {SyncAlways, SyncPeriodic},
 }
 
 // JSONSchema describes config.yaml (JSON Schema 2020-12) for editors. It

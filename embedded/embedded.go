@@ -42,6 +42,11 @@ type Config struct {
 	TLS *tls.Config
 	// StoreDir, when set, turns JetStream on with its files there.
 	StoreDir string
+	// SyncPeriodic lets JetStream acknowledge a write before it is on
+	// disk, syncing every 2 minutes (nats-server's default): a power
+	// failure or an OS crash loses what was acknowledged since. Off, each
+	// write is synced before it is acknowledged (sync_interval: always).
+	SyncPeriodic bool
 }
 
 // Worker is a worker's user: a password or a public nkey, and the
@@ -90,6 +95,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if cfg.StoreDir != "" {
 		opts.JetStream, opts.StoreDir = true, cfg.StoreDir
+		// The ledger's record of an unsafe call is acknowledged before the
+		// call runs: lost with the page cache, the call would run again.
+		opts.SyncAlways = !cfg.SyncPeriodic
 	}
 	if cfg.TLS != nil {
 		opts.TLSConfig, opts.TLS = cfg.TLS, true

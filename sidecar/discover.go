@@ -416,14 +416,9 @@ func Redeclared(ctx context.Context, cfg config.Config, reg *registry.Registry) 
 	if cfg.NATS.URL == "" || cfg.NATS.DiscoverInterval <= 0 {
 		return reg, nil, false, nil
 	}
-	cc := connectConfig(cfg.NATS, cfg.NATS.URL, "toolsidecar-check")
-	cc.FirstTry = 2 * time.Second
-	if err := readNATSSecrets(cfg.NATS, &cc); err != nil {
-		return nil, nil, false, &BusError{err}
-	}
-	nc, err := bridge.Connect(ctx, cc, nil, nil)
+	nc, err := checkConnect(ctx, cfg.NATS)
 	if err != nil {
-		return nil, nil, false, &BusError{err}
+		return nil, nil, false, err
 	}
 	defer nc.Close()
 	bus := newBusTools(cfg.NATS, nil)
@@ -438,6 +433,21 @@ func Redeclared(ctx context.Context, cfg config.Config, reg *registry.Registry) 
 		problems = append(problems, de.Error())
 	}
 	return reg, problems, true, nil
+}
+
+// checkConnect connects `toolsidecar check` to the external bus, trying
+// for 2 s: check may run away from where the daemon runs.
+func checkConnect(ctx context.Context, n config.NATS) (*nats.Conn, error) {
+	cc := connectConfig(n, n.URL, "toolsidecar-check")
+	cc.FirstTry = 2 * time.Second
+	if err := readNATSSecrets(n, &cc); err != nil {
+		return nil, &BusError{err}
+	}
+	nc, err := bridge.Connect(ctx, cc, nil, nil)
+	if err != nil {
+		return nil, &BusError{err}
+	}
+	return nc, nil
 }
 
 // BusError is a bus that Redeclared could not ask: its secrets, its

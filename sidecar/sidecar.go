@@ -254,6 +254,10 @@ func (s *Sidecar) connectNATS(ctx context.Context) error {
 			}
 			ecfg.Workers, issued = append(ecfg.Workers, w), &w
 		}
+		if ecfg.StoreDir != "" && ecfg.SyncPeriodic {
+			s.log.Warn("the embedded NATS server acknowledges JetStream writes before they are on disk (nats.embedded.sync: periodic): " +
+				"a power failure or an OS crash loses them, and an unsafe call whose record is lost may run again")
+		}
 		if ecfg.AllowAnonymous {
 			s.log.Warn("the embedded NATS server lets clients without credentials in, with every permission (nats.embedded.allow_anonymous)")
 		}
@@ -421,7 +425,8 @@ func restrictedTools(n config.NATS) []string {
 // embeddedConfig turns the embedded section into the server's users: each
 // worker may subscribe to its tools' subjects and the cancel subject.
 func embeddedConfig(n config.NATS) (embedded.Config, error) {
-	ecfg := embedded.Config{Listen: n.Embedded.Listen, AllowAnonymous: n.Embedded.AllowAnonymous}
+	ecfg := embedded.Config{Listen: n.Embedded.Listen, AllowAnonymous: n.Embedded.AllowAnonymous,
+		SyncPeriodic: n.Embedded.Sync == config.SyncPeriodic}
 	for i, w := range n.Embedded.Workers {
 		ew := workerUser(n.SubjectPrefix, w.Name, w.Tools)
 		ew.NKey = w.NKey

@@ -385,8 +385,24 @@ func printRegistry(inv invocation, cfg config.Config, stdout, stderr io.Writer) 
 			"a worker declares its tools in its code (docs/tools.md), or the tool takes another route (exec, http, mcp)\n",
 			strings.Join(idle, ", "), how, cfg.NATS.SubjectPrefix)
 	}
+	printSyncPolicy(ctx, cfg, stderr)
 	fmt.Fprintf(stdout, "configuration valid: %d tools\n", len(reg.Names()))
 	return 0
+}
+
+// printSyncPolicy says what check could learn of an external NATS's
+// JetStream sync policy: durable mode's promises hold only where each
+// write is on disk before it is acknowledged.
+func printSyncPolicy(ctx context.Context, cfg config.Config, stderr io.Writer) {
+	say, warn, err := sidecar.SyncPolicy(ctx, cfg)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "toolsidecar check: the sync policy of NATS is not read: %v\n", err)
+	case warn:
+		fmt.Fprintf(stderr, "toolsidecar check: warning: %s\n", say)
+	case say != "":
+		fmt.Fprintf(stderr, "toolsidecar check: %s\n", say)
+	}
 }
 
 // unserved lists the tools on the nats route that the configuration alone

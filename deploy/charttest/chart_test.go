@@ -648,7 +648,7 @@ func TestSchemaRejects(t *testing.T) {
 	for _, set := range []string{"executor.missingTool=ignore", "sidecar.port=0", "sidecar.opsPort=70000", "sidecar.mode=sideways",
 		"tools[0].name=bad.name", "unknownKey=1", "core.url=ftp://x", "workers.hpa.targetAverageValue=lots", "core.maxConnections=0",
 		"core.tls.caKey=", "core.tls.other=x", "sidecar.maxDrives=0", "sidecar.http2Cleartext=sometimes", "sidecar.ui=maybe",
-		"upstream.kind=gpt", "sidecar.uiHistory=-1", "executor.runBudget.onBudget=halt", "image.digest=latest"} {
+		"upstream.kind=gpt", "sidecar.uiHistory=-1", "executor.runBudget.onBudget=halt", "image.digest=latest", "nats.embedded.sync=never"} {
 		renderFails(t, set)
 	}
 	if out := renderFails(t, "workers.enabled=true"); !strings.Contains(out, "workers.enabled needs nats.url") {

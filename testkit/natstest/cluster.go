@@ -41,8 +41,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for i := range n {
 		opts := &server.Options{ServerName: fmt.Sprintf("node-%d", i), Host: "127.0.0.1", Port: clientPorts[i],
 			JetStream: true, StoreDir: filepath.Join(root, fmt.Sprint(i)), NoLog: true, NoSigs: true,
-			Cluster: server.ClusterOpts{Name: "toolsidecar-test", Host: "127.0.0.1", Port: routePorts[i]},
-			Routes:  server.RoutesFromStr(strings.Join(routes, ","))}
+			SyncAlways: true, // as docs/durable-mode.md asks of a production cluster
+			Cluster:    server.ClusterOpts{Name: "toolsidecar-test", Host: "127.0.0.1", Port: routePorts[i]},
+			Routes:     server.RoutesFromStr(strings.Join(routes, ","))}
 		ns, err := server.NewServer(opts)
 		if err != nil {
 			t.Fatal(err)

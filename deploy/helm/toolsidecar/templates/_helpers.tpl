@@ -133,6 +133,7 @@ nats:
     {{- if (include "toolsidecar.embeddedStore" .) }}
     store_dir: {{ .Values.nats.embedded.storeDir | quote }}
     {{- end }}
+    sync: {{ .Values.nats.embedded.sync | quote }}
     {{- with .Values.nats.embedded.workers }}
     workers:
       {{- toYaml . | nindent 6 }}
