@@ -94,9 +94,9 @@ type Answer struct {
 	Worker      string
 }
 
-// MaxDescribeBytes bounds the declarations one [Describe] keeps (past it,
-// it reads no further), and the answers it holds before it reads them
-// (past it, NATS drops them).
+// MaxDescribeBytes bounds the declarations one [Describe] keeps of the
+// tools not in force (past it, it reads no more of them), and the answers
+// it holds before it reads them (past it, NATS drops them).
 const MaxDescribeBytes = 32 << 20
 
 // Described is what the workers of one tool answered a describe request.
@@ -113,8 +113,9 @@ type Described struct {
 	Refusals int
 	// NoResponders: nobody serves the tool's subject.
 	NoResponders bool
-	// Cut: this tool's declaration would have taken the describe past
-	// MaxDescribeBytes. It was dropped, and nothing after it was read.
+	// Cut: this tool is not in force, and its declaration would have
+	// taken the describe past MaxDescribeBytes. It was dropped, and no
+	// tool not in force was read after it.
 	Cut bool
 }
 
@@ -124,9 +125,14 @@ type Described struct {
 // subscribe to that subject, and lets them alone answer it: the answers
 // come from workers that may serve the tool, whatever $SRV.INFO said. An
 // answer over maxBytes is refused. Whatever the workers send, it keeps
-// one declaration a subject and MaxDescribeBytes in all.
-func Describe(ctx context.Context, nc *nats.Conn, subjects []string, wait time.Duration, maxBytes int) ([]Described, error) {
-	l := &describing{out: make([]Described, len(subjects)), pending: len(subjects), maxBytes: maxBytes, done: make(chan struct{})}
+// one declaration a subject. The first inForce subjects are the tools in
+// force: they are read whatever the others declare, so that no worker can
+// keep them unread with declarations of names it makes up; the others
+// are read while the declarations kept stay within MaxDescribeBytes. What
+// it keeps is thus bounded by MaxDescribeBytes and inForce declarations.
+func Describe(ctx context.Context, nc *nats.Conn, subjects []string, inForce int, wait time.Duration, maxBytes int) ([]Described, error) {
+	l := &describing{out: make([]Described, len(subjects)), inForce: inForce, pending: len(subjects), pendingInForce: min(inForce, len(subjects)),
+		maxBytes: maxBytes, done: make(chan struct{})}
 	if len(subjects) == 0 {
 		return l.out, nil
 	}
@@ -163,13 +169,16 @@ func Describe(ctx context.Context, nc *nats.Conn, subjects []string, wait time.D
 // describing is one Describe's answers as they come.
 type describing struct {
 	maxBytes int
-	done     chan struct{} // closed when every subject is answered, or the bytes bound is reached
+	inForce  int           // the subjects below it are tools in force
+	done     chan struct{} // closed when every subject to read is answered
 
-	mu      sync.Mutex
-	out     []Described
-	pending int  // subjects without an answer yet
-	kept    int  // bytes of the declarations kept
-	ended   bool // done is closed, or Describe returned
+	mu             sync.Mutex
+	out            []Described
+	pending        int  // subjects without an answer yet
+	pendingInForce int  // of them, tools in force
+	kept           int  // bytes of the declarations kept
+	full           bool // a tool not in force was cut: no more of them are read
+	ended          bool // done is closed, or Describe returned
 }
 
 // take applies one answer; cut is where the subject's index starts.
@@ -180,9 +189,16 @@ func (l *describing) take(m *nats.Msg, cut int) {
 	if l.ended || err != nil || i < 0 || i >= len(l.out) {
 		return
 	}
+	inForce := i < l.inForce
+	if l.full && !inForce {
+		return
+	}
 	d := &l.out[i]
 	if len(d.Answers)+d.Repeats+d.Refusals == 0 && !d.NoResponders {
 		l.pending--
+		if inForce {
+			l.pendingInForce--
+		}
 	}
 	switch {
 	case wire.IsNoResponders(m):
@@ -191,13 +207,13 @@ func (l *describing) take(m *nats.Msg, cut int) {
 		d.Refusals++
 	case len(d.Answers) > 0:
 		d.Repeats++
-	case l.kept+len(m.Data) > MaxDescribeBytes:
-		d.Cut = true
+	case !inForce && l.kept+len(m.Data) > MaxDescribeBytes:
+		d.Cut, l.full = true, true
 	default:
 		l.kept += len(m.Data)
 		d.Answers = append(d.Answers, Answer{Declaration: m.Data, Worker: m.Header.Get(tool.HeaderWorker)})
 	}
-	if l.pending == 0 || d.Cut {
+	if l.pending == 0 || l.full && l.pendingInForce == 0 {
 		l.ended = true
 		close(l.done)
 	}

@@ -44,7 +44,7 @@ func TestDescribe(t *testing.T) {
 	defer silent.Unsubscribe()
 
 	start := time.Now()
-	got, err := discovery.Describe(context.Background(), nc, []string{"p.declared", "p.plain", "p.nobody", "p.silent"}, 300*time.Millisecond, tool.MaxDeclarationBytes)
+	got, err := discovery.Describe(context.Background(), nc, []string{"p.declared", "p.plain", "p.nobody", "p.silent"}, 0, 300*time.Millisecond, tool.MaxDeclarationBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestDescribe(t *testing.T) {
 	if waited := time.Since(start); waited < 300*time.Millisecond {
 		t.Errorf("returned after %v with a silent subscriber: want the whole wait", waited)
 	}
-	small, err := discovery.Describe(context.Background(), nc, []string{"p.declared", "p.nobody"}, 5*time.Second, 50)
+	small, err := discovery.Describe(context.Background(), nc, []string{"p.declared", "p.nobody"}, 0, 5*time.Second, 50)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestDescribeRepeatedAnswers(t *testing.T) {
 	if err := work.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := discovery.Describe(context.Background(), side, []string{"p.first", "p.second"}, 10*time.Second, tool.MaxDeclarationBytes)
+	got, err := discovery.Describe(context.Background(), side, []string{"p.first", "p.second"}, 0, 10*time.Second, tool.MaxDeclarationBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestDescribeBytesBound(t *testing.T) {
 	for i := range subjects {
 		subjects[i] = fmt.Sprintf("p.t%d", i)
 	}
-	got, err := discovery.Describe(context.Background(), nc, subjects, time.Minute, tool.MaxDeclarationBytes)
+	got, err := discovery.Describe(context.Background(), nc, subjects, 0, time.Minute, tool.MaxDeclarationBytes)
 	if err != nil {
 		t.Fatal(err)
 	}

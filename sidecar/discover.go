@@ -76,6 +76,7 @@ type declaredTool struct {
 type busTools struct {
 	prefix   string
 	grace    time.Duration
+	wait     time.Duration // bounds a look's describe requests: describeWait
 	allows   func(name string) bool
 	tools    map[string]*declaredTool
 	reported map[string]bool
@@ -85,7 +86,7 @@ type busTools struct {
 // newBusTools is discovery's state for the configuration n; leftOut counts
 // the declarations left out, by reason (nil: not counted).
 func newBusTools(n config.NATS, leftOut *prometheus.CounterVec) *busTools {
-	return &busTools{prefix: n.SubjectPrefix, grace: n.DiscoverGrace, allows: n.DiscoverAllows,
+	return &busTools{prefix: n.SubjectPrefix, grace: n.DiscoverGrace, wait: describeWait, allows: n.DiscoverAllows,
 		tools: map[string]*declaredTool{}, reported: map[string]bool{}, leftOut: leftOut}
 }
 
@@ -116,7 +117,7 @@ func (b *busTools) look(ctx context.Context, nc *nats.Conn, now time.Time) (chan
 	for i, name := range ask {
 		subjects[i] = wire.Subject(b.prefix, name)
 	}
-	got, err := discovery.Describe(ctx, nc, subjects, describeWait, tool.MaxDeclarationBytes)
+	got, err := discovery.Describe(ctx, nc, subjects, len(b.tools), b.wait, tool.MaxDeclarationBytes)
 	if err != nil {
 		return false, nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"github.com/projectdavid/toolsidecar/testkit/natstest"
 	"github.com/projectdavid/toolsidecar/tool"
 	"github.com/projectdavid/toolsidecar/wire"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func service(id string, names ...string) discovery.ServiceInfo {
@@ -214,4 +217,101 @@ func BenchmarkDiscoveryLook(b *testing.B) {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
 	cpu := time.Duration(after.Utime.Nano()+after.Stime.Nano()-before.Utime.Nano()-before.Stime.Nano()) / time.Duration(b.N)
 	b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms/look")
+}
+
+// TestDescribeBoundKeepsToolsInForce: on a real server, an honest worker
+// serves t, in force, and answers its describe request only once another
+// bus client has answered enough of its own, with 60 KiB declarations, to
+// pass discovery.MaxDescribeBytes: it announces 600 names, so that every
+// look is cut. Through looks a grace apart, t stays in force: the bound
+// leaves out fresh names, never a tool in force (#75; before, the look
+// ended at the bound, t's answer went unread, and t left the registry
+// once its grace passed).
+func TestDescribeBoundKeepsToolsInForce(t *testing.T) {
+	url := natstest.Start(t)
+	side, honest, hostile := natstest.Dial(t, url), natstest.Dial(t, url), natstest.Dial(t, url)
+	big := []byte(`{"side_effects":"read_only","parameters":{"type":"object","description":"` + strings.Repeat("x", 60<<10) + `"}}`)
+	passBound := discovery.MaxDescribeBytes/len(big) + 1
+
+	var mu sync.Mutex
+	need := 0                    // hostile answers still to send before t's worker answers
+	ready := make(chan struct{}) // closed when need reaches 0
+	close(ready)
+	subscribe := func(nc *nats.Conn, subject string, h nats.MsgHandler) {
+		sub, err := nc.Subscribe(subject, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	subscribe(honest, discovery.InfoSubject, func(m *nats.Msg) { _ = m.Respond(infoOf(service("H", "t"))) })
+	subscribe(honest, "p.t", func(m *nats.Msg) {
+		mu.Lock()
+		r := ready
+		mu.Unlock()
+		select {
+		case <-r:
+		case <-time.After(time.Minute):
+		}
+		_ = m.Respond([]byte(`{"description":"honest t","side_effects":"read_only"}`))
+	})
+
+	if err := honest.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	left := newLeftOutCounter(prometheus.NewRegistry())
+	bus := newBusTools(config.NATS{SubjectPrefix: "p", DiscoverGrace: time.Second}, left)
+	bus.wait = time.Minute // a look ends when its answers are in, or at the bound
+	now := time.Unix(1000, 0)
+	if _, _, err := bus.look(context.Background(), side, now); err != nil || bus.tools["t"] == nil {
+		t.Fatalf("t not in force after the first look (%v)", err)
+	}
+
+	var fakes []string
+	for i := range 600 {
+		fakes = append(fakes, fmt.Sprintf("aa%03d", i))
+	}
+	subscribe(hostile, discovery.InfoSubject, func(m *nats.Msg) { _ = m.Respond(infoOf(service("X", fakes...))) })
+	subscribe(hostile, "p.*", func(m *nats.Msg) {
+		if m.Subject == "p.t" {
+			return
+		}
+		_ = m.Respond(big)
+		mu.Lock()
+		defer mu.Unlock()
+		if need > 0 {
+			if need--; need == 0 && hostile.Flush() == nil { // NATS delivers the flood before t's answer
+				close(ready)
+			}
+		}
+	})
+	if err := hostile.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	for look := 1; look <= 3; look++ {
+		mu.Lock()
+		need, ready = passBound, make(chan struct{})
+		mu.Unlock()
+		cut := testutil.ToFloat64(left.WithLabelValues(leftOverBytes))
+		now = now.Add(2 * time.Second) // past the grace of the answer before
+		if _, _, err := bus.look(context.Background(), side, now); err != nil {
+			t.Fatal(err)
+		}
+		if testutil.ToFloat64(left.WithLabelValues(leftOverBytes)) == cut {
+			t.Fatalf("look %d was not cut at the bound", look)
+		}
+		if bus.tools["t"] == nil {
+			t.Fatalf("look %d: t left the registry (%d tools in force)", look, len(bus.tools))
+		}
+	}
+	if len(bus.tools) > passBound {
+		t.Errorf("%d tools in force: the fresh names passed the bound", len(bus.tools))
+	}
+}
+
+// infoOf is info as a service sends it on $SRV.INFO.
+func infoOf(info discovery.ServiceInfo) []byte {
+	b, _ := json.Marshal(info)
+	return b
 }

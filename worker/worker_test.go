@@ -298,7 +298,7 @@ func TestStatsTellDescribesFromCalls(t *testing.T) {
 	}
 	subject := wire.Subject(natstest.Prefix, "ok")
 	for range describes {
-		got, err := discovery.Describe(context.Background(), side, []string{subject}, 5*time.Second, tool.MaxDeclarationBytes)
+		got, err := discovery.Describe(context.Background(), side, []string{subject}, 0, 5*time.Second, tool.MaxDeclarationBytes)
 		if err != nil || got[0].Refusals != 1 {
 			t.Fatalf("describe: %+v, %v; want the refusal of a tool served without a declaration", got, err)
 		}
