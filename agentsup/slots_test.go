@@ -2,6 +2,8 @@ package agentsup_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -132,42 +134,80 @@ func TestApplicationOnlySessionsFreeTheirSlots(t *testing.T) {
 // refused", while caller A's session is watched and answered. Before, B's
 // third took a slot like any other.
 func TestSlotsPerOwner(t *testing.T) {
+	each(t, func(t *testing.T, kind string) { slotsPerOwner(t, kind, nil) })
+}
+
+// TestSlotsPerOwnerNotEvadedByHeaders: as TestSlotsPerOwner, but caller B,
+// with its one key, sends each session's create with another value of
+// the header the API does not authenticate with (X-Api-Key for OpenAI's,
+// Authorization for Anthropic's): its third session is refused all the
+// same, and A's is watched. B still sees its sessions on the board, with
+// its key alone or with the header it created one with. Before, each new
+// value named another owner: B's four sessions took every slot, and A's
+// was refused "too many sessions watched (4, none resting)".
+func TestSlotsPerOwnerNotEvadedByHeaders(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
-		release := make(chan struct{})
-		hold := testenv.Tool{Config: config.Tool{Name: "hold"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return []byte(`"held"`), nil
-		}}
-		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 4 }},
-			append(echoTools(t), hold)...)
-		held := script([][]map[string]any{{{"name": "hold", "arguments": map[string]any{}}}}, "done ")
-		var ids []string
-		for i := range 3 {
-			id, watch := h.createHeader(t, appKey, held)
-			switch {
-			case i < 2 && watch != "":
-				t.Fatalf("caller B's session %d: %s %q", i, agentsup.WatchHeader, watch)
-			case i == 2 && (!strings.HasPrefix(watch, "refused: ") || !strings.Contains(watch, "max_sessions_per_owner")):
-				t.Errorf("caller B's third session, past its share: %s %q", agentsup.WatchHeader, watch)
-			}
-			ids = append(ids, id)
+		ignored := "X-Api-Key"
+		if kind == config.UpstreamAnthropicAgents {
+			ignored = "Authorization"
 		}
-		a, watch := h.createHeader(t, "sk-caller-a", script(threeCalls, "done "))
-		if watch != "" {
-			t.Errorf("caller A's session: %s %q", agentsup.WatchHeader, watch)
-		}
-		assertOnce(t, h, h.final(t, a), 3, []int{3})
-		close(release)
-		for _, id := range ids[:2] {
-			if s := h.final(t, id); len(s.Posts) != 1 {
-				t.Errorf("B's session %s: posts %v", id, s.Posts)
-			}
+		junk := func(i int) http.Header { return http.Header{ignored: {fmt.Sprintf("Bearer junk-%d", i)}} }
+		h, ids := slotsPerOwner(t, kind, junk)
+		for _, extra := range []http.Header{nil, junk(0)} {
+			req, _ := http.NewRequest(http.MethodGet, "/", nil)
+			h.headers(req, appKey)
+			maps.Copy(req.Header, extra)
+			poll.Until(t, fmt.Sprintf("caller B to read its session's run, adding %v", extra), func() bool {
+				return testenv.BoardGet(t, h.env.URL+"/v1/sidecar/runs/"+ids[0], req.Header, nil) == http.StatusOK
+			})
 		}
 	})
+}
+
+// slotsPerOwner runs TestSlotsPerOwner's sessions, caller B's create i
+// with the headers extra(i) adds (nil: none), and returns the sidecar and
+// B's sessions.
+func slotsPerOwner(t *testing.T, kind string, extra func(i int) http.Header) (*hosted, []string) {
+	t.Helper()
+	release := make(chan struct{})
+	hold := testenv.Tool{Config: config.Tool{Name: "hold"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []byte(`"held"`), nil
+	}}
+	h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 4 },
+		Server: func(s *config.Server) { s.UI = true }}, append(echoTools(t), hold)...)
+	held := script([][]map[string]any{{{"name": "hold", "arguments": map[string]any{}}}}, "done ")
+	var ids []string
+	for i := range 3 {
+		if extra != nil {
+			h.extra = extra(i)
+		}
+		id, watch := h.createHeader(t, appKey, held)
+		switch {
+		case i < 2 && watch != "":
+			t.Fatalf("caller B's session %d: %s %q", i, agentsup.WatchHeader, watch)
+		case i == 2 && (!strings.HasPrefix(watch, "refused: ") || !strings.Contains(watch, "max_sessions_per_owner")):
+			t.Errorf("caller B's third session, past its share: %s %q", agentsup.WatchHeader, watch)
+		}
+		ids = append(ids, id)
+	}
+	h.extra = nil
+	a, watch := h.createHeader(t, "sk-caller-a", script(threeCalls, "done "))
+	if watch != "" {
+		t.Errorf("caller A's session: %s %q", agentsup.WatchHeader, watch)
+	}
+	assertOnce(t, h, h.final(t, a), 3, []int{3})
+	close(release)
+	for _, id := range ids[:2] {
+		if s := h.final(t, id); len(s.Posts) != 1 {
+			t.Errorf("B's session %s: posts %v", id, s.Posts)
+		}
+	}
+	return h, ids
 }
 
 // readHeader reads a session through the sidecar as key, and returns the
