@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -225,4 +227,33 @@ func (h *hosted) readHeader(t *testing.T, key, id string) string {
 		t.Fatalf("reading %s: %d %s", id, status, data)
 	}
 	return got.Get(agentsup.WatchHeader)
+}
+
+// TestSharedSessionsNotBoundedPerOwner: with the sidecar's API token and
+// an upstream key of its own, the API sees that key alone, so callers
+// are not told apart: upstream.max_sessions_per_owner (default 2 of
+// max_sessions 4) does not bound their sessions, and a third session at
+// work is watched. Before, every caller presenting the token was one
+// owner, and the sidecar watched half of max_sessions at most.
+func TestSharedSessionsNotBoundedPerOwner(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		keyFile := filepath.Join(t.TempDir(), "key")
+		if err := os.WriteFile(keyFile, []byte(ownUpstreamKey), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Token: sidecarToken, Config: func(c *config.Config) {
+			c.Upstream.MaxSessions, c.Upstream.APIKeyFile = 4, keyFile
+		}}, held.EnvTools(10*time.Second)...)
+		key := sidecarToken // OpenAI's key header carries the token
+		if kind == config.UpstreamAnthropicAgents {
+			key, h.extra = "sk-ignored", http.Header{"Authorization": {"Bearer " + sidecarToken}}
+		}
+		one := script([][]map[string]any{{threeCalls[0][0]}}, "done ")
+		for i := range 3 {
+			if id, watch := h.createHeader(t, key, one); watch != "" {
+				t.Errorf("session %d %s: %s %q", i, id, agentsup.WatchHeader, watch)
+			}
+		}
+	})
 }
