@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -76,6 +77,9 @@ type hosted struct {
 	// the application's call (the API itself: a read the sidecar does not
 	// see); its answer still goes to base.
 	readBase string
+	// extra, when set, is added to every request call sends (a header
+	// the API does not read).
+	extra http.Header
 }
 
 // simConfig configures either simulator.
@@ -193,6 +197,7 @@ func (h *hosted) call(t testing.TB, method, path, key string, body []byte) (int,
 	t.Helper()
 	req, _ := http.NewRequest(method, h.base+path, bytes.NewReader(body))
 	h.headers(req, key)
+	maps.Copy(req.Header, h.extra)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

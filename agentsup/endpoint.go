@@ -59,19 +59,37 @@ type surface struct {
 	// create is the path, under the base, of the create of a session;
 	// sessions the prefix of a session's paths.
 	create, sessions string
-	// key reads the caller's credential; setKey sets one.
-	key    func(h http.Header) string
-	setKey func(h http.Header, key string)
+	// credential keeps of a request's headers the one the API
+	// authenticates with, as it came; key reads the caller's key from
+	// it; setKey sets one.
+	credential func(h http.Header) http.Header
+	key        func(h http.Header) string
+	setKey     func(h http.Header, key string)
+}
+
+// only is the header name of h alone, or none when h has no name.
+func only(h http.Header, name string) http.Header {
+	if v := h.Get(name); v != "" {
+		return http.Header{name: {v}}
+	}
+	return http.Header{}
 }
 
 var surfaces = map[string]surface{
 	agentsapi.KindOpenAI: {trim: "/v1", patterns: []string{"/v1/agents/"}, create: "/agents/sessions", sessions: "/agents/sessions/",
-		key:    func(h http.Header) string { return strings.TrimPrefix(h.Get("Authorization"), "Bearer ") },
-		setKey: func(h http.Header, key string) { h.Set("Authorization", "Bearer "+key) }},
+		credential: func(h http.Header) http.Header { return only(h, "Authorization") },
+		key:        func(h http.Header) string { return strings.TrimPrefix(h.Get("Authorization"), "Bearer ") },
+		setKey:     func(h http.Header, key string) { h.Set("Authorization", "Bearer "+key) }},
 	agentsapi.KindAnthropic: {patterns: []string{"/v1/agents", "/v1/agents/", "/v1/sessions", "/v1/sessions/"}, create: "/v1/sessions", sessions: "/v1/sessions/",
 		// x-api-key, or the whole Authorization (Bearer …), which
 		// @anthropic-ai/sdk 1.17 sends its apiKey as: agentsapi sends it
 		// back in the form it came.
+		credential: func(h http.Header) http.Header {
+			if h.Get("X-Api-Key") != "" {
+				return only(h, "X-Api-Key")
+			}
+			return only(h, "Authorization")
+		},
 		key: func(h http.Header) string {
 			if k := h.Get("X-Api-Key"); k != "" {
 				return k
@@ -237,24 +255,32 @@ const WatchHeader = "Toolsidecar-Watch"
 // follow watches a session with the credential of the request that
 // created or read it; the error says why it is not watched.
 func (e *Endpoint) follow(id string, h http.Header) (owner string, err error) {
-	// The owner is named by every credential the request carries, the
-	// sidecar's token included, as every other route names its caller
-	// (executor.CallerOf): the live view shows the session to the same
-	// headers.
-	owner = executor.CallerOf(h)
-	key := e.cfg.OwnKey
-	if key == "" {
+	if e.cfg.OwnKey != "" {
+		// The upstream sees the sidecar's key alone: callers are told
+		// apart by nothing it checks (each presents the sidecar's token,
+		// and any other header of theirs is the caller's to choose), so
+		// the sessions are one owner's, the token's, and not bounded per
+		// owner.
+		owner = executor.CallerOf(only(h, "Authorization"))
+		err = e.cfg.Watcher.WatchShared(id, e.cfg.OwnKey, owner)
+	} else {
 		if e.cfg.SidecarToken {
 			h = h.Clone()
 			h.Del("Authorization") // the sidecar's token, not an upstream key
 		}
-		key = e.api.key(h)
+		// The owner is the credential the upstream authenticates, alone:
+		// a header it does not read would name another owner for each
+		// value, past upstream.max_sessions_per_owner. The live view
+		// shows the session to a request that carries that credential
+		// (live.Access).
+		cred := e.api.credential(h)
+		owner = executor.CallerOf(cred)
+		err = e.cfg.Watcher.Watch(id, e.api.key(cred), owner)
 	}
-	if err := e.cfg.Watcher.Watch(id, key, owner); err != nil {
+	if err != nil {
 		e.log.Warn("the session is not watched", "session", tool.Excerpt(id), "err", err)
-		return owner, err
 	}
-	return owner, nil
+	return owner, err
 }
 
 // sniff passes a streamed create's events on, and calls found with the

@@ -2,7 +2,11 @@ package agentsup_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -132,42 +136,80 @@ func TestApplicationOnlySessionsFreeTheirSlots(t *testing.T) {
 // refused", while caller A's session is watched and answered. Before, B's
 // third took a slot like any other.
 func TestSlotsPerOwner(t *testing.T) {
+	each(t, func(t *testing.T, kind string) { slotsPerOwner(t, kind, nil) })
+}
+
+// TestSlotsPerOwnerNotEvadedByHeaders: as TestSlotsPerOwner, but caller B,
+// with its one key, sends each session's create with another value of
+// the header the API does not authenticate with (X-Api-Key for OpenAI's,
+// Authorization for Anthropic's): its third session is refused all the
+// same, and A's is watched. B still sees its sessions on the board, with
+// its key alone or with the header it created one with. Before, each new
+// value named another owner: B's four sessions took every slot, and A's
+// was refused "too many sessions watched (4, none resting)".
+func TestSlotsPerOwnerNotEvadedByHeaders(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
-		release := make(chan struct{})
-		hold := testenv.Tool{Config: config.Tool{Name: "hold"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return []byte(`"held"`), nil
-		}}
-		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 4 }},
-			append(echoTools(t), hold)...)
-		held := script([][]map[string]any{{{"name": "hold", "arguments": map[string]any{}}}}, "done ")
-		var ids []string
-		for i := range 3 {
-			id, watch := h.createHeader(t, appKey, held)
-			switch {
-			case i < 2 && watch != "":
-				t.Fatalf("caller B's session %d: %s %q", i, agentsup.WatchHeader, watch)
-			case i == 2 && (!strings.HasPrefix(watch, "refused: ") || !strings.Contains(watch, "max_sessions_per_owner")):
-				t.Errorf("caller B's third session, past its share: %s %q", agentsup.WatchHeader, watch)
-			}
-			ids = append(ids, id)
+		ignored := "X-Api-Key"
+		if kind == config.UpstreamAnthropicAgents {
+			ignored = "Authorization"
 		}
-		a, watch := h.createHeader(t, "sk-caller-a", script(threeCalls, "done "))
-		if watch != "" {
-			t.Errorf("caller A's session: %s %q", agentsup.WatchHeader, watch)
-		}
-		assertOnce(t, h, h.final(t, a), 3, []int{3})
-		close(release)
-		for _, id := range ids[:2] {
-			if s := h.final(t, id); len(s.Posts) != 1 {
-				t.Errorf("B's session %s: posts %v", id, s.Posts)
-			}
+		junk := func(i int) http.Header { return http.Header{ignored: {fmt.Sprintf("Bearer junk-%d", i)}} }
+		h, ids := slotsPerOwner(t, kind, junk)
+		for _, extra := range []http.Header{nil, junk(0)} {
+			req, _ := http.NewRequest(http.MethodGet, "/", nil)
+			h.headers(req, appKey)
+			maps.Copy(req.Header, extra)
+			poll.Until(t, fmt.Sprintf("caller B to read its session's run, adding %v", extra), func() bool {
+				return testenv.BoardGet(t, h.env.URL+"/v1/sidecar/runs/"+ids[0], req.Header, nil) == http.StatusOK
+			})
 		}
 	})
+}
+
+// slotsPerOwner runs TestSlotsPerOwner's sessions, caller B's create i
+// with the headers extra(i) adds (nil: none), and returns the sidecar and
+// B's sessions.
+func slotsPerOwner(t *testing.T, kind string, extra func(i int) http.Header) (*hosted, []string) {
+	t.Helper()
+	release := make(chan struct{})
+	hold := testenv.Tool{Config: config.Tool{Name: "hold"}, Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []byte(`"held"`), nil
+	}}
+	h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 4 },
+		Server: func(s *config.Server) { s.UI = true }}, append(echoTools(t), hold)...)
+	held := script([][]map[string]any{{{"name": "hold", "arguments": map[string]any{}}}}, "done ")
+	var ids []string
+	for i := range 3 {
+		if extra != nil {
+			h.extra = extra(i)
+		}
+		id, watch := h.createHeader(t, appKey, held)
+		switch {
+		case i < 2 && watch != "":
+			t.Fatalf("caller B's session %d: %s %q", i, agentsup.WatchHeader, watch)
+		case i == 2 && (!strings.HasPrefix(watch, "refused: ") || !strings.Contains(watch, "max_sessions_per_owner")):
+			t.Errorf("caller B's third session, past its share: %s %q", agentsup.WatchHeader, watch)
+		}
+		ids = append(ids, id)
+	}
+	h.extra = nil
+	a, watch := h.createHeader(t, "sk-caller-a", script(threeCalls, "done "))
+	if watch != "" {
+		t.Errorf("caller A's session: %s %q", agentsup.WatchHeader, watch)
+	}
+	assertOnce(t, h, h.final(t, a), 3, []int{3})
+	close(release)
+	for _, id := range ids[:2] {
+		if s := h.final(t, id); len(s.Posts) != 1 {
+			t.Errorf("B's session %s: posts %v", id, s.Posts)
+		}
+	}
+	return h, ids
 }
 
 // readHeader reads a session through the sidecar as key, and returns the
@@ -185,4 +227,33 @@ func (h *hosted) readHeader(t *testing.T, key, id string) string {
 		t.Fatalf("reading %s: %d %s", id, status, data)
 	}
 	return got.Get(agentsup.WatchHeader)
+}
+
+// TestSharedSessionsNotBoundedPerOwner: with the sidecar's API token and
+// an upstream key of its own, the API sees that key alone, so callers
+// are not told apart: upstream.max_sessions_per_owner (default 2 of
+// max_sessions 4) does not bound their sessions, and a third session at
+// work is watched. Before, every caller presenting the token was one
+// owner, and the sidecar watched half of max_sessions at most.
+func TestSharedSessionsNotBoundedPerOwner(t *testing.T) {
+	each(t, func(t *testing.T, kind string) {
+		keyFile := filepath.Join(t.TempDir(), "key")
+		if err := os.WriteFile(keyFile, []byte(ownUpstreamKey), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		held := matrix.Serve(t, matrix.NATS, matrix.Tool{Name: "a", SideEffects: config.ReadOnly, Block: true, Echo: true})
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Token: sidecarToken, Config: func(c *config.Config) {
+			c.Upstream.MaxSessions, c.Upstream.APIKeyFile = 4, keyFile
+		}}, held.EnvTools(10*time.Second)...)
+		key := sidecarToken // OpenAI's key header carries the token
+		if kind == config.UpstreamAnthropicAgents {
+			key, h.extra = "sk-ignored", http.Header{"Authorization": {"Bearer " + sidecarToken}}
+		}
+		one := script([][]map[string]any{{threeCalls[0][0]}}, "done ")
+		for i := range 3 {
+			if id, watch := h.createHeader(t, key, one); watch != "" {
+				t.Errorf("session %d %s: %s %q", i, id, agentsup.WatchHeader, watch)
+			}
+		}
+	})
 }

@@ -23,7 +23,8 @@ type WatcherConfig struct {
 	// Max bounds the sessions watched at once. Required.
 	Max int
 	// MaxPerOwner bounds the sessions watched at once for one owner
-	// (executor.CallerOf), the sessions webhooks name excepted: one caller
+	// (executor.CallerOf of the credential the upstream checks), the
+	// sessions webhooks name and those of WatchShared excepted: one caller
 	// cannot take every slot. 0: Max/2, at least 1.
 	MaxPerOwner int
 }
@@ -76,15 +77,23 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 // caller's identity, executor.CallerOf), unless it is followed already:
 // its event stream, open until the session ends. The credential stays in
 // memory, and is used for this session only.
-func (w *Watcher) Watch(id, key, owner string) error { return w.watch(id, key, owner, w.follow) }
+func (w *Watcher) Watch(id, key, owner string) error { return w.watch(id, key, owner, true, w.follow) }
+
+// WatchShared is Watch for a session that every caller shares (one the
+// sidecar follows with its own key, whoever asked): not bounded by
+// MaxPerOwner, which could not tell its callers apart.
+func (w *Watcher) WatchShared(id, key, owner string) error {
+	return w.watch(id, key, owner, false, w.follow)
+}
 
 // Poll follows a session by reading it, with no stream, until it is idle
 // with nothing of the sidecar's left to answer (a webhook said it requires
 // action: the next webhook starts another watch). Many sessions then
-// hold no open stream between their blocks.
-func (w *Watcher) Poll(id, key, owner string) error { return w.watch(id, key, owner, w.poll) }
+// hold no open stream between their blocks. Not bounded by MaxPerOwner:
+// the session is the sidecar's key's.
+func (w *Watcher) Poll(id, key, owner string) error { return w.watch(id, key, owner, false, w.poll) }
 
-func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *session)) error {
+func (w *Watcher) watch(id, key, owner string, perOwner bool, follow func(context.Context, *session)) error {
 	if err := agentsapi.CheckSession(id); err != nil {
 		return err
 	}
@@ -95,7 +104,7 @@ func (w *Watcher) watch(id, key, owner string, follow func(context.Context, *ses
 		return errors.New("agentsup: the sidecar is shutting down")
 	case w.watches[id] != nil:
 		return nil
-	case owner != webhookOwner && w.ownedLocked(owner) >= w.cfg.MaxPerOwner && !w.evictLocked(owner):
+	case perOwner && w.ownedLocked(owner) >= w.cfg.MaxPerOwner && !w.evictLocked(owner):
 		return fmt.Errorf("%w for one caller (upstream.max_sessions_per_owner %d, none resting)", ErrTooManyWatches, w.cfg.MaxPerOwner)
 	case len(w.watches) >= w.cfg.Max && !w.evictLocked(""):
 		return fmt.Errorf("%w (%d, none resting)", ErrTooManyWatches, w.cfg.Max)

@@ -76,11 +76,15 @@ type Upstream struct {
 	// which the API sends again). default: 1000
 	MaxSessions int `koanf:"max_sessions"`
 	// MaxSessionsPerOwner bounds the sessions watched at once for one
-	// caller (the same credentials), so that one caller cannot take every
-	// slot; past it the caller's own resting session gives its slot up,
-	// or its new session is not watched. The sessions webhooks name,
-	// followed with the sidecar's own key, are not bounded by it. 0: half
-	// of max_sessions (at least 1). default: 0
+	// caller (the same key in the header the API authenticates: OpenAI's
+	// Authorization, Anthropic's X-Api-Key; other headers do not count),
+	// so that one caller cannot take every slot; past it the caller's own
+	// resting session gives its slot up, or its new session is not
+	// watched. The sessions followed with the sidecar's own key (those
+	// webhooks name, and every session when server.auth_token_file is set
+	// with the sidecar's upstream key, as callers are then not told apart)
+	// are not bounded by it. 0: half of max_sessions (at least 1).
+	// default: 0
 	MaxSessionsPerOwner int `koanf:"max_sessions_per_owner"`
 	// WebhookSecretFile holds the signing secret (whsec_<base64>) of the
 	// hosted API's webhooks, for kinds openai-agents and anthropic-agents.

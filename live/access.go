@@ -3,6 +3,7 @@ package live
 import (
 	"crypto/subtle"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/projectdavid/toolsidecar/executor"
@@ -24,9 +25,13 @@ type Access struct {
 
 // viewer is what one request may see.
 type viewer struct {
-	all    bool
-	caller string // executor.CallerOf of its credentials
-	own    bool   // its credentials are the sidecar's own: it sees the runs of no caller
+	all bool
+	// callers are executor.CallerOf of its credentials, and of each of
+	// its Authorization and X-Api-Key alone: a hosted session's owner is
+	// the one credential its API checks (agentsup), and a request could
+	// present either alone anyway.
+	callers []string
+	own     bool // its credentials are the sidecar's own: it sees the runs of no caller
 }
 
 // IsOperator reports a request that presents the operator's token.
@@ -44,12 +49,18 @@ func (a Access) viewer(r *http.Request) viewer {
 		own.Set("Authorization", "Bearer "+a.Token)
 	}
 	caller := executor.CallerOf(r.Header)
-	return viewer{caller: caller, own: caller == executor.CallerOf(own)}
+	callers := []string{caller}
+	for _, name := range []string{"Authorization", "X-Api-Key"} {
+		if v := r.Header.Get(name); v != "" {
+			callers = append(callers, executor.CallerOf(http.Header{name: {v}}))
+		}
+	}
+	return viewer{callers: callers, own: caller == executor.CallerOf(own)}
 }
 
 // sees reports a run the viewer may see.
 func (v viewer) sees(r *Run) bool {
-	return v.all || (r.owner == "" && v.own) || (r.owner != "" && r.owner == v.caller)
+	return v.all || (r.owner == "" && v.own) || (r.owner != "" && slices.Contains(v.callers, r.owner))
 }
 
 // runs keeps the runs the viewer sees.
