@@ -859,8 +859,15 @@ func TestConfirmationsThroughApprovals(t *testing.T) {
 					Tool     string `json:"tool"`
 				} `json:"approvals"`
 			}
+			// The approval is the session's owner's: it lists and decides it.
+			owner := func(method, url string, body []byte) (*http.Response, error) {
+				req, _ := http.NewRequest(method, url, bytes.NewReader(body))
+				h.headers(req, appKey)
+				req.Header.Set("Content-Type", "application/json")
+				return http.DefaultClient.Do(req)
+			}
 			poll.Until(t, "the server call's approval", func() bool {
-				resp, err := http.Get(h.env.URL + "/v1/approvals")
+				resp, err := owner(http.MethodGet, h.env.URL+"/v1/approvals", nil)
 				if err != nil {
 					return false
 				}
@@ -872,7 +879,7 @@ func TestConfirmationsThroughApprovals(t *testing.T) {
 			}
 			poll.Until(t, "the sidecar's own call answered", func() bool { return len(h.session(id).Posts) == 1 })
 			body, _ := json.Marshal(map[string]string{"decision": decision, "reason": "not that site"})
-			resp, err := http.Post(h.env.URL+"/v1/approvals/"+pending.Approvals[0].ActionID, "application/json", bytes.NewReader(body))
+			resp, err := owner(http.MethodPost, h.env.URL+"/v1/approvals/"+pending.Approvals[0].ActionID, body)
 			if err != nil || resp.StatusCode != http.StatusOK {
 				t.Fatalf("deciding: %v %v", resp, err)
 			}

@@ -338,7 +338,7 @@ func (w *Watcher) confirm(ctx context.Context, s *session, confirmer agentsapi.C
 		id := actionID(s.id, "confirm/"+c.ID)
 		now := time.Now()
 		entry, err := u.cfg.Approvals.Open(ctx, approval.Request{ActionID: id, RunID: s.id, ToolCallID: c.ID, Tool: c.Name,
-			Arguments: approval.Arguments(c.Args), RequestedAt: now, Deadline: now.Add(confirmWait)})
+			Arguments: approval.Arguments(c.Args), RequestedAt: now, Deadline: now.Add(confirmWait), Owner: s.owner})
 		verdict := entry.Verdict
 		if err == nil && verdict == nil {
 			var v approval.Verdict

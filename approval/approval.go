@@ -46,6 +46,12 @@ type Request struct {
 	RequestedAt time.Time       `json:"requested_at"`
 	// Deadline is when the approval times out (on_timeout applies).
 	Deadline time.Time `json:"deadline"`
+	// Owner is the caller whose drive asked (executor.CallerOf, a digest
+	// of its credentials; "" for a call of no caller, an MCP client's):
+	// the approval is shown to, and decided by, that caller and the
+	// operator alone, as the live view shows the run. It is kept in the
+	// request because sidecars that share a store do not share a board.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Verdict is how an approval ended.
@@ -81,6 +87,9 @@ type Store interface {
 	// Await blocks until the approval of actionID has a verdict, or ctx
 	// ends.
 	Await(ctx context.Context, actionID string) (Verdict, error)
+	// Get returns the approval of actionID, decided or not, or
+	// ErrNotFound.
+	Get(ctx context.Context, actionID string) (Entry, error)
 	// Decide records v as the approval's verdict, once: a second decision
 	// gets ErrDecided and the entry as it stands.
 	Decide(ctx context.Context, actionID string, v Verdict) (Entry, error)

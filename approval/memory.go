@@ -66,6 +66,17 @@ func (m *Memory) Await(ctx context.Context, actionID string) (Verdict, error) {
 	}
 }
 
+// Get implements Store.
+func (m *Memory) Get(_ context.Context, actionID string) (Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	me, ok := m.entries[actionID]
+	if !ok {
+		return Entry{}, ErrNotFound
+	}
+	return me.e, nil
+}
+
 // Decide implements Store.
 func (m *Memory) Decide(_ context.Context, actionID string, v Verdict) (Entry, error) {
 	m.mu.Lock()

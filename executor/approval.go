@@ -54,7 +54,8 @@ func (p *approvals) intercept(ctx context.Context, in *callIn, next step) answer
 func (e *Executor) awaitApproval(ctx context.Context, in *callIn) (res *ApprovalResult, left bool, _ *tool.Error) {
 	now := time.Now().UTC()
 	ent, err := e.approvals.Open(ctx, approval.Request{ActionID: in.ActionID, RunID: in.RunID, ToolCallID: in.ToolCallID,
-		Tool: in.ToolCall.Tool, Arguments: approval.Arguments(in.Args), RequestedAt: now, Deadline: now.Add(in.Tool.Policies.Approval.Timeout)})
+		Tool: in.ToolCall.Tool, Arguments: approval.Arguments(in.Args), RequestedAt: now, Deadline: now.Add(in.Tool.Policies.Approval.Timeout),
+		Owner: in.Caller})
 	if err != nil {
 		// Not run without a recorded approval.
 		return nil, false, tool.NewError(tool.Denied, "not run: the call's approval could not be recorded: %v", err)

@@ -93,7 +93,7 @@ func (br *batchRun) add(m *ToolCall) {
 // start runs a call on a goroutine of its own, at the batch's next place.
 func (br *batchRun) start(c *call) {
 	c.in = callIn{ToolCall: c.m, Found: c.in.Found, Turn: br.n, Drive: br.req.scope, Batch: &br.scope, Log: br.log, Emit: br.emit,
-		Leavable: !br.noNextDrive, owner: c}
+		Leavable: !br.noNextDrive, Caller: br.req.Caller, owner: c}
 	br.calls = append(br.calls, c)
 	br.unanswered.Add(1)
 	br.b.Go(func(p *batch.Place) error {

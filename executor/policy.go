@@ -91,6 +91,9 @@ type callIn struct {
 	// Leavable: a later drive of the run will find the call, so it may be
 	// left open for it (false for an MCP client's call).
 	Leavable bool
+	// Caller is the drive's (Request.Caller): the owner of the approvals
+	// the call opens.
+	Caller string
 
 	owner *call // for dispatch, at the bottom of the chain; no policy uses it
 }

@@ -46,6 +46,12 @@ func (a *Approvals) Open(ctx context.Context, r approval.Request) (approval.Entr
 	return approval.Entry{Request: r}, nil
 }
 
+// Get implements approval.Store.
+func (a *Approvals) Get(ctx context.Context, actionID string) (approval.Entry, error) {
+	e, _, err := a.get(ctx, actionID)
+	return e, err
+}
+
 // get reads an approval and its revision.
 func (a *Approvals) get(ctx context.Context, actionID string) (approval.Entry, uint64, error) {
 	if tool.CheckID("action_id", actionID) != nil {

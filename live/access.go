@@ -58,10 +58,17 @@ func (a Access) viewer(r *http.Request) viewer {
 	return viewer{callers: callers, own: caller == executor.CallerOf(own)}
 }
 
-// sees reports a run the viewer may see.
-func (v viewer) sees(r *Run) bool {
-	return v.all || (r.owner == "" && v.own) || (r.owner != "" && slices.Contains(v.callers, r.owner))
+// Owns reports whether the request may see, and decide, what owner's
+// drive began: a run of the board, an approval (approval.Request.Owner).
+func (a Access) Owns(r *http.Request, owner string) bool { return a.viewer(r).owns(owner) }
+
+// owns reports what owner's drive began that the viewer may see.
+func (v viewer) owns(owner string) bool {
+	return v.all || (owner == "" && v.own) || (owner != "" && slices.Contains(v.callers, owner))
 }
+
+// sees reports a run the viewer may see.
+func (v viewer) sees(r *Run) bool { return v.owns(r.owner) }
 
 // runs keeps the runs the viewer sees.
 func (v viewer) runs(runs []Run) []Run {

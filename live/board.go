@@ -277,14 +277,6 @@ func (b *Board) run(id string) (Run, bool) {
 	return r.copy(), true
 }
 
-// visible reports a run the board keeps that v may see.
-func (b *Board) visible(id string, v viewer) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	r, ok := b.runs[id]
-	return ok && v.sees(r)
-}
-
 // copy is a deep copy of the run, to encode outside the lock.
 func (r *Run) copy() Run {
 	c := *r

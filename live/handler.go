@@ -23,7 +23,7 @@ var static embed.FS
 type Config struct {
 	Board *Board
 	// Access decides the runs each page sees, and the pending approvals:
-	// those of the runs it sees (every one for the operator).
+	// those its credentials own, as the runs (every one for the operator).
 	Access    Access
 	Approvals approval.Store
 	// Refresh is how often a page is sent the pending approvals even when
@@ -115,9 +115,9 @@ func (s *stream) approvals() ([]approval.Entry, bool) {
 	if s.viewer.all {
 		return es, true
 	}
-	// A caller's page shows the approvals of its own runs: another's
-	// carry that run's arguments.
-	return slices.DeleteFunc(es, func(e approval.Entry) bool { return !s.cfg.Board.visible(e.RunID, s.viewer) }), true
+	// A caller's page shows the approvals of its own runs, of any
+	// sidecar that shares the store: another's carry that run's arguments.
+	return slices.DeleteFunc(es, func(e approval.Entry) bool { return !s.viewer.owns(e.Owner) }), true
 }
 
 func (s *stream) run() {

@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/projectdavid/toolsidecar/approval"
+	"github.com/projectdavid/toolsidecar/live"
 	"github.com/projectdavid/toolsidecar/tool"
 )
 
@@ -27,19 +29,28 @@ const (
 )
 
 // listApprovals answers GET /v1/approvals: the approvals without a verdict,
-// of every sidecar that shares the store.
+// of every sidecar that shares the store, that the request owns (the
+// operator every one): another caller's carry its call's arguments.
 func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
 	es, err := s.cfg.Approvals.Pending(r.Context())
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
+	es = slices.DeleteFunc(es, func(e approval.Entry) bool { return !s.access().Owns(r, e.Owner) })
 	writeJSON(w, http.StatusOK, map[string]any{"approvals": es})
 }
 
+// access decides, as the live view does, whose approvals a request sees
+// and decides: its own credentials', the operator's token every one.
+func (s *Server) access() live.Access {
+	return live.Access{Operator: s.cfg.Operator, Token: s.cfg.Token}
+}
+
 // decide answers POST /v1/approvals/{action_id}: 200 with the decided
-// approval, 404 when there is none, 409 when it was decided already (the
-// body then says how).
+// approval, 404 when there is none or it is another caller's (the
+// operator decides every one), 409 when it was decided already (the body
+// then says how).
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	actionID := r.PathValue("action_id")
 	if err := tool.CheckID("action_id", actionID); err != nil {
@@ -57,6 +68,17 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		return
 	case len(body.Reason) > maxReasonBytes || len(body.Approver) > maxApproverBytes:
 		writeError(w, http.StatusBadRequest, "reason is bounded to 1 KiB and approver to 128 bytes")
+		return
+	}
+	// Another caller's approval is answered as none: 404, which does not
+	// tell that it exists. Its owner never changes, so the check holds
+	// for the decision that follows.
+	switch e, err := s.cfg.Approvals.Get(r.Context(), actionID); {
+	case errors.Is(err, approval.ErrNotFound) || err == nil && !s.access().Owns(r, e.Owner):
+		writeError(w, http.StatusNotFound, "no approval is pending for action "+actionID)
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	v := approval.Verdict{Outcome: outcome, Reason: body.Reason, Approver: body.Approver, AuthenticatedAs: s.authenticatedAs(r),

@@ -35,11 +35,17 @@ type approvalEnv struct {
 
 func newApprovalEnv(t *testing.T, sc coresim.Scenario, timeout time.Duration, edit ...func(*config.Config)) *approvalEnv {
 	t.Helper()
-	a := &approvalEnv{}
 	opts := testenv.Options{Token: approvalToken}
 	if len(edit) > 0 {
 		opts.Config = edit[0]
 	}
+	return startApprovalEnv(t, sc, timeout, opts)
+}
+
+// startApprovalEnv is newApprovalEnv with the environment's options.
+func startApprovalEnv(t *testing.T, sc coresim.Scenario, timeout time.Duration, opts testenv.Options) *approvalEnv {
+	t.Helper()
+	a := &approvalEnv{}
 	a.Env = testenv.Start(t, sc, opts,
 		testenv.Tool{Config: config.Tool{Name: "pay", SideEffects: config.Unsafe, Approval: config.ApprovalRequired, ApprovalTimeout: timeout},
 			Handler: func(ctx context.Context, c *tool.Call) ([]byte, error) { a.pays.Add(1); return testenv.Echo(ctx, c) }},
@@ -57,6 +63,12 @@ func newApprovalEnv(t *testing.T, sc coresim.Scenario, timeout time.Duration, ed
 // api calls the sidecar's API with the token and decodes the answer.
 func (a *approvalEnv) api(t *testing.T, method, path string, body any, out any) int {
 	t.Helper()
+	return a.apiAs(t, http.Header{"Authorization": {"Bearer " + approvalToken}}, method, path, body, out)
+}
+
+// apiAs is api with the credentials of header.
+func (a *approvalEnv) apiAs(t *testing.T, header http.Header, method, path string, body any, out any) int {
+	t.Helper()
 	var rd *bytes.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -65,7 +77,7 @@ func (a *approvalEnv) api(t *testing.T, method, path string, body any, out any) 
 		rd = bytes.NewReader(nil)
 	}
 	req, _ := http.NewRequest(method, a.URL+path, rd)
-	req.Header.Set("Authorization", "Bearer "+approvalToken)
+	req.Header = header.Clone()
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

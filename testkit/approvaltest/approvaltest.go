@@ -17,7 +17,7 @@ import (
 
 func request(id string, at time.Time) approval.Request {
 	return approval.Request{ActionID: id, RunID: "run_1", ToolCallID: "call_" + id, Tool: "pay",
-		Arguments: approval.Arguments([]byte(`{"amount":5}`)), RequestedAt: at, Deadline: at.Add(time.Minute)}
+		Arguments: approval.Arguments([]byte(`{"amount":5}`)), RequestedAt: at, Deadline: at.Add(time.Minute), Owner: "owner-digest"}
 }
 
 // Run runs the shared rules against stores made by open, one per subtest.
@@ -143,8 +143,27 @@ func Run(t *testing.T, open func(t *testing.T) approval.Store) {
 		if fmt.Sprint(ids) != "[act_early act_late]" {
 			t.Errorf("pending %v, want [act_early act_late]", ids)
 		}
-		if string(es[0].Arguments) != `{"amount":5}` || es[0].Tool != "pay" || es[0].ToolCallID != "call_act_early" {
+		if string(es[0].Arguments) != `{"amount":5}` || es[0].Tool != "pay" || es[0].ToolCallID != "call_act_early" || es[0].Owner != "owner-digest" {
 			t.Errorf("pending entry %+v lost its request", es[0])
+		}
+	})
+
+	t.Run("get returns the approval with its owner, decided or not", func(t *testing.T) {
+		s := open(t)
+		if _, err := s.Get(ctx, "act_none"); !errors.Is(err, approval.ErrNotFound) {
+			t.Errorf("get of an approval never opened: %v, want ErrNotFound", err)
+		}
+		if _, err := s.Open(ctx, request("act_get", t0)); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := s.Get(ctx, "act_get"); err != nil || e.Owner != "owner-digest" || e.Verdict != nil {
+			t.Errorf("get of a pending approval: %+v, %v; want it undecided, owned by owner-digest", e, err)
+		}
+		if _, err := s.Decide(ctx, "act_get", approval.Verdict{Outcome: approval.Denied, DecidedAt: t0}); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := s.Get(ctx, "act_get"); err != nil || e.Verdict == nil || e.Verdict.Outcome != approval.Denied {
+			t.Errorf("get of a decided approval: %+v, %v; want its denial", e, err)
 		}
 	})
 }
