@@ -101,7 +101,7 @@ upstream:
   {{- end }}
   {{- with .Values.upstream }}
   {{- with include "toolsidecar.setKeys" (dict "retry_budget" .retryBudget "connect_timeout" .connectTimeout "stream_idle_timeout" .streamIdleTimeout
-    "journal_ttl" .journalTTL "max_sessions" .maxSessions "confirmations" .confirmations) }}{{ . | nindent 2 }}{{ end }}
+    "journal_ttl" .journalTTL "max_sessions" .maxSessions "max_sessions_per_owner" .maxSessionsPerOwner "confirmations" .confirmations) }}{{ . | nindent 2 }}{{ end }}
   {{- end }}
 core:
   url: {{ .Values.core.url | quote }}
@@ -145,6 +145,9 @@ server:
   proxy: {{ .Values.sidecar.proxy }}
   {{- if .Values.sidecar.authTokenSecret.name }}
   auth_token_file: /var/run/secrets/toolsidecar/token/{{ .Values.sidecar.authTokenSecret.key }}
+  {{- end }}
+  {{- if .Values.sidecar.operatorTokenSecret.name }}
+  operator_token_file: /var/run/secrets/toolsidecar/operator/{{ .Values.sidecar.operatorTokenSecret.key }}
   {{- end }}
   shutdown_timeout: {{ .Values.sidecar.shutdownTimeout }}
   max_drives: {{ .Values.sidecar.maxDrives }}
@@ -234,6 +237,12 @@ tools:
     secretName: {{ .Values.sidecar.authTokenSecret.name }}
     items: [{ key: {{ .Values.sidecar.authTokenSecret.key }}, path: {{ .Values.sidecar.authTokenSecret.key }} }]
 {{- end }}
+{{- if .Values.sidecar.operatorTokenSecret.name }}
+- name: operator-token
+  secret:
+    secretName: {{ .Values.sidecar.operatorTokenSecret.name }}
+    items: [{ key: {{ .Values.sidecar.operatorTokenSecret.key }}, path: {{ .Values.sidecar.operatorTokenSecret.key }} }]
+{{- end }}
 {{- if .Values.upstream.apiKeySecret.name }}
 - name: upstream-api-key
   secret:
@@ -258,6 +267,9 @@ tools:
 {{- end }}
 {{- if .Values.sidecar.authTokenSecret.name }}
 - { name: auth-token, mountPath: /var/run/secrets/toolsidecar/token, readOnly: true }
+{{- end }}
+{{- if .Values.sidecar.operatorTokenSecret.name }}
+- { name: operator-token, mountPath: /var/run/secrets/toolsidecar/operator, readOnly: true }
 {{- end }}
 {{- if .Values.upstream.apiKeySecret.name }}
 - { name: upstream-api-key, mountPath: /var/run/secrets/toolsidecar/upstream, readOnly: true }
