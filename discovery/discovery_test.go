@@ -83,7 +83,7 @@ func TestDescribe(t *testing.T) {
 // every one was kept: a flood of 4,000 grew the sidecar by 900 MB.
 func TestDescribeRepeatedAnswers(t *testing.T) {
 	url := natstest.Start(t)
-	side, work := connect(t, url), connect(t, url)
+	side, work := natstest.Dial(t, url), natstest.Dial(t, url)
 	const repeats = 400
 	body := []byte(`{"description":"` + strings.Repeat("x", 63<<10) + `"}`)
 	flood, err := work.QueueSubscribe("p.*", "toolsidecar", func(m *nats.Msg) {
@@ -114,23 +114,13 @@ func TestDescribeRepeatedAnswers(t *testing.T) {
 	}
 }
 
-func connect(t *testing.T, url string) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
-
 // TestDescribeBytesBound: on a real server, 600 tools each answer with a
 // declaration of 60 KiB, 35 MiB in all: the describe keeps declarations
 // up to MaxDescribeBytes, marks the tool whose declaration would pass it
 // as cut, and reads nothing after it.
 func TestDescribeBytesBound(t *testing.T) {
 	url := natstest.Start(t)
-	nc, work := connect(t, url), connect(t, url)
+	nc, work := natstest.Dial(t, url), natstest.Dial(t, url)
 	body := []byte(`{"description":"` + strings.Repeat("x", 60<<10) + `"}`)
 	sub, err := work.QueueSubscribe("p.*", "toolsidecar", func(m *nats.Msg) { _ = m.Respond(body) })
 	if err != nil {

@@ -28,21 +28,7 @@ import (
 // with its derived schema, and `check` of a file whose entry for lookup
 // has another schema fails naming both sources.
 func TestCheckAndToolsReadDeclarations(t *testing.T) {
-	url := natstest.Start(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	w := worker.New(nc, "toolsidecar.tools")
-	type args struct {
-		City string `json:"city" jsonschema:"the city"`
-	}
-	if err := worker.Declare(w, "lookup", worker.Spec{Description: "Look a city up", SideEffects: tool.ReadOnly},
-		func(context.Context, *tool.Call, args) (string, error) { return "", nil }); err != nil {
-		t.Fatal(err)
-	}
-	natstest.Serve(t, w)
+	url := lookupWorker(t)
 
 	dir := t.TempDir()
 	bare := filepath.Join(dir, "bare.yaml")
@@ -134,21 +120,7 @@ func TestToolsReadsTheRunningDaemon(t *testing.T) {
 // force, fails on it; the start starts and the reload is put in force,
 // as no client of the bus may keep the operator's file out.
 func TestConflictOneAnswer(t *testing.T) {
-	url := natstest.Start(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	w := worker.New(nc, "toolsidecar.tools")
-	type args struct {
-		City string `json:"city" jsonschema:"the city"`
-	}
-	if err := worker.Declare(w, "lookup", worker.Spec{Description: "Look a city up", SideEffects: tool.ReadOnly},
-		func(context.Context, *tool.Call, args) (string, error) { return "", nil }); err != nil {
-		t.Fatal(err)
-	}
-	natstest.Serve(t, w)
+	url := lookupWorker(t)
 
 	dir := t.TempDir()
 	head := "server: {listen: \"" + testenv.FreeAddr(t) + "\"}\nnats: {url: " + url + "}\n"
@@ -213,4 +185,21 @@ func TestConflictOneAnswer(t *testing.T) {
 	}
 	fileOnly("reload", s)
 	says("the reload's log", logs.String()[mark:])
+}
+
+// lookupWorker starts a NATS server with a Go worker on it that declares
+// lookup in its code, and returns the server's URL.
+func lookupWorker(t *testing.T) string {
+	t.Helper()
+	url := natstest.Start(t)
+	w := worker.New(natstest.Dial(t, url), "toolsidecar.tools")
+	type args struct {
+		City string `json:"city" jsonschema:"the city"`
+	}
+	if err := worker.Declare(w, "lookup", worker.Spec{Description: "Look a city up", SideEffects: tool.ReadOnly},
+		func(context.Context, *tool.Call, args) (string, error) { return "", nil }); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Serve(t, w)
+	return url
 }
