@@ -132,7 +132,7 @@ func (c *Client) once(ctx context.Context, method, path, endpoint string, body [
 		return err
 	}
 	start := time.Now()
-	resp, err := c.sendPaced(c.hc, req)
+	resp, err := send(c.hc, req)
 	if err != nil {
 		c.observe(endpoint, 0, time.Since(start))
 		return fmt.Errorf("core: %s %s: %w", method, req.URL.Path, err)

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -26,9 +25,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpproxy"
-
-	"github.com/projectdavid/toolsidecar/internal/clock"
-	"github.com/projectdavid/toolsidecar/internal/retry"
 )
 
 // Config is the client's configuration. Zero values mean the defaults.
@@ -139,13 +135,6 @@ func WithRoundTripper(wrap func(http.RoundTripper) http.RoundTripper) Option {
 	}
 }
 
-// WithLogger is where the client says what the operator should know: that
-// Core, or its front, refuses the sidecar's requests (at most once a
-// minute).
-func WithLogger(log *slog.Logger) Option {
-	return func(c *Client) error { c.pace.log = log; return nil }
-}
-
 // WithObserver registers an [Observer].
 func WithObserver(o Observer) Option {
 	return func(c *Client) error { c.observe = o; return nil }
@@ -171,8 +160,6 @@ type Client struct {
 	shed atomic.Int64
 	// dialed counts the connections opened, for short calls and streams.
 	dialed, streamsDialed atomic.Int64
-	// pace paces every request while Core refuses some (pacer.go).
-	pace *pacer
 }
 
 // New builds a client. It does no I/O.
@@ -212,7 +199,7 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 		u.User = nil
 	}
 	c := &Client{cfg: cfg, base: u.String(), host: u.Hostname(), basic: basic, observe: func(string, int, time.Duration) {}, gap: func(time.Duration) {},
-		slots: make(chan struct{}, cfg.MaxConns), pace: newPacer(time.Now)}
+		slots: make(chan struct{}, cfg.MaxConns)}
 	// The proxy (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) is read now, not once
 	// per process as http.ProxyFromEnvironment does.
 	proxy, err := httpproxy.FromEnvironment().ProxyFunc()(u)
@@ -267,10 +254,8 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 // Transport is the round tripper for requests made to Core on another's
 // behalf (a proxy, a probe): net/http's, for any request, with the
 // client's TLS and tracing, its connections kept, and no bound shared with
-// the client's own short calls, so that they never wait behind them. Its
-// requests are paced with the client's own: Core's front counts them
-// alike.
-func (c *Client) Transport() http.RoundTripper { return paced{c.pace, c.otherHC.Transport} }
+// the client's own short calls, so that they never wait behind them.
+func (c *Client) Transport() http.RoundTripper { return c.otherHC.Transport }
 
 // clients are the client's HTTP clients, each once.
 func (c *Client) clients() []*http.Client {
@@ -374,31 +359,12 @@ const errorExcerpt = 512
 
 // Stream opens POST /v1/completions and returns the open stream. A non-2xx
 // answer before the stream is an *HTTPError. The stream is bound to ctx.
-// A refusal (429, or 503 as nginx's limit_req answers) is a request Core
-// did not take: it is sent again, paced, for up to Config.Timeout and
-// at least Config.Retries times.
 func (c *Client) Stream(ctx context.Context, req CompletionRequest) (*Stream, error) {
 	req.Stream = true
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("core: encoding completion request: %w", err)
 	}
-	b := retry.CoreCall.New()
-	start := time.Now()
-	for attempt := 0; ; attempt++ {
-		s, err := c.openStream(ctx, body)
-		refused := StatusCode(err) == http.StatusTooManyRequests || StatusCode(err) == http.StatusServiceUnavailable
-		if !refused || c.cfg.Retries < 0 || (attempt >= c.cfg.Retries && time.Since(start) >= c.cfg.Timeout) {
-			return s, err
-		}
-		if clock.Sleep(ctx, max(b.NextBackOff(), retryAfter(err))) != nil {
-			return nil, err
-		}
-	}
-}
-
-// openStream is one attempt of Stream.
-func (c *Client) openStream(ctx context.Context, body []byte) (*Stream, error) {
 	sctx, cancel := context.WithCancelCause(ctx)
 	hreq, err := c.newRequest(sctx, http.MethodPost, "/v1/completions", body)
 	if err != nil {
@@ -407,7 +373,7 @@ func (c *Client) openStream(ctx context.Context, body []byte) (*Stream, error) {
 	}
 	hreq.Header.Set("Accept", "text/event-stream")
 	start := time.Now()
-	resp, err := c.sendPaced(c.streamHC, hreq)
+	resp, err := send(c.streamHC, hreq)
 	if err != nil {
 		c.observe("completions", 0, time.Since(start))
 		cancel(err)

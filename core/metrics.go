@@ -1,7 +1,6 @@
 package core
 
 import (
-	"net/http"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -35,14 +34,6 @@ func WithMetrics(reg prometheus.Registerer) Option {
 				Help:        "Connections the sidecar opened to Core: for its short calls, or for completions streams and requests on others' behalf (proxy, probe); not counted with WithHTTPClient.",
 				ConstLabels: prometheus.Labels{"use": use}}, func() float64 { return float64(n.Load()) })
 		}
-		for _, status := range []int{http.StatusTooManyRequests, http.StatusServiceUnavailable} {
-			f.NewCounterFunc(prometheus.CounterOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "refused_total",
-				Help:        "Requests Core, or a front before it (nginx's limit_req), refused with 429 or 503: each slows every request to Core (toolsidecar_core_paced_rate).",
-				ConstLabels: prometheus.Labels{"status": strconv.Itoa(status)}}, func() float64 { return float64(c.pace.refusals(status)) })
-		}
-		f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "toolsidecar", Subsystem: "core", Name: "paced_rate",
-			Help: "Requests a second the client sends to Core since it refused some, raised as requests succeed; 0 while requests are not paced."},
-			c.pace.rate)
 		prev := c.observe
 		c.observe = func(endpoint string, status int, d time.Duration) {
 			prev(endpoint, status, d)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,9 +69,6 @@ type batchRun struct {
 	// call was left for the next drive (its outputs must follow in call
 	// order).
 	keepRest atomic.Pointer[error]
-	// unanswered counts the calls whose tools have not answered: until
-	// then a cancel of the run has calls to stop.
-	unanswered sync.WaitGroup
 }
 
 func (e *Executor) newBatch(tctx context.Context, req Request, n int, emit Sink, log *slog.Logger) *batchRun {
@@ -95,9 +91,7 @@ func (br *batchRun) start(c *call) {
 	c.in = callIn{ToolCall: c.m, Found: c.in.Found, Turn: br.n, Drive: br.req.scope, Batch: &br.scope, Log: br.log, Emit: br.emit,
 		Leavable: !br.noNextDrive, Caller: br.req.Caller, owner: c}
 	br.calls = append(br.calls, c)
-	br.unanswered.Add(1)
 	br.b.Go(func(p *batch.Place) error {
-		defer c.answer() // if the call ended before its tool answered
 		c.place = p
 		c.run(br.ctx)
 		return nil
@@ -107,17 +101,11 @@ func (br *batchRun) start(c *call) {
 // wait joins the batch while the watcher asks the upstream whether the
 // run was cancelled meanwhile (if so the turn, and the calls in flight,
 // are cancelled with ErrRunCancelled), and sorts the batch's result into
-// tr. The watcher stops asking once every call's tool has answered: a
-// cancel then has no call to stop (an outcome is recorded all the same),
-// and the read of the run before the next turn finds it. Against a Core
-// that paces the sidecar (a rate limit in front of it), the outputs and
-// final statuses may take a minute to leave, and a read every
-// cancel_poll meanwhile would take most of the requests the limit allows.
+// tr.
 func (br *batchRun) wait(ctx context.Context, tr *turnResult, cancelTurn context.CancelCauseFunc) {
 	remove := br.e.watch.add(br.ctx, br.req.RunID, cancelTurn)
-	br.unanswered.Wait()
-	remove()
 	br.b.Wait()
+	remove()
 	var errs []error
 	var first, last time.Time
 	var failRun error

@@ -32,8 +32,6 @@ type call struct {
 	// started: a reconciliation found the call open and marked started,
 	// so it may have run.
 	started bool
-	// answered: counted in the batch's unanswered no more (answer).
-	answered bool
 	// known is an outcome known before the call runs: one an earlier
 	// drive kept, or one whose output the upstream has already.
 	known *outcome
@@ -57,20 +55,10 @@ func (c *call) run(ctx context.Context) {
 	c.check(ctx)         // 1. check the tool, its arguments and its admission
 	a := c.policies(ctx) // 2. the policies, around 3. the started mark and 4. dispatch (c.dispatch)
 	c.settle(a)
-	c.answer()
 	observed()
 	sctx, cancel := c.record(ctx) // 5. record the output, in call order
 	defer cancel()
 	c.finalise(sctx) // 6. the final record; the application hears the result in call order
-}
-
-// answer counts the call as answered by its tool (or settled without
-// it), once.
-func (c *call) answer() {
-	if !c.answered {
-		c.answered = true
-		c.b.unanswered.Done()
-	}
 }
 
 // observe starts the call's span and counts it in flight; the function

@@ -483,7 +483,7 @@ func (s *Sidecar) coreClient(key *string) (*core.Client, error) {
 			return nil, err
 		}
 	}
-	opts := []core.Option{core.WithMetrics(s.metrics), core.WithLogger(s.log.With("component", "core"))}
+	opts := []core.Option{core.WithMetrics(s.metrics)}
 	tc, err := coreTLS(s.cfg.Core.TLS)
 	if err != nil {
 		return nil, err

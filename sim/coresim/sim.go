@@ -96,9 +96,6 @@ type Config struct {
 	// a client, a ledger or a live view kept from an earlier one. Empty,
 	// ids are the same on every start, so transcripts compare byte for byte.
 	IDPrefix string
-	// RateLimit puts a front that limits each client address, as nginx's
-	// limit_req does, before the simulator (ratelimit.go).
-	RateLimit RateLimit
 }
 
 // Sim is the simulator state and its http.Handler. It is safe for
@@ -118,11 +115,6 @@ type Sim struct {
 	requests   []Request
 	faults     []*activeFault
 	holding    atomic.Int32 // requests held by a Hold fault, not yet applied
-	// limit is the front's rate limit (SetRateLimit), buckets its state
-	// per client address, accepted and refused its counts.
-	limit             RateLimit
-	buckets           map[string]*bucket
-	accepted, refused int
 	// lastTriggered is the newest Action's triggered_at.
 	lastTriggered time.Time
 	now           func() time.Time
@@ -178,7 +170,6 @@ func New(cfg Config) *Sim {
 	for _, f := range cfg.Scenario.Faults {
 		s.AddFault(f)
 	}
-	s.SetRateLimit(cfg.RateLimit)
 	return s
 }
 
