@@ -87,7 +87,6 @@ type Server struct {
 	App *core.Client
 
 	violations func() []coresim.Violation // the Go simulator's contract log
-	front      string                     // nginx's folder, with its access log
 }
 
 // Start serves kind for the test, each run playing b.
@@ -112,7 +111,7 @@ func Start(t testing.TB, kind Kind, b Batch) *Server {
 	}
 	s.URL = s.Upstream
 	if kind == Nginx || kind == NginxLimited {
-		s.URL, s.front = nginx(t, s.Upstream, kind == NginxLimited)
+		s.URL = nginx(t, s.Upstream, kind == NginxLimited)
 	}
 	return s
 }
@@ -195,8 +194,8 @@ const coreLocation = `
 
 // nginx starts Debian's nginx in front of upstream with Core's location
 // block, as the test's own process (daemon off, everything in a temp
-// dir), and returns its base URL and that dir.
-func nginx(t testing.TB, upstream string, limited bool) (url, dir string) {
+// dir), and returns its base URL.
+func nginx(t testing.TB, upstream string, limited bool) string {
 	t.Helper()
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
@@ -204,7 +203,7 @@ func nginx(t testing.TB, upstream string, limited bool) (url, dir string) {
 			missing(t, "nginx")
 		}
 	}
-	dir = t.TempDir()
+	dir := t.TempDir()
 	var zone, limit, user string
 	if limited {
 		zone = "limit_req_zone $binary_remote_addr zone=api:10m rate=30r/m;"
@@ -280,36 +279,10 @@ http {
 				<-exited
 			}
 		})
-		return "http://" + addr, dir
+		return "http://" + addr
 	}
 	t.Fatal("nginx did not start")
-	return "", ""
-}
-
-// FrontStatuses counts the answers of the nginx front by HTTP status, from
-// its access log (the combined format: the status follows the quoted
-// request line): what it refused (503 under limit_req) and what it let
-// through to Core. Nil for a kind without a front.
-func (s *Server) FrontStatuses(t testing.TB) map[int]int {
-	t.Helper()
-	if s.front == "" {
-		return nil
-	}
-	data, err := os.ReadFile(filepath.Join(s.front, "access.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	counts := map[int]int{}
-	for _, line := range strings.Split(string(data), "\n") {
-		parts := strings.SplitN(line, "\" ", 2) // past the request line
-		var status int
-		if len(parts) == 2 {
-			if _, err := fmt.Sscanf(parts[1], "%d", &status); err == nil {
-				counts[status]++
-			}
-		}
-	}
-	return counts
+	return ""
 }
 
 // freeAddr is a loopback address whose port was free a moment ago.
