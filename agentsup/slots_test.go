@@ -27,7 +27,11 @@ import (
 // Every call is answered once, one post per block.
 func TestIdleSessionsFreeTheirSlots(t *testing.T) {
 	each(t, func(t *testing.T, kind string) {
-		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) { c.Upstream.MaxSessions = 2 }}, echoTools(t)...)
+		h := startHosted(t, kind, simConfig{}, testenv.Options{Config: func(c *config.Config) {
+			// The table, not one caller's share of it (TestSlotsPerOwner):
+			// one caller may hold both slots here.
+			c.Upstream.MaxSessions, c.Upstream.MaxSessionsPerOwner = 2, 2
+		}}, echoTools(t)...)
 		var ids []string
 		for range 3 {
 			id := h.create(t, appKey, script(threeCalls, "done "))
